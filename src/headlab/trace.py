@@ -1,0 +1,71 @@
+"""Trace: a recorder that the attention layer and the model write named tensors into.
+
+A trace is the named cache of activations that head analysis, the shape calculator and the page
+read from, e.g. ``blocks.0.attn.weights`` (B, h, n, s). Names are dotted paths; a child trace made
+with :meth:`Trace.scope` writes into the same store under a prefix. On the ``meta`` device the
+recorded tensors carry shapes and dtypes but no data, which is how ``headlab.shapes`` works.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from torch import Tensor
+
+
+class Trace:
+    """An ordered store of named tensors, filled during a forward pass.
+
+    ``Trace()`` records everything; ``Trace(only=("weights",))`` records only names whose last
+    part is listed (cheaper for long runs); ``Trace.off()`` records nothing.
+    """
+
+    def __init__(self, only: tuple[str, ...] | None = None, detach: bool = True) -> None:
+        self.enabled = True
+        self.only = only
+        self.detach = detach
+        self._store: dict[str, Tensor] = {}
+        self._prefix = ""
+
+    @classmethod
+    def off(cls) -> Trace:
+        """A trace that ignores every record (the default when none is passed)."""
+        t = cls()
+        t.enabled = False
+        return t
+
+    def scope(self, prefix: str) -> Trace:
+        """A view of this trace that records under ``prefix.`` into the same store."""
+        child = Trace.__new__(Trace)
+        child.__dict__.update(self.__dict__)
+        child._prefix = f"{self._prefix}{prefix}."
+        return child
+
+    def record(self, name: str, tensor: Tensor) -> Trace:
+        """Store ``tensor`` under the scoped ``name``; returns self so records can chain."""
+        if self.enabled and (self.only is None or name in self.only):
+            self._store[self._prefix + name] = tensor.detach() if self.detach else tensor
+        return self
+
+    def __getitem__(self, name: str) -> Tensor:
+        try:
+            return self._store[name]
+        except KeyError:
+            known = ", ".join(list(self._store)[:12]) or "nothing yet"
+            raise KeyError(f"no tensor named {name!r} in this trace; it holds: {known}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._store
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._store)
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def items(self) -> Iterator[tuple[str, Tensor]]:
+        return iter(self._store.items())
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every recorded name with its shape, in recording order."""
+        return {name: tuple(t.shape) for name, t in self._store.items()}
