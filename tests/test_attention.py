@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from headlab import KVCache, MultiHeadAttention, attention, merge_heads, split_heads
@@ -28,14 +30,12 @@ def random_mha(d_model=32, h=4, h_kv=None, bias=True) -> MultiHeadAttention:
 @pytest.mark.parametrize("packed", [True, False])
 def test_from_torch_matches_torch(bias, batch_first, packed):
     d, h, B, n = 32, 4, 3, 7
-    kdim = None if packed else d  # kdim given → separate q/k/v weights
-    ref = nn.MultiheadAttention(d, h, bias=bias, batch_first=batch_first, kdim=kdim, vdim=kdim)
-    if not packed:  # torch only separates q/k/v weights when kdim differs; force the layout
-        ref = nn.MultiheadAttention(d, h, bias=bias, batch_first=batch_first, kdim=d + 0, vdim=d)
+    ref = nn.MultiheadAttention(d, h, bias=bias, batch_first=batch_first)
+    if not packed:
+        # torch keeps separate q/k/v weights only when kdim/vdim differ from d; lay them out by hand
         ref._qkv_same_embed_dim = False
-        ref.q_proj_weight = nn.Parameter(torch.randn(d, d) * 0.2)
-        ref.k_proj_weight = nn.Parameter(torch.randn(d, d) * 0.2)
-        ref.v_proj_weight = nn.Parameter(torch.randn(d, d) * 0.2)
+        for name in ("q_proj_weight", "k_proj_weight", "v_proj_weight"):
+            setattr(ref, name, nn.Parameter(torch.randn(d, d) * 0.2))
         ref.register_parameter("in_proj_weight", None)
     if bias:
         with torch.no_grad():
@@ -104,6 +104,29 @@ def test_matches_numpy_reference(d_model, h, h_kv, impl):
         out, pattern = multi_head_attention(x[b].numpy(), w, h, h_kv, allowed=allowed[b, 0].numpy())
         np.testing.assert_allclose(got[b].detach().numpy(), out, atol=1e-10)
         np.testing.assert_allclose(got_w[b].detach().numpy(), pattern, atol=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    h_kv=st.integers(1, 4),
+    group=st.integers(1, 3),
+    d_k=st.integers(1, 5),
+    n=st.integers(1, 7),
+    causal=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_random_configs_match_numpy_reference(h_kv, group, d_k, n, causal, seed):
+    torch.manual_seed(seed)
+    h = h_kv * group
+    mine = random_mha(h * d_k, h, h_kv).double()
+    x = torch.randn(1, n, h * d_k, dtype=torch.float64)
+    got, got_w = mine(x, causal=causal, return_weights=True)
+    fused = mine(x, causal=causal, impl="fused")
+    allowed = np.tril(np.ones((n, n), dtype=bool)) if causal else None
+    out, pattern = multi_head_attention(x[0].numpy(), weights_of(mine), h, h_kv, allowed)
+    np.testing.assert_allclose(got[0].detach().numpy(), out, atol=1e-10)
+    np.testing.assert_allclose(fused[0].detach().numpy(), out, atol=1e-10)
+    np.testing.assert_allclose(got_w[0].detach().numpy(), pattern, atol=1e-12)
 
 
 # --- the two paths and the cache ---------------------------------------------------------------
