@@ -1,0 +1,159 @@
+"""Head masks, head importance and pruning curves.
+
+Shape legend
+    L        layers
+    h        heads per layer
+    B, n     batch and tokens
+    mask     head mask (L, h) of floats: 1 keeps a head, 0 removes it (its output is zeroed
+             before W_O), as ``Transformer.forward(head_mask=...)`` takes it
+
+Everything here works on a *head loss*: a function ``loss_fn(batch, head_mask) -> scalar tensor``,
+so the same code prunes headlab's own models, converted Hugging Face models, or anything else that
+accepts a per-head mask. :func:`next_token_loss` and :func:`masked_token_loss` build one from a
+model that takes ``model(tokens, head_mask=mask) -> logits``.
+
+Papers: Michel, Levy and Neubig 2019, "Are Sixteen Heads Really Better than One?" (head
+importance I_h = E_x |∂L(x)/∂ξ_h| for a multiplicative head mask ξ, normalised per layer, and
+pruning in order of importance); Voita et al. 2019, "Analyzing Multi-Head Self-Attention" (most heads can go).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+HeadLoss = Callable[[Any, Tensor], Tensor]
+Head = tuple[int, int]  # (layer, head)
+
+
+def next_token_loss(model: Callable[..., Tensor]) -> HeadLoss:
+    """Cross-entropy of predicting token i+1 from tokens ≤ i; batch is tokens (B, n) int64."""
+
+    def loss_fn(tokens: Tensor, head_mask: Tensor) -> Tensor:
+        logits = model(tokens, head_mask=head_mask)  # (B, n, vocab)
+        return F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
+
+    return loss_fn
+
+
+def masked_token_loss(model: Callable[..., Tensor]) -> HeadLoss:
+    """Cross-entropy at masked positions; batch is (inputs (B, n), targets (B, n), -100 = skip)."""
+
+    def loss_fn(batch: tuple[Tensor, Tensor], head_mask: Tensor) -> Tensor:
+        inputs, targets = batch
+        logits = model(inputs, head_mask=head_mask)  # (B, n, vocab)
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+
+    return loss_fn
+
+
+def full_mask(n_layers: int, n_heads: int, pruned: Iterable[Head] = ()) -> Tensor:
+    """A (L, h) head mask of ones with zeros at the ``pruned`` (layer, head) pairs."""
+    mask = torch.ones(n_layers, n_heads)
+    for layer, head in pruned:
+        if not (0 <= layer < n_layers and 0 <= head < n_heads):
+            raise ValueError(
+                f"head {layer}.{head} does not exist; layers 0..{n_layers - 1}, "
+                f"heads 0..{n_heads - 1}"
+            )
+        mask[layer, head] = 0.0
+    return mask
+
+
+@torch.no_grad()
+def masked_loss(loss_fn: HeadLoss, batches: Sequence[Any], head_mask: Tensor) -> float:
+    """Mean loss over ``batches`` with the heads of ``head_mask`` (L, h) scaled."""
+    if not batches:
+        raise ValueError("masked_loss needs at least one batch")
+    return sum(float(loss_fn(b, head_mask)) for b in batches) / len(batches)
+
+
+def head_importance(
+    loss_fn: HeadLoss,
+    batches: Sequence[Any],
+    n_layers: int,
+    n_heads: int,
+    normalize: bool = True,
+    head_mask: Tensor | None = None,
+) -> Tensor:
+    """Michel et al. 2019 head importance, (L, h): the mean over batches of |∂L/∂ξ_h|.
+
+    ξ (L, h) is the head mask, evaluated at ones (or at ``head_mask``, so heads already pruned
+    stay pruned); its gradient is taken per batch, as the authors' code does. With ``normalize``
+    each layer's scores are divided by their L2 norm (their per-layer normalisation), which makes
+    scores comparable across layers.
+    """
+    if not batches:
+        raise ValueError("head_importance needs at least one batch")
+    base = torch.ones(n_layers, n_heads) if head_mask is None else head_mask.detach().clone()
+    total = torch.zeros(n_layers, n_heads)
+    for batch in batches:
+        xi = base.clone().requires_grad_(True)
+        (grad,) = torch.autograd.grad(loss_fn(batch, xi), xi)
+        total += grad.abs()
+    importance = total / len(batches)
+    if normalize:
+        importance = importance / (importance.norm(dim=-1, keepdim=True) + 1e-20)
+    return importance  # (L, h)
+
+
+def importance_order(importance: Tensor) -> list[Head]:
+    """Every (layer, head), least important first (ties broken by layer, then head)."""
+    n_heads = importance.shape[1]
+    flat = importance.flatten().tolist()
+    idx = sorted(range(len(flat)), key=lambda i: (flat[i], i))
+    return [(i // n_heads, i % n_heads) for i in idx]
+
+
+def random_order(n_layers: int, n_heads: int, seed: int) -> list[Head]:
+    """Every (layer, head) in a seeded random order."""
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(n_layers * n_heads, generator=gen).tolist()
+    return [(i // n_heads, i % n_heads) for i in perm]
+
+
+@dataclass(frozen=True)
+class PruningCurve:
+    """Loss after removing the first k heads of ``order``: ``losses[k]``, k = 0 … len(order).
+
+    ``losses[0]`` is the unpruned loss. ``order`` lists (layer, head) pairs.
+    """
+
+    order: list[Head]
+    losses: list[float]
+
+    def loss_after(self, fraction: float) -> float:
+        """The loss with round(fraction × heads) heads removed."""
+        return self.losses[round(fraction * len(self.order))]
+
+    def prunable(self, tolerance: float) -> int:
+        """How many heads go, in order, before the loss first exceeds (1 + tolerance) × base.
+
+        The count stops at the first crossing, so a later dip back under the line is not counted.
+        """
+        limit = self.losses[0] * (1.0 + tolerance)
+        for k, loss in enumerate(self.losses):
+            if loss > limit:
+                return k - 1
+        return len(self.order)
+
+    def prunable_fraction(self, tolerance: float) -> float:
+        """:meth:`prunable` as a fraction of all heads."""
+        return self.prunable(tolerance) / len(self.order)
+
+
+def pruning_curve(
+    loss_fn: HeadLoss, batches: Sequence[Any], order: Sequence[Head], n_layers: int, n_heads: int
+) -> PruningCurve:
+    """Remove the heads of ``order`` one at a time, re-measuring the loss after each."""
+    mask = torch.ones(n_layers, n_heads)
+    losses = [masked_loss(loss_fn, batches, mask)]
+    for layer, head in order:
+        mask[layer, head] = 0.0
+        losses.append(masked_loss(loss_fn, batches, mask))
+    return PruningCurve(order=list(order), losses=losses)
