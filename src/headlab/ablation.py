@@ -14,7 +14,8 @@ model that takes ``model(tokens, head_mask=mask) -> logits``.
 
 Papers: Michel, Levy and Neubig 2019, "Are Sixteen Heads Really Better than One?" (head
 importance I_h = E_x |∂L(x)/∂ξ_h| for a multiplicative head mask ξ, normalised per layer, and
-pruning in order of importance); Voita et al. 2019, "Analyzing Multi-Head Self-Attention" (most heads can go).
+pruning in order of importance); Voita et al. 2019, "Analyzing Multi-Head Self-Attention"
+(most heads can go).
 """
 
 from __future__ import annotations
