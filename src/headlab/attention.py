@@ -105,8 +105,12 @@ def causal_allowed(n: int, s: int, device: torch.device | str | None = None) -> 
 
 
 def valid_head_counts(d_model: int) -> list[int]:
-    """The head counts that split ``d_model`` evenly: its divisors."""
-    return [h for h in range(1, d_model + 1) if d_model % h == 0]
+    """The head counts that split ``d_model`` evenly: its divisors, ascending.
+
+    Pairs each divisor up to √d_model with its cofactor, so even a huge d_model answers quickly.
+    """
+    small = [h for h in range(1, math.isqrt(max(d_model, 0)) + 1) if d_model % h == 0]
+    return sorted(set(small) | {d_model // h for h in small})
 
 
 def check_config(d_model: int, n_heads: int, n_kv_heads: int | None = None) -> list[str]:
@@ -280,6 +284,7 @@ class MultiHeadAttention(nn.Module):
         trace.record("q", q).record("k", k).record("v", v)
         if cache is not None:
             k, v = cache.append(k, v)  # (B, h_kv, s, d_k)
+            trace.record("k_all", k).record("v_all", v)
         s = k.shape[2]
         mask = self._combine_masks(B, n, s, causal, allowed, x.device)
         # 3) attend, each head on its own
