@@ -37,7 +37,6 @@ def headlab_run(model, tokens, allowed=None):
     L = model.config.n_layers
     return (
         logits,
-        trace["final"] if "final" in trace else None,
         [trace[f"blocks.{l}.attn.weights"] for l in range(L)],
     )
 
@@ -64,7 +63,7 @@ def test_gpt2_logits_and_every_head_match(activation):
     with torch.no_grad():
         ref = hf(tokens, output_attentions=True)
     ours = from_hf(hf)
-    logits, _, weights = headlab_run(ours, tokens)
+    logits, weights = headlab_run(ours, tokens)
     torch.testing.assert_close(logits, ref.logits, **TOL)
     assert_heads_match(weights, ref.attentions)
     assert ours.config.causal and ours.config.norm == "pre"
@@ -162,7 +161,7 @@ def test_llama_gqa_rotary_logits_and_every_head_match(kv_heads, tie, theta):
         ref = hf(tokens, output_attentions=True)
     ours = from_hf(hf)
     assert ours.config.n_kv_heads == kv_heads and ours.config.positional == "rotary"
-    logits, _, weights = headlab_run(ours, tokens)
+    logits, weights = headlab_run(ours, tokens)
     torch.testing.assert_close(logits, ref.logits, **TOL)
     assert_heads_match(weights, ref.attentions)
 
