@@ -51,5 +51,57 @@ def info() -> None:
     console.print(f"threads: {torch.get_num_threads()}")
 
 
+@app.command()
+def shapes(
+    d_model: int | None = typer.Option(None, help="Model width (default 512, or the preset's)."),
+    heads: int | None = typer.Option(None, help="Query heads h (default 8, or the preset's)."),
+    kv_heads: int | None = typer.Option(None, help="Key/value heads h_kv (GQA/MQA); default h."),
+    seq: int | None = typer.Option(None, help="Tokens n (default 10, or the preset's context)."),
+    batch: int = typer.Option(1, help="Sequences B."),
+    dtype: str = typer.Option("float32", help="float32, float16/fp16, bfloat16/bf16, float64."),
+    cache_len: int = typer.Option(0, help="Positions already in the KV cache."),
+    bias: bool | None = typer.Option(None, "--bias/--no-bias", help="Projection biases."),
+    preset: str | None = typer.Option(None, help="A published model, e.g. gpt2-small."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Every tensor's shape, the parameters, FLOPs and KV cache of one attention layer."""
+    import json
+
+    from rich.table import Table
+
+    from headlab.shapes import PRESETS, Preset, format_bytes, trace_shapes
+
+    if preset is not None and preset not in PRESETS:
+        raise fail(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
+    p = PRESETS[preset] if preset else Preset("", "", 512, 8, None, True, 1, 10, "")
+    r = trace_shapes(
+        p.d_model if d_model is None else d_model,
+        p.n_heads if heads is None else heads,
+        p.context if seq is None else seq,
+        batch,
+        p.n_kv_heads if kv_heads is None else kv_heads,
+        p.bias if bias is None else bias,
+        dtype,
+        cache_len,
+    )
+    if as_json:
+        typer.echo(json.dumps(r.to_dict(), indent=2, ensure_ascii=False))
+    if not r.valid:
+        raise fail("; ".join(r.problems))
+    if as_json:
+        return
+    table = Table("stage", "symbolic", "concrete", "elements", "memory", "FLOPs", title=p.title)
+    for st in r.stages:
+        shape = "×".join(map(str, st.shape))
+        table.add_row(st.label, st.symbolic, shape, f"{st.elements:,}", format_bytes(st.bytes),
+                      f"{st.flops:,}" if st.flops else "")  # fmt: skip
+    params = Table("parameter", "symbolic", "concrete", "count")
+    for pt in r.param_tensors:
+        params.add_row(pt.name, pt.symbolic, "×".join(map(str, pt.shape)), f"{pt.count:,}")
+    console.print(table, params)
+    for line in r.summary():
+        console.print(line, highlight=False)
+
+
 if __name__ == "__main__":
     app()

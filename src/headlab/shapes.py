@@ -57,15 +57,15 @@ STAGES: dict[str, tuple[str, str]] = {
     "q": ("Q split into heads", "B×h×n×d_k"),
     "k": ("K split into heads", "B×h_kv×n×d_k"),
     "v": ("V split into heads", "B×h_kv×n×d_k"),
-    "k_all": ("K, cached + new positions", "B×h_kv×s×d_k"),
-    "v_all": ("V, cached + new positions", "B×h_kv×s×d_k"),
+    "k_all": ("K, cached + new", "B×h_kv×s×d_k"),
+    "v_all": ("V, cached + new", "B×h_kv×s×d_k"),
     "k_rep": ("K expanded to h heads", "B×h×s×d_k"),
     "v_rep": ("V expanded to h heads", "B×h×s×d_k"),
     "scores": ("scores QKᵀ/√d_k", "B×h×n×s"),
-    "weights": ("softmax weights A", "B×h×n×s"),
+    "weights": ("weights A = softmax", "B×h×n×s"),
     "head_out": ("head outputs A·V", "B×h×n×d_k"),
     "merged": ("heads merged", "B×n×h·d_k"),
-    "out": ("output Y = merged·W_O", "B×n×d_model"),
+    "out": ("Y = merged·W_O", "B×n×d_model"),
 }
 # the stages whose size grows with n·s: the attention pattern itself
 N2_STAGES = ("scores", "weights")
@@ -182,6 +182,26 @@ class ShapeReport:
             "param_bytes": self.params["total"] * elem,
         }
 
+    def summary(self) -> list[str]:
+        """The report's figures as sentences for people (the CLI prints these)."""
+        p, fl, kv, mem = self.params, self.flops, self.kv_cache, self.memory
+        if not self.valid:
+            return list(self.problems)
+        mha = (
+            " (= 4·d_model² + 4·d_model)" if self.config.kind == "MHA" and self.config.bias else ""
+        )
+        return [
+            "parameters: " + ", ".join(f"{k} {v:,}" for k, v in p.items()) + mha,
+            f"FLOPs: {fl['total']:,}; {fl['n2_share']:.1%} of them in QKᵀ and A·V, the n·s part",
+            f"attention pattern (scores + weights): {format_bytes(mem['n2_bytes'])}; "
+            f"all activations {format_bytes(mem['activation_bytes'])}",
+            f"KV cache: {format_bytes(kv['bytes_per_token'])} per token, "
+            f"{format_bytes(kv['bytes'])} for {kv['tokens']:,} tokens (B·s); plain MHA would hold "
+            f"{format_bytes(kv['mha_bytes'])}, {kv['ratio_vs_mha']:g}× as much",
+            *(f"warning: {w}" for w in self.warnings),
+            f"verdict: {self.verdict}",
+        ]
+
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON-able data.
 
@@ -193,7 +213,8 @@ class ShapeReport:
         n2_share, <stage>: flops…}``; ``memory``: ``{n2_bytes, activation_bytes, param_bytes}``;
         ``kv_cache_bytes`` (int) and ``kv_cache``: ``{bytes, bytes_per_token, tokens,
         mha_bytes, mha_bytes_per_token, ratio_vs_mha}``; ``shape_preserving`` (bool);
-        ``verdict`` (one sentence). An invalid report has the same keys, empty or zero.
+        ``verdict`` (one sentence); ``summary`` (sentences for people). An invalid report has
+        the same keys, empty or zero.
         """
         cfg = self.config
         return {
@@ -210,6 +231,7 @@ class ShapeReport:
             "kv_cache": dict(self.kv_cache),
             "shape_preserving": self.shape_preserving,
             "verdict": self.verdict,
+            "summary": self.summary(),
         }
 
 
@@ -460,17 +482,16 @@ def _warnings(stages: tuple[Stage, ...]) -> list[str]:
 
 
 def _with_verdict(report: ShapeReport) -> ShapeReport:
-    cfg, params, flops = report.config, report.params, report.flops
+    cfg, params = report.config, report.params
     preserve = (
-        "shape-preserving: Y has X's shape B×n×d_model (W_O maps the merged h·d_k = d_model "
-        "width back to d_model), so it adds onto the residual stream and blocks stack"
+        "shape-preserving: Y is B×n×d_model like X, since W_O maps h·d_k = d_model back to "
+        "d_model, so the output adds onto the residual stream and blocks stack"
         if report.shape_preserving
         else "NOT shape-preserving"
     )
     verdict = (
-        f"{cfg.kind} with h={cfg.n_heads}, h_kv={cfg.h_kv}, d_k={cfg.sizes()['d_k']}: "
-        f"{params['total']:,} parameters, {flops['total']:,} FLOPs "
-        f"({flops['n2_share']:.0%} in the n·s part); {preserve}"
+        f"{cfg.kind} (h={cfg.n_heads}, h_kv={cfg.h_kv}, d_k={cfg.sizes()['d_k']}), "
+        f"{params['total']:,} parameters; {preserve}"
     )
     return replace(report, verdict=verdict)
 
@@ -488,3 +509,12 @@ def _short(values: list[int], limit: int = 16) -> str:
         return ", ".join(map(str, values))
     head, tail = values[: limit // 2], values[-limit // 2 :]
     return ", ".join(map(str, head)) + ", …, " + ", ".join(map(str, tail))
+
+
+def format_bytes(n: int | float) -> str:
+    """Bytes in binary units for people: 40960 → '40.0 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
