@@ -104,7 +104,9 @@ class ShapeConfig:
             "d_model": self.d_model,
             "h": self.n_heads,
             "h_kv": self.h_kv,
-            "d_k": self.d_model // max(self.n_heads, 1),
+            "d_k": self.d_model // self.n_heads
+            if _is_int(self.n_heads) and self.n_heads > 0
+            else 0,
         }
 
 
