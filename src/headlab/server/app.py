@@ -1,0 +1,109 @@
+"""The FastAPI application: routers per area, models loaded in the lifespan, the static page.
+
+Run it with ``headlab serve`` (uvicorn). Build one for tests with ``create_app(preload=())`` and use
+it through ``fastapi.testclient.TestClient`` inside a ``with`` block, so the lifespan runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+from headlab import __version__
+from headlab.server.routes import attention, code, experiments, health, shapes
+from headlab.server.security import BodyLimit, SecurityHeaders
+from headlab.server.store import ModelStore
+
+STATIC = Path(__file__).parent / "static"
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]", "testserver")
+
+
+def create_app(
+    preload: Sequence[str] = ("default",),
+    allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
+    max_loaded: int = 2,
+) -> FastAPI:
+    """The explainer's app. ``preload`` names models loaded at startup (missing ones are skipped
+    and reported by ``/api/models``); at most ``max_loaded`` models stay in memory at once."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.models = ModelStore(max_loaded=max_loaded)
+        app.state.models.preload(preload)
+        yield
+        app.state.models.clear()
+
+    app = FastAPI(
+        title="headlab",
+        version=__version__,
+        summary="Multi-head attention you can run, measure and see.",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    for router in (health.router, shapes.router, attention.router, experiments.router):
+        app.include_router(router, prefix="/api")
+    app.include_router(code.router, prefix="/api")
+    app.add_exception_handler(RequestValidationError, _readable_422)  # type: ignore[arg-type]
+    _add_pages(app)
+    # the last added runs first: security headers on every answer, then hosts, then body size
+    app.add_middleware(BodyLimit)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
+    app.add_middleware(SecurityHeaders)
+    return app
+
+
+def _add_pages(app: FastAPI) -> None:
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    swagger = _swagger_dir()
+    if swagger is not None:
+        app.mount("/docs-assets", StaticFiles(directory=swagger), name="docs-assets")
+
+    @app.get("/", include_in_schema=False)
+    def index() -> FileResponse:
+        return FileResponse(STATIC / "index.html", headers={"cache-control": "no-cache"})
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> HTMLResponse:
+        return HTMLResponse(_docs_html(swagger is not None))
+
+
+def _swagger_dir() -> Path | None:
+    """Swagger UI's files from the swagger-ui-bundle package, if installed (no CDN)."""
+    try:
+        import swagger_ui_bundle
+    except ImportError:
+        return None
+    return Path(swagger_ui_bundle.swagger_ui_path)
+
+
+def _docs_html(have_swagger: bool) -> str:
+    if not have_swagger:
+        return (
+            "<!doctype html><title>headlab API</title><h1>headlab API</h1>"
+            '<p>The OpenAPI schema is at <a href="/openapi.json">/openapi.json</a>. '
+            "Install <code>swagger-ui-bundle</code> for the interactive page.</p>"
+        )
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>headlab API</title>'
+        '<link rel="stylesheet" href="/docs-assets/swagger-ui.css"></head><body>'
+        '<div id="swagger-ui"></div><script src="/docs-assets/swagger-ui-bundle.js"></script>'
+        '<script src="/static/js/docs-init.js"></script></body></html>'
+    )
+
+
+async def _readable_422(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 with one sentence per problem ("body.d_model: ...") besides Pydantic's details."""
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        lines.append(f"{where}: {err.get('msg', 'invalid')}")
+    errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
+    return JSONResponse(status_code=422, content={"detail": "; ".join(lines), "errors": errors})

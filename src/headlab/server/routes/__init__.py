@@ -1,0 +1,2 @@
+"""The API's routers, one per area: health and models, shapes, attention and heads, experiments,
+code."""

@@ -1,0 +1,48 @@
+"""Widget 1: every tensor's shape, the parameters, FLOPs and KV cache of one layer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from headlab.server.schemas import ShapesRequest
+
+router = APIRouter(tags=["shapes"])
+
+
+@router.post("/shapes")
+def shapes(req: ShapesRequest) -> dict[str, Any]:
+    """The ShapeReport of ``headlab.shapes.trace_shapes`` for this configuration.
+
+    An invalid configuration (h not dividing d_model, h_kv not dividing h, sizes too large) is
+    answered with ``valid: false`` and its ``problems``, plus the head counts that would be valid.
+    """
+    from headlab.shapes import trace_shapes
+
+    report: dict[str, Any] = trace_shapes(**req.model_dump()).to_dict()
+    report.setdefault("valid_head_counts", divisors(req.d_model))
+    report.setdefault("valid_kv_head_counts", divisors(req.n_heads))
+    return report
+
+
+def divisors(m: int) -> list[int]:
+    """The divisors of m in increasing order (the valid head counts for a width m), in O(√m)."""
+    small = [d for d in range(1, int(m**0.5) + 1) if m % d == 0]
+    return sorted(set(small + [m // d for d in small]))
+
+
+@router.get("/shapes/presets")
+def presets() -> dict[str, Any]:
+    """The published configurations (Transformer base, BERT, GPT-2, Llama, ...)."""
+    from headlab.shapes import PRESETS
+
+    return {name: _as_dict(p) for name, p in PRESETS.items()}
+
+
+def _as_dict(preset: Any) -> Any:
+    if isinstance(preset, dict):
+        return preset
+    from dataclasses import asdict, is_dataclass
+
+    return asdict(preset) if is_dataclass(preset) and not isinstance(preset, type) else preset

@@ -1,0 +1,100 @@
+"""Pydantic schemas of the API: what each endpoint accepts and answers.
+
+Every size a request can set is bounded, so no request can make the server allocate without limit;
+model and experiment names are plain identifiers, never file paths.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# A name is a short identifier (letters, digits, - _ .), never a path: no "/" or "..".
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
+MAX_TEXT_CHARS = 2000
+# Above this the per-head weights (layers · h · n²) stop being a page-sized answer.
+MAX_TOKENS = 128
+Dtype = Literal["float32", "float16", "bfloat16", "float64", "fp32", "fp16", "bf16", "fp64"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    version: str
+    models_loaded: list[str]
+
+
+class ModelInfo(BaseModel):
+    name: str
+    available: bool
+    description: str = ""
+    reason: str = ""
+    loaded: bool = False
+
+
+class ShapesRequest(Strict):
+    """The arguments of ``headlab.shapes.trace_shapes``; shapes are traced on the meta device."""
+
+    d_model: int = Field(512, ge=1, le=1 << 20, description="model width")
+    n_heads: int = Field(8, ge=1, le=1 << 16, description="query heads h")
+    seq_len: int = Field(10, ge=1, le=1 << 24, description="tokens n")
+    batch: int = Field(1, ge=1, le=1 << 16, description="batch B")
+    n_kv_heads: int | None = Field(None, ge=1, le=1 << 16, description="key/value heads h_kv")
+    bias: bool = True
+    dtype: Dtype = "float32"
+    cache_len: int = Field(0, ge=0, le=1 << 24, description="positions already in the KV cache")
+
+
+class TextRequest(Strict):
+    model: str = Field("default", pattern=NAME_PATTERN, description="a name from /api/models")
+    text: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_TEXT_CHARS,
+        description="text to run; omitted = the built-in sentence with a repeat",
+    )
+
+
+class AttentionResponse(BaseModel):
+    model: str
+    text: str
+    tokens: list[str] = Field(description="display label of each token")
+    ids: list[int]
+    causal: bool
+    n_layers: int
+    n_heads: int
+    weights: list[list[list[list[float]]]] = Field(
+        description="[layer][head][query i][key j], each row sums to 1"
+    )
+    averaged: list[list[list[float]]] = Field(
+        description="[layer][i][j]: the mean of the layer's heads (what one average would see)"
+    )
+
+
+class HeadInfo(BaseModel):
+    layer: int
+    head: int = Field(description="head index; -1 for a layer's averaged head")
+    label: str
+    offset: int = Field(0, description="relative offset of the positional score")
+    scores: dict[str, float]
+
+
+class HeadsResponse(BaseModel):
+    model: str
+    text: str
+    tokens: list[str]
+    heads: list[HeadInfo]
+    averaged: list[HeadInfo] = Field(description="per layer, the mean of its heads, scored alike")
+    best: dict[str, Any] = Field(description="per head type, the model's best head and its score")
+    thresholds: dict[str, float] = Field(default_factory=dict)
+
+
+class CodeResponse(BaseModel):
+    name: str
+    path: str = Field(description="file inside the repository")
+    line: int
+    source: str

@@ -1,0 +1,111 @@
+// Entry point: wires each section of the page to the API.
+import { api } from "./api.js";
+import { h, clear, fmtInt, fmtBytes, fmtCompact, missing } from "./dom.js";
+import { initShapes } from "./shapes-widget.js";
+import { initHeads } from "./heads-widget.js";
+import { renderExperiment } from "./experiments.js";
+
+const status = document.getElementById("server-status");
+
+function setStatus(text, error = false) {
+  status.textContent = text;
+  status.classList.toggle("error", error);
+}
+
+async function costCompare(el) {
+  const base = { d_model: 512, seq_len: 128, batch: 1 };
+  const rows = await Promise.all([1, 8].map((n_heads) => api("/api/shapes", { ...base, n_heads })));
+  clear(el, h("div", { class: "table-wrap" }, h("table", { id: "cost-table" },
+    h("caption", { class: "note" }, "d_model = 512, n = 128, B = 1, traced by headlab.shapes"),
+    h("thead", {}, h("tr", {}, h("th", {}, "heads"), h("th", {}, "d_k"), h("th", { class: "num" }, "parameters"), h("th", { class: "num" }, "FLOPs"), h("th", { class: "num" }, "attention-pattern memory"))),
+    h("tbody", {}, rows.map((r) => h("tr", {}, h("td", {}, String(r.config.n_heads)), h("td", {}, String(r.config.sizes.d_k)),
+      h("td", { class: "num" }, fmtInt(r.params.total)), h("td", { class: "num" }, fmtInt(r.flops.total)), h("td", { class: "num" }, fmtBytes(r.memory.n2_bytes))))))),
+    h("p", {}, `Same parameters; FLOPs ${(rows[1].flops.total / rows[0].flops.total).toFixed(3)}× those of one head. What grows is the pattern memory: h separate n × n weight matrices instead of one.`));
+}
+
+async function paramsTable(el) {
+  const presets = await api("/api/shapes/presets");
+  const entries = Object.entries(presets);
+  const reports = await Promise.all(entries.map(([, p]) => api("/api/shapes", { d_model: p.d_model, n_heads: p.n_heads, n_kv_heads: p.n_kv_heads, bias: p.bias, seq_len: 1, batch: 1 })));
+  clear(el, h("div", { class: "table-wrap" }, h("table", { id: "params-presets" },
+    h("thead", {}, h("tr", {}, h("th", {}, "model"), h("th", { class: "num" }, "d_model"), h("th", { class: "num" }, "h / h_kv"), h("th", { class: "num" }, "4·d_model²"), h("th", { class: "num" }, "attention parameters per layer"), h("th", {}, "source"))),
+    h("tbody", {}, entries.map(([name, p], k) => h("tr", { "data-preset": name }, h("td", {}, p.title || name), h("td", { class: "num" }, fmtInt(p.d_model)),
+      h("td", { class: "num" }, `${p.n_heads} / ${p.n_kv_heads ?? p.n_heads}`),
+      h("td", { class: "num" }, fmtInt(4 * p.d_model * p.d_model)),
+      h("td", { class: "num" }, fmtInt(reports[k].params.total)), h("td", { class: "note" }, p.source)))))));
+}
+
+async function kvCompare(el) {
+  const presets = await api("/api/shapes/presets");
+  const gqa = Object.entries(presets).filter(([, p]) => p.n_kv_heads && p.n_kv_heads < p.n_heads);
+  if (!gqa.length) { clear(el, missing("No GQA preset in headlab.shapes yet.")); return; }
+  const reports = await Promise.all(gqa.map(([, p]) => api("/api/shapes", { d_model: p.d_model, n_heads: p.n_heads, n_kv_heads: p.n_kv_heads, bias: p.bias, seq_len: p.context, batch: 1, dtype: "bfloat16" })));
+  clear(el, h("div", { class: "table-wrap" }, h("table", { id: "kv-table" },
+    h("caption", { class: "note" }, "One layer's KV cache at the model's full context, bfloat16, B = 1"),
+    h("thead", {}, h("tr", {}, h("th", {}, "model"), h("th", { class: "num" }, "h / h_kv"), h("th", { class: "num" }, "KV cache"), h("th", { class: "num" }, "same layer as MHA"), h("th", { class: "num" }, "saving"))),
+    h("tbody", {}, gqa.map(([name, p], k) => {
+      const kv = reports[k].kv_cache;
+      return h("tr", {}, h("td", {}, p.title || name), h("td", { class: "num" }, `${p.n_heads} / ${p.n_kv_heads}`),
+        h("td", { class: "num" }, fmtBytes(kv.bytes)), h("td", { class: "num" }, fmtBytes(kv.mha_bytes)), h("td", { class: "num" }, `${fmtCompact(kv.mha_bytes / kv.bytes)}×`));
+    })))));
+}
+
+function codeDialog() {
+  const dialog = document.getElementById("code-dialog");
+  document.getElementById("code-close").addEventListener("click", () => dialog.close());
+  document.querySelectorAll("button[data-code]").forEach((button) => {
+    button.addEventListener("click", async () => {
+      const name = button.dataset.code;
+      document.getElementById("code-title").textContent = name;
+      try {
+        const code = await api(`/api/code/${encodeURIComponent(name)}`);
+        document.getElementById("code-where").textContent = `${code.path}, line ${code.line}`;
+        document.getElementById("code-body").textContent = code.source;
+      } catch (err) {
+        document.getElementById("code-where").textContent = err.message;
+        document.getElementById("code-body").textContent = "";
+      }
+      dialog.showModal();
+    });
+  });
+}
+
+async function experiments() {
+  let listing = { available: [] };
+  try { listing = await api("/api/experiments"); } catch { /* shown per section below */ }
+  for (const el of document.querySelectorAll("[data-experiment]")) {
+    const name = el.dataset.experiment;
+    if (!listing.available.includes(name)) {
+      clear(el, missing(`The ${name} experiment has no shipped results in this version yet, so nothing is shown here. Run: headlab experiment ${name}`));
+      continue;
+    }
+    try {
+      renderExperiment(el, name, await api(`/api/experiments/${name}`));
+    } catch (err) {
+      clear(el, h("p", { class: "error" }, `Could not show ${name}: ${err.message}`));
+    }
+  }
+}
+
+function guard(fn, el) {
+  return fn(el).catch((err) => clear(el, h("p", { class: "error" }, `Could not load: ${err.message}`)));
+}
+
+async function start() {
+  codeDialog();
+  try {
+    const health = await api("/api/health");
+    setStatus(`Connected to headlab ${health.version}. Figures are computed live.`);
+  } catch (err) {
+    setStatus(`The headlab server does not answer (${err.message}). Start it with: headlab serve`, true);
+    return;
+  }
+  initShapes(document.getElementById("shapes-widget"));
+  initHeads(document.getElementById("heads-widget"), document.getElementById("label-summary"));
+  guard(costCompare, document.getElementById("cost-compare"));
+  guard(paramsTable, document.getElementById("params-table"));
+  guard(kvCompare, document.getElementById("kv-compare"));
+  experiments();
+}
+
+start();

@@ -1,0 +1,133 @@
+// Widget 1: the shape and parameter calculator. Every value shown is the ShapeReport that
+// POST /api/shapes returns from tracing the real layer.
+import { api } from "./api.js";
+import { h, clear, debounce, fmtInt, fmtBytes, fmtCompact } from "./dom.js";
+import { barChart } from "./figures.js";
+import { figure } from "./export.js";
+
+const FIELDS = [
+  ["d_model", "d_model (width)", 512],
+  ["n_heads", "h (query heads)", 8],
+  ["n_kv_heads", "h_kv (key/value heads; empty = h)", ""],
+  ["seq_len", "n (tokens)", 10],
+  ["batch", "B (batch)", 2],
+  ["cache_len", "tokens already cached", 0],
+];
+const DTYPES = ["float32", "bfloat16", "float16", "float64"];
+
+function numberInput(key, label, value) {
+  return h("label", { for: `shapes-${key}` }, label,
+    h("input", { id: `shapes-${key}`, name: key, type: "number", min: key === "cache_len" ? 0 : 1, step: 1, value, inputmode: "numeric" }));
+}
+
+function readForm(form) {
+  const body = {};
+  for (const [key] of FIELDS) {
+    const raw = form.elements[key].value.trim();
+    if (raw === "" && key === "n_kv_heads") continue;
+    const v = Number(raw);
+    if (!Number.isInteger(v)) return { error: `${key} must be a whole number, got “${raw}”` };
+    body[key] = v;
+  }
+  body.dtype = form.elements.dtype.value;
+  body.bias = form.elements.bias.checked;
+  return { body };
+}
+
+function problemsBox(report, form, update) {
+  const box = h("div", { class: "problems", id: "shapes-problems" }, h("strong", {}, "This configuration does not work:"),
+    h("ul", {}, report.problems.map((p) => h("li", {}, p))));
+  const counts = report.valid_head_counts || [];
+  if (report.problems.some((p) => p.includes("n_heads")) && counts.length) {
+    box.append(h("p", {}, `Valid head counts for d_model = ${fmtInt(report.config.d_model)} (pick one):`),
+      h("div", { class: "chips", id: "shapes-valid-heads" }, counts.slice(0, 64).map((c) => h("button", {
+        type: "button", class: "chip", "data-heads": c,
+        onclick: () => { form.elements.n_heads.value = c; update(); form.elements.n_heads.focus(); },
+      }, String(c)))));
+  }
+  return box;
+}
+
+function facts(report) {
+  const kv = report.kv_cache || {};
+  const fact = (value, label, id) => h("div", { class: "fact", id }, h("b", {}, value), h("span", {}, label));
+  return h("div", { class: "facts" },
+    fact(fmtInt(report.params.total), "parameters in the layer (W_Q, W_K, W_V, W_O with biases)", "shapes-params-total"),
+    fact(`${fmtCompact(report.flops.total)}FLOP`, `per forward pass; ${(100 * report.flops.n2_share).toFixed(1)}% in the n·s products QKᵀ and A·V`, "shapes-flops"),
+    fact(fmtBytes(report.kv_cache_bytes), `KV cache for B·s tokens (${fmtBytes(kv.bytes_per_token ?? 0)} per token${kv.ratio_vs_mha && kv.ratio_vs_mha !== 1 ? `; ${(1 / kv.ratio_vs_mha).toFixed(0)}× smaller than MHA` : ""})`, "shapes-kv"),
+    fact(fmtBytes(report.memory.n2_bytes), "held by the attention pattern (scores + weights)", "shapes-n2"),
+  );
+}
+
+function stageTable(report) {
+  return h("div", { class: "table-wrap" }, h("table", { id: "shapes-table" },
+    h("caption", { class: "note" }, "Every tensor of the forward pass, in order (shaded rows grow with n·s)"),
+    h("thead", {}, h("tr", {}, h("th", {}, "stage"), h("th", {}, "symbolic"), h("th", {}, "shape"), h("th", { class: "num" }, "elements"), h("th", { class: "num" }, "memory"))),
+    h("tbody", {}, report.stages.map((st) => h("tr", { class: st.n2 ? "n2" : null, "data-stage": st.name },
+      h("td", {}, st.label), h("td", { class: "shape" }, st.symbolic), h("td", { class: "shape" }, `(${st.shape.join(", ")})`),
+      h("td", { class: "num" }, fmtInt(st.elements)), h("td", { class: "num" }, fmtBytes(st.bytes)))))));
+}
+
+function paramTable(report) {
+  return h("div", { class: "table-wrap" }, h("table", { id: "shapes-param-table" },
+    h("caption", { class: "note" }, "Parameters per matrix, as the real module holds them (nn.Linear stores out × in)"),
+    h("thead", {}, h("tr", {}, h("th", {}, "tensor"), h("th", {}, "symbolic"), h("th", {}, "shape"), h("th", { class: "num" }, "count"))),
+    h("tbody", {}, report.param_tensors.map((p) => h("tr", {}, h("td", {}, p.name), h("td", { class: "shape" }, p.symbolic),
+      h("td", { class: "shape" }, `(${p.shape.join(", ")})`), h("td", { class: "num" }, fmtInt(p.count)))),
+    h("tr", {}, h("th", { colspan: 3 }, "total"), h("th", { class: "num" }, fmtInt(report.params.total))))));
+}
+
+function diagram(report) {
+  const items = report.stages.map((st) => ({ label: st.label, value: st.elements, colour: st.n2 ? "#CC79A7" : "#0072B2" }));
+  const c = report.config;
+  const svg = barChart(items, { title: `Elements per stage, to scale (d_model ${c.d_model}, h ${c.n_heads}, n ${c.seq_len}, B ${c.batch})`, format: fmtCompact });
+  return figure(svg, { name: "shapes-diagram", caption: "Block diagram: each bar's length is proportional to the tensor's element count", data: report });
+}
+
+export function initShapes(root) {
+  const form = h("form", { class: "controls", id: "shapes-form", "aria-label": "layer sizes", onsubmit: (e) => e.preventDefault() });
+  const preset = h("select", { id: "shapes-preset", name: "preset" }, h("option", { value: "" }, "custom"));
+  form.append(h("label", { for: "shapes-preset" }, "preset", preset));
+  for (const [key, label, value] of FIELDS) form.append(numberInput(key, label, value));
+  form.append(h("label", { for: "shapes-dtype" }, "dtype", h("select", { id: "shapes-dtype", name: "dtype" }, DTYPES.map((d) => h("option", { value: d }, d)))));
+  form.append(h("label", { class: "inline", for: "shapes-bias" }, h("input", { id: "shapes-bias", name: "bias", type: "checkbox", checked: true }), "biases"));
+  const out = h("div", { id: "shapes-output", "aria-live": "polite" });
+  root.append(h("div", { class: "widget-box" }, form, out));
+
+  let seq = 0;
+  let presets = {};
+  const update = async () => {
+    const mine = ++seq;
+    const { body, error } = readForm(form);
+    if (error) { clear(out, h("div", { class: "problems" }, error)); return; }
+    try {
+      const report = await api("/api/shapes", body);
+      if (mine !== seq) return;
+      if (!report.valid) { clear(out, problemsBox(report, form, update)); return; }
+      clear(out, h("p", { class: "verdict", id: "shapes-verdict" }, report.verdict),
+        report.warnings.length ? h("div", { class: "problems" }, report.warnings.join(" ")) : null,
+        facts(report), stageTable(report), diagram(report), paramTable(report));
+    } catch (err) {
+      if (mine === seq) clear(out, h("div", { class: "problems", id: "shapes-problems" }, err.message));
+    }
+  };
+  const later = debounce(update, 120);
+  form.addEventListener("input", (e) => { if (e.target !== preset) { preset.value = ""; later(); } });
+  preset.addEventListener("change", () => {
+    const p = presets[preset.value];
+    if (!p) return;
+    form.elements.d_model.value = p.d_model;
+    form.elements.n_heads.value = p.n_heads;
+    form.elements.n_kv_heads.value = p.n_kv_heads ?? "";
+    form.elements.seq_len.value = p.context;
+    form.elements.batch.value = 1;
+    form.elements.bias.checked = p.bias;
+    update();
+  });
+  api("/api/shapes/presets").then((all) => {
+    presets = all;
+    for (const [name, p] of Object.entries(all)) preset.append(h("option", { value: name }, p.title || name));
+  }).catch(() => {});
+  update();
+  return { update, form };
+}

@@ -1,0 +1,94 @@
+"""The models the server holds in memory: loaded through ``headlab.zoo``, a few at a time."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+from fastapi import HTTPException
+
+
+def _field(entry: Any, name: str, default: Any = "") -> Any:
+    """Read a field of a zoo entry, whether it is a mapping or an object."""
+    if isinstance(entry, dict):
+        return entry.get(name, default)
+    return getattr(entry, name, default)
+
+
+class ModelStore:
+    """Loads zoo models on first use and keeps the ``max_loaded`` most recently used.
+
+    Loading is serialised by a lock; a loaded model is only read afterwards (inference mode), so
+    requests may share it.
+    """
+
+    def __init__(self, max_loaded: int = 2) -> None:
+        self.max_loaded = max_loaded
+        self._loaded: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.preload_errors: dict[str, str] = {}
+
+    def catalogue(self) -> list[dict[str, Any]]:
+        """Every model the zoo knows: name, whether it is available here, and why not."""
+        try:
+            from headlab import zoo
+        except ImportError as exc:
+            return [{"name": "default", "available": False, "reason": f"zoo missing: {exc}"}]
+        rows = []
+        for entry in zoo.list_models():
+            name = str(_field(entry, "name"))
+            rows.append(
+                {
+                    "name": name,
+                    "available": bool(_field(entry, "available", True)),
+                    "description": str(_field(entry, "description", "") or ""),
+                    "reason": str(_field(entry, "reason", "") or ""),
+                    "loaded": name in self._loaded,
+                }
+            )
+        return rows
+
+    def preload(self, names: Iterable[str]) -> None:
+        """Load ``names`` now (at startup); a failure is recorded, not raised."""
+        for name in names:
+            try:
+                self.get(name)
+            except HTTPException as exc:
+                self.preload_errors[name] = str(exc.detail)
+
+    def loaded_names(self) -> list[str]:
+        return list(self._loaded)
+
+    def get(self, name: str) -> tuple[Any, Any]:
+        """(model, tokenizer) for ``name``; 422 for a name the zoo does not offer here."""
+        with self._lock:
+            if name in self._loaded:
+                self._loaded.move_to_end(name)
+                return self._loaded[name]
+            available = {r["name"]: r for r in self.catalogue()}
+            row = available.get(name)
+            if row is None or not row["available"]:
+                offered = sorted(n for n, r in available.items() if r["available"])
+                why = f" ({row['reason']})" if row and row["reason"] else ""
+                raise HTTPException(
+                    422,
+                    f"model {name!r} is not available{why}; available models: "
+                    f"{', '.join(offered) or 'none'}",
+                )
+            from headlab import zoo
+
+            try:
+                model, tokenizer = zoo.load(name)
+            except (ValueError, OSError) as exc:
+                raise HTTPException(503, f"model {name!r} could not be loaded: {exc}") from None
+            model.eval()
+            self._loaded[name] = (model, tokenizer)
+            while len(self._loaded) > self.max_loaded:
+                self._loaded.popitem(last=False)
+            return model, tokenizer
+
+    def clear(self) -> None:
+        with self._lock:
+            self._loaded.clear()
