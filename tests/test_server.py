@@ -145,8 +145,15 @@ def test_shipped_experiment_results_are_valid_json(client: TestClient) -> None:
 
 @pytest.mark.parametrize(
     ("host", "loopback"),
-    [("127.0.0.1", True), ("127.3.4.5", True), ("localhost", True), ("::1", True),
-     ("0.0.0.0", False), ("192.168.1.4", False), ("example.org", False)],
+    [
+        ("127.0.0.1", True),
+        ("127.3.4.5", True),
+        ("localhost", True),
+        ("::1", True),
+        ("0.0.0.0", False),
+        ("192.168.1.4", False),
+        ("example.org", False),
+    ],
 )
 def test_is_loopback(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback

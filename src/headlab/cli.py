@@ -52,6 +52,21 @@ def info() -> None:
 
 
 @app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", help="Address to bind; anything but loopback warns."),
+    port: int = typer.Option(8000, min=0, max=65535, help="TCP port."),
+    open_browser: bool = typer.Option(False, "--open", help="Open the page in a browser."),
+) -> None:
+    """Serve the explainer page and its API (FastAPI on uvicorn) on http://HOST:PORT."""
+    from headlab.server.cli import run_server
+
+    try:
+        run_server(host, port, open_browser, console=err_console)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+
+
+@app.command()
 def shapes(
     d_model: int | None = typer.Option(None, help="Model width (default 512, or the preset's)."),
     heads: int | None = typer.Option(None, help="Query heads h (default 8, or the preset's)."),
