@@ -118,5 +118,63 @@ def shapes(
         console.print(line, highlight=False)
 
 
+@app.command()
+def models() -> None:
+    """List the models headlab can load on this machine, and why the others are not available."""
+    from rich.table import Table
+
+    from headlab import zoo
+
+    table = Table("name", "available", "description", "source, or why not")
+    for m in zoo.list_models():
+        table.add_row(m.name, "yes" if m.available else "no", m.description, m.reason or m.source)
+    console.print(table)
+
+
+@app.command()
+def heads(
+    model: str = typer.Option("default", "--model", help="A name from `headlab models`."),
+    text: str | None = typer.Option(None, help="Your own text as the probe."),
+    probe: str = typer.Option("repeat", help="Built-in probe: repeat or random-repeat."),
+    show: str | None = typer.Option(None, help="Draw head L.H's pattern, e.g. --show 0.2."),
+    seed: int = typer.Option(0, help="Seed of the random probe and the position shuffle."),
+    as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
+) -> None:
+    """Score every attention head of a model on a probe and label it (see docs/heads.md)."""
+    import json
+
+    from headlab.heads import analyse
+    from headlab.heads_render import heads_table, heatmap, key_legend
+
+    target = _parse_head(show) if show is not None else None
+    try:
+        report, m = analyse(model, text, probe, seed)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    L, h = m.config.n_layers, m.config.n_heads
+    if target is not None and not (0 <= target[0] < L and 0 <= target[1] < h):
+        raise fail(f"--show {show}: this model has layers 0..{L - 1} and heads 0..{h - 1}")
+    if as_json:
+        typer.echo(json.dumps({"model": model, **report.to_dict()}, ensure_ascii=False))
+    else:
+        title = f"{model}: {report.probe} probe, {len(report.tokens)} tokens"
+        console.print(heads_table(report, title))
+    if target is not None:
+        layer, head = target
+        title = f"layer {layer} head {head}: {report.head(layer, head).label}"
+        out = err_console if as_json else console  # keep stdout pure JSON
+        out.print(heatmap(report.patterns[layer, head], report.tokens, title))
+        out.print(key_legend(report.tokens), highlight=False)
+
+
+def _parse_head(spec: str) -> tuple[int, int]:
+    """'L.H' → (L, H)."""
+    try:
+        layer, head = (int(x) for x in spec.split("."))
+    except ValueError:
+        raise fail(f"--show takes LAYER.HEAD, e.g. 0.2; got {spec!r}") from None
+    return layer, head
+
+
 if __name__ == "__main__":
     app()

@@ -22,6 +22,9 @@ Pattern scores (TransformerLens's head detector, "mul" measure)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -109,3 +112,303 @@ def induction_score(weights: Tensor, tokens: Tensor) -> Tensor:
     A, toks = _as_batched(weights, tokens)
     assert toks is not None
     return pattern_score(A, induction_pattern(toks))
+
+
+def next_token_score(weights: Tensor) -> Tensor:
+    """Share of attention on the next token (i → i + 1), per head → (h,). Zero when causal."""
+    A, _ = _as_batched(weights)
+    n, s = A.shape[-2], A.shape[-1]
+    i, j = torch.arange(n)[:, None], torch.arange(s)[None, :]
+    return pattern_score(A, (j == i + 1).float().to(A.device))
+
+
+def positional_score(weights: Tensor) -> tuple[Tensor, Tensor]:
+    """Voita et al. 2019's positional head test: where does each query's maximum attention fall?
+
+    For each head, the fraction of queries whose argmax key is at relative offset δ, for the
+    most common δ; averaged over the batch (δ taken from the pooled counts). Returns
+    ``(score (h,), offset (h,) int)``.
+    """
+    A, _ = _as_batched(weights)
+    B, _, n, s = A.shape
+    rel = A.argmax(dim=-1) - torch.arange(n, device=A.device)  # (B, h, n): argmax offset
+    counts = torch.stack(
+        [(rel == d).sum(dim=(0, 2)) for d in range(-n + 1, s)], dim=-1
+    )  # (h, 2n−1)
+    best = counts.argmax(dim=-1)  # (h,)
+    return counts.gather(-1, best[:, None])[:, 0].float() / (B * n), best - (n - 1)
+
+
+def key_mass_score(weights: Tensor, keys: Tensor) -> Tensor:
+    """Mean over queries of the attention on the marked keys: weights → (h,), keys (B, s) bool.
+
+    The first-token score marks key 0 (BOS, [CLS]); the delimiter score marks special tokens
+    and punctuation after position 0. Both are the "mul" score with P[i, j] = keys[j].
+    """
+    A, _ = _as_batched(weights)
+    if keys.dim() == 1:
+        keys = keys.unsqueeze(0)
+    target = keys[:, None, :].expand(A.shape[0], A.shape[2], A.shape[3]).to(A.device)
+    return pattern_score(A, target)
+
+
+def first_token_score(weights: Tensor) -> Tensor:
+    """Share of attention on position 0 (BOS / [CLS], an attention sink) → (h,)."""
+    A, _ = _as_batched(weights)
+    keys = torch.zeros(A.shape[0], A.shape[-1], dtype=torch.bool)
+    keys[:, 0] = True
+    return key_mass_score(A, keys)
+
+
+def diffuse_score(weights: Tensor) -> Tensor:
+    """Normalised entropy H(A_i) / log(k_i), averaged over queries with k_i ≥ 2 keys → (h,).
+
+    k_i is the number of keys query i could attend to (its nonzero-able keys: all keys, or
+    j ≤ i under a causal mask, detected from the upper triangle being exactly zero). 1 means
+    uniform attention: an averaging head.
+    """
+    A, _ = _as_batched(weights)
+    A = A.double()
+    h, n, s = A.shape[1:]
+    causal = bool((torch.triu(A, diagonal=1 + s - n) == 0).all())
+    k = torch.arange(1, n + 1, dtype=A.dtype) + (s - n) if causal else torch.full((n,), float(s))
+    entropy = -(A * A.clamp_min(1e-30).log()).sum(-1)  # (B, h, n)
+    rows = k >= 2
+    norm = entropy[..., rows] / k[rows].log()  # (B, h, rows)
+    return norm.mean(dim=(0, 2)).float() if rows.any() else torch.zeros(h)
+
+
+def content_score(weights: Tensor, shuffled: Tensor, order: Tensor) -> Tensor:
+    """How much a head's pattern follows the tokens, not the positions, when they are shuffled.
+
+    weights (B, h, n, n) on the original tokens; shuffled (B, h, n, n) on the same tokens
+    reordered so that new position p holds the token from old position order[b, p]. Map the
+    shuffled pattern back to the old positions (back[i, j] = shuffled[σ⁻¹(i), σ⁻¹(j)]) and
+    compare each query's row with overlap(p, q) = Σ_j min(p_j, q_j) ∈ [0, 1]:
+
+        content = max(0, overlap(A, back) − overlap(A, shuffled))
+
+    A head that attends by token identity keeps its pattern in token space (high first term,
+    low second); a positional head keeps it in position space (the reverse). A uniform or
+    fixed-sink head is unchanged either way and scores 0. Returns (h,).
+    """
+    A, _ = _as_batched(weights)
+    S, _ = _as_batched(shuffled)
+    inverse = order.argsort(dim=-1)  # (B, n): old position → new position
+    B, h, n, _ = A.shape
+    idx = inverse[:, None, :].expand(B, h, n)
+    back = S.gather(2, idx[..., None].expand(B, h, n, n))  # rows to old query order
+    back = back.gather(3, idx[:, :, None, :].expand(B, h, n, n))  # columns to old key order
+    by_token = torch.minimum(A, back).sum(-1)  # (B, h, n)
+    by_position = torch.minimum(A, S).sum(-1)  # (B, h, n)
+    return (by_token - by_position).clamp_min(0).mean(dim=(0, 2)).float()
+
+
+def averaged_pattern(weights: Tensor) -> Tensor:
+    """The "averaged head" of a layer: the mean of its heads' patterns, (B, h, n, s) → (B, n, s).
+
+    Shown next to the real heads, it is what single-pattern attention visualisations lose:
+    distinct previous-token, sink and content heads blur into one smeared map.
+    """
+    A, _ = _as_batched(weights)
+    return A.mean(dim=1)
+
+
+# --- every head of a model, scored and labelled -------------------------------------------------
+
+SCORE_TYPES = (
+    "previous",
+    "next",
+    "positional",
+    "first_token",
+    "delimiter",
+    "duplicate",
+    "induction",
+    "content",
+    "diffuse",
+)
+
+# A head is labelled with the type it passes by the widest margin over its threshold. The
+# mass scores are shares of attention, so 0.5 means "most of the head's attention"; the
+# positional threshold is Voita et al.'s 90% of queries; diffuse needs nearly uniform rows.
+THRESHOLDS: dict[str, float] = {
+    "previous": 0.5,
+    "next": 0.5,
+    "positional": 0.9,
+    "first_token": 0.5,
+    "delimiter": 0.5,
+    "duplicate": 0.4,
+    "induction": 0.4,
+    "content": 0.3,
+    "diffuse": 0.9,
+}
+
+LABELS = {
+    "previous": "previous-token",
+    "next": "next-token",
+    "positional": "positional",
+    "first_token": "first-token",
+    "delimiter": "delimiter",
+    "duplicate": "duplicate-token",
+    "induction": "induction",
+    "content": "content",
+    "diffuse": "diffuse",
+}
+
+
+@dataclass(frozen=True)
+class HeadScore:
+    """One head's scores on a probe, and its label."""
+
+    layer: int
+    head: int
+    label: str  # a LABELS value, or "mixed" when no score passes its threshold
+    scores: dict[str, float]  # SCORE_TYPES → value in [0, 1]
+    offset: int  # the relative offset of the positional score (e.g. −1 = previous token)
+
+    def to_dict(self) -> dict:
+        return {
+            "layer": self.layer,
+            "head": self.head,
+            "label": self.label,
+            "offset": self.offset,
+            "scores": {k: round(v, 4) for k, v in self.scores.items()},
+        }
+
+
+@dataclass(frozen=True)
+class HeadReport:
+    """Every head of a model on one probe (see :func:`score_heads`)."""
+
+    probe: str
+    tokens: list[str]  # display labels of the first sequence
+    heads: list[HeadScore]  # layer-major order
+    patterns: Tensor  # (n_layers, h, n, n): each head's weights on the first sequence
+    averaged: list[HeadScore]  # per layer, the averaged head scored the same way (head = −1)
+
+    def head(self, layer: int, head: int) -> HeadScore:
+        return next(s for s in self.heads if s.layer == layer and s.head == head)
+
+    def to_dict(self) -> dict:
+        return {
+            "probe": self.probe,
+            "tokens": self.tokens,
+            "heads": [s.to_dict() for s in self.heads],
+            "averaged": [s.to_dict() for s in self.averaged],
+        }
+
+
+def label_head(scores: dict[str, float], offset: int = 0) -> str:
+    """The label of the type whose score passes its threshold by the widest margin, or "mixed".
+
+    A positional head whose offset is −1 or +1 is labelled previous-/next-token (Voita et al.
+    2019 found positional heads point to exactly those).
+    """
+    passing = {k: scores[k] - t for k, t in THRESHOLDS.items() if scores.get(k, 0.0) >= t}
+    if not passing:
+        return "mixed"
+    best = max(passing, key=lambda k: passing[k])
+    if best == "positional" and offset in (-1, 1):
+        return LABELS["previous" if offset == -1 else "next"]
+    return LABELS[best]
+
+
+def pattern_scores(
+    weights: Tensor,
+    tokens: Tensor,
+    delimiters: Tensor,
+    shuffled: Tensor | None = None,
+    order: Tensor | None = None,
+) -> tuple[dict[str, Tensor], Tensor]:
+    """Every score of one layer's heads: weights (B, h, n, n), tokens and delimiters (B, n).
+
+    ``shuffled``/``order`` feed :func:`content_score` (0 without them). Returns
+    ``({type: (h,)}, offsets (h,))``.
+    """
+    A, toks = _as_batched(weights, tokens)
+    assert toks is not None
+    positional, offsets = positional_score(A)
+    scores = {
+        "previous": previous_token_score(A),
+        "next": next_token_score(A),
+        "positional": positional,
+        "first_token": first_token_score(A),
+        "delimiter": key_mass_score(A, delimiters),
+        "duplicate": duplicate_token_score(A, toks),
+        "induction": induction_score(A, toks),
+        "content": (
+            content_score(A, shuffled, order)
+            if shuffled is not None and order is not None
+            else torch.zeros(A.shape[1])
+        ),
+        "diffuse": diffuse_score(A),
+    }
+    return scores, offsets
+
+
+def shuffle_positions(tokens: Tensor, movable: Tensor, seed: int = 0) -> Tensor:
+    """order (B, n): a seeded permutation per sequence that moves only the movable positions."""
+    g = torch.Generator().manual_seed(seed)
+    B, n = tokens.shape
+    order = torch.arange(n).repeat(B, 1)  # (B, n)
+    for b in range(B):
+        free = movable[b].nonzero()[:, 0]
+        order[b, free] = free[torch.randperm(free.numel(), generator=g)]
+    return order
+
+
+def _scored(layer: int, head: int, scores: dict[str, Tensor], offsets: Tensor, i: int) -> HeadScore:
+    values = {k: float(v[i]) for k, v in scores.items()}
+    return HeadScore(layer, head, label_head(values, int(offsets[i])), values, int(offsets[i]))
+
+
+def score_heads(model: Any, probe: Any, seed: int = 0) -> HeadReport:
+    """Run ``model`` on ``probe`` and score and label every (layer, head).
+
+    One forward pass holds the probe and a position-shuffled copy side by side (batch 2B), so
+    the content score costs no second pass. model: a :class:`headlab.model.Transformer`;
+    probe: a :class:`headlab.probes.Probe`.
+    """
+    from headlab.trace import Trace
+
+    tokens = probe.tokens
+    B = tokens.shape[0]
+    order = shuffle_positions(tokens, probe.movable, seed)
+    both = torch.cat([tokens, tokens.gather(1, order)])  # (2B, n)
+    trace = Trace(only=("weights",))
+    with torch.inference_mode():
+        model(both.to(next(model.parameters()).device), trace=trace)
+    heads, averaged, patterns = [], [], []
+    for layer in range(model.config.n_layers):
+        w = trace[f"blocks.{layer}.attn.weights"].float().cpu()  # (2B, h, n, n)
+        A, S = w[:B], w[B:]
+        scores, offsets = pattern_scores(A, tokens, probe.delimiters, S, order)
+        heads += [_scored(layer, h, scores, offsets, h) for h in range(A.shape[1])]
+        mean_A, mean_S = averaged_pattern(A)[:, None], averaged_pattern(S)[:, None]
+        avg_scores, avg_offsets = pattern_scores(mean_A, tokens, probe.delimiters, mean_S, order)
+        averaged.append(_scored(layer, -1, avg_scores, avg_offsets, 0))
+        patterns.append(A[0])
+    return HeadReport(probe.name, list(probe.labels), heads, torch.stack(patterns), averaged)
+
+
+def analyse(
+    model_name: str, text: str | None = None, probe: str = "repeat", seed: int = 0
+) -> tuple[HeadReport, Any]:
+    """Load a zoo model, build the probe, score every head: ``(report, model)``.
+
+    probe: "repeat" (the built-in sentence) or "random-repeat"; ``text`` overrides it. Raises
+    ValueError with a message for the user on an unknown model, empty or over-long text.
+    """
+    from headlab import probes, zoo
+
+    if text is None and probe not in probes.PROBES:
+        raise ValueError(f"unknown probe {probe!r}; valid probes: {', '.join(probes.PROBES)}")
+    model, tokenizer = zoo.load(model_name)
+    max_len = model.config.max_len
+    if text is not None:
+        p = probes.text_probe(tokenizer, text, max_len)
+    elif probe == "repeat":
+        p = probes.sentence_probe(tokenizer, max_len)
+    else:
+        p = probes.random_repeat_probe(tokenizer, model.config.vocab_size, max_len, seed=seed)
+    return score_heads(model, p, seed), model
