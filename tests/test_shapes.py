@@ -30,6 +30,15 @@ from headlab.trace import Trace
 runner = CliRunner()
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny CPU passes: a second intra-op thread only adds synchronisation on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @st.composite
 def configs(draw: st.DrawFn) -> dict:
     """Small valid layers: h_kv divides h, h divides d_model; with or without a cache."""
