@@ -274,6 +274,8 @@ def test_presets_match_the_hugging_face_implementations():
         ({"n_kv_heads": 0}, ["n_kv_heads must be a positive integer or None"]),
         ({"cache_len": -5}, ["cache_len must be an integer >= 0, got -5"]),
         ({"dtype": "int8"}, ["unknown dtype 'int8'", "bfloat16"]),
+        ({"dtype": None}, ["unknown dtype None"]),
+        ({"bias": "yes"}, ["bias must be True or False, got 'yes'"]),
         ({"seq_len": 2.5}, ["seq_len must be a positive integer, got 2.5"]),
         ({"batch": True}, ["batch must be a positive integer, got True"]),
         ({"seq_len": 2**26, "batch": 64}, ["over the limit of 2**50"]),

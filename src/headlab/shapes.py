@@ -293,10 +293,8 @@ def trace_shapes(
     answered with ``valid=False`` and ``problems`` (each says what would be valid), not raised.
     See :meth:`ShapeReport.to_dict` for the JSON keys.
     """
-    dtype = (
-        str(DTYPES[dtype]).removeprefix("torch.") if dtype in DTYPES else dtype
-    )  # "bf16" → "bfloat16"
-    cfg = ShapeConfig(d_model, n_heads, seq_len, batch, n_kv_heads, bias, dtype, cache_len)
+    name = _canonical_dtype(dtype)
+    cfg = ShapeConfig(d_model, n_heads, seq_len, batch, n_kv_heads, bias, name, cache_len)
     problems = check_shape_config(cfg)
     if problems:
         return ShapeReport(cfg, valid=False, problems=tuple(problems))
@@ -334,6 +332,8 @@ def check_shape_config(cfg: ShapeConfig) -> list[str]:
         problems.append(f"n_kv_heads must be a positive integer or None, got {cfg.n_kv_heads!r}")
     if not _is_int(cfg.cache_len) or cfg.cache_len < 0:
         problems.append(f"cache_len must be an integer >= 0, got {cfg.cache_len!r}")
+    if not isinstance(cfg.bias, bool):
+        problems.append(f"bias must be True or False, got {cfg.bias!r}")
     if cfg.dtype not in DTYPES:
         problems.append(f"unknown dtype {cfg.dtype!r}; valid: {', '.join(DTYPES)}")
     if problems:
@@ -386,7 +386,9 @@ def _largest_tensor(cfg: ShapeConfig) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _meta_module(d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dtype: str) -> Any:
+def _meta_module(
+    d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dtype: str
+) -> MultiHeadAttention:
     """The real layer on the meta device (cached: the page asks on every keystroke)."""
     with torch.device("meta"):
         return MultiHeadAttention(d_model, n_heads, n_kv_heads, bias=bias).to(DTYPES[dtype])
@@ -505,6 +507,13 @@ def _with_verdict(report: ShapeReport) -> ShapeReport:
         f"{params['total']:,} parameters; {preserve}"
     )
     return replace(report, verdict=verdict)
+
+
+def _canonical_dtype(dtype: str) -> str:
+    """'bf16' → 'bfloat16'; anything unknown is passed on for check_shape_config to report."""
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return str(DTYPES[dtype]).removeprefix("torch.")
+    return dtype
 
 
 def _is_int(value: object) -> bool:
