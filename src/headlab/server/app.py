@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from headlab import __version__
@@ -53,7 +54,8 @@ def create_app(
     app.include_router(code.router, prefix="/api")
     app.add_exception_handler(RequestValidationError, _readable_422)  # type: ignore[arg-type]
     _add_pages(app)
-    # the last added runs first: security headers on every answer, then hosts, then body size
+    # the last added runs first: security headers on every answer, then hosts, body size, gzip
+    app.add_middleware(GZipMiddleware, minimum_size=4096, compresslevel=1)
     app.add_middleware(BodyLimit)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
     app.add_middleware(SecurityHeaders)

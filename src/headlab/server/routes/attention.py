@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Request, Response
 
+from headlab.server.fastjson import json_response
 from headlab.server.schemas import (
     MAX_TOKENS,
     AttentionResponse,
@@ -58,21 +59,23 @@ def run_weights(model: Any, ids: list[int]) -> torch.Tensor:
     return torch.stack([trace[f"blocks.{i}.attn.weights"][0] for i in range(n_layers)]).float()
 
 
-@router.post("/attention")
-def attention(req: TextRequest, request: Request) -> AttentionResponse:
+@router.post("/attention", response_model=AttentionResponse)
+def attention(req: TextRequest, request: Request) -> Response:
     """Tokens and per-layer, per-head attention weights of ``model`` on ``text``."""
     model, tokenizer, text, ids = encode(request, req)
     weights = run_weights(model, ids)  # (L, h, n, n)
-    return AttentionResponse(
-        model=req.model,
-        text=text,
-        tokens=list(tokenizer.token_strings(ids)),
-        ids=ids,
-        causal=bool(getattr(model.config, "causal", True)),
-        n_layers=weights.shape[0],
-        n_heads=weights.shape[1],
-        weights=torch.round(weights, decimals=4).tolist(),
-        averaged=torch.round(weights.mean(dim=1), decimals=4).tolist(),  # (L, n, n)
+    return json_response(
+        {
+            "model": req.model,
+            "text": text,
+            "tokens": list(tokenizer.token_strings(ids)),
+            "ids": ids,
+            "causal": bool(getattr(model.config, "causal", True)),
+            "n_layers": weights.shape[0],
+            "n_heads": weights.shape[1],
+            "weights": weights.numpy().round(4),
+            "averaged": weights.mean(dim=1).numpy().round(4),  # (L, n, n)
+        }
     )
 
 

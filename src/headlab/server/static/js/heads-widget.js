@@ -78,9 +78,11 @@ export function initHeads(root, summaryEl) {
   const submit = async () => {
     status.textContent = "Running the model…";
     try {
-      const body = { model: model.value || "default", text: text.value };
+      // an empty box runs the built-in sentence with a repeat, which the answer then shows
+      const body = { model: model.value || "default", text: text.value.trim() ? text.value : undefined };
       const [attention, heads] = await Promise.all([api("/api/attention", body), api("/api/heads", body).catch((e) => ({ error: e.message }))]);
       state.attention = attention;
+      if (!text.value.trim()) text.value = attention.text;
       state.heads = heads.error ? null : heads;
       clear(which, attention.weights.flatMap((heads_, l) => heads_.map((_, k) => h("option", { value: `${l}.${k}` }, `${l}.${k}${labelOf(state, l, k) ? ` ${labelOf(state, l, k)}` : ""}`))));
       status.textContent = `${attention.model}: ${attention.tokens.length} tokens, ${attention.n_layers} layers × ${attention.n_heads} heads${heads.error ? ` (no head labels: ${heads.error})` : ""}.`;
@@ -96,10 +98,8 @@ export function initHeads(root, summaryEl) {
   form.addEventListener("submit", (e) => { e.preventDefault(); submit(); });
   text.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); submit(); } });
   model.addEventListener("change", submit);
-  loadModels(model, status).then(async (ok) => {
+  loadModels(model, status).then((ok) => {
     if (!ok) { clear(view, missing("No model is available to this server, so there are no patterns to show.")); return; }
-    const first = await api("/api/attention", { model: model.value }).catch(() => null);
-    if (first) text.value = first.text;
     submit();
   });
   return { submit, state };
