@@ -56,14 +56,17 @@ def pattern_score(weights: Tensor, target: Tensor) -> Tensor:
     A sequence whose head has no attention mass at all (ΣA = 0) scores 0.
     """
     A, _ = _as_batched(weights)
-    A = A.double()
     P = target.to(A.dtype)
     if P.dim() == 2:
         P = P.unsqueeze(0)  # (1, n, s)
-    hit = (A * P[:, None]).sum(dim=(-2, -1))  # (B, h)
-    total = A.sum(dim=(-2, -1))  # (B, h)
+    hit = torch.einsum("bhns,bns->bh", A, P.expand(A.shape[0], -1, -1))  # (B, h)
+    return _ratio(hit, A.sum(dim=(-2, -1)))
+
+
+def _ratio(hit: Tensor, total: Tensor) -> Tensor:
+    """hit / total per (B, h), 0 where total is 0, averaged over the batch → (h,) float32."""
     per_seq = torch.where(total > 0, hit / total.clamp_min(1e-30), torch.zeros_like(hit))
-    return per_seq.mean(dim=0).float()  # (h,)
+    return per_seq.double().mean(dim=0).float()
 
 
 def previous_token_pattern(n: int, s: int | None = None) -> Tensor:
@@ -131,10 +134,11 @@ def positional_score(weights: Tensor) -> tuple[Tensor, Tensor]:
     """
     A, _ = _as_batched(weights)
     B, _, n, s = A.shape
-    rel = A.argmax(dim=-1) - torch.arange(n, device=A.device)  # (B, h, n): argmax offset
-    counts = torch.stack(
-        [(rel == d).sum(dim=(0, 2)) for d in range(-n + 1, s)], dim=-1
-    )  # (h, 2n−1)
+    h = A.shape[1]
+    rel = A.argmax(dim=-1) - torch.arange(n, device=A.device) + (n - 1)  # (B, h, n), ≥ 0
+    rel = rel.transpose(0, 1).reshape(h, B * n)  # (h, B·n)
+    counts = torch.zeros(h, n + s - 1, dtype=torch.long, device=A.device)
+    counts.scatter_add_(1, rel, torch.ones_like(rel))  # (h, n+s−1): offsets −(n−1)..s−1
     best = counts.argmax(dim=-1)  # (h,)
     return counts.gather(-1, best[:, None])[:, 0].float() / (B * n), best - (n - 1)
 
@@ -148,8 +152,9 @@ def key_mass_score(weights: Tensor, keys: Tensor) -> Tensor:
     A, _ = _as_batched(weights)
     if keys.dim() == 1:
         keys = keys.unsqueeze(0)
-    target = keys[:, None, :].expand(A.shape[0], A.shape[2], A.shape[3]).to(A.device)
-    return pattern_score(A, target)
+    mass = A.sum(dim=-2)  # (B, h, s): attention each key receives, summed over queries
+    hit = (mass * keys[:, None, :].to(A.device, A.dtype)).sum(-1)  # (B, h)
+    return _ratio(hit, mass.sum(-1))
 
 
 def first_token_score(weights: Tensor) -> Tensor:
@@ -168,11 +173,10 @@ def diffuse_score(weights: Tensor) -> Tensor:
     uniform attention: an averaging head.
     """
     A, _ = _as_batched(weights)
-    A = A.double()
     h, n, s = A.shape[1:]
     causal = bool((torch.triu(A, diagonal=1 + s - n) == 0).all())
     k = torch.arange(1, n + 1, dtype=A.dtype) + (s - n) if causal else torch.full((n,), float(s))
-    entropy = -(A * A.clamp_min(1e-30).log()).sum(-1)  # (B, h, n)
+    entropy = -torch.special.xlogy(A, A).sum(-1)  # (B, h, n); 0 · log 0 = 0
     rows = k >= 2
     norm = entropy[..., rows] / k[rows].log()  # (B, h, rows)
     return norm.mean(dim=(0, 2)).float() if rows.any() else torch.zeros(h)
@@ -320,10 +324,10 @@ def pattern_scores(
     shuffled: Tensor | None = None,
     order: Tensor | None = None,
 ) -> tuple[dict[str, Tensor], Tensor]:
-    """Every score of one layer's heads: weights (B, h, n, n), tokens and delimiters (B, n).
+    """Every score of a set of heads: weights (B, h, n, n), tokens and delimiters (B, n).
 
-    ``shuffled``/``order`` feed :func:`content_score` (0 without them). Returns
-    ``({type: (h,)}, offsets (h,))``.
+    ``shuffled``/``order`` feed :func:`content_score`; without them "content" is left out.
+    Returns ``({type: (h,)}, offsets (h,))``.
     """
     A, toks = _as_batched(weights, tokens)
     assert toks is not None
@@ -336,13 +340,10 @@ def pattern_scores(
         "delimiter": key_mass_score(A, delimiters),
         "duplicate": duplicate_token_score(A, toks),
         "induction": induction_score(A, toks),
-        "content": (
-            content_score(A, shuffled, order)
-            if shuffled is not None and order is not None
-            else torch.zeros(A.shape[1])
-        ),
-        "diffuse": diffuse_score(A),
     }
+    if shuffled is not None and order is not None:
+        scores["content"] = content_score(A, shuffled, order)
+    scores["diffuse"] = diffuse_score(A)
     return scores, offsets
 
 
@@ -357,38 +358,40 @@ def shuffle_positions(tokens: Tensor, movable: Tensor, seed: int = 0) -> Tensor:
     return order
 
 
-def _scored(layer: int, head: int, scores: dict[str, Tensor], offsets: Tensor, i: int) -> HeadScore:
+def _scored(layer: int, head: int, scores: dict[str, list], offsets: list, i: int) -> HeadScore:
     values = {k: float(v[i]) for k, v in scores.items()}
     return HeadScore(layer, head, label_head(values, int(offsets[i])), values, int(offsets[i]))
 
 
-def score_heads(model: Any, probe: Any, seed: int = 0) -> HeadReport:
+def score_heads(model: Any, probe: Any, seed: int = 0, content: bool = True) -> HeadReport:
     """Run ``model`` on ``probe`` and score and label every (layer, head).
 
-    One forward pass holds the probe and a position-shuffled copy side by side (batch 2B), so
-    the content score costs no second pass. model: a :class:`headlab.model.Transformer`;
-    probe: a :class:`headlab.probes.Probe`.
+    The content score needs the probe's tokens in shuffled positions too: one forward pass
+    holds both, side by side (batch 2B), so it costs a second sequence per probe sequence.
+    ``content=False`` runs the probe alone and leaves "content" out of the scores.
+    model: a :class:`headlab.model.Transformer`; probe: a :class:`headlab.probes.Probe`.
     """
     from headlab.trace import Trace
 
     tokens = probe.tokens
-    B = tokens.shape[0]
+    B, n = tokens.shape
     order = shuffle_positions(tokens, probe.movable, seed)
-    both = torch.cat([tokens, tokens.gather(1, order)])  # (2B, n)
+    run = torch.cat([tokens, tokens.gather(1, order)]) if content else tokens  # (2B or B, n)
     trace = Trace(only=("weights",))
-    with torch.inference_mode():
-        model(both.to(next(model.parameters()).device), trace=trace)
-    heads, averaged, patterns = [], [], []
-    for layer in range(model.config.n_layers):
-        w = trace[f"blocks.{layer}.attn.weights"].float().cpu()  # (2B, h, n, n)
-        A, S = w[:B], w[B:]
-        scores, offsets = pattern_scores(A, tokens, probe.delimiters, S, order)
-        heads += [_scored(layer, h, scores, offsets, h) for h in range(A.shape[1])]
-        mean_A, mean_S = averaged_pattern(A)[:, None], averaged_pattern(S)[:, None]
-        avg_scores, avg_offsets = pattern_scores(mean_A, tokens, probe.delimiters, mean_S, order)
-        averaged.append(_scored(layer, -1, avg_scores, avg_offsets, 0))
-        patterns.append(A[0])
-    return HeadReport(probe.name, list(probe.labels), heads, torch.stack(patterns), averaged)
+    with torch.inference_mode():  # hidden states only: the unembedding is not needed here
+        model.hidden_states(run.to(next(model.parameters()).device), trace=trace)
+    L, h = model.config.n_layers, model.config.n_heads
+    w = torch.stack([trace[f"blocks.{l}.attn.weights"] for l in range(L)], dim=1)
+    w = w.float().cpu()  # (2B or B, L, h, n, n)
+    # score all heads of all layers at once, the averaged heads appended as L extra "heads"
+    flat = torch.cat([w.reshape(-1, L * h, n, n), w.mean(dim=2)], dim=1)  # (·, L·h+L, n, n)
+    shuffled = flat[B:] if content else None
+    by_type, offset_t = pattern_scores(flat[:B], tokens, probe.delimiters, shuffled, order)
+    scores, offsets = {k: v.tolist() for k, v in by_type.items()}, offset_t.tolist()
+    heads = [_scored(l, i, scores, offsets, l * h + i) for l in range(L) for i in range(h)]
+    averaged = [_scored(l, -1, scores, offsets, L * h + l) for l in range(L)]
+    patterns = w[0]  # (L, h, n, n)
+    return HeadReport(probe.name, list(probe.labels), heads, patterns, averaged)
 
 
 def analyse(

