@@ -186,20 +186,18 @@ class ShapeReport:
 
     def summary(self) -> list[str]:
         """The report's figures as sentences for people (the CLI prints these)."""
-        p, fl, kv, mem = self.params, self.flops, self.kv_cache, self.memory
         if not self.valid:
             return list(self.problems)
-        mha = (
-            " (= 4·d_model² + 4·d_model)" if self.config.kind == "MHA" and self.config.bias else ""
-        )
+        p, fl, mem = self.params, self.flops, self.memory
+        mha = self.config.kind == "MHA" and self.config.bias
         return [
-            "parameters: " + ", ".join(f"{k} {v:,}" for k, v in p.items()) + mha,
+            "parameters: "
+            + ", ".join(f"{k} {v:,}" for k, v in p.items())
+            + (" (= 4·d_model² + 4·d_model)" if mha else ""),
             f"FLOPs: {fl['total']:,}; {fl['n2_share']:.1%} of them in QKᵀ and A·V, the n·s part",
             f"attention pattern (scores + weights): {format_bytes(mem['n2_bytes'])}; "
             f"all activations {format_bytes(mem['activation_bytes'])}",
-            f"KV cache: {format_bytes(kv['bytes_per_token'])} per token, "
-            f"{format_bytes(kv['bytes'])} for {kv['tokens']:,} tokens (B·s); plain MHA would hold "
-            f"{format_bytes(kv['mha_bytes'])}, {kv['ratio_vs_mha']:g}× as much",
+            _kv_sentence(self.kv_cache),
             *(f"warning: {w}" for w in self.warnings),
             f"verdict: {self.verdict}",
         ]
@@ -495,17 +493,15 @@ def _warnings(stages: tuple[Stage, ...]) -> list[str]:
 
 
 def _with_verdict(report: ShapeReport) -> ShapeReport:
-    cfg, params = report.config, report.params
+    cfg = report.config
     preserve = (
-        "shape-preserving: Y is B×n×d_model like X, since W_O maps h·d_k = d_model back to "
-        "d_model, so the output adds onto the residual stream and blocks stack"
+        "shape-preserving: B×n×d_model in and out (W_O maps h·d_k = d_model back to d_model), "
+        "so the output adds onto the residual stream and blocks stack"
         if report.shape_preserving
         else "NOT shape-preserving"
     )
-    verdict = (
-        f"{cfg.kind} (h={cfg.n_heads}, h_kv={cfg.h_kv}, d_k={cfg.sizes()['d_k']}), "
-        f"{params['total']:,} parameters; {preserve}"
-    )
+    d_k = cfg.sizes()["d_k"]
+    verdict = f"{cfg.kind}, h={cfg.n_heads}, h_kv={cfg.h_kv}, d_k={d_k}; {preserve}"
     return replace(report, verdict=verdict)
 
 
@@ -514,6 +510,18 @@ def _canonical_dtype(dtype: str) -> str:
     if isinstance(dtype, str) and dtype in DTYPES:
         return str(DTYPES[dtype]).removeprefix("torch.")
     return dtype
+
+
+def _kv_sentence(kv: dict[str, int | float]) -> str:
+    compared = (
+        f"plain MHA would hold {format_bytes(kv['mha_bytes'])}, {kv['ratio_vs_mha']:g}× as much"
+        if kv["ratio_vs_mha"] != 1
+        else "this is MHA: every head keeps its own keys and values"
+    )
+    return (
+        f"KV cache: {format_bytes(kv['bytes_per_token'])} per token, "
+        f"{format_bytes(kv['bytes'])} for {kv['tokens']:,} tokens (B·s); {compared}"
+    )
 
 
 def _is_int(value: object) -> bool:
