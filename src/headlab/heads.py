@@ -1,23 +1,34 @@
-"""Head scores: how much each attention head looks like a known head type.
+"""Head scores and labels: how much each attention head looks like a known head type.
 
 Shape legend
-    B   batch (probes); scores are averaged over it
-    h   heads of one layer
+    B   batch (probe sequences); scores are averaged over it
+    h   heads (of one layer, or all layers' heads stacked)
     n   query positions; s key positions (s == n: analysis runs without a cache)
 
-Pattern scores (TransformerLens's head detector, "mul" measure)
-    For a 0/1 target pattern P (n, s) built from the token ids, a head with attention A scores
+Every score is in [0, 1]; docs/heads.md has the full reference. A is one head's pattern (rows sum
+to 1), t the token ids.
 
-        score = Σ_ij A_ij · P_ij / Σ_ij A_ij
+Pattern scores, TransformerLens's head detector with its "mul" measure:
+    score = Σ_ij A_ij · P_ij / Σ_ij A_ij     (a perfect previous-token head scores (n − 1)/n)
+    previous     P[i, j] = 1 if j = i − 1                          threshold 0.5  Voita 2019
+    next         P[i, j] = 1 if j = i + 1                          threshold 0.5  Clark 2019
+    duplicate    P[i, j] = 1 if j < i and t[j] = t[i]               threshold 0.4  Wang 2022
+    induction    P[i, j] = 1 if j − 1 < i and t[j − 1] = t[i]       threshold 0.4  Olsson 2022
+    first_token  P[i, j] = 1 if j = 0 (BOS, [CLS])                  threshold 0.5  Clark 2019
+    delimiter    P[i, j] = 1 if key j > 0 is special or punctuation threshold 0.5  Clark 2019
+Other scores:
+    positional   share of queries whose argmax_j A_ij − i equals the most common offset δ
+                 (reported with δ)                                  threshold 0.9  Voita 2019
+    content      mean_i max(0, overlap(A_i, back_i) − overlap(A_i, S_i)) where S is the pattern
+                 on the tokens shuffled in position, back is S mapped to the original positions
+                 and overlap(p, q) = Σ_j min(p_j, q_j): the pattern follows the tokens, not the
+                 positions (headlab's definition)                   threshold 0.3
+    diffuse      mean_i H(A_i) / log k_i, k_i the keys query i may see   threshold 0.9
+Label: the type passing its threshold by the widest margin, else "mixed"; positional with
+δ = ∓1 is called previous-/next-token.
 
-    i.e. the share of the head's attention mass that falls where P says it should. Rows of A sum
-    to 1, so Σ A = n and a perfect previous-token head scores (n − 1)/n: query 0 has no previous
-    token. Scores are computed per sequence and averaged over the batch.
-
-    previous-token   P[i, i−1] = 1                                   (Voita et al. 2019)
-    duplicate-token  P[i, j] = 1 when tokens[j] == tokens[i], j < i  (Wang et al. 2022)
-    induction        P[i, j] = 1 when tokens[j−1] == tokens[i], j−1 < i: the token right
-                     after an earlier copy of the current token (Olsson et al. 2022)
+Papers: Voita et al. 2019; Clark et al. 2019; Olsson et al. 2022; Wang et al. 2022;
+TransformerLens (Nanda and Bloom 2022).
 """
 
 from __future__ import annotations
