@@ -15,7 +15,7 @@ export function heatmap(weights, tokens, { title = "", small = false, readout = 
   const size = n * cell;
   const svg = s("svg", {
     viewBox: `0 0 ${pad + size + 4} ${top + size + 4}`, role: "img",
-    "aria-label": title || "attention pattern", "font-family": FONT, class: "heatmap",
+    "aria-label": title || "attention pattern", "font-family": FONT, class: "heatmap", "shape-rendering": "crispEdges",
   });
   svg.append(s("rect", { width: pad + size + 4, height: top + size + 4, fill: "#ffffff" }));
   if (title && !small) svg.append(s("text", { x: 0, y: 13, "font-size": 13, "font-weight": 600, fill: "#1d2330", text: title }));
@@ -74,7 +74,7 @@ function attachCursor(svg, weights, tokens, { pad, top, cell, readout }) {
 export function arcs(weights, tokens, { title = "", minWeight = 0.05, readout = null } = {}) {
   const n = weights.length;
   const step = Math.max(14, Math.min(40, Math.floor(620 / n)));
-  const width = n * step + 20;
+  const width = n * step + 60;  // room for the last rotated label
   let reach = 1;
   for (let i = 0; i < n; i += 1) for (let j = 0; j < n; j += 1) if (weights[i][j] >= minWeight && i !== j) reach = Math.max(reach, Math.abs(i - j));
   const base = 16 + Math.min((reach * step) / 2, 200);
