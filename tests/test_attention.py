@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from headlab import KVCache, MultiHeadAttention, attention, merge_heads, split_heads
+from headlab import KVCache, MultiHeadAttention, attention, merge_heads, repeat_kv, split_heads
 from headlab.reference import multi_head_attention, weights_of
 
 
@@ -274,3 +274,15 @@ def test_kvcache_rejects_wrong_shape():
 def test_split_merge_roundtrip_basic():
     x = torch.randn(2, 5, 12)
     assert torch.equal(merge_heads(split_heads(x, 3)), x)
+
+
+def test_repeat_kv_repeats_each_head_for_its_group_and_views_for_mqa():
+    x = torch.randn(2, 3, 5, 4)
+    rep = repeat_kv(x, 2)
+    assert rep.shape == (2, 6, 5, 4)
+    for i in range(6):
+        assert torch.equal(rep[:, i], x[:, i // 2])
+    one = torch.randn(2, 1, 5, 4)
+    view = repeat_kv(one, 8)
+    assert view.shape == (2, 8, 5, 4) and view.data_ptr() == one.data_ptr()
+    assert view.stride(1) == 0  # no copy: every query head reads the same memory

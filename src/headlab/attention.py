@@ -88,11 +88,16 @@ def merge_heads(x: Tensor) -> Tensor:
 def repeat_kv(x: Tensor, g: int) -> Tensor:
     """(B, h_kv, s, d) → (B, h_kv·g, s, d), each key/value head repeated for its g query heads.
 
-    An expanded view (stride 0 on the repeat), not a copy: the memory stays h_kv heads.
+    For MQA (h_kv = 1) this is an expanded view (stride 0, no copy). For 1 < h_kv < h the merged
+    head axis cannot be expressed as a view, so it is a copy: that is why :func:`attention` and the
+    fused path never call it (they broadcast the grouped heads, or use SDPA's ``enable_gqa``) and
+    only a :class:`Trace` records it, to show the shape the keys take.
     """
     if g == 1:
         return x
     B, h_kv, s, d = x.shape
+    if h_kv == 1:
+        return x.expand(B, g, s, d)  # (B, h, s, d), a view
     return x[:, :, None].expand(B, h_kv, g, s, d).reshape(B, h_kv * g, s, d)  # (B, h, s, d)
 
 
