@@ -72,3 +72,22 @@ def test_make_probe_accepts_one_sequence():
 def test_builtin_sentence_repeats_itself():
     first, second = REPEAT_SENTENCE.split(". ", 1)
     assert second == first + "."
+
+
+def test_random_repeat_probe_prepends_a_bos_when_the_tokenizer_adds_none():
+    """GPT-2's tokenizer adds no start token; Olsson et al. 2022 prepend one to the probe."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from headlab.zoo import Tokenizer
+
+    words = ["<|endoftext|>", "the", ".", *[f"w{i}" for i in range(100)]]
+    backend = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="the")
+    )
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    backend.add_special_tokens(["<|endoftext|>"])
+    probe = random_repeat_probe(Tokenizer(backend), 103, max_len=64, length=5, batch=2)
+    assert probe.tokens.shape == (2, 11)
+    assert (probe.tokens[:, 0] == 0).all() and probe.labels[0] == "<|endoftext|>"
+    assert torch.equal(probe.tokens[:, 1:6], probe.tokens[:, 6:])
+    assert all(label.startswith("w") for label in probe.labels[1:])
+    assert not probe.movable[0, 0] and probe.movable[0, 1:].all()

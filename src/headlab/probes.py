@@ -141,13 +141,24 @@ def repeated_random_tokens(
     return torch.stack(rows).long()  # (batch, n)
 
 
+BOS_NAMES = ("<|endoftext|>", "<|begin_of_text|>", "<s>", "<bos>", "[CLS]")
+
+
 def _frame(tokenizer: TokenizerLike) -> tuple[list[int], list[int]]:
-    """The special ids the tokenizer puts before and after a text ([CLS] … [SEP], or none)."""
+    """The special ids the tokenizer puts before and after a text ([CLS] … [SEP]).
+
+    A tokenizer that adds no start token (GPT-2's) gets its BOS-like special token in front,
+    as Olsson et al. 2022 prepend a BOS to their probe.
+    """
     ids = tokenizer.encode("word")
     inner = [j for j, i in enumerate(ids) if i not in _special_ids(tokenizer)]
-    if not inner:
-        return [], []
-    return ids[: inner[0]], ids[inner[-1] + 1 :]
+    prefix, suffix = (ids[: inner[0]], ids[inner[-1] + 1 :]) if inner else ([], [])
+    if not prefix:
+        backend = getattr(tokenizer, "backend", None)
+        token_to_id = getattr(backend, "token_to_id", None)
+        bos = [token_to_id(name) for name in BOS_NAMES] if token_to_id else []
+        prefix = [i for i in bos if i is not None and i in _special_ids(tokenizer)][:1]
+    return prefix, suffix
 
 
 def ordinary_token_ids(tokenizer: TokenizerLike, vocab_size: int) -> Tensor:
