@@ -63,6 +63,9 @@ def test_table_and_show(minilm):
     assert "previous-token" in result.stdout
     assert "layer 0 head 2" in result.stdout
     assert "0 [CLS] · 1 a · 2 b" in result.stdout
+    averaged = run("heads", "--model", "minilm", "--show", "0.avg", "--text", "a b c d")
+    assert averaged.exit_code == 0, averaged.output
+    assert "layer 0 head avg" in averaged.stdout
 
 
 @pytest.mark.slow
@@ -82,6 +85,7 @@ def test_random_repeat_probe_runs(minilm):
         (("--probe", "zigzag"), "valid probes: repeat, random-repeat"),
         (("--show", "7.0"), "layers 0..5 and heads 0..11"),
         (("--show", "two"), "--show takes LAYER.HEAD"),
+        (("--show", "0.-2"), "layers 0..5 and heads 0..11"),
     ],
 )
 def test_bad_input_exits_2(minilm, args, message):

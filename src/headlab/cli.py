@@ -136,7 +136,9 @@ def heads(
     model: str = typer.Option("default", "--model", help="A name from `headlab models`."),
     text: str | None = typer.Option(None, help="Your own text as the probe."),
     probe: str = typer.Option("repeat", help="Built-in probe: repeat or random-repeat."),
-    show: str | None = typer.Option(None, help="Draw head L.H's pattern, e.g. --show 0.2."),
+    show: str | None = typer.Option(
+        None, help="Draw head L.H's pattern, e.g. --show 0.2; L.avg draws layer L's mean head."
+    ),
     seed: int = typer.Option(0, help="Seed of the random probe and the position shuffle."),
     as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
 ) -> None:
@@ -152,7 +154,7 @@ def heads(
     except ValueError as exc:
         raise fail(str(exc)) from None
     L, h = m.config.n_layers, m.config.n_heads
-    if target is not None and not (0 <= target[0] < L and 0 <= target[1] < h):
+    if target is not None and not (0 <= target[0] < L and -1 <= target[1] < h):
         raise fail(f"--show {show}: this model has layers 0..{L - 1} and heads 0..{h - 1}")
     if as_json:
         typer.echo(json.dumps({"model": model, **report.to_dict()}, ensure_ascii=False))
@@ -161,19 +163,23 @@ def heads(
         console.print(heads_table(report, title))
     if target is not None:
         layer, head = target
-        title = f"layer {layer} head {head}: {report.head(layer, head).label}"
+        if head < 0:  # the averaged head: what a one-map-per-layer view shows
+            pattern, label = report.patterns[layer].mean(0), report.averaged[layer].label
+        else:
+            pattern, label = report.patterns[layer, head], report.head(layer, head).label
+        title = f"layer {layer} head {'avg' if head < 0 else head}: {label}"
         out = err_console if as_json else console  # keep stdout pure JSON
-        out.print(heatmap(report.patterns[layer, head], report.tokens, title))
+        out.print(heatmap(pattern, report.tokens, title))
         out.print(key_legend(report.tokens), highlight=False)
 
 
 def _parse_head(spec: str) -> tuple[int, int]:
-    """'L.H' → (L, H)."""
+    """'L.H' → (L, H); 'L.avg' → (L, -1), the layer's averaged head."""
     try:
-        layer, head = (int(x) for x in spec.split("."))
+        layer, head = spec.split(".")
+        return int(layer), -1 if head == "avg" else int(head)
     except ValueError:
-        raise fail(f"--show takes LAYER.HEAD, e.g. 0.2; got {spec!r}") from None
-    return layer, head
+        raise fail(f"--show takes LAYER.HEAD or LAYER.avg, e.g. 0.2; got {spec!r}") from None
 
 
 if __name__ == "__main__":
