@@ -415,3 +415,12 @@ def test_minilm_has_a_previous_token_head_on_the_default_sentence(minilm: TestCl
     assert best["score"] >= 0.5 and best["passes_threshold"] is True
     labels = {(r["layer"], r["head"]): r["label"] for r in body["heads"]}
     assert labels[(best["layer"], best["head"])] == "previous-token"
+
+
+def test_experiment_files_are_found_by_their_command_name(
+    client: TestClient, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "one_vs_many.json").write_text('{"experiment": "one_vs_many"}')
+    monkeypatch.setattr(experiments_route, "RESULTS", tmp_path)
+    assert client.get("/api/experiments").json()["available"] == ["one-vs-many"]
+    assert client.get("/api/experiments/one-vs-many").json() == {"experiment": "one_vs_many"}

@@ -19,10 +19,13 @@ PAGE_EXPERIMENTS = ("one-vs-many", "head-count", "induction", "prune", "gqa")
 
 
 def shipped() -> dict[str, Path]:
-    """Name → results file, for every results JSON shipped in the package."""
+    """Name → results file, for every results JSON shipped in the package.
+
+    Names are the command's (``one-vs-many``), whether the file says ``one_vs_many`` or not.
+    """
     if not RESULTS.is_dir():
         return {}
-    return {p.stem: p for p in sorted(RESULTS.glob("*.json"))}
+    return {p.stem.replace("_", "-"): p for p in sorted(RESULTS.glob("*.json"))}
 
 
 @router.get("/experiments")

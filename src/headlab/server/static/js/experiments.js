@@ -1,30 +1,135 @@
-// Draws an experiment's shipped results (GET /api/experiments/NAME): its headline numbers, every
-// per-step history as an interactive line chart, and every name → number table as bars.
-import { h, clear, fmtCompact } from "./dom.js";
-import { lineChart, barChart } from "./figures.js";
+// Draws an experiment's shipped results (GET /api/experiments/NAME). Each known experiment has its
+// own view; anything else gets its headline numbers and every per-step history as line charts.
+import { h, clear, fmtCompact, fmtBytes, fmtInt } from "./dom.js";
+import { lineChart, barChart, matrix } from "./figures.js";
 import { figure } from "./export.js";
 
 const isNum = (v) => typeof v === "number" && Number.isFinite(v);
-const pretty = (key) => key.replace(/_/g, " ");
+const pretty = (key) => String(key).replace(/_/g, " ");
+const mean = (v) => (v && typeof v === "object" && "mean" in v ? v.mean : v);
 
-function fmt(v) {
-  if (isNum(v)) return Number.isInteger(v) ? fmtCompact(v) : Number(v).toPrecision(3);
-  if (Array.isArray(v)) return v.map(fmt).join(", ");
-  return String(v);
+// A {mean, std, values} spread over seeds as "0.812 ± 0.020 (3 seeds)".
+function pm(v, digits = 3) {
+  if (isNum(v)) return v.toFixed(digits);
+  if (!v || !isNum(v.mean)) return "—";
+  const n = Array.isArray(v.values) ? v.values.length : 0;
+  return n > 1 ? `${v.mean.toFixed(digits)} ± ${(v.std ?? 0).toFixed(digits)}` : v.mean.toFixed(digits);
 }
 
-// Top-level scalars and short lists: the run's headline figures.
+function table(id, head, rows) {
+  return h("div", { class: "table-wrap" }, h("table", { id },
+    h("thead", {}, h("tr", {}, head.map((c, k) => h("th", { class: k ? "num" : null }, c)))),
+    h("tbody", {}, rows.map((r) => h("tr", {}, r.map((c, k) => h("td", { class: k ? "num" : null }, c)))))));
+}
+
+function chart(name, series, opts, data) {
+  const readout = h("p", { class: "note", "aria-live": "polite" }, "Hover the chart to read exact values; the buttons show or hide a line.");
+  const { svg, legend } = lineChart(series, { ...opts, readout });
+  return figure(svg, { name, caption: opts.title, data, extra: h("div", {}, legend, readout) });
+}
+
+function seedsNote(r) {
+  const n = Array.isArray(r.seeds) ? r.seeds.length : 1;
+  return `${r.quick ? "Quick run" : "Full run"}, ${n} seed${n > 1 ? "s" : ""}${isNum(r.wall_seconds) ? `, ${r.wall_seconds.toFixed(0)} s on this kind of CPU` : ""}.`;
+}
+
+function oneVsMany(name, r) {
+  const rows = r.summary || [];
+  const out = [table("one-vs-many-table", ["model", "layers", "parameters", "accuracy, no attractor", "accuracy, attractor between"],
+    rows.map((row) => [row.model, String(row.depth), fmtInt(row.params), pm(row.plain), pm(row.attractor)]))];
+  const items = rows.flatMap((row) => [
+    { label: `${row.model} ${row.depth}L, plain`, value: mean(row.plain), colour: "#0072B2" },
+    { label: `${row.model} ${row.depth}L, attractor`, value: mean(row.attractor), colour: "#D55E00" },
+  ]).filter((it) => isNum(it.value));
+  if (items.length) {
+    const title = "Held-out verb agreement accuracy (mean over seeds)";
+    out.push(figure(barChart(items, { title, format: (v) => v.toFixed(3) }), { name: `${name}-accuracy`, caption: title, data: rows }));
+  }
+  const ex = r.example;
+  if (ex && Array.isArray(ex.attention)) {
+    const readout = h("p", { class: "note", "aria-live": "polite" });
+    for (const a of ex.attention) {
+      a.layers.forEach((weights, layer) => {
+        const title = `${a.model}, ${a.depth} layer${a.depth > 1 ? "s" : ""}: layer ${layer}, from the verb slot`;
+        const svg = matrix(weights, ex.tokens.slice(0, weights[0].length), weights.map((_, k) => `head ${k}`), { title, readout });
+        out.push(figure(svg, { name: `${name}-${a.model}-${a.depth}-${layer}`, caption: title, data: { tokens: ex.tokens, weights } }));
+      });
+    }
+    out.push(readout);
+  }
+  return out;
+}
+
+function headCount(name, r) {
+  const rows = r.summary || [];
+  const keys = ["val_loss", "copy_loss", "fresh_loss"].filter((k) => rows.some((row) => isNum(mean(row[k]))));
+  const series = keys.map((k) => ({ name: pretty(k), points: rows.map((row) => [row.h, mean(row[k])]) }));
+  const out = [];
+  if (series.length) out.push(chart(`${name}-loss`, series, { title: "Validation loss against the number of heads (fixed d_model)", xLabel: "heads h", yLabel: "loss", logX: true }, rows));
+  out.push(table("head-count-table", ["h", "d_k", ...keys.map(pretty)], rows.map((row) => [String(row.h), String(row.d_k), ...keys.map((k) => pm(row[k]))])));
+  if (isNum(r.best_h)) out.push(h("p", {}, `Lowest validation loss at h = ${r.best_h}.`));
+  const ref = r.reference;
+  if (ref && Array.isArray(ref.rows)) {
+    out.push(h("p", { class: "note" }, `Beside it, ${ref.paper}:`), table("head-count-reference", ref.columns, ref.rows.map((row) => row.map(String))));
+  }
+  return out;
+}
+
+function prune(name, r) {
+  const out = [];
+  if (r.default_model) out.push(h("p", { class: "note" }, `Shipped model: ${r.default_model}.`));
+  const seen = new Set();
+  for (const m of r.models || []) {
+    if (seen.has(m.model)) continue;
+    seen.add(m.model);
+    const total = m.n_layers * m.n_heads;
+    const curve = m.importance_curve?.losses || [];
+    const series = [{ name: "least important first", points: curve.map((v, k) => [k, v]) }];
+    if (Array.isArray(m.random_mean_losses)) series.push({ name: "random order (mean)", points: m.random_mean_losses.map((v, k) => [k, v]), dashed: true });
+    out.push(chart(`${name}-${m.model}`, series, { title: `${m.model}: loss as heads are masked (${total} heads)`, xLabel: "heads pruned", yLabel: "loss" }, m));
+    const pf = m.prunable_fraction || {};
+    out.push(table(`prune-${m.model}-table`, ["loss allowed to rise by", "heads prunable, importance order", "random order"],
+      Object.entries(pf).map(([tol, v]) => [tol, `${(100 * v.importance).toFixed(0)}%`, `${(100 * v.random_mean).toFixed(0)}%`])));
+    if (Array.isArray(m.survivors) && m.survivors.length) {
+      out.push(h("p", {}, "Pruned last (most important): ", m.survivors.map((sv) => `${sv.head} (${sv.label})`).join(", "), "."));
+    }
+  }
+  if (r.reference) out.push(h("p", { class: "note" }, `Published: ${Object.values(r.reference).join("; ")}.`));
+  return out;
+}
+
+function gqa(name, r) {
+  const out = [];
+  if (Array.isArray(r.kv_cache)) {
+    out.push(table("gqa-kv-table", ["h_kv", "positions s", "cache held (measured)", "calculator", "smaller than MHA"],
+      r.kv_cache.map((row) => [String(row.n_kv_heads), fmtInt(row.s), fmtBytes(row.measured), fmtBytes(row.calculator), `${Number(row.shrink_vs_mha).toFixed(1)}×`])));
+  }
+  if (Array.isArray(r.decode)) {
+    const kvs = [...new Set(r.decode.map((row) => row.n_kv_heads))];
+    const series = kvs.map((k) => ({ name: `h_kv = ${k}`, points: r.decode.filter((row) => row.n_kv_heads === k).map((row) => [row.context, row.ratio_vs_mha]) }));
+    out.push(chart(`${name}-decode`, series, { title: "Decode speed with a KV cache, relative to MHA (same run)", xLabel: "context", yLabel: "tokens/s ÷ MHA's", logX: true }, r.decode));
+  }
+  const q = r.quality;
+  if (q && Array.isArray(q.by_kv)) {
+    out.push(h("p", {}, `Quality (validation loss): MHA ${pm(q.mha)}; converted by mean-pooling K/V heads, then ${q.uptrain_steps} more steps (5% of ${q.steps}), against training with h_kv heads from scratch:`),
+      table("gqa-quality-table", ["h_kv", "right after pooling", "after uptraining", "from scratch"], q.by_kv.map((row) => [String(row.n_kv_heads), pm(row.converted), pm(row.uptrained), pm(row.scratch)])));
+  }
+  return out;
+}
+
+// --- anything else: headline numbers and per-step histories ----------------------------------
+
 function headline(results) {
-  const facts = Object.entries(results).filter(([, v]) => isNum(v) || typeof v === "string" || typeof v === "boolean"
-    || (Array.isArray(v) && v.length <= 8 && v.every((x) => isNum(x) || typeof x === "string")));
+  const facts = Object.entries(results).filter(([k, v]) => k !== "quick" && (isNum(v) || typeof v === "string"
+    || (Array.isArray(v) && v.length <= 8 && v.every((x) => isNum(x) || typeof x === "string"))));
   if (!facts.length) return null;
-  return h("div", { class: "facts" }, facts.slice(0, 12).map(([k, v]) => h("div", { class: "fact", "data-key": k }, h("b", {}, fmt(v)), h("span", {}, pretty(k)))));
+  return h("div", { class: "facts" }, facts.slice(0, 12).map(([k, v]) => h("div", { class: "fact", "data-key": k },
+    h("b", {}, Array.isArray(v) ? v.join(", ") : isNum(v) && !Number.isInteger(v) ? v.toPrecision(3) : isNum(v) ? fmtCompact(v) : String(v)), h("span", {}, pretty(k)))));
 }
 
-// A list of records sharing an x key (step, h, fraction, ...) → one line per numeric field.
 function historyKey(rows) {
   if (!Array.isArray(rows) || rows.length < 2 || typeof rows[0] !== "object" || rows[0] === null) return null;
-  return ["step", "steps", "tokens", "h", "n_heads", "fraction", "pruned", "context", "h_kv"].find((k) => rows.every((r) => isNum(r[k]))) || null;
+  return ["step", "steps", "tokens"].find((k) => rows.every((row) => isNum(row[k]))) || null;
 }
 
 function phaseWindow(results) {
@@ -34,39 +139,34 @@ function phaseWindow(results) {
   return null;
 }
 
-function charts(name, results, path = []) {
-  const out = [];
+function generic(name, results, path = []) {
+  const out = path.length ? [] : [headline(results)];
   for (const [key, value] of Object.entries(results)) {
     const x = historyKey(value);
     if (x) {
-      const fields = Object.keys(value[0]).filter((k) => k !== x && value.some((r) => isNum(r[k])));
+      const fields = Object.keys(value[0]).filter((k) => k !== x && value.some((row) => isNum(row[k])));
       const groups = [fields.filter((k) => /loss/.test(k)), fields.filter((k) => !/loss/.test(k))].filter((g) => g.length);
       groups.forEach((group, gi) => {
-        const series = group.slice(0, 8).map((k) => ({ name: pretty(k), points: value.map((r) => [r[x], r[k]]) }));
-        const readout = h("p", { class: "note", "aria-live": "polite" }, "Hover the chart to read exact values.");
-        const title = `${pretty([...path, key].join(" "))}${groups.length > 1 ? (gi ? " (scores)" : " (losses)") : ""}`;
-        const { svg, legend } = lineChart(series, { title, xLabel: pretty(x), yLabel: gi || !/loss/.test(group[0]) ? "value" : "loss", shade: phaseWindow(results), readout, logX: ["h", "n_heads", "h_kv", "context"].includes(x) });
-        out.push(figure(svg, { name: `${name}-${key}-${gi}`, caption: title, data: value, extra: h("div", {}, legend, readout) }));
+        const title = `${pretty([...path, key].join(" "))}${groups.length > 1 ? (/loss/.test(group[0]) ? " (losses)" : " (scores)") : ""}`;
+        const series = group.slice(0, 8).map((k) => ({ name: pretty(k), points: value.map((row) => [row[x], row[k]]) }));
+        out.push(chart(`${name}-${key}-${gi}`, series, { title, xLabel: pretty(x), yLabel: /loss/.test(group[0]) ? "loss" : "value", shade: phaseWindow(results) }, value));
       });
-    } else if (value && typeof value === "object" && !Array.isArray(value)) {
-      const entries = Object.entries(value);
-      if (entries.length >= 2 && entries.length <= 64 && entries.every(([, v]) => isNum(v))) {
-        const title = pretty([...path, key].join(" "));
-        const svg = barChart(entries.map(([k, v]) => ({ label: k, value: v })), { title, format: (v) => Number(v).toPrecision(3) });
-        out.push(figure(svg, { name: `${name}-${key}`, caption: title, data: value }));
-      } else if (path.length < 2) {
-        out.push(...charts(name, value, [...path, key]));
-      }
+    } else if (value && typeof value === "object" && !Array.isArray(value) && path.length < 2) {
+      out.push(...generic(name, value, [...path, key]));
     }
   }
   return out;
 }
 
+const VIEWS = { "one-vs-many": oneVsMany, "head-count": headCount, prune, gqa };
+
 export function renderExperiment(el, name, results) {
-  const summary = results.summary || results.conclusion || results.verdict;
-  clear(el,
-    h("p", { class: "note" }, `From the shipped results of headlab experiment ${name}${results.quick ? " (quick run)" : ""}.`),
-    typeof summary === "string" ? h("p", {}, summary) : null,
-    headline(results),
-    charts(name, results));
+  const view = VIEWS[name] || generic;
+  let parts;
+  try {
+    parts = view(name, results);
+  } catch (err) {
+    parts = [h("p", { class: "error" }, `These results have a shape this page does not know (${err.message}); the raw numbers follow.`), ...generic(name, results)];
+  }
+  clear(el, h("p", { class: "note" }, `From headlab experiment ${name}. ${seedsNote(results)}`), parts);
 }

@@ -172,7 +172,7 @@ export function lineChart(series, { title = "", xLabel = "", yLabel = "", shade 
   svg.addEventListener("mouseleave", () => { hideTip(); guide.setAttribute("visibility", "hidden"); });
   const legend = h("div", { class: "chips", role: "group", "aria-label": "series shown" },
     series.map((sr, k) => h("button", {
-      type: "button", class: "chip", "aria-pressed": "true",
+      type: "button", class: "chip series", "aria-pressed": "true",
       onclick: (e) => {
         const on = e.currentTarget.getAttribute("aria-pressed") !== "true";
         e.currentTarget.setAttribute("aria-pressed", String(on));
@@ -197,6 +197,32 @@ export function barChart(items, { title = "", format = (v) => String(v), colour 
     svg.append(s("text", { x: L - 6, y: y + 15, "text-anchor": "end", "font-size": 11, fill: "#1d2330", text: it.label }));
     svg.append(s("rect", { x: L, y: y + 3, width: w, height: rowH - 7, fill: it.colour || colour }));
     svg.append(s("text", { x: L + w + 4, y: y + 15, "font-size": 11, fill: "#1d2330", text: format(it.value) }));
+  });
+  return svg;
+}
+
+// A rows × columns matrix of weights (e.g. each head's attention from one query to every token).
+export function matrix(rows, colLabels, rowLabels, { title = "", readout = null } = {}) {
+  const nr = rows.length, nc = colLabels.length;
+  const cell = Math.max(8, Math.min(24, Math.floor(520 / nc)));
+  const L = 70, T = 70 + (title ? 18 : 0);
+  const svg = s("svg", { viewBox: `0 0 ${L + nc * cell + 4} ${T + nr * cell + 4}`, role: "img", "aria-label": title || "weights", "font-family": FONT, "shape-rendering": "crispEdges" });
+  svg.append(s("rect", { width: L + nc * cell + 4, height: T + nr * cell + 4, fill: "#ffffff" }));
+  if (title) svg.append(s("text", { x: 0, y: 13, "font-size": 13, "font-weight": 600, fill: "#1d2330", text: title }));
+  const fontSize = Math.min(11, cell - 2);
+  rows.forEach((row, i) => {
+    svg.append(s("text", { x: L - 4, y: T + i * cell + cell / 2 + 4, "text-anchor": "end", "font-size": 11, fill: "#1d2330", text: rowLabels[i] }));
+    row.forEach((w, j) => {
+      const rect = s("rect", { x: L + j * cell, y: T + i * cell, width: cell, height: cell, fill: viridis(w) });
+      const text = `${rowLabels[i]} → “${colLabels[j]}”: ${Number(w).toFixed(4)}`;
+      rect.addEventListener("mousemove", (e) => { showTip(e, text); if (readout) readout.textContent = text; });
+      rect.addEventListener("mouseleave", hideTip);
+      svg.append(rect);
+    });
+  });
+  colLabels.forEach((t, j) => {
+    const x = L + j * cell + cell / 2 + fontSize / 3;
+    svg.append(s("text", { x, y: T - 4, transform: `rotate(-90 ${x} ${T - 4})`, "font-size": fontSize, fill: "#1d2330", text: short(t) }));
   });
   return svg;
 }
