@@ -61,6 +61,16 @@ def test_cached_hf_model_loads_offline_by_name(tmp_path, monkeypatch):
     x = torch.tensor([ids])
     with torch.no_grad():
         torch.testing.assert_close(model(x), hf(x).logits, atol=1e-4, rtol=1e-4)
+    short, _ = zoo.load("random-lm")  # the repo name without its owner finds it too
+    torch.testing.assert_close(short(x), model(x))
+
+
+def test_cached_config_without_weights_says_so(tmp_path, monkeypatch):
+    fake_cache(tmp_path, monkeypatch, model_type="gpt2")
+    snap = tmp_path / "hub" / "models--tiny--random-lm" / "snapshots" / "abc123"
+    (snap / "model.safetensors").unlink()
+    with pytest.raises(zoo.ModelNotAvailable, match="weights are not in the local cache"):
+        zoo.load("tiny/random-lm")
 
 
 def test_unsupported_cached_family_is_listed_with_a_reason(tmp_path, monkeypatch):

@@ -212,8 +212,10 @@ def load(name: str) -> tuple[Transformer, Tokenizer]:
             raise ModelNotAvailable(f"model 'minilm' is not available: {info.reason}")
         return load_hf_dir(path, "minilm")
     cached = cached_hf_models()
-    if name in cached:
-        return load_hf_dir(cached[name][0], name)
+    # "gpt2" also finds "openai-community/gpt2" when that is the only cached match
+    matches = [repo for repo in cached if repo == name or repo.endswith("/" + name)]
+    if len(matches) == 1:
+        return load_hf_dir(cached[matches[0]][0], matches[0])
     known = ", ".join(i.name for i in list_models() if i.available) or "none"
     raise ModelNotAvailable(
         f"unknown model {name!r}: not shipped and not in the Hugging Face cache at "
@@ -243,5 +245,11 @@ def load_hf_dir(directory: str | Path, name: str = "") -> tuple[Transformer, Tok
     auto = (
         transformers.AutoModel if config.model_type == "bert" else transformers.AutoModelForCausalLM
     )
-    hf = auto.from_pretrained(path, local_files_only=True, attn_implementation="eager")
+    try:
+        hf = auto.from_pretrained(path, local_files_only=True, attn_implementation="eager")
+    except OSError as exc:  # e.g. only config.json was downloaded, not the weights
+        raise ModelNotAvailable(
+            f"{name or path}: the weights are not in the local cache ({exc}); download the "
+            "model once where there is network, then load it offline"
+        ) from None
     return from_hf(hf), Tokenizer.from_dir(directory, name)
