@@ -192,3 +192,44 @@ def test_readable_at_375_px(browser, server: str) -> None:
     overflow = pg.evaluate("document.documentElement.scrollWidth")
     assert overflow <= 376, f"page is {overflow}px wide at a 375px viewport"
     context.close()
+
+
+def test_experiment_sections_draw_shipped_results_and_name_missing_ones(
+    browser, server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from headlab.server.routes import experiments as experiments_route
+
+    def spread(values: list[float]) -> dict:
+        m = sum(values) / len(values)
+        sd = (sum((v - m) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+        return {"mean": m, "std": sd, "values": values}
+
+    summary = [
+        {"h": h, "d_k": 16 // h, "params": 1000, "val_loss": spread([3.0 + h / 100, 3.1 + h / 100])}
+        for h in (1, 4, 16)
+    ]
+    results = {"experiment": "head_count", "quick": True, "seeds": [0, 1], "summary": summary,
+               "best_h": 1}  # fmt: skip
+    (tmp_path / "head_count.json").write_text(json.dumps(results))
+    monkeypatch.setattr(experiments_route, "RESULTS", tmp_path)
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("console", lambda m: m.type == "error" and errors.append(m.text))
+    pg.goto(server + "/")
+    rows = pg.locator("#head-count-table tbody tr")
+    expect(rows).to_have_count(3)
+    for k, row in enumerate(summary):
+        loss = row["val_loss"]
+        shown = f"{loss['mean']:.3f} ± {loss['std']:.3f}"
+        assert rows.nth(k).locator("td").all_inner_texts() == [
+            str(row["h"]),
+            str(row["d_k"]),
+            shown,
+        ]
+    chart = pg.locator('[data-experiment="head-count"] figure svg polyline')
+    assert chart.count() == 1
+    missing = pg.locator('[data-experiment="prune"] .missing')
+    expect(missing).to_contain_text("no shipped results")
+    assert errors == []
+    context.close()

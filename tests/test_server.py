@@ -424,3 +424,24 @@ def test_experiment_files_are_found_by_their_command_name(
     monkeypatch.setattr(experiments_route, "RESULTS", tmp_path)
     assert client.get("/api/experiments").json()["available"] == ["one-vs-many"]
     assert client.get("/api/experiments/one-vs-many").json() == {"experiment": "one_vs_many"}
+
+
+def test_serve_warns_when_bound_beyond_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from headlab.cli import app
+
+    started: dict = {}
+    monkeypatch.setattr(
+        uvicorn, "run", lambda application, **kw: started.update(kw, app=application)
+    )
+    result = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0", "--port", "0"])
+    assert result.exit_code == 0, result.output
+    assert "warning" in result.output and "0.0.0.0" in result.output
+    assert started["host"] == "0.0.0.0"
+    quiet = CliRunner().invoke(app, ["serve", "--host", "127.0.0.1", "--port", "0"])
+    assert quiet.exit_code == 0 and "warning" not in quiet.output
+    # bound to loopback, the app refuses requests that name another host
+    with TestClient(started["app"]) as c:
+        assert c.get("/api/health", headers={"host": "example.org"}).status_code == 400
