@@ -9,8 +9,8 @@ Shape legend
 
 Everything here works on a *head loss*: a function ``loss_fn(batch, head_mask) -> scalar tensor``,
 so the same code prunes headlab's own models, converted Hugging Face models, or anything else that
-accepts a per-head mask. :func:`next_token_loss` and :func:`masked_token_loss` build one from a
-model that takes ``model(tokens, head_mask=mask) -> logits``.
+accepts a per-head mask. :func:`next_token_loss` and :func:`target_loss` build one from a model
+that takes ``model(tokens, head_mask=mask) -> logits``.
 
 Papers: Michel, Levy and Neubig 2019, "Are Sixteen Heads Really Better than One?" (head
 importance I_h = E_x |∂L(x)/∂ξ_h| for a multiplicative head mask ξ, normalised per layer, and
@@ -42,8 +42,12 @@ def next_token_loss(model: Callable[..., Tensor]) -> HeadLoss:
     return loss_fn
 
 
-def masked_token_loss(model: Callable[..., Tensor]) -> HeadLoss:
-    """Cross-entropy at masked positions; batch is (inputs (B, n), targets (B, n), -100 = skip)."""
+def target_loss(model: Callable[..., Tensor]) -> HeadLoss:
+    """Cross-entropy against given targets; batch is (inputs (B, n), targets (B, n), -100 = skip).
+
+    Next-token loss when targets are the inputs shifted by one (``headlab.tasks`` batches),
+    masked-token loss when only masked positions carry a target.
+    """
 
     def loss_fn(batch: tuple[Tensor, Tensor], head_mask: Tensor) -> Tensor:
         inputs, targets = batch
