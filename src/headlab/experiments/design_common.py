@@ -1,0 +1,113 @@
+"""Helpers shared by the head-design experiments (one_vs_many, head_count, prune, gqa).
+
+Seeds are summarised as mean, sample standard deviation, minimum and maximum, with every value
+kept; results are written as ``results.json`` and figures as PNG files in the output directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from headlab.train import BatchFn, LossFn, TrainConfig, TrainResult, train
+from headlab.train import next_token_loss as train_next_token_loss
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Run torch on one CPU thread, then restore the previous count.
+
+    On a shared machine whose load exceeds its cores, two-thread kernels measured here ran many
+    times slower than one-thread ones (threads wait on each other); one thread keeps timings
+    comparable between variants and runs.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    """Mean, sample standard deviation (0 for one value), min, max and the values themselves."""
+    if not values:
+        raise ValueError("spread needs at least one value")
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return {
+        "mean": statistics.fmean(values),
+        "std": std,
+        "min": min(values),
+        "max": max(values),
+        "values": list(values),
+    }
+
+
+def fit(
+    model: nn.Module, config: TrainConfig, batches: BatchFn, loss_fn: LossFn | None = None
+) -> TrainResult:
+    """headlab's one training loop, quiet and in memory (no checkpoints)."""
+    return train(model, config, batches, loss_fn=loss_fn or train_next_token_loss)
+
+
+@torch.no_grad()
+def mean_loss(model: nn.Module, batches: list[Any], loss_fn: LossFn | None = None) -> float:
+    """Mean of ``loss_fn(model, batch)`` over fixed evaluation batches, in eval mode."""
+    loss_fn = loss_fn or train_next_token_loss
+    was = model.training
+    model.eval()
+    try:
+        return sum(float(loss_fn(model, b)) for b in batches) / len(batches)
+    finally:
+        model.train(was)
+
+
+def write_results(out: Path | None, results: dict[str, Any]) -> None:
+    """Write ``results.json`` into ``out`` (created if needed); nothing when out is None."""
+    if out is None:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(_finite(results), indent=2) + "\n")
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or infinity: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def save_figure(fig: Any, out: Path | None, name: str) -> str | None:
+    """Save a matplotlib figure as ``out/name`` (PNG) and close it; returns the file name."""
+    import matplotlib.pyplot as plt
+
+    try:
+        if out is None:
+            return None
+        out.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out / name, dpi=110, bbox_inches="tight")
+        return name
+    finally:
+        plt.close(fig)
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot with the non-interactive Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

@@ -1,0 +1,283 @@
+"""Sharing key/value heads: KV-cache bytes, decode speed and quality of MHA, GQA and MQA.
+
+For one model size and h_kv in {h, h/2, h/4, 1}:
+
+1. KV-cache bytes of real caches after a decode, against the shape calculator's figure
+   (``headlab.shapes.trace_shapes``) and the formula 2 · L · B · h_kv · s · d_k · bytes.
+2. Decode throughput with the cache (tokens/s) at context lengths 256 … 4096, as ratios to MHA
+   measured in the same run: every repeat times all variants back to back, and the median of the
+   repeats is reported, so load from other processes hits every variant alike.
+3. Quality: an MHA model trained on repeated random sequences is converted to GQA by mean-pooling
+   the K/V heads of each group (Ainslie et al. 2023, "GQA: Training Generalized Multi-Query
+   Transformer Models from Multi-Head Checkpoints"), evaluated right after the conversion and after
+   continued training for 5% of the original steps, against GQA trained from scratch.
+
+Shapes: the cache of one layer is (B, h_kv, s, d_k) for keys and the same for values.
+Papers: Shazeer 2019 (MQA); Ainslie et al. 2023 (GQA).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from headlab.attention import KVCache, MultiHeadAttention
+from headlab.experiments.design_common import (
+    fit,
+    mean_loss,
+    one_thread,
+    pyplot,
+    save_figure,
+    spread,
+    write_results,
+)
+from headlab.model import ModelConfig, Transformer
+from headlab.shapes import trace_shapes
+from headlab.tasks import RepeatTask
+from headlab.train import TrainConfig
+
+
+@dataclass(frozen=True)
+class GqaConfig:
+    """Sizes of the speed part (a stack of attention layers) and of the quality part."""
+
+    d_model: int = 256  # speed: model width
+    n_heads: int = 8  # h, query heads (both parts)
+    n_layers: int = 4  # speed: attention layers, each with its own cache
+    batch: int = 4  # speed: sequences decoded together
+    contexts: tuple[int, ...] = (256, 512, 1024, 2048, 4096)  # cached positions before decoding
+    decode_tokens: int = 16  # new tokens timed per measurement
+    repeats: int = 5  # measurements per variant; the median is reported
+    q_d_model: int = 64  # quality: model width (2-layer attention-only)
+    q_vocab: int = 32  # quality: vocabulary of the repeated random sequences
+    q_seq_len: int = 24  # quality: context length
+    q_steps: int = 1000  # quality: training steps of the MHA model and of each scratch model
+    q_lr: float = 3e-3  # quality: peak learning rate
+    q_batch: int = 32  # quality: sequences per step
+    eval_batches: int = 8  # quality: fixed validation batches
+
+
+FULL = GqaConfig()
+QUICK = GqaConfig(
+    d_model=128, n_layers=2, batch=2, contexts=(256, 1024), decode_tokens=8, repeats=3,
+    q_d_model=32, q_steps=200, eval_batches=4,
+)  # fmt: skip
+
+
+def kv_variants(n_heads: int) -> list[int]:
+    """h_kv in {h, h/2, h/4, 1}, the divisors that exist, largest first."""
+    return sorted({k for k in (n_heads, n_heads // 2, n_heads // 4, 1) if k >= 1}, reverse=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# 1) and 2): cache bytes and decode throughput
+# ---------------------------------------------------------------------------------------------
+
+
+def decode_stack(cfg: GqaConfig, n_kv_heads: int, seed: int = 0) -> nn.ModuleList:
+    """``n_layers`` MultiHeadAttention layers with h_kv key/value heads, seeded weights."""
+    torch.manual_seed(seed)
+    layers = [MultiHeadAttention(cfg.d_model, cfg.n_heads, n_kv_heads) for _ in range(cfg.n_layers)]
+    return nn.ModuleList(layers).eval()
+
+
+@torch.no_grad()
+def timed_decode(
+    layers: nn.ModuleList, batch: int, context: int, tokens: int
+) -> tuple[float, list[KVCache]]:
+    """Seconds to decode ``tokens`` new positions after ``context`` cached ones; and the caches.
+
+    The caches are pre-filled with random keys and values (their content does not change the
+    arithmetic); each new token goes through every layer with a residual and a layer norm.
+    """
+    attns = [layer for layer in layers if isinstance(layer, MultiHeadAttention)]
+    d_model, h_kv, d_k = attns[0].d_model, attns[0].n_kv_heads, attns[0].d_k
+    caches = [layer.new_cache(batch, context + tokens) for layer in attns]
+    for cache in caches:
+        cache.append(torch.randn(batch, h_kv, context, d_k), torch.randn(batch, h_kv, context, d_k))
+    x = torch.randn(batch, 1, d_model)  # (B, 1, d_model)
+    t0 = time.perf_counter()
+    for _ in range(tokens):
+        for layer, cache in zip(attns, caches, strict=True):
+            x = F.layer_norm(x + layer(x, causal=True, cache=cache), (d_model,))
+    return time.perf_counter() - t0, caches
+
+
+def cache_bytes(cfg: GqaConfig, n_kv_heads: int, s: int, caches: list[KVCache]) -> dict[str, int]:
+    """The KV-cache bytes three ways: held by the real caches, the calculator, the formula."""
+    d_k = cfg.d_model // cfg.n_heads
+    report = trace_shapes(cfg.d_model, cfg.n_heads, 1, cfg.batch, n_kv_heads, cache_len=s - 1)
+    return {
+        "measured": sum(c.nbytes for c in caches),
+        "calculator": int(report.to_dict()["kv_cache_bytes"]) * cfg.n_layers,
+        "formula": 2 * cfg.n_layers * cfg.batch * n_kv_heads * s * d_k * 4,
+    }
+
+
+def measure_decode(cfg: GqaConfig) -> dict[str, Any]:
+    """Cache bytes and median decode tokens/s for every h_kv and context; ratios to MHA."""
+    variants = kv_variants(cfg.n_heads)
+    stacks = {k: decode_stack(cfg, k) for k in variants}
+    rows: list[dict[str, Any]] = []
+    kv_rows: list[dict[str, Any]] = []
+    for context in cfg.contexts:
+        times: dict[int, list[float]] = {k: [] for k in variants}
+        timed_decode(stacks[variants[0]], cfg.batch, context, 2)  # warm-up
+        for _ in range(cfg.repeats):
+            for k in variants:  # interleaved, so outside load falls on every variant alike
+                seconds, caches = timed_decode(stacks[k], cfg.batch, context, cfg.decode_tokens)
+                times[k].append(seconds)
+                if len(times[k]) == 1 and context == cfg.contexts[-1]:
+                    s = context + cfg.decode_tokens
+                    kv_rows.append({"n_kv_heads": k, "s": s, **cache_bytes(cfg, k, s, caches)})
+        tps = {k: cfg.batch * cfg.decode_tokens / statistics.median(times[k]) for k in variants}
+        for k in variants:
+            rows.append({"context": context, "n_kv_heads": k, "tokens_per_s": tps[k],
+                         "ratio_vs_mha": tps[k] / tps[cfg.n_heads]})  # fmt: skip
+    mha = next(r["measured"] for r in kv_rows if r["n_kv_heads"] == cfg.n_heads)
+    for r in kv_rows:
+        r["shrink_vs_mha"] = mha / r["measured"]
+    return {"kv_cache": kv_rows, "decode": rows}
+
+
+# ---------------------------------------------------------------------------------------------
+# 3): quality after mean-pooling conversion, continued training, and from scratch
+# ---------------------------------------------------------------------------------------------
+
+
+def pool_kv_heads(model: Transformer, n_kv_heads: int) -> Transformer:
+    """A copy of ``model`` with each group of h/h_kv key/value heads mean-pooled into one.
+
+    W_K and W_V (h·d_k, d_model) become (h_kv·d_k, d_model): the rows of the g = h/h_kv heads
+    of a group are averaged (Ainslie et al. 2023, section 2.1); biases alike. Everything else is
+    copied unchanged. Query head i uses key/value head i // g, as :func:`repeat_kv` arranges.
+    """
+    cfg = model.config
+    h = cfg.n_heads
+    if n_kv_heads < 1 or h % n_kv_heads:
+        raise ValueError(f"n_kv_heads must divide n_heads={h}; got {n_kv_heads}")
+    g, d_k = h // n_kv_heads, cfg.d_k
+    pooled = Transformer(replace(cfg, n_kv_heads=n_kv_heads))
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if ".attn.W_K." in name or ".attn.W_V." in name:
+            grouped = tensor.reshape(n_kv_heads, g, d_k, *tensor.shape[1:])  # (h_kv, g, d_k, …)
+            tensor = grouped.mean(dim=1).reshape(n_kv_heads * d_k, *tensor.shape[1:])
+        state[name] = tensor
+    pooled.load_state_dict(state)
+    return pooled
+
+
+def _quality_model(cfg: GqaConfig, n_kv_heads: int) -> Transformer:
+    config = ModelConfig(
+        vocab_size=cfg.q_vocab, d_model=cfg.q_d_model, n_layers=2, n_heads=cfg.n_heads,
+        n_kv_heads=n_kv_heads, max_len=cfg.q_seq_len, attn_only=True,
+    )  # fmt: skip
+    return Transformer(config)
+
+
+def quality_seed(cfg: GqaConfig, seed: int) -> dict[str, Any]:
+    """One seed: validation loss of MHA, converted, uptrained and scratch models per h_kv."""
+    task = RepeatTask(cfg.q_vocab, cfg.q_seq_len, min_span=4, max_span=(cfg.q_seq_len + 1) // 2)
+    gen = torch.Generator().manual_seed(10_000 + seed)  # validation data, never trained on
+    val = [task.batch(cfg.q_batch, gen) for _ in range(cfg.eval_batches)]
+
+    def batches(g: torch.Generator) -> Any:
+        return task.batch(cfg.q_batch, g)
+
+    train_cfg = TrainConfig(steps=cfg.q_steps, lr=cfg.q_lr, seed=seed, eval_every=0,
+                            warmup_steps=max(1, cfg.q_steps // 20))  # fmt: skip
+    up_steps = max(1, round(0.05 * cfg.q_steps))
+    up_cfg = replace(train_cfg, steps=up_steps, warmup_steps=max(1, up_steps // 10))
+    torch.manual_seed(seed)
+    mha = _quality_model(cfg, cfg.n_heads)
+    fit(mha, train_cfg, batches)
+    out: dict[str, Any] = {"mha": mean_loss(mha, val), "by_kv": {}}
+    for k in kv_variants(cfg.n_heads)[1:]:
+        converted = pool_kv_heads(mha, k)
+        row = {"converted": mean_loss(converted, val)}
+        fit(converted, replace(up_cfg, seed=seed + 1), batches)
+        row["uptrained"] = mean_loss(converted, val)
+        torch.manual_seed(seed)
+        scratch = _quality_model(cfg, k)
+        fit(scratch, train_cfg, batches)
+        row["scratch"] = mean_loss(scratch, val)
+        out["by_kv"][k] = row
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The experiment
+# ---------------------------------------------------------------------------------------------
+
+
+def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None = None) -> dict:
+    """Run all three parts; write ``results.json`` and figures into ``out``; return the results."""
+    cfg = QUICK if quick else FULL
+    t0 = time.perf_counter()
+    with one_thread():
+        speed = measure_decode(cfg)
+        per_seed = [quality_seed(cfg, seed + i) for i in range(seeds)]
+    quality: dict[str, Any] = {
+        "steps": cfg.q_steps,
+        "uptrain_steps": max(1, round(0.05 * cfg.q_steps)),
+        "mha": spread([r["mha"] for r in per_seed]),
+        "by_kv": [
+            {"n_kv_heads": k, **{part: spread([r["by_kv"][k][part] for r in per_seed])
+                                 for part in ("converted", "uptrained", "scratch")}}
+            for k in kv_variants(cfg.n_heads)[1:]
+        ],
+    }  # fmt: skip
+    results = {
+        "experiment": "gqa",
+        "quick": quick,
+        "seeds": [seed + i for i in range(seeds)],
+        "config": asdict(cfg),
+        "threads": 1,
+        **speed,
+        "quality": quality,
+        "reference": {
+            "paper": "Ainslie et al. 2023, GQA; Shazeer 2019, MQA",
+            "t5_xxl": {"MHA": [1.51, 47.2], "GQA-8": [0.28, 47.1], "MQA": [0.24, 46.6]},
+            "t5_xxl_columns": ["inference seconds per sample", "average quality"],
+        },
+    }
+    results["figures"] = [f for f in _figures(results, out) if f]
+    results["wall_seconds"] = time.perf_counter() - t0
+    write_results(out, results)
+    return results
+
+
+def _figures(results: dict, out: Path | None) -> list[str | None]:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for k in sorted({r["n_kv_heads"] for r in results["decode"]}, reverse=True):
+        rows = [r for r in results["decode"] if r["n_kv_heads"] == k]
+        ax.plot([r["context"] for r in rows], [r["ratio_vs_mha"] for r in rows], "o-",
+                label=f"h_kv = {k}")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context length (cached positions)")
+    ax.set_ylabel("decode tokens/s ÷ MHA (same run, medians)")
+    ax.set_title("Decode throughput with a KV cache")
+    ax.legend()
+    speed = save_figure(fig, out, "decode_throughput.png")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    q = results["quality"]
+    labels = [f"h_kv={r['n_kv_heads']}" for r in q["by_kv"]]
+    for i, part in enumerate(("converted", "uptrained", "scratch")):
+        xs = [j + (i - 1) * 0.25 for j in range(len(labels))]
+        ax.bar(xs, [r[part]["mean"] for r in q["by_kv"]], 0.25,
+               yerr=[r[part]["std"] for r in q["by_kv"]], label=part)  # fmt: skip
+    ax.axhline(q["mha"]["mean"], color="k", linestyle="--", label="MHA")
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_ylabel("validation loss")
+    ax.set_title("Mean-pooled conversion, 5% uptraining, and scratch")
+    ax.legend()
+    return [speed, save_figure(fig, out, "quality.png")]

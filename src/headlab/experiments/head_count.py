@@ -1,0 +1,171 @@
+"""How many heads: at fixed d_model, sweep h from 1 to d_model (d_k from d_model down to 1).
+
+Parameters and FLOPs stay the same for every h (W_Q, W_K, W_V, W_O are d_model × d_model
+whatever the split); only how the width is cut into heads changes. The task is language
+modelling on :class:`headlab.tasks.RepeatTask` (random tokens in which a segment repeats at a
+random offset): tokens of the repeated copy can be predicted only by attention (an induction
+circuit), the others not at all, so the validation loss is reported overall and on the copied
+tokens alone. Reference: Vaswani et al. 2017, Table 3 rows (A) — single-head and 32-head models
+both worse than 8 or 16 heads at d_model = 512.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from headlab.attention import valid_head_counts
+from headlab.experiments.design_common import (
+    fit,
+    one_thread,
+    pyplot,
+    save_figure,
+    spread,
+    write_results,
+)
+from headlab.model import ModelConfig, Transformer
+from headlab.tasks import RepeatTask
+from headlab.train import TrainConfig
+
+VASWANI_TABLE3_A = [  # (h, d_k, dev PPL, dev BLEU), d_model = 512, newstest2013
+    (1, 512, 5.29, 24.9),
+    (4, 128, 5.00, 25.5),
+    (8, 64, 4.92, 25.8),
+    (16, 32, 4.91, 25.8),
+    (32, 16, 5.01, 25.4),
+]
+
+
+@dataclass(frozen=True)
+class HeadCountConfig:
+    """Model, data and training budget of the sweep."""
+
+    d_model: int = 32  # fixed width; h runs over its power-of-two divisors, 1 … d_model
+    n_layers: int = 2  # attention-only layers (induction needs two)
+    vocab_size: int = 32  # random token ids
+    seq_len: int = 24  # context length
+    steps: int = 1000  # training steps per model
+    batch: int = 32  # sequences per step
+    lr: float = 3e-3  # peak learning rate
+    eval_batches: int = 8  # fixed validation batches (own generator, never trained on)
+    head_counts: tuple[int, ...] = ()  # empty = every power of two up to d_model
+
+
+FULL = HeadCountConfig()
+QUICK = HeadCountConfig(d_model=16, steps=250, eval_batches=4, head_counts=(1, 4, 16))
+
+
+def head_counts(cfg: HeadCountConfig) -> list[int]:
+    """The h values of the sweep: powers of two dividing d_model, down to d_k = 1."""
+    if cfg.head_counts:
+        return list(cfg.head_counts)
+    return [h for h in valid_head_counts(cfg.d_model) if h & (h - 1) == 0]
+
+
+def _task(cfg: HeadCountConfig) -> RepeatTask:
+    return RepeatTask(cfg.vocab_size, cfg.seq_len, min_span=4, max_span=(cfg.seq_len + 1) // 2)
+
+
+@torch.no_grad()
+def split_loss(model: nn.Module, batches: list[tuple[Tensor, Tensor]]) -> dict[str, float]:
+    """Mean next-token loss overall, on copied tokens, and on the other (unpredictable) ones."""
+    model.eval()
+    totals = {"all": [0.0, 0], "copy": [0.0, 0], "fresh": [0.0, 0]}
+    for tokens, is_copy in batches:
+        logits = model(tokens[:, :-1])  # (B, n, V)
+        loss = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")  # (B, n)
+        copy = is_copy[:, 1:]
+        for name, sel in (("all", torch.ones_like(copy)), ("copy", copy), ("fresh", ~copy)):
+            totals[name][0] += float(loss[sel].sum())
+            totals[name][1] += int(sel.sum())
+    return {name: s / max(c, 1) for name, (s, c) in totals.items()}
+
+
+def train_one(h: int, seed: int, cfg: HeadCountConfig) -> dict[str, Any]:
+    """Train a model with h heads per layer; return its validation losses."""
+    task = _task(cfg)
+    gen = torch.Generator().manual_seed(20_000 + seed)
+    val = []
+    for _ in range(cfg.eval_batches):
+        tokens, _, is_copy = task.sample(cfg.batch, gen)
+        val.append((tokens, is_copy))
+    torch.manual_seed(seed)
+    config = ModelConfig(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
+                         n_heads=h, max_len=cfg.seq_len, attn_only=True)  # fmt: skip
+    model = Transformer(config)
+    train_cfg = TrainConfig(steps=cfg.steps, lr=cfg.lr, seed=seed, eval_every=0,
+                            warmup_steps=max(1, cfg.steps // 20))  # fmt: skip
+    result = fit(model, train_cfg, lambda g: task.batch(cfg.batch, g))
+    losses = split_loss(model, val)
+    return {"h": h, "d_k": cfg.d_model // h, "seed": seed,
+            "params": sum(p.numel() for p in model.parameters()),
+            "train_loss": result.records("train")[-1]["loss"],
+            "val_loss": losses["all"], "copy_loss": losses["copy"],
+            "fresh_loss": losses["fresh"]}  # fmt: skip
+
+
+def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None = None) -> dict:
+    """Sweep h for every seed; write results.json and a figure; return the results."""
+    cfg = QUICK if quick else FULL
+    t0 = time.perf_counter()
+    with one_thread():
+        runs = [train_one(h, s, cfg) for h in head_counts(cfg) for s in range(seed, seed + seeds)]
+    summary = []
+    for h in head_counts(cfg):
+        mine = [r for r in runs if r["h"] == h]
+        row: dict[str, Any] = {"h": h, "d_k": cfg.d_model // h, "params": mine[0]["params"]}
+        for key in ("val_loss", "copy_loss", "fresh_loss"):
+            row[key] = spread([r[key] for r in mine])
+        summary.append(row)
+    best = min(summary, key=lambda r: r["val_loss"]["mean"])
+    results = {
+        "experiment": "head_count",
+        "quick": quick,
+        "seeds": list(range(seed, seed + seeds)),
+        "config": asdict(cfg),
+        "uniform_loss": math.log(cfg.vocab_size),
+        "summary": summary,
+        "best_h": best["h"],
+        "runs": runs,
+        "reference": {
+            "paper": "Vaswani et al. 2017, Table 3 rows (A), d_model 512, newstest2013 dev",
+            "columns": ["h", "d_k", "PPL", "BLEU"],
+            "rows": VASWANI_TABLE3_A,
+        },
+    }
+    results["figures"] = [f for f in [_figure(results, out)] if f]
+    results["wall_seconds"] = time.perf_counter() - t0
+    write_results(out, results)
+    return results
+
+
+def _figure(results: dict, out: Path | None) -> str | None:
+    plt = pyplot()
+    fig, (ax, ref) = plt.subplots(1, 2, figsize=(10, 4))
+    summary = results["summary"]
+    hs = [r["h"] for r in summary]
+    for key, label in (("val_loss", "all tokens"), ("copy_loss", "copied tokens")):
+        means = [r[key]["mean"] for r in summary]
+        ax.errorbar(hs, means, yerr=[r[key]["std"] for r in summary], marker="o", label=label)
+        for h, r in zip(hs, summary, strict=True):
+            ax.plot([h] * len(r[key]["values"]), r[key]["values"], "k.", markersize=3)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(hs, [f"{h}\nd_k={r['d_k']}" for h, r in zip(hs, summary, strict=True)])
+    ax.set_ylabel("validation loss (nats)")
+    ax.set_title(f"headlab: d_model={results['config']['d_model']}, mean ± sd over seeds")
+    ax.legend()
+    rows = results["reference"]["rows"]
+    ref.plot([r[0] for r in rows], [r[3] for r in rows], "s-", color="C3")
+    ref.set_xscale("log", base=2)
+    ref.set_xticks([r[0] for r in rows], [f"{r[0]}\nd_k={r[1]}" for r in rows])
+    ref.set_ylabel("BLEU (higher is better)")
+    ref.set_title("Vaswani et al. 2017, Table 3 (A)")
+    fig.tight_layout()
+    return save_figure(fig, out, "head_count.png")

@@ -1,0 +1,300 @@
+"""Which heads can go: Michel et al. 2019 head importance, then pruning curves.
+
+For a trained multi-layer model: the importance of every head, I_h = E_x |∂L(x)/∂ξ_h| for a head
+mask ξ (normalised per layer), is computed on one set of batches; then heads are removed one at a
+time, least important first, and in several random orders, re-measuring the loss on a second set
+of batches after each removal. Reported: the fraction of heads that can go before the loss rises
+by more than 1% and 5% (to the first crossing), the loss with half the heads gone, and the
+classifier's labels (:mod:`headlab.heads`) of the heads that survive longest.
+
+Models: the shipped ``default`` model on English text when it is built, and otherwise (and in
+``--quick``) a 2–3 layer language model trained here on the sentences of
+:class:`headlab.tasks.AgreementTask` (its loss: next-token cross-entropy on held-out
+sentences). all-MiniLM-L6-v2 is not used: its package ships the encoder without the
+masked-language-model head, so no masked-token loss can be measured on it (the results say so).
+
+References: Michel, Levy and Neubig 2019 (20% of a WMT model's and 40% of BERT's heads pruned at
+test time without noticeable loss); Voita et al. 2019 (38 of 48 encoder heads pruned for 0.15 BLEU).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from headlab.ablation import (
+    PruningCurve,
+    head_importance,
+    importance_order,
+    pruning_curve,
+    random_order,
+    target_loss,
+)
+from headlab.experiments.design_common import fit, one_thread, pyplot, save_figure, write_results
+from headlab.model import ModelConfig, Transformer
+from headlab.tasks import AgreementTask
+from headlab.train import TrainConfig
+
+# English text for the default model's loss (written for headlab; never part of its training).
+EVAL_TEXT = (
+    "The river was high after the rain, and the ferry waited at the bank until the water fell. "
+    "She opened the letter, read it twice, and put it back in the drawer without a word. "
+    "When the bell rang, the children ran out of the school and across the field to the road. "
+    "He said that the bridge would be finished by spring, but nobody in the village believed it. "
+    "The cat sat by the window and watched the birds that came to the garden every morning. "
+    "After the storm the fishermen mended their nets and counted the boats in the harbour. "
+    "The cat sat by the window and watched the birds that came to the garden every morning. "
+    "A traveller asked the way to the castle, and the old woman pointed up the hill. "
+    "They walked along the shore, talking about the ships, the weather and the price of bread. "
+    "He said that the bridge would be finished by spring, but nobody in the village believed it."
+)
+
+
+@dataclass(frozen=True)
+class PruneConfig:
+    """The fallback model trained here (on the agreement grammar), and the evaluation sizes."""
+
+    d_model: int = 32  # fallback model width
+    n_layers: int = 3  # fallback model layers (with MLPs)
+    n_heads: int = 4  # fallback model heads per layer
+    steps: int = 800  # fallback model training steps
+    lr: float = 3e-3  # fallback model peak learning rate
+    batch: int = 64  # sentences per batch (training and evaluation)
+    importance_batches: int = 8  # batches the importance is averaged over
+    eval_batches: int = 8  # other batches (held-out sentences) the curves are measured on
+    random_orders: int = 5  # random pruning orders (their curves are averaged)
+
+
+FULL = PruneConfig()
+QUICK = PruneConfig(n_layers=2, steps=400, importance_batches=4, eval_batches=4, random_orders=3)
+MINILM_NOTE = (
+    "all-MiniLM-L6-v2 (zoo name 'minilm') was not pruned: its package ships the sentence "
+    "encoder without the masked-language-model head, and a masked-token loss through the tied "
+    "embeddings alone is at chance level, so no loss increase could be measured on it."
+)
+
+
+def trained_here(cfg: PruneConfig, seed: int) -> tuple[Transformer, list[Any], list[Any]]:
+    """The fallback model, a language model of :class:`AgreementTask` sentences.
+
+    It is trained to predict every next token (padding aside), so its loss, like a real language
+    model's, is mostly the grammar's own uncertainty plus what attention resolves (agreement,
+    clause verbs, sentence ends). Importance is measured on training sentences, the curves on
+    held-out ones.
+    """
+    task = AgreementTask()
+    torch.manual_seed(seed)
+    config = ModelConfig(vocab_size=task.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
+                         n_heads=cfg.n_heads, max_len=task.seq_len)  # fmt: skip
+    model = Transformer(config)
+    fit(model, TrainConfig(steps=cfg.steps, lr=cfg.lr, seed=seed, eval_every=0,
+                           warmup_steps=max(1, cfg.steps // 20)),
+        lambda g: sentence_pair(task.sample(cfg.batch, g, "train")))  # fmt: skip
+    gen = torch.Generator().manual_seed(30_000 + seed)
+    imp = [
+        sentence_pair(task.sample(cfg.batch, gen, "train")) for _ in range(cfg.importance_batches)
+    ]
+    ev = [sentence_pair(task.sample(cfg.batch, gen, "test")) for _ in range(cfg.eval_batches)]
+    return model.eval(), imp, ev
+
+
+def sentence_pair(sample: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """Next-token ``(inputs, targets)`` (B, n) over whole sentences; padding is no target."""
+    tokens = sample["tokens"]
+    targets = tokens[:, 1:].masked_fill(tokens[:, 1:] == AgreementTask.PAD, -100)
+    return tokens[:, :-1], targets
+
+
+def grammar_probe(seed: int) -> Any:
+    """Full-length held-out sentences (no padding) as a head-classifier probe."""
+    from headlab.probes import make_probe
+
+    task = AgreementTask()
+    sample = task.sample(256, torch.Generator().manual_seed(40_000 + seed), "test")
+    full = sample["tokens"][sample["tokens"][:, -1] != task.PAD][:8, :-1]  # (8, n)
+    return make_probe("agreement", full, None)
+
+
+def text_batches(
+    tokenizer: Any, text: str, seq_len: int, batch: int
+) -> list[tuple[Tensor, Tensor]]:
+    """Cut tokenised text into (inputs, targets) windows of seq_len, grouped into batches."""
+    ids = torch.tensor(tokenizer.encode(text))
+    windows = [ids[i : i + seq_len + 1] for i in range(0, len(ids) - seq_len, seq_len // 2)]
+    if not windows:
+        raise ValueError(f"the evaluation text is shorter than {seq_len + 1} tokens")
+    out = []
+    for i in range(0, len(windows), batch):
+        chunk = torch.stack(windows[i : i + batch])  # (b, seq_len + 1)
+        out.append((chunk[:, :-1], chunk[:, 1:]))
+    return out
+
+
+def default_model() -> tuple[Transformer, Any, list[Any], list[Any]] | None:
+    """The shipped model, its tokenizer, importance/eval batches of :data:`EVAL_TEXT`; or None."""
+    from headlab import zoo
+
+    info = next(i for i in zoo.list_models() if i.name == "default")
+    if not info.available:
+        return None
+    model, tokenizer = zoo.load("default")
+    seq_len = min(64, model.config.max_len)
+    batches = text_batches(tokenizer, EVAL_TEXT, seq_len, 4)
+    half = max(1, len(batches) // 2)
+    return model.eval(), tokenizer, batches[:half], batches[half:] or batches[:half]
+
+
+def prune_model(
+    model: Transformer, imp: list[Any], ev: list[Any], cfg: PruneConfig, seed: int
+) -> dict[str, Any]:
+    """Importance, pruning curves (importance order and random orders) and surviving labels."""
+    L, h = model.config.n_layers, model.config.n_heads
+    loss_fn = target_loss(model)
+    importance = head_importance(loss_fn, imp, L, h)  # (L, h)
+    by_importance = pruning_curve(loss_fn, ev, importance_order(importance), L, h)
+    randoms = [
+        pruning_curve(loss_fn, ev, random_order(L, h, seed * 1000 + r), L, h)
+        for r in range(cfg.random_orders)
+    ]
+    random_mean = [sum(c.losses[k] for c in randoms) / len(randoms) for k in range(L * h + 1)]
+    tolerances = {"1%": 0.01, "5%": 0.05}
+    return {
+        "n_layers": L,
+        "n_heads": h,
+        "importance": importance.tolist(),
+        "base_loss": by_importance.losses[0],
+        "importance_curve": _curve(by_importance),
+        "random_curves": [_curve(c) for c in randoms],
+        "random_mean_losses": random_mean,
+        "prunable_fraction": {
+            name: {
+                "importance": by_importance.prunable_fraction(tol),
+                "random_mean": sum(c.prunable_fraction(tol) for c in randoms) / len(randoms),
+            }
+            for name, tol in tolerances.items()
+        },
+        "half_pruned_loss": {
+            "importance": by_importance.loss_after(0.5),
+            "random_mean": random_mean[round(0.5 * L * h)],
+        },
+    }
+
+
+def _curve(curve: PruningCurve) -> dict[str, Any]:
+    return {"order": [f"{layer}.{head}" for layer, head in curve.order], "losses": curve.losses}
+
+
+def head_labels(model: Transformer, tokenizer: Any | None, seed: int) -> dict[str, str]:
+    """The classifier's label of every head ("L.H" → label): for a text model on the built-in
+    sentence with a repeat, for the grammar model on held-out full-length sentences."""
+    from headlab.heads import score_heads
+    from headlab.probes import sentence_probe
+
+    if tokenizer is not None:
+        probe = sentence_probe(tokenizer, model.config.max_len)
+    else:
+        probe = grammar_probe(seed)
+    report = score_heads(model, probe, seed)
+    return {f"{s.layer}.{s.head}": s.label for s in report.heads}
+
+
+def survivors(result: dict[str, Any], labels: dict[str, str], share: float = 0.25) -> list[dict]:
+    """The heads pruned last in importance order (the top ``share``), most important first."""
+    order = result["importance_curve"]["order"]
+    keep = max(1, round(share * len(order)))
+    return [{"head": name, "label": labels.get(name, "?")} for name in reversed(order[-keep:])]
+
+
+def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None = None) -> dict:
+    """Prune the shipped model (if built; not in quick mode) and a model trained here per seed."""
+    from headlab import zoo
+
+    cfg = QUICK if quick else FULL
+    t0 = time.perf_counter()
+    models: list[dict[str, Any]] = []
+    default_info = next(i for i in zoo.list_models() if i.name == "default")
+    with one_thread():
+        loaded = None if quick else default_model()
+        if loaded is not None:
+            model, tokenizer, imp, ev = loaded
+            models.append(_pruned("default", model, tokenizer, imp, ev, cfg, seed))
+        for s in range(seed, seed + seeds):
+            model, imp, ev = trained_here(cfg, s)
+            models.append(_pruned("trained-here", model, None, imp, ev, cfg, s))
+    results = {
+        "experiment": "prune",
+        "quick": quick,
+        "seeds": list(range(seed, seed + seeds)),
+        "config": asdict(cfg),
+        "default_model": "pruned" if loaded is not None else (
+            "skipped in --quick" if quick else f"not pruned: {default_info.reason}"),
+        "minilm": MINILM_NOTE,
+        "summary": _summary(models),
+        "models": models,
+        "reference": {
+            "voita_2019": "38 of 48 encoder heads pruned (79%) for 0.15 BLEU (WMT EN-RU)",
+            "michel_2019": "20% (WMT) to 40% (BERT) of heads pruned at test time, no notable loss",
+        },
+    }  # fmt: skip
+    results["figures"] = [f for f in [_figure(results, out)] if f]
+    results["wall_seconds"] = time.perf_counter() - t0
+    write_results(out, results)
+    return results
+
+
+def _pruned(
+    name: str, model: Transformer, tokenizer: Any, imp: list, ev: list, cfg: PruneConfig, seed: int
+) -> dict[str, Any]:
+    result = prune_model(model, imp, ev, cfg, seed)
+    labels = head_labels(model, tokenizer, seed)
+    return {"model": name, "seed": seed, **result, "labels": labels,
+            "survivors": survivors(result, labels)}  # fmt: skip
+
+
+def _summary(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per model name: prunable fractions and half-pruned loss, mean and spread over seeds."""
+    from headlab.experiments.design_common import spread
+
+    rows = []
+    for name in dict.fromkeys(m["model"] for m in models):
+        mine = [m for m in models if m["model"] == name]
+        row: dict[str, Any] = {"model": name, "heads": mine[0]["n_layers"] * mine[0]["n_heads"]}
+        for tol in ("1%", "5%"):
+            for how in ("importance", "random_mean"):
+                row[f"prunable_{tol}_{how}"] = spread(
+                    [m["prunable_fraction"][tol][how] for m in mine]
+                )
+        for how in ("importance", "random_mean"):
+            row[f"half_pruned_rel_{how}"] = spread(
+                [m["half_pruned_loss"][how] / m["base_loss"] for m in mine]
+            )
+        rows.append(row)
+    return rows
+
+
+def _figure(results: dict, out: Path | None) -> str | None:
+    plt = pyplot()
+    shown = list({m["model"]: m for m in reversed(results["models"])}.values())
+    fig, axes = plt.subplots(1, len(shown), figsize=(5.5 * len(shown), 4), squeeze=False)
+    for ax, m in zip(axes[0], shown, strict=True):
+        total = m["n_layers"] * m["n_heads"]
+        xs = [k / total for k in range(total + 1)]
+        base = m["base_loss"]
+        for c in m["random_curves"]:
+            ax.plot(xs, [v / base for v in c["losses"]], color="0.75", linewidth=0.8)
+        ax.plot(xs, [v / base for v in m["random_mean_losses"]], color="0.3", label="random (mean)")
+        ax.plot(xs, [v / base for v in m["importance_curve"]["losses"]], "o-", color="C0",
+                markersize=3, label="importance order")  # fmt: skip
+        for tol, style in ((0.01, ":"), (0.05, "--")):
+            ax.axhline(1 + tol, color="C3", linestyle=style, linewidth=0.8)
+        ax.set_xlabel("fraction of heads removed")
+        ax.set_ylabel("loss ÷ unpruned loss")
+        ax.set_title(f"{m['model']} (seed {m['seed']}), {total} heads")
+        ax.legend()
+    fig.tight_layout()
+    return save_figure(fig, out, "pruning.png")

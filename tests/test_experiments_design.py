@@ -1,0 +1,214 @@
+"""The head-design experiments (one_vs_many, head_count, prune, gqa) and the agreement grammar.
+
+Each experiment's --quick mode runs here and is checked on what it measured; the pieces under it
+are checked against independent oracles (hand parsing of the grammar's tokens, PyTorch's own
+attention, equal-weight groups for the K/V pooling, the KV-cache formula).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from headlab.experiments import gqa, head_count, one_vs_many, prune
+from headlab.model import ModelConfig, Transformer
+from headlab.tasks import AgreementTask, agreement_pair
+
+# ---------------------------------------------------------------------------------------------
+# The agreement grammar
+# ---------------------------------------------------------------------------------------------
+
+
+def _parse(task: AgreementTask, row: list[int]) -> dict:
+    """Read a sentence back from its token names alone (an oracle independent of sample())."""
+    names = [task.token_names()[i] for i in row if i != task.PAD]
+    assert names[0] == "BOS" and names[-1] == "."
+    slot = names.index("<v>")
+    nouns = [(j, n) for j, n in enumerate(names) if n.startswith("N")]
+    # the subject is the noun after "the" that is not right after "near the"/"that the"
+    subject = next(n for j, n in nouns if names[j - 2] not in ("near", "that"))
+    adverb = names[slot - 1]
+    assert adverb.startswith("ADV")
+    return {"subject": subject, "adverb": adverb, "verb": names[slot + 1], "nouns": nouns,
+            "slot": slot}  # fmt: skip
+
+
+def test_verb_agrees_with_subject_and_takes_stem_from_previous_token() -> None:
+    task = AgreementTask()
+    s = task.sample(300, torch.Generator().manual_seed(0), "all")
+    kinds = set()
+    for b in range(300):
+        p = _parse(task, s["tokens"][b].tolist())
+        plural = p["subject"].endswith(":pl")
+        assert p["verb"] == f"V{p['adverb'][3:]}{':pl' if plural else ''}"
+        assert p["slot"] == int(s["slot"][b])
+        others = [n for _, n in p["nouns"] if n != p["subject"]]
+        assert all(n.endswith(":pl") != plural for n in others)  # attractors: other number
+        assert len(others) == int(s["attractor"][b])
+        kinds.add(int(s["kind"][b]))
+    assert kinds == {0, 1, 2, 3}
+
+
+def test_train_and_test_splits_are_disjoint() -> None:
+    task = AgreementTask()
+    gen = torch.Generator().manual_seed(1)
+    for split, expected in (("train", False), ("test", True)):
+        s = task.sample(500, gen, split)
+        subject = s["tokens"][torch.arange(500), s["subject"]]
+        noun = (subject - int(task.noun(torch.tensor(0), torch.tensor(False)))) % task.n_nouns
+        assert (task.held_out(noun, s["plural"], s["stem"]) == expected).all()
+    _, targets = agreement_pair(task.sample(8, gen))
+    assert ((targets != -100).sum(dim=1) == 1).all()  # one target per sentence: the verb
+
+
+def test_agreement_task_rejects_bad_settings() -> None:
+    with pytest.raises(ValueError, match="p_attractor"):
+        AgreementTask(p_attractor=1.5)
+    with pytest.raises(ValueError, match="split"):
+        AgreementTask().sample(2, torch.Generator(), "validation")
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks against oracles
+# ---------------------------------------------------------------------------------------------
+
+
+def test_wide_head_matches_pytorch_attention() -> None:
+    layer = one_vs_many.wide_head(8, 24).double()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    got = layer(x, causal=True)
+    q, k, v = layer.W_Q(x), layer.W_K(x), layer.W_V(x)  # (B, n, 24): one head of width 24
+    ref = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], is_causal=True)
+    torch.testing.assert_close(got, layer.W_O(ref[:, 0]))
+    assert layer.W_Q.weight.shape == (24, 8)
+
+
+def test_pooling_is_exact_when_each_group_already_shares_its_keys_and_values() -> None:
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=20, d_model=16, n_layers=2, n_heads=4, max_len=8))
+    d_k = 4
+    with torch.no_grad():
+        for block in model.blocks:
+            for w in (block.attn.W_K, block.attn.W_V):
+                for head in (1, 3):  # heads 0,1 and 2,3 form the groups of h_kv = 2
+                    w.weight[head * d_k : (head + 1) * d_k] = w.weight[
+                        (head - 1) * d_k : head * d_k
+                    ]
+                    w.bias[head * d_k : (head + 1) * d_k] = w.bias[(head - 1) * d_k : head * d_k]
+    pooled = gqa.pool_kv_heads(model, 2)
+    assert pooled.config.n_kv_heads == 2
+    tokens = torch.randint(0, 20, (3, 8))
+    torch.testing.assert_close(pooled(tokens), model(tokens))
+
+
+def test_pooled_weights_are_group_means() -> None:
+    torch.manual_seed(1)
+    model = Transformer(ModelConfig(vocab_size=20, d_model=16, n_layers=1, n_heads=4, max_len=8))
+    pooled = gqa.pool_kv_heads(model, 1)
+    w = model.blocks[0].attn.W_K.weight.detach().numpy().reshape(4, 4, 16)
+    got = pooled.blocks[0].attn.W_K.weight.detach().numpy()
+    assert got.shape == (4, 16)
+    assert abs(got - w.mean(axis=0)).max() < 1e-7
+    torch.testing.assert_close(pooled.blocks[0].attn.W_Q.weight, model.blocks[0].attn.W_Q.weight)
+    with pytest.raises(ValueError, match="divide"):
+        gqa.pool_kv_heads(model, 3)
+
+
+def test_head_count_sweep_keeps_parameters_fixed() -> None:
+    cfg = head_count.HeadCountConfig(d_model=16)
+    hs = head_count.head_counts(cfg)
+    assert hs == [1, 2, 4, 8, 16]
+    counts = {
+        sum(p.numel() for p in Transformer(ModelConfig(32, 16, 2, h, attn_only=True)).parameters())
+        for h in hs
+    }
+    assert len(counts) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The quick experiments, asserted on what they measured
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_gqa_quick_cache_bytes_match_calculator_and_shrink_by_h_over_h_kv(tmp_path: Path) -> None:
+    r = gqa.run(quick=True, out=tmp_path)
+    cfg = gqa.QUICK
+    h, d_k = cfg.n_heads, cfg.d_model // cfg.n_heads
+    rows = {row["n_kv_heads"]: row for row in r["kv_cache"]}
+    assert sorted(rows) == [1, 2, 4, 8]
+    for h_kv, row in rows.items():
+        formula = 2 * cfg.n_layers * cfg.batch * h_kv * row["s"] * d_k * 4  # K and V, float32
+        assert row["measured"] == row["calculator"] == formula
+        assert row["shrink_vs_mha"] == h / h_kv
+    mha = [d for d in r["decode"] if d["n_kv_heads"] == h]
+    assert [d["context"] for d in mha] == list(cfg.contexts)
+    assert all(d["ratio_vs_mha"] == 1.0 for d in mha)
+    assert all(d["tokens_per_s"] > 0 for d in r["decode"])
+    q = r["quality"]
+    assert q["uptrain_steps"] == round(0.05 * cfg.q_steps)
+    assert all(math.isfinite(v[p]["mean"]) for v in q["by_kv"] for p in ("converted", "scratch"))
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["kv_cache"] == r["kv_cache"]
+    assert (tmp_path / "decode_throughput.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_prune_quick_importance_order_beats_random_order(tmp_path: Path) -> None:
+    r = prune.run(quick=True, out=tmp_path)
+    m = r["models"][0]
+    assert m["model"] == "trained-here"
+    total = m["n_layers"] * m["n_heads"]
+    assert len(m["importance_curve"]["losses"]) == total + 1
+    assert sorted(m["importance_curve"]["order"]) == sorted(m["labels"])
+    # with every head removed the loss is the same whatever the order
+    assert m["importance_curve"]["losses"][-1] == pytest.approx(m["random_mean_losses"][-1])
+    half = m["half_pruned_loss"]
+    assert half["importance"] < half["random_mean"]
+    for tol in ("1%", "5%"):
+        assert 0.0 <= m["prunable_fraction"][tol]["importance"] <= 1.0
+    assert "minilm" in r and "default_model" in r
+    assert (tmp_path / "pruning.png").exists()
+
+
+@pytest.mark.slow
+def test_one_vs_many_quick_accuracy_is_on_held_out_sentences(tmp_path: Path) -> None:
+    r = one_vs_many.run(quick=True, out=tmp_path)
+    task = AgreementTask()
+    # the evaluation sample, drawn again as train_one draws it: every sentence held out
+    test = task.sample(
+        one_vs_many.QUICK.test_sentences, torch.Generator().manual_seed(50_000), "test"
+    )
+    subject = test["tokens"][torch.arange(len(test["slot"])), test["subject"]]
+    noun = (subject - int(task.noun(torch.tensor(0), torch.tensor(False)))) % task.n_nouns
+    assert task.held_out(noun, test["plural"], test["stem"]).all()
+    runs = {(x["model"], x["depth"]): x for x in r["runs"]}
+    assert set(runs) == {(m, 1) for m in one_vs_many.MODELS}
+    heads = runs[("heads", 1)]
+    assert heads["plain"]["count"] + heads["attractor"]["count"] == len(test["slot"])
+    assert heads["plain"]["accuracy"] >= 0.9  # it learned, and generalises to unseen sentences
+    assert runs[("wide", 1)]["params"] > runs[("one", 1)]["params"] == heads["params"]
+    example = r["example"]
+    assert len(example["attention"]) == 3
+    for a in example["attention"]:
+        for layer in a["layers"]:
+            assert all(sum(row) == pytest.approx(1.0, abs=1e-5) for row in layer)
+    assert (tmp_path / "attention.png").exists()
+
+
+@pytest.mark.slow
+def test_head_count_quick_reports_every_h_with_its_d_k(tmp_path: Path) -> None:
+    r = head_count.run(quick=True, out=tmp_path)
+    cfg = head_count.QUICK
+    assert [row["h"] for row in r["summary"]] == list(cfg.head_counts)
+    for row in r["summary"]:
+        assert row["h"] * row["d_k"] == cfg.d_model
+        v, c, f = row["val_loss"]["mean"], row["copy_loss"]["mean"], row["fresh_loss"]["mean"]
+        assert min(c, f) <= v <= max(c, f)  # the overall loss is a mix of the two parts
+    assert len({row["params"] for row in r["summary"]}) == 1
+    assert list(r["reference"]["rows"][0][:2]) == [1, 512]  # Vaswani et al.'s h = 1 row
