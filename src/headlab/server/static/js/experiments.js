@@ -35,7 +35,11 @@ function seedsNote(r) {
 
 function oneVsMany(name, r) {
   const rows = r.summary || [];
-  const out = [table("one-vs-many-table", ["model", "layers", "parameters", "accuracy, no attractor", "accuracy, attractor between"],
+  const kinds = new Set(rows.map((row) => row.model));
+  const legend = ["heads", "one", "wide"].every((k) => kinds.has(k))
+    ? h("p", { class: "note" }, "heads: h heads of width d_model/h; one: a single head of width d_model (same parameters); wide: a single head wider than d_model (more parameters). The verb must agree in number with its subject; an attractor is a noun of the other number in between.")
+    : null;
+  const out = [legend, table("one-vs-many-table", ["model", "layers", "parameters", "accuracy, no attractor", "accuracy, attractor between"],
     rows.map((row) => [row.model, String(row.depth), fmtInt(row.params), pm(row.plain), pm(row.attractor)]))];
   const items = rows.flatMap((row) => [
     { label: `${row.model} ${row.depth}L, plain`, value: mean(row.plain), colour: "#0072B2" },

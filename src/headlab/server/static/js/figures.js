@@ -16,6 +16,7 @@ export function heatmap(weights, tokens, { title = "", small = false, readout = 
   const svg = s("svg", {
     viewBox: `0 0 ${pad + size + 4} ${top + size + 4}`, role: "img",
     "aria-label": title || "attention pattern", "font-family": FONT, class: "heatmap", "shape-rendering": "crispEdges",
+    width: small ? null : pad + size + 4,
   });
   svg.append(s("rect", { width: pad + size + 4, height: top + size + 4, fill: "#ffffff" }));
   if (title && !small) svg.append(s("text", { x: 0, y: 13, "font-size": 13, "font-weight": 600, fill: "#1d2330", text: title }));
@@ -78,7 +79,7 @@ export function arcs(weights, tokens, { title = "", minWeight = 0.05, readout = 
   let reach = 1;
   for (let i = 0; i < n; i += 1) for (let j = 0; j < n; j += 1) if (weights[i][j] >= minWeight && i !== j) reach = Math.max(reach, Math.abs(i - j));
   const base = 16 + Math.min((reach * step) / 2, 200);
-  const svg = s("svg", { viewBox: `0 0 ${width} ${base + 70}`, role: "img", "aria-label": title || "attention arcs", "font-family": FONT });
+  const svg = s("svg", { viewBox: `0 0 ${width} ${base + 70}`, width, role: "img", "aria-label": title || "attention arcs", "font-family": FONT });
   svg.append(s("rect", { width, height: base + 70, fill: "#ffffff" }));
   const x = (k) => 10 + k * step + step / 2;
   for (let i = 0; i < n; i += 1) {
@@ -133,7 +134,7 @@ export function lineChart(series, { title = "", xLabel = "", yLabel = "", shade 
   if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
   const px = (v) => L + ((tx(v) - x0) / (x1 - x0 || 1)) * (W - L - R);
   const py = (v) => T + (1 - (v - y0) / (y1 - y0)) * (H - T - B);
-  const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": title || "chart", "font-family": FONT });
+  const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, width: W, role: "img", "aria-label": title || "chart", "font-family": FONT });
   svg.append(s("rect", { width: W, height: H, fill: "#ffffff" }));
   if (title) svg.append(s("text", { x: L, y: 16, "font-size": 13, "font-weight": 600, fill: "#1d2330", text: title }));
   if (shade) svg.append(s("rect", { x: px(shade[0]), y: T, width: Math.max(2, px(shade[1]) - px(shade[0])), height: H - T - B, fill: "#E69F00", "fill-opacity": 0.18 }));
@@ -188,7 +189,7 @@ export function barChart(items, { title = "", format = (v) => String(v), colour 
   const W = 640, L = 150, R = 90, rowH = 22, T = title ? 26 : 6;
   const H = T + items.length * rowH + 8;
   const max = Math.max(...items.map((it) => Math.abs(it.value)), 1e-12);
-  const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": title || "bar chart", "font-family": FONT });
+  const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, width: W, role: "img", "aria-label": title || "bar chart", "font-family": FONT });
   svg.append(s("rect", { width: W, height: H, fill: "#ffffff" }));
   if (title) svg.append(s("text", { x: 0, y: 16, "font-size": 13, "font-weight": 600, fill: "#1d2330", text: title }));
   items.forEach((it, k) => {
@@ -206,7 +207,7 @@ export function matrix(rows, colLabels, rowLabels, { title = "", readout = null 
   const nr = rows.length, nc = colLabels.length;
   const cell = Math.max(8, Math.min(24, Math.floor(520 / nc)));
   const L = 70, T = 70 + (title ? 18 : 0);
-  const svg = s("svg", { viewBox: `0 0 ${L + nc * cell + 4} ${T + nr * cell + 4}`, role: "img", "aria-label": title || "weights", "font-family": FONT, "shape-rendering": "crispEdges" });
+  const svg = s("svg", { viewBox: `0 0 ${L + nc * cell + 4} ${T + nr * cell + 4}`, width: L + nc * cell + 4, role: "img", "aria-label": title || "weights", "font-family": FONT, "shape-rendering": "crispEdges" });
   svg.append(s("rect", { width: L + nc * cell + 4, height: T + nr * cell + 4, fill: "#ffffff" }));
   if (title) svg.append(s("text", { x: 0, y: 13, "font-size": 13, "font-weight": 600, fill: "#1d2330", text: title }));
   const fontSize = Math.min(11, cell - 2);
