@@ -286,3 +286,24 @@ def test_repeat_kv_repeats_each_head_for_its_group_and_views_for_mqa():
     view = repeat_kv(one, 8)
     assert view.shape == (2, 8, 5, 4) and view.data_ptr() == one.data_ptr()
     assert view.stride(1) == 0  # no copy: every query head reads the same memory
+
+
+def test_trace_records_every_stage_and_only_what_is_asked():
+    from headlab import Trace
+
+    mine = random_mha(32, 4, 2)
+    x = torch.randn(2, 5, 32)
+    full = Trace()
+    y, w = mine(x, causal=True, trace=full.scope("attn"), return_weights=True)
+    names = [name.removeprefix("attn.") for name in full]
+    assert names == [
+        "x", "q_proj", "k_proj", "v_proj", "q", "k", "v", "k_rep", "v_rep", "scores",
+        "weights", "head_out", "merged", "out",
+    ]  # fmt: skip
+    assert torch.equal(full["attn.weights"], w) and torch.equal(full["attn.out"], y)
+    # the recorded logits, softmaxed under the causal mask, are the recorded weights
+    masked = full["attn.scores"].masked_fill(~torch.ones(5, 5).tril().bool(), float("-inf"))
+    torch.testing.assert_close(masked.softmax(-1), w)
+    only = Trace(only=("weights",))
+    mine(x, causal=True, trace=only)
+    assert list(only) == ["weights"]

@@ -314,9 +314,9 @@ class MultiHeadAttention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, trace: Trace
     ) -> tuple[Tensor, Tensor]:
         g = self.n_heads // self.n_kv_heads
-        if g > 1 and trace.enabled:
+        if g > 1 and trace.wants("k_rep"):
             trace.record("k_rep", repeat_kv(k, g)).record("v_rep", repeat_kv(v, g))
-        if trace.enabled:
+        if trace.wants("scores"):  # the pre-softmax logits, computed again only when asked for
             scores = q @ repeat_kv(k, g).transpose(-2, -1) / math.sqrt(self.d_k)  # (B, h, n, s)
             trace.record("scores", scores)
         out, weights = attention(q, k, v, mask)  # (B, h, n, d_k), (B, h, n, s)

@@ -41,9 +41,13 @@ class Trace:
         child._prefix = f"{self._prefix}{prefix}."
         return child
 
+    def wants(self, name: str) -> bool:
+        """Whether :meth:`record` would keep ``name`` (lets callers skip costly extras)."""
+        return self.enabled and (self.only is None or name in self.only)
+
     def record(self, name: str, tensor: Tensor) -> Trace:
         """Store ``tensor`` under the scoped ``name``; returns self so records can chain."""
-        if self.enabled and (self.only is None or name in self.only):
+        if self.wants(name):
             self._store[self._prefix + name] = tensor.detach() if self.detach else tensor
         return self
 
