@@ -121,6 +121,49 @@ function gqa(name, r) {
   return out;
 }
 
+// Numeric fields of history rows, flattening one level of nesting ({"1.0": 0.3} or [[...], ...]).
+function flatten(row, x) {
+  const out = {};
+  for (const [k, v] of Object.entries(row)) {
+    if (k === x) continue;
+    if (isNum(v)) out[k] = v;
+    else if (Array.isArray(v) && v.every(Array.isArray)) v.forEach((layer, l) => layer.forEach((w, hd) => { if (isNum(w)) out[`${k} ${l}.${hd}`] = w; }));
+    else if (v && typeof v === "object" && !Array.isArray(v)) for (const [kk, w] of Object.entries(v)) if (isNum(w)) out[`${k} ${kk}`] = w;
+  }
+  return out;
+}
+
+function induction(name, r) {
+  const out = [];
+  const facts = [
+    ["phase_change_step", "step of the phase change"],
+    ["induction_heads", "induction heads found"],
+    ["final_induction_score", "final induction score"],
+    ["control_max_induction_score", "1-layer control: best induction score"],
+    ["wall_seconds", "seconds on this CPU"],
+  ].filter(([k]) => r[k] !== undefined && r[k] !== null);
+  out.push(h("div", { class: "facts" }, facts.map(([k, label]) => h("div", { class: "fact", "data-key": k },
+    h("b", {}, Array.isArray(r[k]) ? r[k].join(", ") || "none" : isNum(r[k]) && !Number.isInteger(r[k]) ? r[k].toPrecision(3) : String(r[k])), h("span", {}, label)))));
+  const shade = phaseWindow(r) || (isNum(r.phase_change_step) ? [r.phase_change_step, r.phase_change_step] : null);
+  const history = Array.isArray(r.history) ? r.history : [];
+  const x = historyKey(history);
+  if (x) {
+    const flat = history.map((row) => ({ [x]: row[x], ...flatten(row, x) }));
+    const keys = [...new Set(flat.flatMap((row) => Object.keys(row)))].filter((k) => k !== x);
+    const losses = keys.filter((k) => /loss/.test(k)).slice(0, 8);
+    const scores = keys.filter((k) => !/loss/.test(k) && /induction|previous|icl|score/.test(k)).slice(0, 8);
+    const series = (ks) => ks.map((k) => ({ name: pretty(k), points: flat.filter((row) => isNum(row[k])).map((row) => [row[x], row[k]]) }));
+    if (losses.length) out.push(chart(`${name}-losses`, series(losses), { title: "Losses during training (phase change shaded)", xLabel: pretty(x), yLabel: "loss", shade }, history));
+    if (scores.length) out.push(chart(`${name}-scores`, series(scores), { title: "Head scores during training", xLabel: pretty(x), yLabel: "score", shade }, history));
+  }
+  const ablation = r.ablation && typeof r.ablation === "object" ? Object.entries(r.ablation).filter(([, v]) => isNum(v)) : [];
+  if (ablation.length) {
+    const title = "Repeated-token loss with one head ablated";
+    out.push(figure(barChart(ablation.map(([k, v]) => ({ label: k, value: v })), { title, format: (v) => v.toFixed(3) }), { name: `${name}-ablation`, caption: title, data: r.ablation }));
+  }
+  return out.length > 1 || x ? out : generic(name, r);
+}
+
 // --- anything else: headline numbers and per-step histories ----------------------------------
 
 function headline(results) {
@@ -162,7 +205,7 @@ function generic(name, results, path = []) {
   return out;
 }
 
-const VIEWS = { "one-vs-many": oneVsMany, "head-count": headCount, prune, gqa };
+const VIEWS = { "one-vs-many": oneVsMany, "head-count": headCount, prune, gqa, induction };
 
 export function renderExperiment(el, name, results) {
   const view = VIEWS[name] || generic;

@@ -15,6 +15,8 @@ function setStatus(text, error = false) {
 async function costCompare(el) {
   const base = { d_model: 512, seq_len: 128, batch: 1 };
   const rows = await Promise.all([1, 8].map((n_heads) => api("/api/shapes", { ...base, n_heads })));
+  const share = rows[1].params.W_O / rows[1].params.total;
+  document.getElementById("wo-share").textContent = `${fmtInt(rows[1].params.W_O)} of ${fmtInt(rows[1].params.total)} (${(100 * share).toFixed(0)}%)`;
   clear(el, h("div", { class: "table-wrap" }, h("table", { id: "cost-table" },
     h("caption", { class: "note" }, "d_model = 512, n = 128, B = 1, traced by headlab.shapes"),
     h("thead", {}, h("tr", {}, h("th", {}, "heads"), h("th", {}, "d_k"), h("th", { class: "num" }, "parameters"), h("th", { class: "num" }, "FLOPs"), h("th", { class: "num" }, "attention-pattern memory"))),
