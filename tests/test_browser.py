@@ -233,3 +233,17 @@ def test_experiment_sections_draw_shipped_results_and_name_missing_ones(
     expect(missing).to_contain_text("no shipped results")
     assert errors == []
     context.close()
+
+
+def test_api_docs_render_offline(browser, server: str) -> None:
+    context = browser.new_context()
+    pg = context.new_page()
+    problems: list[str] = []
+    pg.on("console", lambda m: m.type == "error" and problems.append(m.text))
+    pg.on("request", lambda r: r.url.startswith(server) or problems.append(r.url))
+    pg.goto(server + "/docs")
+    expect(pg.locator(".opblock-summary-path").first).to_be_visible(timeout=30_000)
+    paths = pg.locator(".opblock-summary-path").all_inner_texts()
+    assert "/api/shapes" in paths and "/api/attention" in paths
+    assert problems == []
+    context.close()

@@ -78,12 +78,12 @@ def _add_pages(app: FastAPI) -> None:
 
 
 def _swagger_dir() -> Path | None:
-    """Swagger UI's files from the swagger-ui-bundle package, if installed (no CDN)."""
+    """Swagger UI's files from the fastapi-offline package, if installed (no CDN)."""
     try:
-        import swagger_ui_bundle
+        import fastapi_offline
     except ImportError:
         return None
-    return Path(swagger_ui_bundle.swagger_ui_path)
+    return Path(fastapi_offline.__file__).parent / "static"
 
 
 def _docs_html(have_swagger: bool) -> str:
@@ -91,11 +91,12 @@ def _docs_html(have_swagger: bool) -> str:
         return (
             "<!doctype html><title>headlab API</title><h1>headlab API</h1>"
             '<p>The OpenAPI schema is at <a href="/openapi.json">/openapi.json</a>. '
-            "Install <code>swagger-ui-bundle</code> for the interactive page.</p>"
+            "Install <code>fastapi-offline</code> for the interactive page.</p>"
         )
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>headlab API</title>'
-        '<link rel="stylesheet" href="/docs-assets/swagger-ui.css"></head><body>'
+        '<link rel="icon" href="data:,"><link rel="stylesheet" href="/docs-assets/swagger-ui.css">'
+        "</head><body>"
         '<div id="swagger-ui"></div><script src="/docs-assets/swagger-ui-bundle.js"></script>'
         '<script src="/static/js/docs-init.js"></script></body></html>'
     )

@@ -16,7 +16,7 @@ PAGE_CSP = (
     "font-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'; "
     "frame-ancestors 'none'; form-action 'none'"
 )
-# Swagger UI (served from the local swagger-ui-bundle package) sets inline styles.
+# Swagger UI (served from the local fastapi-offline package) sets inline styles.
 DOCS_CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
     "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
