@@ -135,6 +135,10 @@ def test_seven_heads_show_the_divisibility_message_with_choices(page) -> None:
     page.click('#shapes-valid-heads button[data-heads="8"]')
     page.wait_for_selector("#shapes-table")
     assert page.input_value("#shapes-n_heads") == "8"
+    set_field(page, "n_kv_heads", "3")  # 3 key/value heads cannot serve 8 query heads evenly
+    expect(page.locator("#shapes-valid-kv-heads button")).to_have_text(["1", "2", "4", "8"])
+    page.click('#shapes-valid-kv-heads button[data-kv-heads="2"]')
+    expect(shape_cell(page, "k")).to_have_text("(2, 2, 10, 64)")
     assert page.errors == []
 
 

@@ -45,6 +45,14 @@ function problemsBox(report, form, update) {
         onclick: () => { form.elements.n_heads.value = c; update(); form.elements.n_heads.focus(); },
       }, String(c)))));
   }
+  const kvCounts = report.valid_kv_head_counts || [];
+  if (report.problems.some((p) => p.includes("n_kv_heads")) && kvCounts.length) {
+    box.append(h("p", {}, `Valid key/value head counts for h = ${fmtInt(report.config.n_heads)} (pick one):`),
+      h("div", { class: "chips", id: "shapes-valid-kv-heads" }, kvCounts.slice(0, 64).map((c) => h("button", {
+        type: "button", class: "chip", "data-kv-heads": c,
+        onclick: () => { form.elements.n_kv_heads.value = c; update(); form.elements.n_kv_heads.focus(); },
+      }, String(c)))));
+  }
   return box;
 }
 
