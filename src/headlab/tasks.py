@@ -95,3 +95,177 @@ def repeated_halves(
     extra = torch.randint(0, vocab_size, (batch, seq_len - 2 * half), generator=generator)
     return torch.cat([first, first, extra], dim=1)  # (B, seq_len)
 
+
+# ---------------------------------------------------------------------------------------------
+# Agreement with attractors (issue 6): one verb needs a distant noun and the previous token
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AgreementTask:
+    """A toy grammar in which the verb needs two things at once: a distant noun and its neighbour.
+
+    A sentence reads::
+
+        BOS [filler …] the NOUN [near the NOUN' | that the NOUN' VERB'] ADVERB <v> VERB .
+        BOS [filler …] near the NOUN' , the NOUN ADVERB <v> VERB .
+
+    The main VERB is predicted at the placeholder ``<v>``; its form is the pair (stem, number):
+    the number agrees with the subject NOUN, several tokens back, and the stem is set by the
+    ADVERB, the token right before ``<v>``. An optional prepositional phrase or relative clause
+    after the subject, or a prepositional phrase placed before it, holds an *attractor* NOUN' of
+    the other number (in the relative clause its own verb VERB' agrees with it), the classic trap
+    of agreement studies. Because the attractor may come first, "the earliest noun" does not find
+    the subject; only the structure around a noun does. A random-length filler before the
+    sentence moves every position, so no fixed offset finds the subject either.
+
+    Vocabulary: 0 PAD, 1 BOS, 2 "the", 3 "near", 4 "that", 5 "<v>", 6 ".", 7 filler, 8 ",", then
+    singular nouns, plural nouns, adverbs, main verbs (stem-major: stem·2 + number), clause verbs.
+    """
+
+    n_nouns: int = 8  # nouns per number (singular ids, then the same count of plural ids)
+    n_stems: int = 4  # adverbs, each fixing one verb stem
+    max_filler: int = 4  # filler tokens before the subject: 0 … max_filler
+    p_attractor: float = 0.5  # chance a sentence holds a phrase or clause with an attractor
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("n_nouns", "n_stems"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_filler < 0:
+            problems.append(f"max_filler must be 0 or more, got {self.max_filler}")
+        if not 0.0 <= self.p_attractor <= 1.0:
+            problems.append(f"p_attractor must be in [0, 1], got {self.p_attractor}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    # token ids ---------------------------------------------------------------------------
+    PAD, BOS, THE, NEAR, THAT, SLOT, STOP, FILL, COMMA = range(9)
+    KINDS = ("none", "phrase", "clause", "preposed")  # where the attractor sits, if anywhere
+
+    def noun(self, index: Tensor, plural: Tensor) -> Tensor:
+        return 9 + plural.long() * self.n_nouns + index
+
+    def adverb(self, stem: Tensor) -> Tensor:
+        return 9 + 2 * self.n_nouns + stem
+
+    def verb(self, stem: Tensor, plural: Tensor) -> Tensor:
+        return 9 + 2 * self.n_nouns + self.n_stems + 2 * stem + plural.long()
+
+    def clause_verb(self, plural: Tensor) -> Tensor:
+        return 9 + 2 * self.n_nouns + 3 * self.n_stems + plural.long()
+
+    @property
+    def vocab_size(self) -> int:
+        return 9 + 2 * self.n_nouns + 3 * self.n_stems + 2
+
+    def token_names(self) -> list[str]:
+        """A display name for every id: nouns "N3" / "N3:pl", "ADV1", verbs "V1" / "V1:pl"."""
+        names = ["PAD", "BOS", "the", "near", "that", "<v>", ".", "…", ","]
+        names += [f"N{i}" for i in range(self.n_nouns)] + [f"N{i}:pl" for i in range(self.n_nouns)]
+        names += [f"ADV{i}" for i in range(self.n_stems)]
+        names += [f"V{i}{s}" for i in range(self.n_stems) for s in ("", ":pl")]
+        return [*names, "rc", "rc:pl"]
+
+    @property
+    def seq_len(self) -> int:
+        """n: the longest sentence (BOS, filler, clause, subject, adverb, slot, verb, stop) − 1."""
+        return 1 + self.max_filler + 4 + 2 + 4 - 1
+
+    def held_out(self, noun: Tensor, plural: Tensor, stem: Tensor) -> Tensor:
+        """Bool: whether a (subject noun, number, stem) triple is kept out of training (1 in 5).
+
+        Every sentence with such a triple is a test sentence, whatever its filler or clause, so a
+        test sentence is never seen in training (its verb form is, with other subjects).
+        """
+        return ((noun * 2 + plural.long()) * self.n_stems + stem) % 5 == 0
+
+    def sample(
+        self, batch: int, generator: torch.Generator, split: str = "train"
+    ) -> dict[str, Tensor]:
+        """Draw ``batch`` sentences, right-padded with PAD to ``seq_len + 1`` tokens.
+
+        ``split`` is "train" (sentences outside :meth:`held_out`), "test" (only held-out ones)
+        or "all".
+
+        Returns a dict of (B,)-shaped fields and ``tokens`` (B, n + 1): ``slot`` (the position of
+        ``<v>``), ``subject`` (the subject noun's position), ``plural`` (subject number),
+        ``stem``, ``kind`` (index into ``KINDS``), ``attractor`` (bool, kind > 0), ``target``
+        (the verb id).
+        """
+        if split not in ("train", "test", "all"):
+            raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
+        g = generator
+        filler = torch.randint(0, self.max_filler + 1, (batch,), generator=g)
+        plural = torch.rand(batch, generator=g) < 0.5
+        attractor = torch.rand(batch, generator=g) < self.p_attractor
+        kind = torch.where(attractor, torch.randint(1, 4, (batch,), generator=g), 0)
+        stem = torch.randint(0, self.n_stems, (batch,), generator=g)
+        subj_noun = torch.randint(0, self.n_nouns, (batch,), generator=g)
+        while split != "all":  # redraw the nouns of rows on the wrong side of the split
+            wrong = self.held_out(subj_noun, plural, stem) != (split == "test")
+            if not wrong.any():
+                break
+            subj_noun[wrong] = torch.randint(0, self.n_nouns, (int(wrong.sum()),), generator=g)
+        attr_noun = torch.randint(0, self.n_nouns, (batch,), generator=g)
+        rows = [
+            self._sentence(
+                int(filler[b]),
+                int(kind[b]),
+                self.noun(subj_noun[b], plural[b]),
+                self.noun(attr_noun[b], ~plural[b]),
+                self.clause_verb(~plural[b]),
+                self.adverb(stem[b]),
+                self.verb(stem[b], plural[b]),
+            )
+            for b in range(batch)
+        ]
+        tokens = torch.full((batch, self.seq_len + 1), self.PAD, dtype=torch.long)
+        for b, row in enumerate(rows):
+            tokens[b, : len(row)] = torch.tensor(row)
+        slot = torch.tensor([len(row) - 3 for row in rows])
+        target = self.verb(stem, plural)
+        return {
+            "tokens": tokens,
+            "slot": slot,
+            "subject": 2 + filler + 4 * (kind == 3),
+            "plural": plural,
+            "stem": stem,
+            "kind": kind,
+            "attractor": attractor,
+            "target": target,
+        }
+
+    def _sentence(
+        self,
+        filler: int,
+        kind: int,
+        subj: Tensor,
+        attr: Tensor,
+        clause_verb: Tensor,
+        adverb: Tensor,
+        verb: Tensor,
+    ) -> list[int]:
+        row = [self.BOS] + [self.FILL] * filler
+        if kind == 3:
+            row += [self.NEAR, self.THE, int(attr), self.COMMA]
+        row += [self.THE, int(subj)]
+        if kind == 2:
+            row += [self.THAT, self.THE, int(attr), int(clause_verb)]
+        elif kind == 1:
+            row += [self.NEAR, self.THE, int(attr)]
+        return [*row, int(adverb), self.SLOT, int(verb), self.STOP]
+
+    def batch(self, batch: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Training ``(inputs, targets)``, each (B, n): one target, the verb at ``<v>``."""
+        s = self.sample(batch, generator, "train")
+        return agreement_pair(s)
+
+
+def agreement_pair(sample: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """A sample → ``(inputs, targets)``, each (B, n); the only target is the verb, at ``<v>``."""
+    inputs = sample["tokens"][:, :-1]
+    targets = torch.full_like(inputs, -100)
+    targets[torch.arange(len(inputs)), sample["slot"]] = sample["target"]
+    return inputs, targets
