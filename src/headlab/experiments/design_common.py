@@ -1,22 +1,20 @@
 """Helpers shared by the head-design experiments (one_vs_many, head_count, prune, gqa).
 
 Seeds are summarised as mean, sample standard deviation, minimum and maximum, with every value
-kept; results are written as ``results.json`` and figures as PNG files in the output directory.
+kept. Writing results and figures is :mod:`headlab.experiments`' own (re-exported here).
 """
 
 from __future__ import annotations
 
-import json
-import math
 import statistics
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from headlab.experiments import pyplot, save_figure, write_results
 from headlab.train import BatchFn, LossFn, TrainConfig, TrainResult, train
 from headlab.train import next_token_loss as train_next_token_loss
 
@@ -70,44 +68,4 @@ def mean_loss(model: nn.Module, batches: list[Any], loss_fn: LossFn | None = Non
         model.train(was)
 
 
-def write_results(out: Path | None, results: dict[str, Any]) -> None:
-    """Write ``results.json`` into ``out`` (created if needed); nothing when out is None."""
-    if out is None:
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(_finite(results), indent=2) + "\n")
-
-
-def _finite(value: Any) -> Any:
-    """JSON has no NaN or infinity: write them as null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
-def save_figure(fig: Any, out: Path | None, name: str) -> str | None:
-    """Save a matplotlib figure as ``out/name`` (PNG) and close it; returns the file name."""
-    import matplotlib.pyplot as plt
-
-    try:
-        if out is None:
-            return None
-        out.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out / name, dpi=110, bbox_inches="tight")
-        return name
-    finally:
-        plt.close(fig)
-
-
-def pyplot() -> Any:
-    """matplotlib.pyplot with the non-interactive Agg backend (no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+__all__ = ["fit", "mean_loss", "one_thread", "pyplot", "save_figure", "spread", "write_results"]

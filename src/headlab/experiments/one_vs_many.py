@@ -173,13 +173,15 @@ def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None 
                     if s == seed:
                         rows = attention_rows(model, example["tokens"][:-1], slot)
                         attention.append({"model": kind, "depth": depth, "layers": rows})
+    summary = summarize(runs, cfg)
     results = {
         "experiment": "one_vs_many",
         "quick": quick,
         "seeds": list(range(seed, seed + seeds)),
         "config": asdict(cfg),
         "task": asdict(task),
-        "summary": summarize(runs, cfg),
+        "summary": summary,
+        "verdict": verdicts(summary),
         "runs": runs,
         "example": {
             "tokens": [task.token_names()[i] for i in example["tokens"][: slot + 1].tolist()],
@@ -192,6 +194,25 @@ def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None 
     results["wall_seconds"] = time.perf_counter() - t0
     write_results(out, results)
     return results
+
+
+def verdicts(summary: list[dict[str, Any]], margin: float = 0.1) -> list[str]:
+    """One sentence per depth, from the measured attractor accuracies (means over seeds).
+
+    The claim counts as supported at a depth when the multi-head model beats both single-head
+    models on attractor sentences by more than ``margin``.
+    """
+    out = []
+    for depth in sorted({r["depth"] for r in summary}):
+        acc = {r["model"]: r["attractor"]["mean"] for r in summary if r["depth"] == depth}
+        gap = acc["heads"] - max(acc["one"], acc["wide"])
+        word = "supports" if gap > margin else "does not support"
+        out.append(
+            f"{depth} layer{'s' * (depth > 1)}: attractor accuracy {acc['heads']:.2f} with h "
+            f"heads, {acc['one']:.2f} with one head, {acc['wide']:.2f} with one wider head: "
+            f"{word} the claim (gap {gap:+.2f}, threshold {margin})"
+        )
+    return out
 
 
 def summarize(runs: list[dict[str, Any]], cfg: OneVsManyConfig) -> list[dict[str, Any]]:
