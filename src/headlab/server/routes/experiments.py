@@ -35,8 +35,7 @@ def list_experiments() -> dict[str, Any]:
     return {
         "available": sorted(have),
         "missing": [name for name in PAGE_EXPERIMENTS if name not in have],
-        "regenerate": "headlab experiment NAME, then copy its results.json to "
-        "src/headlab/experiments/results/NAME.json",
+        "regenerate": "headlab experiment NAME --ship",
     }
 
 

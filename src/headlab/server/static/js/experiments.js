@@ -29,7 +29,7 @@ function chart(name, series, opts, data) {
 }
 
 function seedsNote(r) {
-  const n = Array.isArray(r.seeds) ? r.seeds.length : 1;
+  const n = Array.isArray(r.seeds) ? r.seeds.length : 1;  // a list of seeds or of per-seed summaries
   return `${r.quick ? "Quick run" : "Full run"}, ${n} seed${n > 1 ? "s" : ""}${isNum(r.wall_seconds) ? `, ${r.wall_seconds.toFixed(0)} s on this kind of CPU` : ""}.`;
 }
 
@@ -121,47 +121,55 @@ function gqa(name, r) {
   return out;
 }
 
-// Numeric fields of history rows, flattening one level of nesting ({"1.0": 0.3} or [[...], ...]).
-function flatten(row, x) {
-  const out = {};
-  for (const [k, v] of Object.entries(row)) {
-    if (k === x) continue;
-    if (isNum(v)) out[k] = v;
-    else if (Array.isArray(v) && v.every(Array.isArray)) v.forEach((layer, l) => layer.forEach((w, hd) => { if (isNum(w)) out[`${k} ${l}.${hd}`] = w; }));
-    else if (v && typeof v === "object" && !Array.isArray(v)) for (const [kk, w] of Object.entries(v)) if (isNum(w)) out[`${k} ${kk}`] = w;
-  }
-  return out;
+function evals(history) {
+  const rows = (Array.isArray(history) ? history : []).filter((row) => isNum(row.step));
+  return rows.some((row) => row.kind) ? rows.filter((row) => row.kind === "eval") : rows;
 }
+
+function fact(value, label, key) {
+  return h("div", { class: "fact", "data-key": key }, h("b", {}, value), h("span", {}, label));
+}
+
+const num3 = (v) => (isNum(v) ? (Number.isInteger(v) ? fmtInt(v) : v.toFixed(3)) : "—");
 
 function induction(name, r) {
   const out = [];
-  const facts = [
-    ["phase_change_step", "step of the phase change"],
-    ["induction_heads", "induction heads found"],
-    ["final_induction_score", "final induction score"],
-    ["control_max_induction_score", "1-layer control: best induction score"],
-    ["wall_seconds", "seconds on this CPU"],
-  ].filter(([k]) => r[k] !== undefined && r[k] !== null);
-  out.push(h("div", { class: "facts" }, facts.map(([k, label]) => h("div", { class: "fact", "data-key": k },
-    h("b", {}, Array.isArray(r[k]) ? r[k].join(", ") || "none" : isNum(r[k]) && !Number.isInteger(r[k]) ? r[k].toPrecision(3) : String(r[k])), h("span", {}, label)))));
-  const shade = phaseWindow(r) || (isNum(r.phase_change_step) ? [r.phase_change_step, r.phase_change_step] : null);
-  const history = Array.isArray(r.history) ? r.history : [];
-  const x = historyKey(history);
-  if (x) {
-    const flat = history.map((row) => ({ [x]: row[x], ...flatten(row, x) }));
-    const keys = [...new Set(flat.flatMap((row) => Object.keys(row)))].filter((k) => k !== x);
-    const losses = keys.filter((k) => /loss/.test(k)).slice(0, 8);
-    const scores = keys.filter((k) => !/loss/.test(k) && /induction|previous|icl|score/.test(k)).slice(0, 8);
-    const series = (ks) => ks.map((k) => ({ name: pretty(k), points: flat.filter((row) => isNum(row[k])).map((row) => [row[x], row[k]]) }));
-    if (losses.length) out.push(chart(`${name}-losses`, series(losses), { title: "Losses during training (phase change shaded)", xLabel: pretty(x), yLabel: "loss", shade }, history));
-    if (scores.length) out.push(chart(`${name}-scores`, series(scores), { title: "Head scores during training", xLabel: pretty(x), yLabel: "score", shade }, history));
+  const list = (v) => (Array.isArray(v) ? v.join(", ") || "none" : "—");
+  out.push(h("div", { class: "facts" },
+    fact(num3(r.phase_change_step), `step of the phase change${isNum(r.phase_change_seconds) ? ` (${r.phase_change_seconds.toFixed(0)} s of training)` : ""}`, "phase_change_step"),
+    fact(list(r.induction_heads), `induction heads (best score ${num3(r.final_induction_score)}${isNum(r.induction_ceiling) ? ` of at most ${num3(r.induction_ceiling)}` : ""})`, "induction_heads"),
+    fact(list(r.prev_token_heads), "previous-token heads in the 2-layer model", "prev_token_heads"),
+    fact(num3(r.control_max_induction_score), "1-layer control: its best induction score ever", "control_max_induction_score")));
+  if (isNum(r.clean_repeated_loss) && isNum(r.ablate_feeders_repeated_loss)) {
+    const feeders = (r.feeder_heads || []).map((f) => `${f.head} (previous-token score ${num3(f.prev_token_score)})`).join(", ");
+    out.push(h("p", { id: "induction-ablation-summary" }, `Loss on the repeated half: ${num3(r.clean_repeated_loss)} (first half: ${num3(r.unrepeated_loss)}). `,
+      `Masking the layer-0 head(s) that feed the induction head, ${feeders || "—"}, brings it to ${num3(r.ablate_feeders_repeated_loss)}; `,
+      `masking the other layer-0 heads instead: ${num3(r.ablate_others_repeated_loss)}.`));
+  }
+  const rows = evals(r.history);
+  const control = evals(r.control_history);
+  const window = phaseWindow(r);
+  if (rows.length > 1) {
+    const line = (src, key, label, dashed = false) => ({ name: label, dashed, points: src.filter((row) => isNum(row[key])).map((row) => [row.step, row[key]]) });
+    const losses = [line(rows, "first_copy_loss", "first copy"), line(rows, "repeated_loss", "repeated copy")];
+    if (control.length > 1) losses.push(line(control, "repeated_loss", "repeated copy, 1-layer control", true));
+    out.push(chart(`${name}-losses`, losses.filter((sr) => sr.points.length), { title: "Loss on repeated random tokens during training (phase change shaded)", xLabel: "step", yLabel: "loss (nats)", shade: window }, rows));
+    const perHead = (key, layer, label) => {
+      const first = rows.find((row) => Array.isArray(row[key]))?.[key]?.[layer] || [];
+      return first.map((_, hd) => ({ name: `${label} ${layer}.${hd}`, points: rows.filter((row) => Array.isArray(row[key])).map((row) => [row.step, row[key][layer][hd]]) }));
+    };
+    const scores = [...perHead("induction", 1, "induction"), ...perHead("prev_token", 0, "previous-token")].slice(0, 16);
+    if (scores.length) out.push(chart(`${name}-scores`, scores, { title: "Layer-1 induction scores and layer-0 previous-token scores per head", xLabel: "step", yLabel: "score", shade: window }, rows));
   }
   const ablation = r.ablation && typeof r.ablation === "object" ? Object.entries(r.ablation).filter(([, v]) => isNum(v)) : [];
   if (ablation.length) {
-    const title = "Repeated-token loss with one head ablated";
-    out.push(figure(barChart(ablation.map(([k, v]) => ({ label: k, value: v })), { title, format: (v) => v.toFixed(3) }), { name: `${name}-ablation`, caption: title, data: r.ablation }));
+    const title = "Loss on the repeated copy with one head masked";
+    out.push(figure(barChart(ablation.map(([k, v]) => ({ label: `head ${k}`, value: v })), { title, format: (v) => v.toFixed(3) }), { name: `${name}-ablation`, caption: title, data: r.ablation }));
   }
-  return out.length > 1 || x ? out : generic(name, r);
+  if (r.phase_change_consistency && Array.isArray(r.seeds) && r.seeds.length > 1) {
+    out.push(h("p", {}, `Over ${r.seeds.length} seeds the phase change came at step ${pm(r.phase_change_consistency, 0)} (range ${r.phase_change_consistency.min}–${r.phase_change_consistency.max}).`));
+  }
+  return out;
 }
 
 // --- anything else: headline numbers and per-step histories ----------------------------------
@@ -180,7 +188,7 @@ function historyKey(rows) {
 }
 
 function phaseWindow(results) {
-  const w = results.phase_change_window;
+  const w = results.phase_change?.window || results.phase_change_window;
   if (Array.isArray(w) && w.length === 2 && w.every(isNum)) return w;
   if (w && isNum(w.start) && isNum(w.end)) return [w.start, w.end];
   return null;

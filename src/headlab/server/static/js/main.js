@@ -78,7 +78,7 @@ async function experiments() {
   for (const el of document.querySelectorAll("[data-experiment]")) {
     const name = el.dataset.experiment;
     if (!listing.available.includes(name)) {
-      clear(el, missing(`The ${name} experiment has no shipped results in this version yet, so nothing is shown here. Run: headlab experiment ${name}`));
+      clear(el, missing(`The ${name} experiment has no shipped results in this version yet, so nothing is shown here. Run: headlab experiment ${name} --ship`));
       continue;
     }
     try {
