@@ -39,7 +39,8 @@ function oneVsMany(name, r) {
   const legend = ["heads", "one", "wide"].every((k) => kinds.has(k))
     ? h("p", { class: "note" }, "heads: h heads of width d_model/h; one: a single head of width d_model (same parameters); wide: a single head wider than d_model (more parameters). The verb must agree in number with its subject; an attractor is a noun of the other number in between.")
     : null;
-  const out = [legend, table("one-vs-many-table", ["model", "layers", "parameters", "accuracy, no attractor", "accuracy, attractor between"],
+  const verdicts = Array.isArray(r.verdict) ? r.verdict : typeof r.verdict === "string" ? [r.verdict] : [];
+  const out = [legend, verdicts.length ? h("ul", { id: "one-vs-many-verdict" }, verdicts.map((v) => h("li", {}, v))) : null, table("one-vs-many-table", ["model", "layers", "parameters", "accuracy, no attractor", "accuracy, attractor between"],
     rows.map((row) => [row.model, String(row.depth), fmtInt(row.params), pm(row.plain), pm(row.attractor)]))];
   const items = rows.flatMap((row) => [
     { label: `${row.model} ${row.depth}L, plain`, value: mean(row.plain), colour: "#0072B2" },
@@ -51,15 +52,16 @@ function oneVsMany(name, r) {
   }
   const ex = r.example;
   if (ex && Array.isArray(ex.attention)) {
-    const readout = h("p", { class: "note", "aria-live": "polite" });
+    const readout = h("p", { class: "note", "aria-live": "polite" }, "Where each head looks from the verb slot, in one held-out sentence (hover for the weight):");
+    const grid = h("div", { class: "matrices" });
     for (const a of ex.attention) {
       a.layers.forEach((weights, layer) => {
         const title = `${a.model}, ${a.depth} layer${a.depth > 1 ? "s" : ""}: layer ${layer}, from the verb slot`;
         const svg = matrix(weights, ex.tokens.slice(0, weights[0].length), weights.map((_, k) => `head ${k}`), { title, readout });
-        out.push(figure(svg, { name: `${name}-${a.model}-${a.depth}-${layer}`, caption: title, data: { tokens: ex.tokens, weights } }));
+        grid.append(figure(svg, { name: `${name}-${a.model}-${a.depth}-${layer}`, caption: title, data: { tokens: ex.tokens, weights } }));
       });
     }
-    out.push(readout);
+    out.push(readout, grid);
   }
   return out;
 }
