@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from headlab import __version__
 
@@ -180,6 +183,83 @@ def _parse_head(spec: str) -> tuple[int, int]:
         return int(layer), -1 if head == "avg" else int(head)
     except ValueError:
         raise fail(f"--show takes LAYER.HEAD or LAYER.avg, e.g. 0.2; got {spec!r}") from None
+
+
+@app.command("train")
+def train_command(
+    recipe: str = typer.Argument(..., help="What to train: a recipe name (e.g. induction)."),
+    quick: bool = typer.Option(False, "--quick", help="A short run (tests, a first look)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in --out exactly."),
+    out: str | None = typer.Option(None, "--out", help="Run directory (default runs/RECIPE)."),
+    seed: int = typer.Option(0, "--seed", help="Seed for the weights and the data."),
+) -> None:
+    """Train a model from a recipe, with checkpoints; Ctrl-C saves one, --resume continues."""
+    from headlab.train import RECIPES, CheckpointError, RecipeArgs, get_recipe, make_reporter
+
+    if recipe not in RECIPES:
+        raise fail(f"unknown recipe {recipe!r}; valid recipes: {', '.join(sorted(RECIPES))}")
+    run_dir = Path(out) if out is not None else Path("runs") / recipe
+    try:
+        result = get_recipe(recipe)(RecipeArgs(run_dir, quick, seed, resume, make_reporter()))
+    except (CheckpointError, FloatingPointError) as e:
+        raise fail(str(e)) from None
+    if result.interrupted:
+        err_console.print(
+            f"interrupted at step {result.step}; checkpoint saved in {run_dir}. Continue with: "
+            f"headlab train {recipe} --resume --out {run_dir}" + (" --quick" if quick else "")
+        )
+        raise typer.Exit(130)
+    console.print(
+        f"trained {recipe!r}: step {result.step} in {result.wall_seconds:.1f} s; run in {run_dir}"
+    )
+
+
+@app.command("experiment")
+def experiment_command(
+    name: str = typer.Argument(..., help="Experiment name, or 'list' to see them all."),
+    quick: bool = typer.Option(False, "--quick", help="A smaller version (for tests)."),
+    seeds: int = typer.Option(1, "--seeds", help="How many seeds to run (seed, seed+1, ...)."),
+    seed: int = typer.Option(0, "--seed", help="The first seed."),
+    out: str | None = typer.Option(None, "--out", help="Output directory (default runs/NAME)."),
+    ship: bool = typer.Option(False, "--ship", help="Also store the results for the web page."),
+) -> None:
+    """Run an experiment: results.json and PNG figures in --out, a summary here."""
+    from headlab.experiments import EXPERIMENTS, describe, ship_results
+
+    if name == "list":
+        table = Table("experiment", "what it measures")
+        for row in describe():
+            table.add_row(*row)
+        console.print(table)
+        return
+    if name not in EXPERIMENTS:
+        raise fail(f"unknown experiment {name!r}; valid: {', '.join(EXPERIMENTS)} (or 'list')")
+    if seeds < 1:
+        raise fail(f"--seeds must be at least 1, got {seeds}")
+    if ship and quick:
+        raise fail("--ship stores a full run for the web page; run it without --quick")
+    out_dir = Path(out) if out is not None else Path("runs") / name
+    try:
+        results = EXPERIMENTS[name](quick=quick, seeds=seeds, seed=seed, out=out_dir)
+    except KeyboardInterrupt:
+        raise fail("interrupted; nothing was written", code=130) from None
+    _print_summary(name, results)
+    console.print(f"results and figures in {out_dir}")
+    if ship:
+        console.print(f"shipped as {ship_results(name, results)}")
+
+
+def _print_summary(name: str, results: dict) -> None:
+    """The scalar results (numbers, words, short lists) as a table; histories stay in the file."""
+    table = Table("result", "value", title=f"experiment {name}")
+    for key, value in results.items():
+        if isinstance(value, float):
+            table.add_row(key, f"{value:.4g}")
+        elif isinstance(value, int | str | bool) or value is None:
+            table.add_row(key, str(value))
+        elif isinstance(value, list) and len(value) <= 8 and all(isinstance(v, str) for v in value):
+            table.add_row(key, ", ".join(value) or "(none)")
+    console.print(table)
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ rename). A process killed at any point leaves ``latest`` naming a complete check
 verifies sizes and hashes and parses everything before touching the model, so a corrupt or
 truncated checkpoint is refused, never half-loaded.
 
-Ctrl-C (SIGINT) during ``train`` finishes the current step, saves a checkpoint and returns with
-``interrupted=True``.
+Ctrl-C (SIGINT) during a ``train`` with a run directory finishes the current step, saves a
+checkpoint and returns with ``interrupted=True``; without one, KeyboardInterrupt is raised.
 """
 
 from __future__ import annotations
@@ -598,7 +598,7 @@ def train(
         log.write(_run_eval(model, evaluate, 0))
     interrupted = False
     try:
-        with _sigint_flag() as stop_requested:
+        with _sigint_flag(enabled=out_dir is not None) as stop_requested:
             while loop.step < config.steps and not interrupted:
                 step_t0 = time.perf_counter()
                 _one_step(loop, batches, loss_fn, log)
@@ -723,11 +723,12 @@ def read_metrics(path: Path | str) -> list[dict[str, Any]]:
 
 
 @contextmanager
-def _sigint_flag() -> Iterator[Callable[[], bool]]:
+def _sigint_flag(enabled: bool = True) -> Iterator[Callable[[], bool]]:
     """While active, the first Ctrl-C only sets a flag (the loop saves and stops); a second one
-    interrupts at once. Outside the main thread signals cannot be caught: the flag stays False."""
+    interrupts at once. Disabled (a run with nothing to save) or outside the main thread, where
+    signals cannot be caught, Ctrl-C raises KeyboardInterrupt as usual."""
     hit = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
+    if not enabled or threading.current_thread() is not threading.main_thread():
         yield hit.is_set
         return
     previous = signal.getsignal(signal.SIGINT)

@@ -1,0 +1,199 @@
+"""The induction experiment: its data, its measurements against independent routes, and the quick
+run asserted on what it found (phase change, induction head, ablation effect, 1-layer control)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from headlab.cli import app
+from headlab.experiments import EXPERIMENTS, describe, finite
+from headlab.experiments import induction as ind
+from headlab.heads import induction_score
+from headlab.tasks import RepeatTask
+
+# ---------------------------------------------------------------------------------------------
+# the data: copies are exact, their offsets are not fixed
+# ---------------------------------------------------------------------------------------------
+
+
+def test_repeat_task_copies_a_segment_at_random_offsets() -> None:
+    task = RepeatTask(vocab_size=64, seq_len=32, min_span=4, max_span=12)
+    tokens, source, is_copy = task.sample(512, torch.Generator().manual_seed(0))
+    assert tokens.shape == source.shape == is_copy.shape == (512, 33)
+    assert torch.equal(tokens.gather(1, source), tokens)  # every copy equals its source
+    spans = is_copy.sum(1)
+    assert spans.min() >= 4 and spans.max() <= 12
+    offsets = {int(o) for o in (torch.arange(33) - source)[is_copy]}
+    assert len(offsets) >= 20  # no fixed repeat period for a positional head to exploit
+    assert min(offsets) >= 4  # a copy never overlaps its source
+    inputs, targets = task.batch(8, torch.Generator().manual_seed(0))
+    assert torch.equal(inputs[:, 1:], targets[:, :-1])
+
+
+def test_repeat_task_is_seeded_and_validated() -> None:
+    task = RepeatTask()
+    a = task.batch(4, torch.Generator().manual_seed(3))[0]
+    b = task.batch(4, torch.Generator().manual_seed(3))[0]
+    assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="max_span"):
+        RepeatTask(seq_len=10, max_span=8)
+
+
+# ---------------------------------------------------------------------------------------------
+# the measurements, each against a route that does not share its code
+# ---------------------------------------------------------------------------------------------
+
+
+def test_probe_masks_mark_the_same_tokens_in_both_copies() -> None:
+    probe = ind.make_probe(ind.QUICK, seed=0)
+    assert probe.first.sum() == probe.second.sum() > 0
+    # hand check: every second-copy target equals the target at its first-copy position
+    for b in range(probe.inputs.shape[0]):
+        firsts = probe.targets[b][probe.first[b]].tolist()
+        seconds = probe.targets[b][probe.second[b]].tolist()
+        assert firsts == seconds
+    assert (probe.early, probe.late) == (1, 22)  # tokens 50 and 500 of 512, scaled to n = 24
+
+
+def test_ideal_induction_head_ceiling_by_hand() -> None:
+    tokens = torch.tensor([[5, 6, 7, 5, 6, 7]])
+    weights = ind.ideal_induction_weights(tokens)
+    # rows 3, 4, 5 each have one earlier copy followed by a token: full marks on 3 of 6 rows
+    assert float(induction_score(weights, tokens)) == pytest.approx(3 / 6)
+    assert torch.allclose(weights.sum(-1), torch.ones(1, 1, 6))
+
+
+def test_head_mask_ablation_equals_zeroing_that_heads_slice_of_w_o() -> None:
+    cfg = ind.QUICK
+    model = ind.make_model(cfg, n_layers=2, seed=0)
+    probe = ind.make_probe(cfg, seed=0)
+    ablated = ind.ablate(model, probe, [(0, 2)])
+    d_k = cfg.d_model // cfg.n_heads
+    with torch.no_grad():
+        model.blocks[0].attn.W_O.weight[:, 2 * d_k : 3 * d_k] = 0.0
+        per_token = ind.token_losses(model, probe.inputs, probe.targets)
+    assert ablated == pytest.approx(float(per_token[probe.second].mean()), rel=1e-5)
+
+
+def _logistic(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
+def test_phase_change_rule_on_a_known_curve() -> None:
+    steps = list(range(0, 2001, 50))
+    # gain falls along a logistic centred on step 800 with width 60: steepest there
+    evals = [
+        {"step": s, "first_copy_loss": 4.0, "repeated_loss": 4.0 - 3.5 * _logistic((s - 800) / 60)}
+        for s in steps
+    ]
+    phase = ind.find_phase_change(evals)
+    assert abs(phase["step"] - 800) <= 50
+    assert phase["window"][0] < 800 < phase["window"][1]
+    assert phase["window"][1] - phase["window"][0] <= 400
+    assert phase["found"]
+    flat = [{"step": s, "first_copy_loss": 4.0, "repeated_loss": 3.0 - s / 4000} for s in steps]
+    assert not ind.find_phase_change(flat)["found"]  # a slow steady fall is not a phase change
+
+
+def test_registry_and_results_helpers() -> None:
+    assert "induction" in EXPERIMENTS and EXPERIMENTS["induction"] is ind.run
+    with pytest.raises(KeyError, match="valid experiments"):
+        EXPERIMENTS["nope"]
+    assert dict(describe())["induction"].startswith("Induction heads")
+    assert finite({"a": [float("nan"), 1.0], "b": float("inf")}) == {"a": [None, 1.0], "b": None}
+
+
+def test_cli_rejects_bad_input_without_a_traceback() -> None:
+    runner = CliRunner()
+    for args, expect in [
+        (["experiment", "nope"], "unknown experiment"),
+        (["experiment", "induction", "--seeds", "0"], "--seeds must be at least 1"),
+        (["experiment", "induction", "--quick", "--ship"], "without --quick"),
+        (["train", "nope"], "valid recipes: "),
+    ]:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, args
+        assert expect in result.output and "Traceback" not in result.output
+
+
+# ---------------------------------------------------------------------------------------------
+# the quick experiment, asserted on its results (seed fixed)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("induction")
+    return ind.run(quick=True, seed=0, out=out), out
+
+
+@pytest.mark.slow
+def test_quick_run_shows_the_phase_change(quick: tuple[dict, Path]) -> None:
+    results, _ = quick
+    phase = results["phase_change"]
+    assert phase["found"], phase
+    lo, hi = phase["window"]
+    assert 0 < lo <= results["phase_change_step"] <= hi < ind.QUICK.steps
+    evals = [r for r in results["history"] if r["kind"] == "eval"]
+    before = [r for r in evals if r["step"] <= lo]
+    after = [r for r in evals if r["step"] >= hi]
+    # before the window the copies are barely easier than the originals; after, far easier
+    assert before[-1]["first_copy_loss"] - before[-1]["repeated_loss"] < 1.5
+    assert after[-1]["repeated_loss"] < 0.5 * after[-1]["first_copy_loss"]
+    assert results["final"]["icl_score"] < -0.5  # late tokens predicted better than early ones
+
+
+@pytest.mark.slow
+def test_quick_run_finds_the_induction_head_and_its_previous_token_partner(quick) -> None:
+    results, _ = quick
+    assert results["induction_heads"] and all(
+        h.startswith("1.") for h in results["induction_heads"]
+    )
+    assert results["final_induction_score"] >= 0.5 * results["induction_ceiling"]
+    assert any(h.startswith("0.") for h in results["prev_token_heads"])
+    assert max(f["prev_token_score"] for f in results["feeder_heads"]) >= 0.5
+
+
+@pytest.mark.slow
+def test_quick_run_ablation_removes_the_gain_only_for_the_feeders(quick) -> None:
+    results, _ = quick
+    clean, unrepeated = results["clean_repeated_loss"], results["unrepeated_loss"]
+    feeders = results["ablate_feeders_repeated_loss"]
+    # most of the way back to the unrepeated level (0.93 of it in the full run), others not
+    assert feeders >= clean + 0.6 * (unrepeated - clean)
+    assert results["ablate_others_effect"] <= 0.3
+    assert results["ablate_feeders_effect"] >= 3 * results["ablate_others_effect"]
+    assert set(results["ablation"]) == {f"{l}.{h}" for l in range(2) for h in range(4)}
+
+
+@pytest.mark.slow
+def test_quick_run_one_layer_control_fails(quick) -> None:
+    results, _ = quick
+    assert results["control_max_induction_score"] < 0.25 * results["induction_ceiling"]
+    control_gain = (
+        results["control_final"]["first_copy_loss"] - results["control_final"]["repeated_loss"]
+    )
+    gain = results["final"]["first_copy_loss"] - results["final"]["repeated_loss"]
+    assert control_gain < 0.5 * gain
+    assert not results["control_phase_change"]["found"]
+
+
+@pytest.mark.slow
+def test_quick_run_writes_results_and_figures(quick) -> None:
+    results, out = quick
+    on_disk = json.loads((out / "results.json").read_text())
+    for key in ("phase_change_step", "induction_heads", "final_induction_score",
+                "control_max_induction_score", "ablation", "wall_seconds", "history"):  # fmt: skip
+        assert key in on_disk
+    assert on_disk["induction_heads"] == results["induction_heads"]
+    evals = [r for r in on_disk["history"] if r["kind"] == "eval"]
+    assert len(evals[-1]["induction"]) == 2 and len(evals[-1]["induction"][1]) == 4
+    assert set(on_disk["figures"]) == {"loss.png", "head_scores.png", "patterns.png"}
+    for name in on_disk["figures"]:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
