@@ -269,3 +269,15 @@ def agreement_pair(sample: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
     targets = torch.full_like(inputs, -100)
     targets[torch.arange(len(inputs)), sample["slot"]] = sample["target"]
     return inputs, targets
+
+
+def sentence_pair(sample: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """A sample → next-token ``(inputs, targets)``, each (B, n), over whole sentences.
+
+    Language modelling of the grammar: every next token is a target except padding, so the loss
+    is the grammar's own uncertainty (which noun, which adverb, …) plus what attention resolves
+    (the verb's agreement and stem, the clause verb, where the sentence ends).
+    """
+    tokens = sample["tokens"]
+    targets = tokens[:, 1:].masked_fill(tokens[:, 1:] == AgreementTask.PAD, -100)
+    return tokens[:, :-1], targets

@@ -7,10 +7,12 @@ For one model size and h_kv in {h, h/2, h/4, 1}:
 2. Decode throughput with the cache (tokens/s) at context lengths 256 … 4096, as ratios to MHA
    measured in the same run: every repeat times all variants back to back, and the median of the
    repeats is reported, so load from other processes hits every variant alike.
-3. Quality: an MHA model trained on repeated random sequences is converted to GQA by mean-pooling
+3. Quality: an MHA language model of the agreement grammar's sentences
+   (:class:`headlab.tasks.AgreementTask`) is converted to GQA by mean-pooling
    the K/V heads of each group (Ainslie et al. 2023, "GQA: Training Generalized Multi-Query
    Transformer Models from Multi-Head Checkpoints"), evaluated right after the conversion and after
-   continued training for 5% of the original steps, against GQA trained from scratch.
+   continued training for 5% of the original steps, against GQA trained from scratch; the loss is
+   next-token cross-entropy on held-out sentences.
 
 Shapes: the cache of one layer is (B, h_kv, s, d_k) for keys and the same for values.
 Papers: Shazeer 2019 (MQA); Ainslie et al. 2023 (GQA).
@@ -40,7 +42,7 @@ from headlab.experiments.design_common import (
 )
 from headlab.model import ModelConfig, Transformer
 from headlab.shapes import trace_shapes
-from headlab.tasks import RepeatTask
+from headlab.tasks import AgreementTask, sentence_pair
 from headlab.train import TrainConfig
 
 
@@ -56,11 +58,9 @@ class GqaConfig:
     decode_tokens: int = 16  # new tokens timed per measurement
     repeats: int = 5  # measurements per variant; the median is reported
     q_d_model: int = 64  # quality: model width (2-layer attention-only)
-    q_vocab: int = 32  # quality: vocabulary of the repeated random sequences
-    q_seq_len: int = 24  # quality: context length
-    q_steps: int = 1000  # quality: training steps of the MHA model and of each scratch model
+    q_steps: int = 800  # quality: training steps of the MHA model and of each scratch model
     q_lr: float = 3e-3  # quality: peak learning rate
-    q_batch: int = 32  # quality: sequences per step
+    q_batch: int = 64  # quality: sentences per step
     eval_batches: int = 8  # quality: fixed validation batches
 
 
@@ -176,21 +176,22 @@ def pool_kv_heads(model: Transformer, n_kv_heads: int) -> Transformer:
 
 
 def _quality_model(cfg: GqaConfig, n_kv_heads: int) -> Transformer:
+    task = AgreementTask()
     config = ModelConfig(
-        vocab_size=cfg.q_vocab, d_model=cfg.q_d_model, n_layers=2, n_heads=cfg.n_heads,
-        n_kv_heads=n_kv_heads, max_len=cfg.q_seq_len, attn_only=True,
+        vocab_size=task.vocab_size, d_model=cfg.q_d_model, n_layers=2, n_heads=cfg.n_heads,
+        n_kv_heads=n_kv_heads, max_len=task.seq_len, attn_only=True,
     )  # fmt: skip
     return Transformer(config)
 
 
 def quality_seed(cfg: GqaConfig, seed: int) -> dict[str, Any]:
     """One seed: validation loss of MHA, converted, uptrained and scratch models per h_kv."""
-    task = RepeatTask(cfg.q_vocab, cfg.q_seq_len, min_span=4, max_span=(cfg.q_seq_len + 1) // 2)
-    gen = torch.Generator().manual_seed(10_000 + seed)  # validation data, never trained on
-    val = [task.batch(cfg.q_batch, gen) for _ in range(cfg.eval_batches)]
+    task = AgreementTask()
+    gen = torch.Generator().manual_seed(10_000 + seed)  # held-out sentences, never trained on
+    val = [sentence_pair(task.sample(cfg.q_batch, gen, "test")) for _ in range(cfg.eval_batches)]
 
     def batches(g: torch.Generator) -> Any:
-        return task.batch(cfg.q_batch, g)
+        return sentence_pair(task.sample(cfg.q_batch, g, "train"))
 
     train_cfg = TrainConfig(steps=cfg.q_steps, lr=cfg.q_lr, seed=seed, eval_every=0,
                             warmup_steps=max(1, cfg.q_steps // 20))  # fmt: skip

@@ -37,7 +37,7 @@ from headlab.ablation import (
 )
 from headlab.experiments.design_common import fit, one_thread, pyplot, save_figure, write_results
 from headlab.model import ModelConfig, Transformer
-from headlab.tasks import AgreementTask
+from headlab.tasks import AgreementTask, sentence_pair
 from headlab.train import TrainConfig
 
 # English text for the default model's loss (written for headlab; never part of its training).
@@ -101,13 +101,6 @@ def trained_here(cfg: PruneConfig, seed: int) -> tuple[Transformer, list[Any], l
     ]
     ev = [sentence_pair(task.sample(cfg.batch, gen, "test")) for _ in range(cfg.eval_batches)]
     return model.eval(), imp, ev
-
-
-def sentence_pair(sample: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-    """Next-token ``(inputs, targets)`` (B, n) over whole sentences; padding is no target."""
-    tokens = sample["tokens"]
-    targets = tokens[:, 1:].masked_fill(tokens[:, 1:] == AgreementTask.PAD, -100)
-    return tokens[:, :-1], targets
 
 
 def grammar_probe(seed: int) -> Any:
