@@ -244,6 +244,7 @@ def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None 
         "threads": 1,
         **speed,
         "quality": quality,
+        "verdict": verdicts(speed, quality),
         "reference": {
             "paper": "Ainslie et al. 2023, GQA; Shazeer 2019, MQA",
             "t5_xxl": {"MHA": [1.51, 47.2], "GQA-8": [0.28, 47.1], "MQA": [0.24, 46.6]},
@@ -254,6 +255,30 @@ def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None 
     results["wall_seconds"] = time.perf_counter() - t0
     write_results(out, results)
     return results
+
+
+def verdicts(speed: dict[str, Any], quality: dict[str, Any]) -> list[str]:
+    """Sentences from the measurements: cache bytes, decode ratios at the longest context, loss."""
+    kv = speed["kv_cache"]
+    same = all(r["measured"] == r["calculator"] == r["formula"] for r in kv)
+    shrink = ", ".join(f"h_kv={r['n_kv_heads']}: ÷{r['shrink_vs_mha']:g}" for r in kv)
+    longest = max(r["context"] for r in speed["decode"])
+    ratios = ", ".join(
+        f"h_kv={r['n_kv_heads']}: ×{r['ratio_vs_mha']:.2f}"
+        for r in speed["decode"]
+        if r["context"] == longest
+    )
+    out = [
+        f"KV cache {'equals' if same else 'DIFFERS FROM'} the calculator's bytes; {shrink}",
+        f"decode tokens/s vs MHA at context {longest}: {ratios}",
+    ]
+    for r in quality["by_kv"]:
+        out.append(
+            f"h_kv={r['n_kv_heads']}: loss {r['converted']['mean']:.3f} right after pooling, "
+            f"{r['uptrained']['mean']:.3f} after 5% uptraining, {r['scratch']['mean']:.3f} from "
+            f"scratch (MHA {quality['mha']['mean']:.3f})"
+        )
+    return out
 
 
 def _figures(results: dict, out: Path | None) -> list[str | None]:

@@ -142,6 +142,7 @@ def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None 
         "uniform_loss": math.log(AgreementTask().vocab_size),
         "summary": summary,
         "best_h": best["h"],
+        "verdict": verdicts(summary),
         "runs": runs,
         "reference": {
             "paper": "Vaswani et al. 2017, Table 3 rows (A), d_model 512, newstest2013 dev",
@@ -153,6 +154,19 @@ def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None 
     results["wall_seconds"] = time.perf_counter() - t0
     write_results(out, results)
     return results
+
+
+def verdicts(summary: list[dict[str, Any]]) -> list[str]:
+    """Sentences from the measured means: h = 1, the best h, and the most heads (smallest d_k)."""
+    first, last = summary[0], summary[-1]
+    best = min(summary, key=lambda r: r["val_loss"]["mean"])
+    out = []
+    for label, r in (("one head", first), ("best", best), ("most heads", last)):
+        out.append(
+            f"{label}: h={r['h']} (d_k={r['d_k']}) held-out loss {r['val_loss']['mean']:.3f} "
+            f"± {r['val_loss']['std']:.3f}, verb accuracy {r['verb_accuracy']['mean']:.2f}"
+        )
+    return out
 
 
 def _figure(results: dict, out: Path | None) -> str | None:

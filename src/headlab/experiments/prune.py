@@ -228,6 +228,7 @@ def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None 
             "skipped in --quick" if quick else f"not pruned: {default_info.reason}"),
         "minilm": MINILM_NOTE,
         "summary": _summary(models),
+        "verdict": verdicts(_summary(models)),
         "models": models,
         "reference": {
             "voita_2019": "38 of 48 encoder heads pruned (79%) for 0.15 BLEU (WMT EN-RU)",
@@ -268,6 +269,22 @@ def _summary(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
             )
         rows.append(row)
     return rows
+
+
+def verdicts(summary: list[dict[str, Any]]) -> list[str]:
+    """One sentence per model from the measured means over seeds."""
+    out = []
+    for r in summary:
+        frac = {k: r[f"prunable_{k}"]["mean"] for k in
+                ("1%_importance", "1%_random_mean", "5%_importance", "5%_random_mean")}  # fmt: skip
+        out.append(
+            f"{r['model']} ({r['heads']} heads): heads prunable within 1% loss: "
+            f"{frac['1%_importance']:.0%} by importance, {frac['1%_random_mean']:.0%} at random; "
+            f"within 5%: {frac['5%_importance']:.0%} / {frac['5%_random_mean']:.0%}; half the "
+            f"heads removed: loss ×{r['half_pruned_rel_importance']['mean']:.2f} by importance, "
+            f"×{r['half_pruned_rel_random_mean']['mean']:.2f} at random"
+        )
+    return out
 
 
 def _figure(results: dict, out: Path | None) -> str | None:
