@@ -43,6 +43,11 @@ def run_server(host: str, port: int, open_browser: bool, console: Console) -> No
     from headlab.server.app import LOOPBACK_HOSTS, create_app
 
     check_port(host, port)
+    # Requests run side by side on a few cores: one intra-op thread each. With torch's default
+    # (a thread per core) a loaded 2-core machine answered /api/attention ~20x slower.
+    import torch
+
+    torch.set_num_threads(1)
     allowed: tuple[str, ...] = LOOPBACK_HOSTS
     if not is_loopback(host):
         console.print(
