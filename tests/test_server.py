@@ -445,3 +445,11 @@ def test_serve_warns_when_bound_beyond_loopback(monkeypatch: pytest.MonkeyPatch)
     # bound to loopback, the app refuses requests that name another host
     with TestClient(started["app"]) as c:
         assert c.get("/api/health", headers={"host": "example.org"}).status_code == 400
+
+
+def test_malformed_json_gets_a_readable_422(client: TestClient) -> None:
+    r = client.post(
+        "/api/shapes", content=b"{d_model: 512", headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 422
+    assert r.json()["detail"].startswith("body is not valid JSON")

@@ -106,6 +106,9 @@ async def _readable_422(request: Request, exc: RequestValidationError) -> JSONRe
     """422 with one sentence per problem ("body.d_model: ...") besides Pydantic's details."""
     lines = []
     for err in exc.errors():
+        if err.get("type") == "json_invalid":
+            lines.append("body is not valid JSON; send a JSON object of the fields in /docs")
+            continue
         where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
         lines.append(f"{where}: {err.get('msg', 'invalid')}")
     errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
