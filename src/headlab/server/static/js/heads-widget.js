@@ -75,12 +75,15 @@ export function initHeads(root, summaryEl) {
 
   kind.addEventListener("change", () => pickType(state, kind.value, select, status));
   which.addEventListener("change", () => { const [l, k] = which.value.split(".").map(Number); kind.value = kind.value === "averaged" ? "previous-token" : kind.value; select(l, k, false); });
+  let runs = 0;
   const submit = async () => {
+    const mine = ++runs;  // a newer run (another model, new text) wins over a slower older one
     status.textContent = "Running the model…";
     try {
       // an empty box runs the built-in sentence with a repeat, which the answer then shows
       const body = { model: model.value || "default", text: text.value.trim() ? text.value : undefined };
       const [attention, heads] = await Promise.all([api("/api/attention", body), api("/api/heads", body).catch((e) => ({ error: e.message }))]);
+      if (mine !== runs) return;
       state.attention = attention;
       if (!text.value.trim()) text.value = attention.text;
       state.heads = heads.error ? null : heads;
@@ -89,6 +92,7 @@ export function initHeads(root, summaryEl) {
       pickType(state, kind.value, select, status);
       summarise(summaryEl, state);
     } catch (err) {
+      if (mine !== runs) return;
       status.textContent = err.message;
       status.classList.add("error");
       return;
