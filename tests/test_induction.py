@@ -197,3 +197,39 @@ def test_quick_run_writes_results_and_figures(quick) -> None:
     assert set(on_disk["figures"]) == {"loss.png", "head_scores.png", "patterns.png"}
     for name in on_disk["figures"]:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_cli_train_recipe_ctrl_c_then_resume(tmp_path: Path) -> None:
+    """`headlab train induction --quick`: Ctrl-C saves and exits 130; --resume finishes the run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from headlab.model import Transformer
+    from headlab.train import latest_checkpoint
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "headlab.cli", "train", "induction", "--quick", "--out", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "src"))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while latest_checkpoint(out) is None and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr.decode()
+    assert b"--resume" in stderr and b"Traceback" not in stderr
+    stopped_at = int(latest_checkpoint(out).name[5:])
+    assert 0 < stopped_at < ind.QUICK.steps
+
+    runner = CliRunner()
+    again = runner.invoke(app, ["train", "induction", "--quick", "--out", str(out)])
+    assert again.exit_code == 2 and "--resume" in again.output  # never overwrites a run
+    done = runner.invoke(app, ["train", "induction", "--quick", "--resume", "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    assert latest_checkpoint(out).name == f"step-{ind.QUICK.steps:06d}"
+    model = Transformer.load(out / "model")
+    assert model.config.n_layers == 2 and model.config.positional == "rotary"
