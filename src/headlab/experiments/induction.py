@@ -11,7 +11,7 @@ What runs
     with the copy's length and offset drawn afresh per sequence, so no fixed repeat period exists.
     Positions are rotary (relative): with learned absolute positions, measured here, the model
     instead learned to guess where the copy sits from absolute position and formed no induction
-    head in 5,000 steps. Rotary positions leave only the induction circuit to find.
+    head in runs of up to 5,000 steps. Rotary positions leave only the induction circuit to find.
 
 Measured at every evaluation point (all on fixed held-out data)
     loss                held-out loss on the training distribution
@@ -74,12 +74,12 @@ class InductionConfig:
     max_span: int = 16  # longest repeated segment in training data
     d_model: int = 64  # width of both models
     n_heads: int = 4  # heads per layer
-    init_std: float = 0.125  # ≈ 1/√d_model; the 0.02 of GPT-2 made the plateau much longer
+    init_std: float = 0.125  # ≈ 1/√d_model (0.02, tied, decaying rate: none in 1,500 steps)
     steps: int = 2000  # AdamW steps for each model
     batch_size: int = 32
     lr: float = 3e-3
     warmup_steps: int = 100
-    min_lr_ratio: float = 1.0  # no decay: a falling rate, measured, stalled the phase change
+    min_lr_ratio: float = 1.0  # no decay: decayed over 1,000 steps, the circuit was left unfinished
     eval_every: int = 25  # steps between evaluation points
     eval_batch: int = 64  # probe sequences (repeated segments of n/4 … n/2 tokens)
     icl_batch: int = 256  # held-out training-distribution sequences for loss and ICL score
