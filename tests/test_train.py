@@ -234,6 +234,19 @@ def test_metrics_file_and_log_reporter(tmp_path: Path) -> None:
     assert "step 5/12" in text and "steps/s" in text and "eta" in text and "step 12/12" in text
 
 
+def test_reporters_pick_bar_or_lines_and_draw_the_bar() -> None:
+    from rich.console import Console
+
+    from headlab.train import RichReporter, make_reporter
+
+    assert isinstance(make_reporter(io.StringIO()), LogReporter)  # not a terminal: log lines
+    sink = io.StringIO()
+    bar = RichReporter(Console(file=sink, force_terminal=True, width=100))
+    train(make_model(0), _config(steps=10), batches, reporter=bar)
+    text = sink.getvalue()
+    assert "10/10" in text and "steps/s" in text and "loss" in text
+
+
 def test_nan_loss_is_reported_with_a_fix() -> None:
     model = make_model(0)
     with torch.no_grad():

@@ -239,6 +239,7 @@ def experiment_command(
     if ship and quick:
         raise fail("--ship stores a full run for the web page; run it without --quick")
     out_dir = Path(out) if out is not None else Path("runs") / name
+    err_console.print(f"running {name}{' (quick)' if quick else ''}, {seeds} seed(s) from {seed}")
     try:
         results = EXPERIMENTS[name](quick=quick, seeds=seeds, seed=seed, out=out_dir)
     except KeyboardInterrupt:

@@ -413,6 +413,7 @@ def _summary(r: dict[str, Any]) -> dict[str, Any]:
         "found": r["phase_change"]["found"],
         "window": r["phase_change"]["window"],
         "feeder_heads": [f["head"] for f in r["feeder_heads"]],
+        "feeder_prev_token_scores": [f["prev_token_score"] for f in r["feeder_heads"]],
     }
 
 
