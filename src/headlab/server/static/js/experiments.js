@@ -39,8 +39,7 @@ function oneVsMany(name, r) {
   const legend = ["heads", "one", "wide"].every((k) => kinds.has(k))
     ? h("p", { class: "note" }, "heads: h heads of width d_model/h; one: a single head of width d_model (same parameters); wide: a single head wider than d_model (more parameters). The verb must agree in number with its subject; an attractor is a noun of the other number in between.")
     : null;
-  const verdicts = Array.isArray(r.verdict) ? r.verdict : typeof r.verdict === "string" ? [r.verdict] : [];
-  const out = [legend, verdicts.length ? h("ul", { id: "one-vs-many-verdict" }, verdicts.map((v) => h("li", {}, v))) : null, table("one-vs-many-table", ["model", "layers", "parameters", "accuracy, no attractor", "accuracy, attractor between"],
+  const out = [legend, verdictList(r, "one-vs-many-verdict"), table("one-vs-many-table", ["model", "layers", "parameters", "accuracy, no attractor", "accuracy, attractor between"],
     rows.map((row) => [row.model, String(row.depth), fmtInt(row.params), pm(row.plain), pm(row.attractor)]))];
   const items = rows.flatMap((row) => [
     { label: `${row.model} ${row.depth}L, plain`, value: mean(row.plain), colour: "#0072B2" },
@@ -68,9 +67,10 @@ function oneVsMany(name, r) {
 
 function headCount(name, r) {
   const rows = r.summary || [];
+  const verdict = verdictList(r, "head-count-verdict");
   const keys = ["val_loss", "copy_loss", "fresh_loss"].filter((k) => rows.some((row) => isNum(mean(row[k]))));
   const series = keys.map((k) => ({ name: pretty(k), points: rows.map((row) => [row.h, mean(row[k])]) }));
-  const out = [];
+  const out = [verdict];
   if (series.length) out.push(chart(`${name}-loss`, series, { title: "Validation loss against the number of heads (fixed d_model)", xLabel: "heads h", yLabel: "loss", logX: true }, rows));
   out.push(table("head-count-table", ["h", "d_k", ...keys.map(pretty)], rows.map((row) => [String(row.h), String(row.d_k), ...keys.map((k) => pm(row[k]))])));
   if (isNum(r.best_h)) out.push(h("p", {}, `Lowest validation loss at h = ${r.best_h}.`));
@@ -81,9 +81,22 @@ function headCount(name, r) {
   return out;
 }
 
+function verdictList(r, id) {
+  const verdicts = Array.isArray(r.verdict) ? r.verdict : typeof r.verdict === "string" ? [r.verdict] : [];
+  return verdicts.length ? h("ul", { id }, verdicts.map((v) => h("li", {}, v))) : null;
+}
+
 function prune(name, r) {
-  const out = [];
-  if (r.default_model) out.push(h("p", { class: "note" }, `Shipped model: ${r.default_model}.`));
+  const out = [verdictList(r, "prune-verdict")];
+  const pct = (v) => (v && isNum(v.mean) ? `${(100 * v.mean).toFixed(0)}%${v.values?.length > 1 ? ` ± ${(100 * v.std).toFixed(0)}` : ""}` : "—");
+  const summary = Array.isArray(r.summary) ? r.summary : [];
+  if (summary.length) {
+    out.push(h("p", { class: "note" }, "Each cell: in order of importance / in random order (mean over seeds)."), table("prune-summary", ["model", "heads", "prunable, loss +1%", "prunable, loss +5%", "loss × at half pruned"],
+      summary.map((row) => [row.model, String(row.heads ?? "—"),
+        `${pct(row["prunable_1%_importance"])} / ${pct(row["prunable_1%_random_mean"])}`,
+        `${pct(row["prunable_5%_importance"])} / ${pct(row["prunable_5%_random_mean"])}`,
+        `${pm(row.half_pruned_rel_importance, 2)} / ${pm(row.half_pruned_rel_random_mean, 2)}`])));
+  }
   const seen = new Set();
   for (const m of r.models || []) {
     if (seen.has(m.model)) continue;
@@ -92,20 +105,18 @@ function prune(name, r) {
     const curve = m.importance_curve?.losses || [];
     const series = [{ name: "least important first", points: curve.map((v, k) => [k, v]) }];
     if (Array.isArray(m.random_mean_losses)) series.push({ name: "random order (mean)", points: m.random_mean_losses.map((v, k) => [k, v]), dashed: true });
-    out.push(chart(`${name}-${m.model}`, series, { title: `${m.model}: loss as heads are masked (${total} heads)`, xLabel: "heads pruned", yLabel: "loss" }, m));
-    const pf = m.prunable_fraction || {};
-    out.push(table(`prune-${m.model}-table`, ["loss allowed to rise by", "heads prunable, importance order", "random order"],
-      Object.entries(pf).map(([tol, v]) => [tol, `${(100 * v.importance).toFixed(0)}%`, `${(100 * v.random_mean).toFixed(0)}%`])));
+    out.push(chart(`${name}-${m.model}`, series, { title: `${m.model}, seed ${m.seed ?? 0}: loss as heads are masked (${total} heads)`, xLabel: "heads pruned", yLabel: "loss" }, m));
     if (Array.isArray(m.survivors) && m.survivors.length) {
       out.push(h("p", {}, "Pruned last (most important): ", m.survivors.map((sv) => `${sv.head} (${sv.label})`).join(", "), "."));
     }
   }
+  for (const key of ["default_model", "minilm"]) if (typeof r[key] === "string") out.push(h("p", { class: "note" }, `${key === "minilm" ? "MiniLM" : "Shipped model"}: ${r[key]}`));
   if (r.reference) out.push(h("p", { class: "note" }, `Published: ${Object.values(r.reference).join("; ")}.`));
   return out;
 }
 
 function gqa(name, r) {
-  const out = [];
+  const out = [verdictList(r, "gqa-verdict")];
   if (Array.isArray(r.kv_cache)) {
     out.push(table("gqa-kv-table", ["h_kv", "positions s", "cache held (measured)", "calculator", "smaller than MHA"],
       r.kv_cache.map((row) => [String(row.n_kv_heads), fmtInt(row.s), fmtBytes(row.measured), fmtBytes(row.calculator), `${Number(row.shrink_vs_mha).toFixed(1)}×`])));

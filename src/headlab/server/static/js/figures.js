@@ -112,7 +112,7 @@ export function colourLegend() {
   return h("div", { class: "legend" }, "weight 0", svg, "1");
 }
 
-function niceTicks(lo, hi, count = 5) {
+function niceTicks(lo, hi, count = 6) {
   if (!(hi > lo)) return [lo];
   const raw = (hi - lo) / count;
   const mag = 10 ** Math.floor(Math.log10(raw));
