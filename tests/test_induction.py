@@ -143,8 +143,10 @@ def test_quick_run_shows_the_phase_change(quick: tuple[dict, Path]) -> None:
     evals = [r for r in results["history"] if r["kind"] == "eval"]
     before = [r for r in evals if r["step"] <= lo]
     after = [r for r in evals if r["step"] >= hi]
-    # before the window the copies are barely easier than the originals; after, far easier
-    assert before[-1]["first_copy_loss"] - before[-1]["repeated_loss"] < 1.5
+    # before the window the copies are a little easier than the originals; after, far easier
+    gain_before = before[-1]["first_copy_loss"] - before[-1]["repeated_loss"]
+    gain_after = after[-1]["first_copy_loss"] - after[-1]["repeated_loss"]
+    assert gain_before < 0.5 * gain_after
     assert after[-1]["repeated_loss"] < 0.5 * after[-1]["first_copy_loss"]
     assert results["final"]["icl_score"] < -0.5  # late tokens predicted better than early ones
 
@@ -165,10 +167,11 @@ def test_quick_run_ablation_removes_the_gain_only_for_the_feeders(quick) -> None
     results, _ = quick
     clean, unrepeated = results["clean_repeated_loss"], results["unrepeated_loss"]
     feeders = results["ablate_feeders_repeated_loss"]
-    # most of the way back to the unrepeated level (0.93 of it in the full run), others not
+    # most of the way back to the unrepeated level (81-93% in full runs); the other layer-0
+    # heads together much less (7-35% across seeds)
     assert feeders >= clean + 0.6 * (unrepeated - clean)
-    assert results["ablate_others_effect"] <= 0.3
-    assert results["ablate_feeders_effect"] >= 3 * results["ablate_others_effect"]
+    assert results["ablate_others_effect"] <= 0.5
+    assert results["ablate_feeders_effect"] >= 2 * results["ablate_others_effect"]
     assert set(results["ablation"]) == {f"{l}.{h}" for l in range(2) for h in range(4)}
 
 
