@@ -194,6 +194,7 @@ def train_command(
     seed: int = typer.Option(0, "--seed", help="Seed for the weights and the data."),
 ) -> None:
     """Train a model from a recipe, with checkpoints; Ctrl-C saves one, --resume continues."""
+    from headlab.tasks import CorpusUnavailable
     from headlab.train import RECIPES, CheckpointError, RecipeArgs, get_recipe, make_reporter
 
     if recipe not in RECIPES:
@@ -201,7 +202,7 @@ def train_command(
     run_dir = Path(out) if out is not None else Path("runs") / recipe
     try:
         result = get_recipe(recipe)(RecipeArgs(run_dir, quick, seed, resume, make_reporter()))
-    except (CheckpointError, FloatingPointError) as e:
+    except (CheckpointError, FloatingPointError, CorpusUnavailable) as e:
         raise fail(str(e)) from None
     if result.interrupted:
         err_console.print(

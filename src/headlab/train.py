@@ -765,6 +765,7 @@ class RecipeArgs:
 # only when used, so `headlab --help` stays fast and the rooms below need not import the ones above.
 RECIPES: dict[str, str] = {
     "induction": "headlab.experiments.induction:train_recipe",
+    "default": "headlab.default_model:train_recipe",
 }
 
 

