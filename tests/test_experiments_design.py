@@ -244,3 +244,19 @@ def test_minilm_ranking_loss_matches_sentence_transformers() -> None:
     # removing heads changes the loss (the mask reaches the encoder)
     assert emptied > got
     assert len(imp[0]) + len(ev[0]) == len(prune.PARAPHRASES)
+
+
+def test_text_batches_cut_overlapping_next_token_windows() -> None:
+    class CharTokenizer:
+        def encode(self, text: str) -> list[int]:
+            return [ord(c) for c in text]
+
+    text = "abcdefghijklmnopqrstuvwxyz"
+    batches = prune.text_batches(CharTokenizer(), text, seq_len=8, batch=2)
+    inputs = torch.cat([b[0] for b in batches])
+    targets = torch.cat([b[1] for b in batches])
+    assert inputs.shape[1] == 8 and inputs.shape[0] == targets.shape[0]
+    assert torch.equal(inputs[:, 1:], targets[:, :-1])  # targets are the inputs shifted by one
+    assert "".join(map(chr, inputs[1].tolist())) == "efghijkl"  # windows start every seq_len/2
+    with pytest.raises(ValueError, match="shorter"):
+        prune.text_batches(CharTokenizer(), "abc", seq_len=8, batch=2)
