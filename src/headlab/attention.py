@@ -54,9 +54,11 @@ def attention(
     h_kv, s = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(d_k) if scale is None else scale
     g = h // h_kv
-    q = q.reshape(B, h_kv, g, n, d_k)  # (B, h_kv, g, n, d_k)
+    # the g query heads that share a key/value head are stacked as g·n query rows, so each
+    # key/value head is multiplied once and never copied
+    q = q.reshape(B, h_kv, g * n, d_k)  # (B, h_kv, g·n, d_k)
     # 1) scores: every query against every key of its key/value head
-    scores = q @ k.unsqueeze(2).transpose(-2, -1) * scale  # (B, h_kv, g, n, s)
+    scores = q @ k.transpose(-2, -1) * scale  # (B, h_kv, g·n, s)
     # fp16/bf16 scores are softmaxed in float32; float64 stays float64
     scores = scores.reshape(B, h, n, s)  # (B, h, n, s)
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
@@ -69,7 +71,7 @@ def attention(
         weights = weights.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
     weights = weights.to(v.dtype)
     # 3) weighted average of the values
-    out = weights.reshape(B, h_kv, g, n, s) @ v.unsqueeze(2)  # (B, h_kv, g, n, d_v)
+    out = weights.reshape(B, h_kv, g * n, s) @ v  # (B, h_kv, g·n, d_v)
     return out.reshape(B, h, n, v.shape[-1]), weights  # (B, h, n, d_v), (B, h, n, s)
 
 
