@@ -453,3 +453,15 @@ def test_malformed_json_gets_a_readable_422(client: TestClient) -> None:
     )
     assert r.status_code == 422
     assert r.json()["detail"].startswith("body is not valid JSON")
+
+
+def test_every_code_link_on_the_page_resolves(client: TestClient) -> None:
+    import re
+
+    page = client.get("/").text
+    names = re.findall(r'data-code="([^"]+)"', page)
+    assert len(names) >= 6
+    for name in names:
+        r = client.get(f"/api/code/{name}")
+        assert r.status_code == 200, (name, r.text)
+        assert r.json()["source"].lstrip().startswith(("def ", "class ", "@")), name
