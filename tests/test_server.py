@@ -427,6 +427,7 @@ def test_experiment_files_are_found_by_their_command_name(
 
 
 def test_serve_warns_when_bound_beyond_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
     import uvicorn
     from typer.testing import CliRunner
 
@@ -436,10 +437,12 @@ def test_serve_warns_when_bound_beyond_loopback(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(
         uvicorn, "run", lambda application, **kw: started.update(kw, app=application)
     )
+    # serve runs torch on one thread; record that instead of changing this test process
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: started.update(threads=n))
     result = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0", "--port", "0"])
     assert result.exit_code == 0, result.output
     assert "warning" in result.output and "0.0.0.0" in result.output
-    assert started["host"] == "0.0.0.0"
+    assert started["host"] == "0.0.0.0" and started["threads"] == 1
     quiet = CliRunner().invoke(app, ["serve", "--host", "127.0.0.1", "--port", "0"])
     assert quiet.exit_code == 0 and "warning" not in quiet.output
     # bound to loopback, the app refuses requests that name another host
