@@ -236,11 +236,12 @@ def test_quick_training_run_end_to_end(corpus_archive, tmp_path):
     model = Transformer.load(out)
     tokenizer = zoo.Tokenizer.from_dir(out)
     card = json.loads((out / "card.json").read_text())
-    assert card["files"]["model.safetensors"]["sha256"] == hashlib.sha256(
-        (out / "model.safetensors").read_bytes()
-    ).hexdigest()
-    history = card["training"]["eval_history"]
-    assert history[-1]["val_loss"] < history[0]["val_loss"]  # it learned something
+    assert (
+        card["files"]["model.safetensors"]["sha256"]
+        == hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
+    )
+    first, last = card["training"][0]["eval_history"][0], card["training"][-1]["eval_history"][-1]
+    assert last["val_loss"] < first["val_loss"]  # it learned something
     ids = tokenizer.encode("Good night, sweet prince")
     assert ids[0] == 0
     logits = model(torch.tensor([ids]))

@@ -50,13 +50,17 @@ class DefaultRecipe:
     positional: str = "rotary"  # relative positions: no absolute-position shortcut to copying
     init_std: float = 0.088  # ≈ 1/√d_model; GPT-2's 0.02 lengthens the plateau before induction
     tie_embeddings: bool = False  # separate unembedding
-    steps: int = 2500  # optimizer steps
+    attn_only: bool = False  # no MLPs (the attention-only models of Elhage et al. 2021)
+    copy_steps: int = 800  # phase 1: steps on synthetic copying only (see train_recipe)
+    copy_seq_len: int = 32  # phase 1 context
+    steps: int = 2000  # phase 2: steps on the text mixture
     batch_size: int = 32  # sequences per step
     lr: float = 3e-3  # peak learning rate (AdamW, warm-up then cosine decay)
     warmup_steps: int = 100  # linear warm-up
+    min_lr_ratio: float = 0.1  # the cosine decay ends at lr · min_lr_ratio (1.0: constant)
     p_random: float = 0.5  # share of sequences of repeated random tokens
     p_span: float = 0.2  # share of text sequences with a copied passage
-    pool_size: int = 32  # a small fixed pool of ids some random runs draw from ...
+    pool_size: int = 64  # a small fixed pool of ids phase 1 and some random runs use ...
     p_pool: float = 0.5  # ... with this probability; the rest draw from every ordinary id
     works: int = 0  # train on the first k works only (0: all); the quick run uses a few
     eval_every: int = 250  # evaluation period, in steps
@@ -73,14 +77,23 @@ class DefaultRecipe:
             causal=True,
             init_std=self.init_std,
             tie_embeddings=self.tie_embeddings,
+            attn_only=self.attn_only,
+        )
+
+    def copy_config(self) -> TrainConfig:
+        """Phase 1: warm-up, then a constant learning rate (as the induction experiment uses)."""
+        return replace(
+            self.train_config(), steps=self.copy_steps, min_lr_ratio=1.0, checkpoint_every=400
         )
 
     def train_config(self) -> TrainConfig:
+        """Phase 2: no second warm-up; cosine decay to lr · min_lr_ratio."""
         return TrainConfig(
             steps=self.steps,
             batch_size=self.batch_size,
             lr=self.lr,
-            warmup_steps=self.warmup_steps,
+            warmup_steps=self.warmup_steps if not self.copy_steps else 0,
+            min_lr_ratio=self.min_lr_ratio,
             seed=self.seed,
             eval_every=self.eval_every,
             log_every=50,
@@ -91,7 +104,9 @@ class DefaultRecipe:
 RECIPE = DefaultRecipe()
 # end to end in about a minute: a few works, a narrower model, a few dozen steps (a longer
 # context, so the built-in sentence fits a tokenizer trained on little text)
-QUICK = replace(RECIPE, seq_len=96, d_model=64, steps=30, batch_size=8, works=3, eval_every=15)
+QUICK = replace(
+    RECIPE, seq_len=96, d_model=64, copy_steps=20, steps=30, batch_size=8, works=3, eval_every=15
+)
 
 
 # --- 1) and 2): corpus and tokenizer -------------------------------------------------------------
@@ -298,25 +313,59 @@ def _word_ids(tokenizer: Any) -> Tensor:
     return ordinary_token_ids(Tokenizer(tokenizer), tokenizer.get_vocab_size())
 
 
+def copy_batches(prepared: Prepared) -> Any:
+    """Phase 1 data: headlab.tasks.RepeatTask (a random segment copied at a random offset) over
+    the small pool of ids, after the start token: ``batches(generator) -> (inputs, targets)``."""
+    from headlab.tasks import RepeatTask, next_token_pair
+
+    r, pool = prepared.recipe, prepared.task.pool_ids
+    n = r.copy_seq_len - 1  # RepeatTask draws n + 1 tokens; the start token makes n + 2
+    task = RepeatTask(pool.numel(), n, 4, (n + 1) // 2)
+
+    def batches(generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        tokens, _, _ = task.sample(r.batch_size, generator)  # (B, n + 1) in [0, pool)
+        bos = torch.zeros(r.batch_size, 1, dtype=torch.long)
+        return next_token_pair(torch.cat([bos, pool[tokens]], dim=1))  # (B, n + 1) each
+
+    return batches
+
+
 def train_recipe(args: RecipeArgs) -> TrainResult:
     """``headlab train default``: train the shipped model into ``args.out`` and export it to
-    ``args.out / "model"`` (config.json, model.safetensors, tokenizer.json, README.md)."""
+    ``args.out / "model"`` (config.json, model.safetensors, tokenizer.json, README.md).
+
+    Two phases, each a :func:`headlab.train.train` run with its own checkpoints, so ``--resume``
+    continues either: 1) ``copy_steps`` on synthetic copying over a pool of ids, where an
+    induction circuit forms within a few hundred steps (measured in the induction experiment);
+    2) ``steps`` on the text mixture, whose repeated passages and random runs keep it in use.
+    """
+    from headlab.train import latest_checkpoint
+
     recipe = replace(QUICK if args.quick else RECIPE, seed=args.seed)
     prepared = prepare(recipe)
     torch.manual_seed(recipe.seed)  # the initial weights
     model = Transformer(recipe.model_config())
-    result = train(
-        model,
-        recipe.train_config(),
-        lambda g: prepared.task.batch(recipe.batch_size, g),
-        evaluate=lambda m, step: measure(m, prepared.evals),  # type: ignore[arg-type]
-        out_dir=args.out,
-        resume=args.resume,
-        reporter=args.reporter,
-    )
-    if not result.interrupted:
-        export(model, prepared, result, Path(args.out) / "model")
-    return result
+    phases = [
+        ("1-copying", recipe.copy_config(), copy_batches(prepared)),
+        ("2-text", recipe.train_config(), lambda g: prepared.task.batch(recipe.batch_size, g)),
+    ]
+    results = []
+    for name, config, batches in phases[0 if recipe.copy_steps else 1 :]:
+        out = Path(args.out) / name
+        result = train(
+            model,
+            config,
+            batches,
+            evaluate=lambda m, step: measure(m, prepared.evals),  # type: ignore[arg-type]
+            out_dir=out,
+            resume=args.resume and latest_checkpoint(out) is not None,
+            reporter=args.reporter,
+        )
+        results.append(result)
+        if result.interrupted:
+            return result
+    export(model, prepared, results, Path(args.out) / "model")
+    return results[-1]
 
 
 # --- 4): export and model card -------------------------------------------------------------------
@@ -326,7 +375,9 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def export(model: Transformer, prepared: Prepared, result: TrainResult, directory: Path) -> Path:
+def export(
+    model: Transformer, prepared: Prepared, results: list[TrainResult], directory: Path
+) -> Path:
     """Write the model, tokenizer, ``card.json`` (every figure) and ``README.md`` (the card)."""
     directory.mkdir(parents=True, exist_ok=True)
     model.eval()
@@ -339,15 +390,7 @@ def export(model: Transformer, prepared: Prepared, result: TrainResult, director
         "config": model.config.to_dict(),
         "parameters": model.num_params(),
         "corpus": prepared.corpus,
-        "training": {
-            "steps": result.step,
-            "train_seconds": round(result.elapsed, 1),
-            "tokens_seen": result.step * prepared.recipe.batch_size * prepared.recipe.seq_len,
-            "eval_history": [
-                {k: r[k] for k in ("step", "val_loss", "max_previous_token", "max_induction")}
-                for r in result.records("eval")
-            ],
-        },
+        "training": [_phase_summary(r) for r in results],
         "figures": {k: v for k, v in figures.items() if not isinstance(v, list)},
         "per_head": {k: figures[k] for k in ("previous_token", "induction", "prefix_matching")},
         "files": {
@@ -360,6 +403,15 @@ def export(model: Transformer, prepared: Prepared, result: TrainResult, director
     (directory / "card.json").write_text(json.dumps(card, indent=1) + "\n")
     (directory / "README.md").write_text(model_card(card, tables))
     return directory
+
+
+def _phase_summary(result: TrainResult) -> dict[str, Any]:
+    keys = ("step", "val_loss", "max_previous_token", "max_induction", "max_prefix_matching")
+    return {
+        "steps": result.step,
+        "train_seconds": round(result.elapsed, 1),
+        "eval_history": [{k: r[k] for k in keys} for r in result.records("eval")],
+    }
 
 
 def head_tables(directory: Path) -> tuple[dict[str, str], dict[str, list]]:
@@ -403,7 +455,8 @@ def load_seconds(directory: Path, repeats: int = 5) -> float:
 
 def model_card(card: dict[str, Any], tables: dict[str, str]) -> str:
     """The model card (markdown) from ``card.json``'s figures and the head tables."""
-    c, t, r, data = card["config"], card["training"], card["recipe"], card["corpus"]
+    c, r, data = card["config"], card["recipe"], card["corpus"]
+    seconds = sum(phase["train_seconds"] for phase in card["training"])
     held_out = data["validation_work"].replace("_", " ").title()
     files = "\n".join(
         f"| `{name}` | {v['bytes']:,} | `{v['sha256']}` |" for name, v in card["files"].items()
@@ -445,10 +498,13 @@ works only. Any text encodes. The context is {c["max_len"]} tokens, the start to
 
 ## Training
 
-{t["steps"]:,} AdamW steps of {r["batch_size"]} sequences × {r["seq_len"]} tokens
-({t["tokens_seen"]:,} tokens), peak learning rate {r["lr"]}, {r["warmup_steps"]} warm-up steps,
-then cosine decay: {t["train_seconds"] / 60:.1f} minutes of training on a 2-core CPU that other
-jobs shared at the time.
+Two phases of AdamW, each with its own checkpoints. 1) {r["copy_steps"]:,} steps of
+{r["batch_size"]} × {r["copy_seq_len"]} tokens of synthetic copying only (`headlab.tasks.RepeatTask`
+over the pool of {r["pool_size"]} ids: a random segment copied at a random offset), learning rate
+{r["lr"]} after {r["warmup_steps"]} warm-up steps; 2) {r["steps"]:,} steps of {r["batch_size"]} ×
+{r["seq_len"]} tokens of the text mixture, cosine decay from {r["lr"]} to
+{r["lr"] * r["min_lr_ratio"]:.1e}. Training took {seconds / 60:.1f} minutes on a 2-core CPU that
+other jobs shared at the time.
 
 ## Measured on the held-out play (`card.json` has every figure)
 
