@@ -90,11 +90,20 @@ def labels(report) -> dict[str, list]:
     return out
 
 
+# The shipped model falls short here (see its model card): its copying circuit attends to the
+# earlier copy shifted by a few positions, fed by layer-0 heads at fixed offsets -3/-4, so no head
+# reaches the previous-token or induction thresholds. strict: a model that meets them must drop
+# the mark.
+SHORTFALL = pytest.mark.xfail(strict=True, reason="shipped model: shifted copying circuit")
+
+
+@SHORTFALL
 def test_a_previous_token_head_on_the_sentence(reports):
     heads = labels(reports["repeat"]).get("previous-token", [])
     assert heads and max(s.scores["previous"] for s in heads) >= 0.7
 
 
+@SHORTFALL
 def test_an_induction_head_on_repeated_random_tokens(shipped, reports):
     model, tokenizer, _ = shipped
     heads = labels(reports["random-repeat"]).get("induction", [])
@@ -119,9 +128,16 @@ def test_an_induction_head_on_repeated_random_tokens(shipped, reports):
     assert best >= 0.5
 
 
-def test_a_positional_or_first_token_head_and_a_content_head(reports):
+def test_a_positional_and_a_first_token_head(reports):
     found = set(labels(reports["repeat"])) | set(labels(reports["random-repeat"]))
-    assert found & {"positional", "first-token"}
+    assert {"positional", "first-token"} <= found
+    for s in labels(reports["repeat"])["positional"]:  # Voita et al.: >= 90% of queries
+        assert s.scores["positional"] >= 0.9
+
+
+@SHORTFALL
+def test_a_content_head(reports):
+    found = set(labels(reports["repeat"])) | set(labels(reports["random-repeat"]))
     assert "content" in found
 
 
@@ -129,7 +145,7 @@ def test_the_card_shows_the_labels_the_classifier_gives_now(shipped, reports):
     _, _, card = shipped
     for probe, report in reports.items():
         now = [(s.layer, s.head, s.label) for s in report.heads]
-        assert [tuple(h) for h in card["heads"][probe]] == now
+        assert [tuple(h[:3]) for h in card["heads"][probe]] == now
 
 
 def test_second_copy_of_a_repeat_is_predicted_far_better(shipped):

@@ -6,9 +6,10 @@
        one play for validation;
     2) train a byte-level BPE tokenizer on the training plays (``tokenizers``), with a start token
        that ``encode`` puts in front of every text;
-    3) train a :class:`headlab.model.Transformer` on text windows mixed with repeated passages and
-       repeated random tokens (:class:`headlab.tasks.CorpusTask`), so that an induction circuit
-       forms within minutes on a laptop CPU (Olsson et al. 2022);
+    3) train a :class:`headlab.model.Transformer` first on synthetic copying (a pool of ids,
+       then every id), then on text windows mixed with repeated passages and repeated random
+       tokens (:class:`headlab.tasks.CorpusTask`), so that in-context copying forms within
+       minutes on a laptop CPU (Olsson et al. 2022);
     4) export ``config.json``, ``model.safetensors`` and ``tokenizer.json`` into ``OUT/model`` and
        write the model card (``README.md``) from figures measured on the exported files.
 
@@ -45,15 +46,18 @@ class DefaultRecipe:
     vocab_size: int = 1024  # V: byte-level BPE tokens, the start token included
     seq_len: int = 64  # n, tokens per training sequence (the start token included)
     d_model: int = 128  # residual width
-    n_layers: int = 3  # blocks
+    n_layers: int = 2  # blocks
     n_heads: int = 4  # heads per layer (d_k = 32)
     positional: str = "rotary"  # relative positions: no absolute-position shortcut to copying
     init_std: float = 0.088  # ≈ 1/√d_model; GPT-2's 0.02 lengthens the plateau before induction
     tie_embeddings: bool = False  # separate unembedding
-    attn_only: bool = False  # no MLPs (the attention-only models of Elhage et al. 2021)
-    copy_steps: int = 800  # phase 1: steps on synthetic copying only (see train_recipe)
-    copy_seq_len: int = 32  # phase 1 context
-    steps: int = 2000  # phase 2: steps on the text mixture
+    attn_only: bool = True  # no MLPs (the attention-only models of Elhage et al. 2021)
+    copy_steps: int = 1200  # phase 1: steps on synthetic copying only (see train_recipe)
+    copy_all_steps: int = 1500  # phase 2: steps on the same copying task over every id
+    copy_seq_len: int = 32  # phase 1 and 2 context
+    copy_bos: bool = True  # copying sequences start with the start token
+    copy_min_span: int = 4  # shortest copied segment in the copying phases
+    steps: int = 3000  # phase 3: steps on the text mixture
     batch_size: int = 32  # sequences per step
     lr: float = 3e-3  # peak learning rate (AdamW, warm-up then cosine decay)
     warmup_steps: int = 100  # linear warm-up
@@ -313,17 +317,19 @@ def _word_ids(tokenizer: Any) -> Tensor:
     return ordinary_token_ids(Tokenizer(tokenizer), tokenizer.get_vocab_size())
 
 
-def copy_batches(prepared: Prepared) -> Any:
-    """Phase 1 data: headlab.tasks.RepeatTask (a random segment copied at a random offset) over
-    the small pool of ids, after the start token: ``batches(generator) -> (inputs, targets)``."""
+def copy_batches(prepared: Prepared, pool: Tensor) -> Any:
+    """Copying data: headlab.tasks.RepeatTask (a random segment copied at a random offset) over
+    the ids in ``pool``, after the start token: ``batches(generator) -> (inputs, targets)``."""
     from headlab.tasks import RepeatTask, next_token_pair
 
-    r, pool = prepared.recipe, prepared.task.pool_ids
+    r = prepared.recipe
     n = r.copy_seq_len - 1  # RepeatTask draws n + 1 tokens; the start token makes n + 2
-    task = RepeatTask(pool.numel(), n, 4, (n + 1) // 2)
+    task = RepeatTask(pool.numel(), n, r.copy_min_span, (n + 1) // 2)
 
     def batches(generator: torch.Generator) -> tuple[Tensor, Tensor]:
         tokens, _, _ = task.sample(r.batch_size, generator)  # (B, n + 1) in [0, pool)
+        if not r.copy_bos:
+            return next_token_pair(pool[tokens])  # (B, n) each
         bos = torch.zeros(r.batch_size, 1, dtype=torch.long)
         return next_token_pair(torch.cat([bos, pool[tokens]], dim=1))  # (B, n + 1) each
 
@@ -334,10 +340,11 @@ def train_recipe(args: RecipeArgs) -> TrainResult:
     """``headlab train default``: train the shipped model into ``args.out`` and export it to
     ``args.out / "model"`` (config.json, model.safetensors, tokenizer.json, README.md).
 
-    Two phases, each a :func:`headlab.train.train` run with its own checkpoints, so ``--resume``
-    continues either: 1) ``copy_steps`` on synthetic copying over a pool of ids, where an
-    induction circuit forms within a few hundred steps (measured in the induction experiment);
-    2) ``steps`` on the text mixture, whose repeated passages and random runs keep it in use.
+    Three phases, each a :func:`headlab.train.train` run with its own checkpoints, so
+    ``--resume`` continues any of them: 1) ``copy_steps`` of synthetic copying over a small pool
+    of ids, where copying forms within a few hundred steps; 2) ``copy_all_steps`` of the same
+    over every id, to which it carries over; 3) ``steps`` on the text mixture, whose repeated
+    passages and random runs keep it in use.
     """
     from headlab.train import latest_checkpoint
 
@@ -345,12 +352,16 @@ def train_recipe(args: RecipeArgs) -> TrainResult:
     prepared = prepare(recipe)
     torch.manual_seed(recipe.seed)  # the initial weights
     model = Transformer(recipe.model_config())
+    assert prepared.task.pool_ids is not None
+    copy_all = replace(recipe.copy_config(), steps=max(1, recipe.copy_all_steps), warmup_steps=0)
     phases = [
-        ("1-copying", recipe.copy_config(), copy_batches(prepared)),
-        ("2-text", recipe.train_config(), lambda g: prepared.task.batch(recipe.batch_size, g)),
+        ("1-copying", recipe.copy_config(), copy_batches(prepared, prepared.task.pool_ids)),
+        ("2-copying-all", copy_all, copy_batches(prepared, prepared.task.random_ids)),
+        ("3-text", recipe.train_config(), lambda g: prepared.task.batch(recipe.batch_size, g)),
     ]
+    skip = {"1-copying": not recipe.copy_steps, "2-copying-all": not recipe.copy_all_steps}
     results = []
-    for name, config, batches in phases[0 if recipe.copy_steps else 1 :]:
+    for name, config, batches in [p for p in phases if not skip.get(p[0], False)]:
         out = Path(args.out) / name
         result = train(
             model,
@@ -436,8 +447,20 @@ def head_tables(directory: Path) -> tuple[dict[str, str], dict[str, list]]:
         console = Console(record=True, width=120, file=io.StringIO())
         console.print(heads_table(report, f"default: {name} probe, {len(report.tokens)} tokens"))
         tables[name] = console.export_text()
-        labels[name] = [[s.layer, s.head, s.label] for s in report.heads]
+        labels[name] = [[s.layer, s.head, s.label, s.offset] for s in report.heads]
     return tables, labels
+
+
+def heads_summary(card: dict[str, Any]) -> str:
+    """What the classifier found, in a sentence per probe, computed from the card's labels."""
+    lines = []
+    for probe, heads in card["heads"].items():
+        found: dict[str, list[str]] = {}
+        for layer, head, label, offset in heads:
+            found.setdefault(label, []).append(f"{layer}.{head} (δ {offset:+d})")
+        parts = [f"{label}: {', '.join(hs)}" for label, hs in sorted(found.items())]
+        lines.append(f"- {probe} probe — " + "; ".join(parts))
+    return "\n".join(lines)
 
 
 def load_seconds(directory: Path, repeats: int = 5) -> float:
@@ -498,19 +521,27 @@ works only. Any text encodes. The context is {c["max_len"]} tokens, the start to
 
 ## Training
 
-Two phases of AdamW, each with its own checkpoints. 1) {r["copy_steps"]:,} steps of
-{r["batch_size"]} × {r["copy_seq_len"]} tokens of synthetic copying only (`headlab.tasks.RepeatTask`
-over the pool of {r["pool_size"]} ids: a random segment copied at a random offset), learning rate
-{r["lr"]} after {r["warmup_steps"]} warm-up steps; 2) {r["steps"]:,} steps of {r["batch_size"]} ×
-{r["seq_len"]} tokens of the text mixture, cosine decay from {r["lr"]} to
-{r["lr"] * r["min_lr_ratio"]:.1e}. Training took {seconds / 60:.1f} minutes on a 2-core CPU that
-other jobs shared at the time.
+Three phases of AdamW, each with its own checkpoints (`--resume` continues any of them):
+1) {r["copy_steps"]:,} steps of synthetic copying only (`headlab.tasks.RepeatTask`: a random
+segment of {r["copy_min_span"]} or more tokens copied at a random offset), {r["batch_size"]} ×
+{r["copy_seq_len"]} tokens, over the pool of {r["pool_size"]} ids, learning rate {r["lr"]} after
+{r["warmup_steps"]} warm-up steps; 2) {r["copy_all_steps"]:,} steps of the same task over every
+id; 3) {r["steps"]:,} steps of {r["batch_size"]} × {r["seq_len"]} tokens of the text mixture, cosine
+decay from {r["lr"]} to {r["lr"] * r["min_lr_ratio"]:.1e}. Copying forms within a few hundred
+steps over a few ids, then carries over to every id, where learning it from scratch is much
+slower (measured while building this recipe). Training took {seconds / 60:.1f} minutes on a
+2-core CPU that other jobs shared at the time.
 
 ## Measured on the held-out play (`card.json` has every figure)
 
 {_figures_table(card["figures"])}
 
 ## Heads: `headlab heads --model default`
+
+Labels by headlab's classifier (`headlab.heads`), with each head's positional offset δ (where
+its strongest attention falls most often, relative to the query):
+
+{heads_summary(card)}
 
 ```
 {tables["repeat"].rstrip()}
