@@ -56,7 +56,8 @@ class DefaultRecipe:
     copy_all_steps: int = 1500  # phase 2: steps on the same copying task over every id
     copy_seq_len: int = 32  # phase 1 and 2 context
     copy_bos: bool = True  # copying sequences start with the start token
-    copy_min_span: int = 4  # shortest copied segment in the copying phases
+    copy_min_span: int = 4  # shortest copied segment in phase 1
+    copy_all_min_span: int = 4  # shortest copied segment in phase 2
     steps: int = 3000  # phase 3: steps on the text mixture
     batch_size: int = 32  # sequences per step
     lr: float = 3e-3  # peak learning rate (AdamW, warm-up then cosine decay)
@@ -317,14 +318,14 @@ def _word_ids(tokenizer: Any) -> Tensor:
     return ordinary_token_ids(Tokenizer(tokenizer), tokenizer.get_vocab_size())
 
 
-def copy_batches(prepared: Prepared, pool: Tensor) -> Any:
+def copy_batches(prepared: Prepared, pool: Tensor, min_span: int) -> Any:
     """Copying data: headlab.tasks.RepeatTask (a random segment copied at a random offset) over
     the ids in ``pool``, after the start token: ``batches(generator) -> (inputs, targets)``."""
     from headlab.tasks import RepeatTask, next_token_pair
 
     r = prepared.recipe
     n = r.copy_seq_len - 1  # RepeatTask draws n + 1 tokens; the start token makes n + 2
-    task = RepeatTask(pool.numel(), n, r.copy_min_span, (n + 1) // 2)
+    task = RepeatTask(pool.numel(), n, min_span, (n + 1) // 2)
 
     def batches(generator: torch.Generator) -> tuple[Tensor, Tensor]:
         tokens, _, _ = task.sample(r.batch_size, generator)  # (B, n + 1) in [0, pool)
@@ -355,8 +356,16 @@ def train_recipe(args: RecipeArgs) -> TrainResult:
     assert prepared.task.pool_ids is not None
     copy_all = replace(recipe.copy_config(), steps=max(1, recipe.copy_all_steps), warmup_steps=0)
     phases = [
-        ("1-copying", recipe.copy_config(), copy_batches(prepared, prepared.task.pool_ids)),
-        ("2-copying-all", copy_all, copy_batches(prepared, prepared.task.random_ids)),
+        (
+            "1-copying",
+            recipe.copy_config(),
+            copy_batches(prepared, prepared.task.pool_ids, recipe.copy_min_span),
+        ),
+        (
+            "2-copying-all",
+            copy_all,
+            copy_batches(prepared, prepared.task.random_ids, recipe.copy_all_min_span),
+        ),
         ("3-text", recipe.train_config(), lambda g: prepared.task.batch(recipe.batch_size, g)),
     ]
     skip = {"1-copying": not recipe.copy_steps, "2-copying-all": not recipe.copy_all_steps}
@@ -526,7 +535,7 @@ Three phases of AdamW, each with its own checkpoints (`--resume` continues any o
 segment of {r["copy_min_span"]} or more tokens copied at a random offset), {r["batch_size"]} ×
 {r["copy_seq_len"]} tokens, over the pool of {r["pool_size"]} ids, learning rate {r["lr"]} after
 {r["warmup_steps"]} warm-up steps; 2) {r["copy_all_steps"]:,} steps of the same task over every
-id; 3) {r["steps"]:,} steps of {r["batch_size"]} × {r["seq_len"]} tokens of the text mixture, cosine
+id, segments of {r.get("copy_all_min_span", r["copy_min_span"])} or more tokens; 3) {r["steps"]:,} steps of {r["batch_size"]} × {r["seq_len"]} tokens of the text mixture, cosine
 decay from {r["lr"]} to {r["lr"] * r["min_lr_ratio"]:.1e}. Copying forms within a few hundred
 steps over a few ids, then carries over to every id, where learning it from scratch is much
 slower (measured while building this recipe). Training took {seconds / 60:.1f} minutes on a
