@@ -489,6 +489,7 @@ def model_card(card: dict[str, Any], tables: dict[str, str]) -> str:
     """The model card (markdown) from ``card.json``'s figures and the head tables."""
     c, r, data = card["config"], card["recipe"], card["corpus"]
     seconds = sum(phase["train_seconds"] for phase in card["training"])
+    all_span = r.get("copy_all_min_span", r["copy_min_span"])
     held_out = data["validation_work"].replace("_", " ").title()
     files = "\n".join(
         f"| `{name}` | {v['bytes']:,} | `{v['sha256']}` |" for name, v in card["files"].items()
@@ -535,10 +536,11 @@ Three phases of AdamW, each with its own checkpoints (`--resume` continues any o
 segment of {r["copy_min_span"]} or more tokens copied at a random offset), {r["batch_size"]} ×
 {r["copy_seq_len"]} tokens, over the pool of {r["pool_size"]} ids, learning rate {r["lr"]} after
 {r["warmup_steps"]} warm-up steps; 2) {r["copy_all_steps"]:,} steps of the same task over every
-id, segments of {r.get("copy_all_min_span", r["copy_min_span"])} or more tokens; 3) {r["steps"]:,} steps of {r["batch_size"]} × {r["seq_len"]} tokens of the text mixture, cosine
-decay from {r["lr"]} to {r["lr"] * r["min_lr_ratio"]:.1e}. Copying forms within a few hundred
-steps over a few ids, then carries over to every id, where learning it from scratch is much
-slower (measured while building this recipe). Training took {seconds / 60:.1f} minutes on a
+id, segments of {all_span} or more tokens; 3) {r["steps"]:,} steps of {r["batch_size"]} ×
+{r["seq_len"]} tokens of the text mixture, cosine decay from {r["lr"]} to
+{r["lr"] * r["min_lr_ratio"]:.1e}. Copying forms within a few hundred steps over a few ids,
+then carries over to every id, where learning it from scratch is much slower (measured while
+building this recipe). Training took {seconds / 60:.1f} minutes on a
 2-core CPU that other jobs shared at the time.
 
 ## Measured on the held-out play (`card.json` has every figure)
