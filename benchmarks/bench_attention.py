@@ -115,7 +115,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, medians of {args.rounds}")
     header = (
         f"{'(B, n, d, h)':<20}{'mode':<11}{'fused ms':>9}{'/torch':>8}{'/plain':>8}"
