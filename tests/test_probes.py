@@ -60,8 +60,13 @@ def test_text_probe_errors():
 
 def test_random_repeat_probe_without_tokenizer_fits_max_len():
     probe = random_repeat_probe(None, vocab_size=50, max_len=20, length=25, batch=2)
-    assert probe.tokens.shape == (2, 20)
-    assert torch.equal(probe.tokens[:, :10], probe.tokens[:, 10:])
+    assert probe.tokens.shape == (2, 20)  # 4 repeats of 5 tokens, as many as fit
+    for r in range(1, 4):
+        assert torch.equal(probe.tokens[:, :5], probe.tokens[:, 5 * r : 5 * r + 5])
+    three = random_repeat_probe(None, vocab_size=50, max_len=7, batch=1)  # 3 copies of 2 fit
+    assert three.tokens.shape == (1, 6) and torch.equal(three.tokens[:, :2], three.tokens[:, 4:])
+    two = random_repeat_probe(None, vocab_size=50, max_len=5, batch=1)  # only 2 copies of 2
+    assert two.tokens.shape == (1, 4) and torch.equal(two.tokens[:, :2], two.tokens[:, 2:])
 
 
 def test_make_probe_accepts_one_sequence():
@@ -86,8 +91,8 @@ def test_random_repeat_probe_prepends_a_bos_when_the_tokenizer_adds_none():
     backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     backend.add_special_tokens(["<|endoftext|>"])
     probe = random_repeat_probe(Tokenizer(backend), 103, max_len=64, length=5, batch=2)
-    assert probe.tokens.shape == (2, 11)
+    assert probe.tokens.shape == (2, 21)  # the start token, then 4 copies of 5
     assert (probe.tokens[:, 0] == 0).all() and probe.labels[0] == "<|endoftext|>"
-    assert torch.equal(probe.tokens[:, 1:6], probe.tokens[:, 6:])
+    assert torch.equal(probe.tokens[:, 1:6], probe.tokens[:, 16:])
     assert all(label.startswith("w") for label in probe.labels[1:])
     assert not probe.movable[0, 0] and probe.movable[0, 1:].all()

@@ -186,10 +186,20 @@ def random_repeat_probe(
     length: int = 25,
     batch: int = 4,
     seed: int = 0,
+    repeats: int = 4,
 ) -> Probe:
-    """Repeated random tokens framed like the model's text (Olsson et al. 2022's evaluator)."""
+    """Repeated random tokens framed like the model's text (Olsson et al. 2022's evaluator).
+
+    Olsson et al. repeat 25 random tokens 4 times; a shorter context keeps the 4 repeats and
+    shortens the segment (down to 2 tokens, then fewer repeats). The repeats matter for the
+    "mul" induction score: only queries after the first copy have a target, so with 2 copies
+    even a perfect induction head scores under 0.5, with 4 copies about 0.75.
+    """
     prefix, suffix = _frame(tokenizer) if tokenizer is not None else ([], [])
-    length = min(length, (max_len - len(prefix) - len(suffix)) // 2)
+    room = max_len - len(prefix) - len(suffix)
+    while repeats > 2 and room // repeats < 2:
+        repeats -= 1
+    length = min(length, room // repeats)
     if length < 2:
         raise ValueError(f"max_len {max_len} is too short for a repeated-random-tokens probe")
     candidates = (
@@ -197,5 +207,5 @@ def random_repeat_probe(
         if tokenizer is not None
         else torch.arange(vocab_size)
     )
-    tokens = repeated_random_tokens(candidates, length, 2, batch, seed, prefix, suffix)
+    tokens = repeated_random_tokens(candidates, length, repeats, batch, seed, prefix, suffix)
     return make_probe("random-repeat", tokens, tokenizer)
