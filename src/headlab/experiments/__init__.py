@@ -18,6 +18,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +127,21 @@ def save_figure(fig: Any, out: Path | None, name: str) -> str | None:
         return name
     finally:
         plt.close(fig)
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Run torch on one CPU thread, then restore the previous count.
+
+    On a shared machine whose load exceeds its cores, two-thread kernels measured here ran many
+    times slower than one-thread ones (threads wait on each other); one thread keeps timings
+    comparable between variants and runs.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -7,32 +7,14 @@ kept. Writing results and figures is :mod:`headlab.experiments`' own (re-exporte
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import nn
 
-from headlab.experiments import pyplot, save_figure, write_results
+from headlab.experiments import one_thread, pyplot, save_figure, write_results
 from headlab.train import BatchFn, LossFn, TrainConfig, TrainResult, train
 from headlab.train import next_token_loss as train_next_token_loss
-
-
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """Run torch on one CPU thread, then restore the previous count.
-
-    On a shared machine whose load exceeds its cores, two-thread kernels measured here ran many
-    times slower than one-thread ones (threads wait on each other); one thread keeps timings
-    comparable between variants and runs.
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def spread(values: list[float]) -> dict[str, Any]:

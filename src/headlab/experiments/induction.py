@@ -46,8 +46,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -56,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from headlab.experiments import pyplot, save_figure, write_results
+from headlab.experiments import one_thread, pyplot, save_figure, write_results
 from headlab.heads import induction_pattern, induction_score, previous_token_score
 from headlab.model import ModelConfig, Transformer
 from headlab.tasks import RepeatTask
@@ -90,17 +88,6 @@ FEEDER_EFFECT = 0.3  # a layer-0 head whose ablation removes this share of the g
 QUICK = InductionConfig(
     seq_len=24, min_span=3, max_span=12, steps=1200, eval_every=20, eval_batch=48, icl_batch=128
 )
-
-
-@contextmanager
-def _one_thread() -> Iterator[None]:
-    """Tiny models run faster on one thread than on cores shared with other work; restore after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def make_model(cfg: InductionConfig, n_layers: int, seed: int) -> Transformer:
@@ -385,7 +372,7 @@ def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None 
         raise ValueError(f"seeds must be at least 1, got {seeds}")
     cfg = QUICK if quick else DEFAULT
     t0 = time.perf_counter()
-    with _one_thread():
+    with one_thread():
         runs = [run_seed(cfg, s) for s in range(seed, seed + seeds)]
     first = runs[0]
     results = {
@@ -498,7 +485,7 @@ def train_recipe(args: RecipeArgs) -> TrainResult:
     """Train the experiment's 2-layer model in ``args.out`` and save it to ``args.out/model``."""
     cfg = replace(QUICK if args.quick else DEFAULT)
     probe = make_probe(cfg, args.seed)
-    with _one_thread():
+    with one_thread():
         model, result = train_model(
             cfg, 2, args.seed, probe, args.reporter, Path(args.out), args.resume
         )
