@@ -292,3 +292,66 @@ def test_without_positions_attention_is_permutation_equivariant_and_content_is_e
     expected = 1 - torch.minimum(A, S).sum(-1).mean(dim=(0, 2))
     got = [report.head(0, h).scores["content"] for h in range(4)]
     assert got == pytest.approx(expected.tolist(), abs=1e-5)
+
+
+def test_causal_content_compares_the_keys_seen_in_both_orders_exactly():
+    """With no position information a causal head scores (query token, key token) alone, so on
+    the keys a query sees in both orders its renormalised rows agree exactly: content is
+    Σ w_i (1 − overlap(A_i, S_i)) / Σ w_i, w_i the smaller share of the two rows on those keys.
+    The oracle below walks the queries one by one in NumPy."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=30, d_model=32, n_layers=1, n_heads=4, positional="none",
+                      causal=True, max_len=16)  # fmt: skip
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5)
+    tokens = torch.cat([torch.zeros(1, dtype=torch.long), torch.randperm(29)[:13] + 1])[None]
+    probe = make_probe("text", tokens, None)
+    probe.movable[0, 0] = False  # the start token stays, as probes keep special tokens
+    report = score_heads(model, probe, seed=3)
+    order = shuffle_positions(tokens, probe.movable, seed=3)
+    trace = Trace(only=("weights",))
+    with torch.no_grad():
+        model(torch.cat([tokens, tokens.gather(1, order)]), trace=trace)
+    A, S = trace["blocks.0.attn.weights"][0].numpy(), trace["blocks.0.attn.weights"][1].numpy()
+    new = {int(old): p for p, old in enumerate(order[0])}  # old position → new position
+    n = tokens.shape[1]
+    for h in range(4):
+        num = den = 0.0
+        for i in range(n):
+            both = [j for j in range(i + 1) if new[j] <= new[i]]
+            w = min(A[h, i, both].sum(), S[h, new[i], [new[j] for j in both]].sum())
+            num += w * (1 - np.minimum(A[h, i], S[h, i]).sum())
+            den += w
+        assert report.head(0, h).scores["content"] == pytest.approx(num / den, abs=1e-5)
+
+
+def test_causal_content_separates_token_heads_from_position_heads():
+    """Hand-built causal patterns on a start token and a segment copied four times: a perfect
+    duplicate-token head follows tokens; previous-token, start-token and uniform heads do not."""
+    g = torch.Generator().manual_seed(0)
+    segment = torch.stack([torch.randperm(100, generator=g)[:15] + 1 for _ in range(4)])
+    tokens = torch.cat([torch.zeros(4, 1, dtype=torch.long)] + [segment] * 4, dim=1)  # (4, 61)
+    movable = torch.ones_like(tokens, dtype=torch.bool)
+    movable[:, 0] = False
+    order = shuffle_positions(tokens, movable, seed=0)
+
+    def duplicate(toks):  # every earlier copy of the query's token, else the start token
+        rows = []
+        for b in range(toks.shape[0]):
+            for i in range(toks.shape[1]):
+                rows.append([j for j in range(1, i) if toks[b, j] == toks[b, i]] or [0])
+        return torch.stack([torch.zeros(toks.shape[1]).index_fill(0, torch.tensor(r), 1 / len(r))
+                            for r in rows]).reshape(*toks.shape, -1)[:, None]  # fmt: skip
+
+    n = tokens.shape[1]
+    previous = perfect_previous(n).expand(4, 1, n, n)
+    sink = torch.zeros(4, 1, n, n)
+    sink[..., 0] = 1
+    uniform = torch.tril(torch.ones(n, n)) / torch.arange(1, n + 1)[:, None]
+    uniform = uniform.expand(4, 1, n, n)
+    shuffled = tokens.gather(1, order)
+    assert content_score(duplicate(tokens), duplicate(shuffled), order).item() > 0.6
+    for fixed in (previous, sink, uniform):
+        assert content_score(fixed, fixed, order).item() == pytest.approx(0.0, abs=1e-6)

@@ -22,7 +22,8 @@ Other scores:
     content      mean_i max(0, overlap(A_i, back_i) − overlap(A_i, S_i)) where S is the pattern
                  on the tokens shuffled in position, back is S mapped to the original positions
                  and overlap(p, q) = Σ_j min(p_j, q_j): the pattern follows the tokens, not the
-                 positions (headlab's definition)                   threshold 0.3
+                 positions (headlab's definition; causal heads compare over the keys a query
+                 sees in both orders, see content_score)            threshold 0.3
     diffuse      mean_i H(A_i) / log k_i, k_i the keys query i may see   threshold 0.9
 Label: the type passing its threshold by the widest margin, else "mixed"; positional with
 δ = ∓1 is called previous-/next-token.
@@ -193,7 +194,9 @@ def diffuse_score(weights: Tensor) -> Tensor:
     return norm.mean(dim=(0, 2)).float() if rows.any() else torch.zeros(h)
 
 
-def content_score(weights: Tensor, shuffled: Tensor, order: Tensor) -> Tensor:
+def content_score(
+    weights: Tensor, shuffled: Tensor, order: Tensor, causal: bool | None = None
+) -> Tensor:
     """How much a head's pattern follows the tokens, not the positions, when they are shuffled.
 
     weights (B, h, n, n) on the original tokens; shuffled (B, h, n, n) on the same tokens
@@ -201,11 +204,20 @@ def content_score(weights: Tensor, shuffled: Tensor, order: Tensor) -> Tensor:
     shuffled pattern back to the old positions (back[i, j] = shuffled[σ⁻¹(i), σ⁻¹(j)]) and
     compare each query's row with overlap(p, q) = Σ_j min(p_j, q_j) ∈ [0, 1]:
 
-        content = max(0, overlap(A, back) − overlap(A, shuffled))
+        content = mean_i max(0, overlap(A_i, back_i) − overlap(A_i, S_i))
 
     A head that attends by token identity keeps its pattern in token space (high first term,
     low second); a positional head keeps it in position space (the reverse). A uniform or
     fixed-sink head is unchanged either way and scores 0. Returns (h,).
+
+    Causal heads (``causal``; detected from an all-zero upper triangle when None): the shuffle
+    also changes which keys a query may see, so the token-space overlap is taken over the keys
+    it sees in both orders, K_i, each row renormalised there, and query i weighs
+    w_i = min(A_i(K_i), back_i(K_i)), the share of both rows that falls on K_i:
+
+        content = Σ_i w_i · max(0, overlap(Â_i, b̂ack_i) − overlap(A_i, S_i)) / Σ_i w_i
+
+    Without a mask K_i holds every key, w_i = 1, and the two formulas agree.
     """
     A, _ = _as_batched(weights)
     S, _ = _as_batched(shuffled)
@@ -214,9 +226,22 @@ def content_score(weights: Tensor, shuffled: Tensor, order: Tensor) -> Tensor:
     idx = inverse[:, None, :].expand(B, h, n)
     back = S.gather(2, idx[..., None].expand(B, h, n, n))  # rows to old query order
     back = back.gather(3, idx[:, :, None, :].expand(B, h, n, n))  # columns to old key order
-    by_token = torch.minimum(A, back).sum(-1)  # (B, h, n)
     by_position = torch.minimum(A, S).sum(-1)  # (B, h, n)
-    return (by_token - by_position).clamp_min(0).mean(dim=(0, 2)).float()
+    if causal is None:
+        causal = bool((torch.triu(A, diagonal=1) == 0).all() and (torch.triu(S, 1) == 0).all())
+    if not causal:
+        by_token = torch.minimum(A, back).sum(-1)  # (B, h, n)
+        return (by_token - by_position).clamp_min(0).mean(dim=(0, 2)).float()
+    pos = torch.arange(n, device=A.device)
+    seen = (pos[:, None] >= pos[None, :]) & (inverse[:, :, None] >= inverse[:, None, :])
+    seen = seen[:, None].to(A.dtype)  # (B, 1, n, n): K_i, the keys seen in both orders
+    a, b = A * seen, back * seen
+    mass_a, mass_b = a.sum(-1, keepdim=True), b.sum(-1, keepdim=True)  # (B, h, n, 1)
+    by_token = torch.minimum(a / mass_a.clamp_min(1e-12), b / mass_b.clamp_min(1e-12)).sum(-1)
+    w = torch.minimum(mass_a, mass_b)[..., 0]  # (B, h, n)
+    gap = (by_token - by_position).clamp_min(0)
+    per_seq = (w * gap).sum(-1) / w.sum(-1).clamp_min(1e-12)  # (B, h)
+    return per_seq.mean(dim=0).float()
 
 
 def averaged_pattern(weights: Tensor) -> Tensor:
