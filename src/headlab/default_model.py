@@ -47,7 +47,7 @@ class DefaultRecipe:
     seq_len: int = 64  # n, tokens per training sequence (the start token included)
     d_model: int = 128  # residual width
     n_layers: int = 2  # blocks
-    n_heads: int = 4  # heads per layer (d_k = 32)
+    n_heads: int = 8  # heads per layer (d_k = 16)
     positional: str = "rotary"  # relative positions: no absolute-position shortcut to copying
     init_std: float = 0.088  # ≈ 1/√d_model; GPT-2's 0.02 lengthens the plateau before induction
     tie_embeddings: bool = False  # separate unembedding
