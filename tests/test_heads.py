@@ -273,15 +273,21 @@ def test_score_heads_scores_the_models_own_weights():
         assert s.label == label_head(s.scores, s.offset)
 
 
-def test_without_positions_attention_is_permutation_equivariant_and_content_is_exact():
-    """With no position information a bidirectional model's heads can only follow tokens:
-    the shuffled pattern mapped back equals the original, so content = 1 − overlap(A, S)."""
+def positionless_model(causal: bool) -> Transformer:
+    """One layer of 4 heads with no position information and large random weights."""
     cfg = ModelConfig(vocab_size=30, d_model=32, n_layers=1, n_heads=4, positional="none",
-                      causal=False, max_len=16)  # fmt: skip
+                      causal=causal, max_len=16)  # fmt: skip
     model = Transformer(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.5)
+    return model
+
+
+def test_without_positions_attention_is_permutation_equivariant_and_content_is_exact():
+    """With no position information a bidirectional model's heads can only follow tokens:
+    the shuffled pattern mapped back equals the original, so content = 1 − overlap(A, S)."""
+    model = positionless_model(causal=False)
     tokens = torch.randperm(30)[:12][None]
     probe = make_probe("text", tokens, None)
     report = score_heads(model, probe, seed=5)
@@ -300,12 +306,7 @@ def test_causal_content_compares_the_keys_seen_in_both_orders_exactly():
     Σ w_i (1 − overlap(A_i, S_i)) / Σ w_i, w_i the smaller share of the two rows on those keys.
     The oracle below walks the queries one by one in NumPy."""
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=30, d_model=32, n_layers=1, n_heads=4, positional="none",
-                      causal=True, max_len=16)  # fmt: skip
-    model = Transformer(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.5)
+    model = positionless_model(causal=True)
     tokens = torch.cat([torch.zeros(1, dtype=torch.long), torch.randperm(29)[:13] + 1])[None]
     probe = make_probe("text", tokens, None)
     probe.movable[0, 0] = False  # the start token stays, as probes keep special tokens
