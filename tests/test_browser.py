@@ -159,6 +159,32 @@ def test_each_head_type_draws_a_pattern(page) -> None:
     assert page.errors == []
 
 
+def test_repeated_random_tokens_show_labelled_induction_heads(page) -> None:
+    """The probe selector runs Olsson et al.'s repeated random tokens; on the shipped model the
+    best induction head then passes the label threshold and the grid shows induction labels."""
+    from headlab import probes, zoo
+
+    require(_model_name() == "default", "the default model is not built")
+    model, tokenizer = zoo.load("default")
+    n = model.config.max_len
+    random_n = len(probes.random_repeat_probe(tokenizer, model.config.vocab_size, n).labels)
+    sentence_n = len(probes.sentence_probe(tokenizer, n).labels)
+    page.select_option("#heads-probe", "random-repeat")
+    expect(page.locator("#heads-text")).to_be_disabled()
+    first_column = page.locator("#heads-view figure").first.locator('svg rect[data-i="0"]')
+    expect(first_column).to_have_count(random_n, timeout=30_000)  # one cell per token
+    page.select_option("#heads-type", "induction")
+    status = page.locator("#heads-status")
+    expect(status).to_contain_text("Best induction head")
+    assert "below the threshold" not in status.inner_text()
+    assert page.locator("#heads-grid button", has_text="induction").count() >= 1
+    expect(page.locator("#label-counts")).to_contain_text("induction")
+    page.select_option("#heads-probe", "text")  # back to the text, which is still there
+    expect(page.locator("#heads-text")).to_be_enabled()
+    expect(first_column).to_have_count(sentence_n, timeout=30_000)
+    assert page.errors == []
+
+
 def test_heatmap_reads_out_exact_weights_from_the_keyboard(page) -> None:
     heatmap = page.locator("#heads-view figure svg").first
     heatmap.focus()

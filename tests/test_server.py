@@ -365,6 +365,49 @@ def test_heads_scores_follow_the_published_definition(tiny) -> None:
     assert set(heads["best"]) == {"previous-token", "positional", "induction", "content"}
 
 
+def test_random_repeat_probe_shows_the_default_models_induction_heads(client: TestClient) -> None:
+    """probe=random-repeat runs headlab.probes' repeated random tokens; the weights are the
+    model's own on the probe's first sequence (run here directly), and on it the shipped model's
+    best induction head passes the label threshold, as `headlab heads --probe random-repeat`."""
+    import numpy as np
+    import torch
+
+    from headlab import probes, zoo
+    from headlab.trace import Trace
+
+    body = {"model": "default", "probe": "random-repeat"}
+    attention = client.post("/api/attention", json=body).json()
+    heads = client.post("/api/heads", json=body).json()
+    model, tokenizer = zoo.load("default")
+    probe = probes.random_repeat_probe(tokenizer, model.config.vocab_size, model.config.max_len)
+    assert attention["ids"] == probe.tokens[0].tolist()
+    assert attention["tokens"] == heads["tokens"] == probe.labels
+    trace = Trace(only=("weights",))
+    with torch.no_grad():
+        model(probe.tokens[:1], trace=trace)
+    for layer in range(model.config.n_layers):
+        want = trace[f"blocks.{layer}.attn.weights"][0].numpy()
+        np.testing.assert_allclose(np.array(attention["weights"][layer]), want, atol=1e-4)
+    best = heads["best"]["induction"]
+    assert best["passes_threshold"] and best["score"] >= 0.4
+    labels = {(r["layer"], r["head"]): r["label"] for r in heads["heads"]}
+    assert labels[best["layer"], best["head"]] == "induction"
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"probe": "random-repeat", "text": "hi"}, "leave text out"),
+        ({"probe": "sentence"}, "probe"),
+    ],
+)
+def test_bad_probe_requests_get_a_readable_422(client: TestClient, body: dict, needle: str) -> None:
+    for endpoint in ("/api/attention", "/api/heads"):
+        r = client.post(endpoint, json=body)
+        assert r.status_code == 422, (endpoint, r.text)
+        assert needle in str(r.json()["detail"])
+
+
 def test_models_lists_the_zoo(client: TestClient) -> None:
     from headlab import zoo
 

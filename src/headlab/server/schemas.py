@@ -57,6 +57,11 @@ class TextRequest(Strict):
         max_length=MAX_TEXT_CHARS,
         description="text to run; omitted = the built-in sentence with a repeat",
     )
+    probe: Literal["text", "random-repeat"] = Field(
+        "text",
+        description="'text': the text above; 'random-repeat': seeded random tokens repeated 4 "
+        "times (Olsson et al. 2022's probe, headlab.probes.random_repeat_probe), with no text",
+    )
 
 
 class AttentionResponse(BaseModel):

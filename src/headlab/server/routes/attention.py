@@ -33,21 +33,30 @@ def token_limit(model: Any) -> int:
     return int(min(max_len, MAX_TOKENS))
 
 
-def encode(request: Request, req: TextRequest) -> tuple[Any, Any, str, list[int]]:
-    """(model, tokenizer, text, ids), refusing text that is longer than the limit (422)."""
+def encode(request: Request, req: TextRequest) -> tuple[Any, Any, str, list[int], Any]:
+    """(model, tokenizer, text, ids, probe): the request's text and its ids (probe None: the
+    caller builds one if it needs it), or the repeated-random-tokens probe (a
+    :class:`headlab.probes.Probe`) and its first sequence; refuses text over the limit (422)."""
+    from headlab import probes
+
     model, tokenizer = request.app.state.models.get(req.model)
+    limit = token_limit(model)
+    if req.probe == "random-repeat":
+        if req.text is not None:
+            raise HTTPException(422, "leave text out with probe 'random-repeat' (or use 'text')")
+        probe = probes.random_repeat_probe(tokenizer, model.config.vocab_size, limit)
+        return model, tokenizer, " ".join(probe.labels), probe.tokens[0].tolist(), probe
     text = req.text if req.text is not None else default_text()
     if not text.strip():
         raise HTTPException(422, "text is empty; type a sentence (a repeat shows induction heads)")
     ids = list(tokenizer.encode(text))
-    limit = token_limit(model)
     if len(ids) > limit:
         raise HTTPException(
             422, f"text is {len(ids)} tokens; model {req.model!r} accepts at most {limit} here"
         )
     if not ids:
         raise HTTPException(422, "text has no tokens for this model's tokenizer")
-    return model, tokenizer, text, ids
+    return model, tokenizer, text, ids, None
 
 
 def run_weights(model: Any, ids: list[int]) -> torch.Tensor:
@@ -62,7 +71,7 @@ def run_weights(model: Any, ids: list[int]) -> torch.Tensor:
 @router.post("/attention", response_model=AttentionResponse)
 def attention(req: TextRequest, request: Request) -> Response:
     """Tokens and per-layer, per-head attention weights of ``model`` on ``text``."""
-    model, tokenizer, text, ids = encode(request, req)
+    model, tokenizer, text, ids, _probe = encode(request, req)
     weights = run_weights(model, ids)  # (L, h, n, n)
     return json_response(
         {
@@ -111,9 +120,10 @@ def heads_endpoint(req: TextRequest, request: Request) -> HeadsResponse:
     the text as a probe), and the best head of each type the page offers."""
     from headlab import heads, probes
 
-    model, tokenizer, text, _ids = encode(request, req)
-    probe = probes.text_probe(tokenizer, text, token_limit(model))
-    report = heads.score_heads(model, probe)
+    model, tokenizer, text, _ids, probe = encode(request, req)
+    if probe is None:
+        probe = probes.text_probe(tokenizer, text, token_limit(model))
+    report = heads.score_heads(model, probe)  # every sequence of the probe
     rows = [s.to_dict() for s in report.heads]
     return HeadsResponse(
         model=req.model,

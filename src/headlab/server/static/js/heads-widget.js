@@ -21,10 +21,14 @@ export function initHeads(root, summaryEl) {
   const model = h("select", { id: "heads-model", name: "model" });
   const kind = h("select", { id: "heads-type", name: "type" }, HEAD_TYPES.map(([v, t]) => h("option", { value: v }, t)));
   const which = h("select", { id: "heads-which", name: "head" });
+  const input = h("select", { id: "heads-probe", name: "probe" },
+    h("option", { value: "text" }, "the text below"),
+    h("option", { value: "random-repeat" }, "random tokens, repeated 4 times"));
   const text = h("textarea", { id: "heads-text", name: "text", rows: 3, spellcheck: "false" });
   const run = h("button", { type: "submit", id: "heads-run" }, "Run the model");
   const form = h("form", { id: "heads-form", "aria-label": "head viewer" },
     h("div", { class: "controls" }, field("heads-model", "model", model), field("heads-type", "head type", kind), field("heads-which", "or any head (layer.head)", which)),
+    field("heads-probe", "run the model on", input),
     field("heads-text", "text (a repeated phrase shows induction)", text), h("p", {}, run, " ", h("span", { class: "note" }, "Ctrl+Enter runs it too")));
   const status = h("p", { class: "note", id: "heads-status", role: "status", "aria-live": "polite" });
   const view = h("div", { id: "heads-view" });
@@ -81,11 +85,13 @@ export function initHeads(root, summaryEl) {
     status.textContent = "Running the model…";
     try {
       // an empty box runs the built-in sentence with a repeat, which the answer then shows
-      const body = { model: model.value || "default", text: text.value.trim() ? text.value : undefined };
+      const random = input.value === "random-repeat";  // Olsson et al.'s probe: induction heads score highest
+      const body = random ? { model: model.value || "default", probe: "random-repeat" }
+        : { model: model.value || "default", text: text.value.trim() ? text.value : undefined };
       const [attention, heads] = await Promise.all([api("/api/attention", body), api("/api/heads", body).catch((e) => ({ error: e.message }))]);
       if (mine !== runs) return;
       state.attention = attention;
-      if (!text.value.trim()) text.value = attention.text;
+      if (!random && !text.value.trim()) text.value = attention.text;
       state.heads = heads.error ? null : heads;
       clear(which, attention.weights.flatMap((heads_, l) => heads_.map((_, k) => h("option", { value: `${l}.${k}` }, `${l}.${k}${labelOf(state, l, k) ? ` ${labelOf(state, l, k)}` : ""}`))));
       status.textContent = `${attention.model}: ${attention.tokens.length} tokens, ${attention.n_layers} layers × ${attention.n_heads} heads${heads.error ? ` (no head labels: ${heads.error})` : ""}.`;
@@ -102,6 +108,7 @@ export function initHeads(root, summaryEl) {
   form.addEventListener("submit", (e) => { e.preventDefault(); submit(); });
   text.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); submit(); } });
   model.addEventListener("change", submit);
+  input.addEventListener("change", () => { text.disabled = input.value === "random-repeat"; submit(); });
   loadModels(model, status).then((ok) => {
     if (!ok) { clear(view, missing("No model is available to this server, so there are no patterns to show.")); return; }
     submit();
@@ -147,7 +154,7 @@ function summarise(el, state) {
   const counts = {};
   for (const r of state.heads.heads) counts[r.label] = (counts[r.label] || 0) + 1;
   const total = state.heads.heads.length;
-  clear(el, h("p", { id: "label-counts" }, `On this text, ${state.heads.model}'s ${total} heads get these labels: `,
+  clear(el, h("p", { id: "label-counts" }, `On this input, ${state.heads.model}'s ${total} heads get these labels: `,
     Object.entries(counts).sort((a, b) => b[1] - a[1]).map(([k, v]) => `${k} ${v}`).join(", "),
-    ". Change the text above and watch how many labels move."));
+    ". Change the text or the input above and watch how many labels move."));
 }
