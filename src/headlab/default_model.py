@@ -370,6 +370,27 @@ def pool_loss(pool: Tensor, vocab_size: int) -> Any:
     return loss
 
 
+def phases(prepared: Prepared) -> list[tuple[str, TrainConfig, Any, Any]]:
+    """The recipe's training phases, ``(name, config, batches, loss_fn)``; a copying phase
+    with no steps is left out (the text phase always runs)."""
+    from headlab.train import next_token_loss
+
+    r = prepared.recipe
+    pool, every_id = prepared.task.pool_ids, prepared.task.random_ids
+    assert pool is not None
+    first_loss = pool_loss(pool, r.vocab_size) if r.copy_pool_logits else next_token_loss
+    first = copy_batches(prepared, pool, r.copy_min_span, r.copy_bos)
+    second = copy_batches(prepared, every_id, r.copy_all_min_span, True)
+    copy_all = replace(r.copy_config(), steps=r.copy_all_steps, warmup_steps=0)
+    out = []
+    if r.copy_steps:
+        out.append(("1-copying", r.copy_config(), first, first_loss))
+    if r.copy_all_steps:
+        out.append(("2-copying-all", copy_all, second, next_token_loss))
+    text = (lambda g: prepared.task.batch(r.batch_size, g), next_token_loss)
+    return [*out, ("3-text", r.train_config(), *text)]
+
+
 def train_recipe(args: RecipeArgs) -> TrainResult:
     """``headlab train default``: train the shipped model into ``args.out`` and export it to
     ``args.out / "model"`` (config.json, model.safetensors, tokenizer.json, README.md).
@@ -382,38 +403,14 @@ def train_recipe(args: RecipeArgs) -> TrainResult:
     which the circuit carries over; 3) ``steps`` on the text mixture, whose repeated passages
     and random runs keep it in use.
     """
-    from headlab.train import latest_checkpoint, next_token_loss
+    from headlab.train import latest_checkpoint
 
     recipe = replace(QUICK if args.quick else RECIPE, seed=args.seed)
     prepared = prepare(recipe)
     torch.manual_seed(recipe.seed)  # the initial weights
     model = Transformer(recipe.model_config())
-    assert prepared.task.pool_ids is not None
-    copy_all = replace(recipe.copy_config(), steps=max(1, recipe.copy_all_steps), warmup_steps=0)
-    pool, every_id = prepared.task.pool_ids, prepared.task.random_ids
-    phases = [
-        (
-            "1-copying",
-            recipe.copy_config(),
-            copy_batches(prepared, pool, recipe.copy_min_span, recipe.copy_bos),
-            pool_loss(pool, recipe.vocab_size) if recipe.copy_pool_logits else next_token_loss,
-        ),
-        (
-            "2-copying-all",
-            copy_all,
-            copy_batches(prepared, every_id, recipe.copy_all_min_span, True),
-            next_token_loss,
-        ),
-        (
-            "3-text",
-            recipe.train_config(),
-            lambda g: prepared.task.batch(recipe.batch_size, g),
-            next_token_loss,
-        ),
-    ]
-    skip = {"1-copying": not recipe.copy_steps, "2-copying-all": not recipe.copy_all_steps}
     results = []
-    for name, config, batches, loss_fn in [p for p in phases if not skip.get(p[0], False)]:
+    for name, config, batches, loss_fn in phases(prepared):
         out = Path(args.out) / name
         result = train(
             model,
