@@ -27,8 +27,7 @@ export function initHeads(root, summaryEl) {
   const text = h("textarea", { id: "heads-text", name: "text", rows: 3, spellcheck: "false" });
   const run = h("button", { type: "submit", id: "heads-run" }, "Run the model");
   const form = h("form", { id: "heads-form", "aria-label": "head viewer" },
-    h("div", { class: "controls" }, field("heads-model", "model", model), field("heads-type", "head type", kind), field("heads-which", "or any head (layer.head)", which)),
-    field("heads-probe", "run the model on", input),
+    h("div", { class: "controls" }, field("heads-model", "model", model), field("heads-type", "head type", kind), field("heads-which", "or any head (layer.head)", which), field("heads-probe", "run the model on", input)),
     field("heads-text", "text (a repeated phrase shows induction)", text), h("p", {}, run, " ", h("span", { class: "note" }, "Ctrl+Enter runs it too")));
   const status = h("p", { class: "note", id: "heads-status", role: "status", "aria-live": "polite" });
   const view = h("div", { id: "heads-view" });
