@@ -1,7 +1,7 @@
 """Time to score every head of all-MiniLM-L6-v2 on a 64-token probe, as a ratio against one plain
 Hugging Face forward pass with ``output_attentions=True`` on the same tokens, measured in one run.
 
-``score_heads`` runs the probe and a position-shuffled copy in one batch of two (the content
+``analyse`` runs the probe and a position-shuffled copy in one batch of two (the content
 score needs both), then computes all nine scores for all 72 heads; it is also timed without the
 content score (the probe alone). Contenders are interleaved
 round by round so that a busy machine slows each alike; medians are reported. Target: < 1.5×.
@@ -22,8 +22,8 @@ from collections.abc import Callable
 import torch
 
 from headlab import Trace, zoo
-from headlab.heads import score_heads
-from headlab.probes import random_repeat_probe
+from headlab.heads import analyse
+from headlab.measure import random_repeat_probe
 
 
 def contenders() -> tuple[dict[str, Callable[[], object]], int]:
@@ -50,8 +50,8 @@ def contenders() -> tuple[dict[str, Callable[[], object]], int]:
     return {
         "HF forward, output_attentions": hf_forward,
         "headlab forward (hidden states), traced": headlab_forward,
-        "headlab score_heads, all scores": lambda: score_heads(model, probe),
-        "headlab score_heads, all but content": lambda: score_heads(model, probe, content=False),
+        "headlab analyse, all scores": lambda: analyse(model, probe),
+        "headlab analyse, all but content": lambda: analyse(model, probe, content=False),
     }, probe.n
 
 
@@ -86,9 +86,9 @@ def main() -> int:
     for name, t in medians.items():
         print(f"  {name:38s} {t * 1e3:8.1f} ms   {t / base:5.2f}× HF forward")
     ratios = {name: t / base for name, t in medians.items()}
-    full = ratios["headlab score_heads, all scores"]
-    light = ratios["headlab score_heads, all but content"]
-    print(f"score_heads / HF forward = {full:.2f} with the content score (a second, shuffled")
+    full = ratios["headlab analyse, all scores"]
+    light = ratios["headlab analyse, all but content"]
+    print(f"analyse / HF forward = {full:.2f} with the content score (a second, shuffled")
     print(f"sequence), {light:.2f} without it (target < 1.5)")
     if args.json:
         with open(args.json, "w") as f:

@@ -122,7 +122,7 @@ def measure(name: str, url: str, bodies: list[dict], concurrency: int, target_ms
 def text_of_tokens(model: str, n: int) -> str:
     """A text that the model's tokenizer turns into exactly (or just under) n tokens."""
     from headlab import zoo
-    from headlab.probes import REPEAT_SENTENCE
+    from headlab.measure import REPEAT_SENTENCE
 
     _, tokenizer = zoo.load(model)
     words = (REPEAT_SENTENCE + " ").split() * 8

@@ -11,9 +11,9 @@ from torch import Tensor, nn
 from headlab.ablation import (
     full_mask,
     head_importance,
+    head_loss,
     importance_order,
     masked_loss,
-    next_token_loss,
     pruning_curve,
     random_order,
 )
@@ -46,7 +46,7 @@ def _setup() -> tuple[TinyStack, list[Tensor]]:
 
 def test_importance_matches_finite_differences() -> None:
     model, batches = _setup()
-    loss_fn = next_token_loss(model)
+    loss_fn = head_loss(model)
     got = head_importance(loss_fn, batches, 2, 4, normalize=False)
     eps = 1e-6
     expected = torch.zeros(2, 4, dtype=torch.float64)
@@ -65,18 +65,18 @@ def test_importance_matches_finite_differences() -> None:
 
 def test_normalised_importance_has_unit_norm_per_layer() -> None:
     model, batches = _setup()
-    imp = head_importance(next_token_loss(model), batches, 2, 4)
+    imp = head_importance(head_loss(model), batches, 2, 4)
     torch.testing.assert_close(imp.norm(dim=-1), torch.ones(2, dtype=imp.dtype))
 
 
 def test_zero_mask_equals_zeroing_the_heads_slice_of_W_O() -> None:
     model, batches = _setup()
-    masked = masked_loss(next_token_loss(model), batches, full_mask(2, 4, [(0, 1), (1, 3)]))
+    masked = masked_loss(head_loss(model), batches, full_mask(2, 4, [(0, 1), (1, 3)]))
     d_k = 4
     with torch.no_grad():
         model.layers[0].W_O.weight[:, 1 * d_k : 2 * d_k] = 0.0
         model.layers[1].W_O.weight[:, 3 * d_k : 4 * d_k] = 0.0
-    by_hand = masked_loss(next_token_loss(model), batches, torch.ones(2, 4))
+    by_hand = masked_loss(head_loss(model), batches, torch.ones(2, 4))
     assert masked == pytest.approx(by_hand, rel=1e-12)
 
 
@@ -84,16 +84,16 @@ def test_dead_head_has_zero_importance_and_goes_first() -> None:
     model, batches = _setup()
     with torch.no_grad():
         model.layers[1].W_O.weight[:, 2 * 4 : 3 * 4] = 0.0  # head 1.2 writes nothing
-    imp = head_importance(next_token_loss(model), batches, 2, 4)
+    imp = head_importance(head_loss(model), batches, 2, 4)
     assert imp[1, 2] == 0.0
     assert importance_order(imp)[0] == (1, 2)
-    curve = pruning_curve(next_token_loss(model), batches, importance_order(imp), 2, 4)
+    curve = pruning_curve(head_loss(model), batches, importance_order(imp), 2, 4)
     assert curve.losses[1] == pytest.approx(curve.losses[0], rel=1e-12)
 
 
 def test_pruning_curve_matches_direct_masked_losses() -> None:
     model, batches = _setup()
-    loss_fn = next_token_loss(model)
+    loss_fn = head_loss(model)
     order = random_order(2, 4, seed=3)
     assert sorted(order) == [(layer, head) for layer in range(2) for head in range(4)]
     curve = pruning_curve(loss_fn, batches, order, 2, 4)

@@ -162,13 +162,13 @@ def test_each_head_type_draws_a_pattern(page) -> None:
 def test_repeated_random_tokens_show_labelled_induction_heads(page) -> None:
     """The probe selector runs Olsson et al.'s repeated random tokens; on the shipped model the
     best induction head then passes the label threshold and the grid shows induction labels."""
-    from headlab import probes, zoo
+    from headlab import measure, zoo
 
     require(_model_name() == "default", "the default model is not built")
     model, tokenizer = zoo.load("default")
     n = model.config.max_len
-    random_n = len(probes.random_repeat_probe(tokenizer, model.config.vocab_size, n).labels)
-    sentence_n = len(probes.sentence_probe(tokenizer, n).labels)
+    random_n = len(measure.random_repeat_probe(tokenizer, model.config.vocab_size, n).labels)
+    sentence_n = len(measure.sentence_probe(tokenizer, n).labels)
     page.select_option("#heads-probe", "random-repeat")
     expect(page.locator("#heads-text")).to_be_disabled()
     first_column = page.locator("#heads-view figure").first.locator('svg rect[data-i="0"]')
@@ -182,6 +182,24 @@ def test_repeated_random_tokens_show_labelled_induction_heads(page) -> None:
     page.select_option("#heads-probe", "text")  # back to the text, which is still there
     expect(page.locator("#heads-text")).to_be_enabled()
     expect(first_column).to_have_count(sentence_n, timeout=30_000)
+    assert page.errors == []
+
+
+def test_one_click_makes_one_analysis_request(page) -> None:
+    """Running the model asks the server once: /api/heads answers the patterns and the scores
+    together, and every view (heatmaps, grid, labels) is drawn from that answer."""
+    analysis: list[str] = []
+    page.on(
+        "request",
+        lambda r: r.url.endswith(("/api/heads", "/api/attention")) and analysis.append(r.url),
+    )
+    page.fill("#heads-text", "The cat sat on the mat. The cat sat on the mat.")
+    with page.expect_response(lambda r: r.url.endswith("/api/heads")):
+        page.click("#heads-run")
+    expect(page.locator("#heads-status")).to_contain_text("head")
+    page.wait_for_timeout(300)  # a second request, if any, would have been sent by now
+    assert [u.rsplit("/", 1)[1] for u in analysis] == ["heads"]
+    assert page.locator("#heads-grid button").count() > 1
     assert page.errors == []
 
 

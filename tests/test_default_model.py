@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from conftest import require
-from headlab import probes, tasks, zoo
+from headlab import measure, tasks, zoo
 from headlab.cli import app
 from headlab.default_model import BOS, build_tokenizer, pool_loss
-from headlab.heads import score_heads, shuffle_positions
+from headlab.heads import analyse, shuffle_positions
 from headlab.model import Transformer
 from headlab.trace import Trace
 
@@ -43,8 +43,8 @@ def reports(shipped):
     model, tokenizer, _ = shipped
     n, V = model.config.max_len, model.config.vocab_size
     return {
-        "repeat": score_heads(model, probes.sentence_probe(tokenizer, n)),
-        "random-repeat": score_heads(model, probes.random_repeat_probe(tokenizer, V, n)),
+        "repeat": analyse(model, measure.sentence_probe(tokenizer, n)),
+        "random-repeat": analyse(model, measure.random_repeat_probe(tokenizer, V, n)),
     }
 
 
@@ -101,7 +101,7 @@ def test_an_induction_head_on_repeated_random_tokens(shipped, reports):
     assert heads
     # prefix matching (Olsson et al. 2022), recomputed here in NumPy from the raw attention:
     # from each second-copy token to the token right after its first copy
-    probe = probes.random_repeat_probe(tokenizer, model.config.vocab_size, model.config.max_len)
+    probe = measure.random_repeat_probe(tokenizer, model.config.vocab_size, model.config.max_len)
     trace = Trace(only=("weights",))
     with torch.no_grad():
         model(probe.tokens, trace=trace)
@@ -129,8 +129,8 @@ def test_a_positional_and_a_first_token_head(reports):
 def test_a_content_head(shipped, reports):
     model, tokenizer, _ = shipped
     n, V = model.config.max_len, model.config.vocab_size
-    built = {"repeat": probes.sentence_probe(tokenizer, n)}
-    built["random-repeat"] = probes.random_repeat_probe(tokenizer, V, n)
+    built = {"repeat": measure.sentence_probe(tokenizer, n)}
+    built["random-repeat"] = measure.random_repeat_probe(tokenizer, V, n)
     found = [(name, s) for name, r in reports.items() for s in labels(r).get("content", [])]
     assert found
     name, s = max(found, key=lambda x: x[1].scores["content"])
@@ -167,7 +167,7 @@ def test_the_card_shows_the_labels_the_classifier_gives_now(shipped, reports):
 
 def test_second_copy_of_a_repeat_is_predicted_far_better(shipped):
     model, tokenizer, _ = shipped
-    probe = probes.random_repeat_probe(tokenizer, model.config.vocab_size, model.config.max_len)
+    probe = measure.random_repeat_probe(tokenizer, model.config.vocab_size, model.config.max_len)
     tokens = probe.tokens  # (B, 1 + 2r)
     r = (tokens.shape[1] - 1) // 2
     with torch.no_grad():

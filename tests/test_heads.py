@@ -10,6 +10,7 @@ from headlab import Trace
 from headlab.heads import (
     SCORE_TYPES,
     THRESHOLDS,
+    analyse,
     averaged_pattern,
     content_score,
     diffuse_score,
@@ -22,11 +23,10 @@ from headlab.heads import (
     pattern_score,
     positional_score,
     previous_token_score,
-    score_heads,
     shuffle_positions,
 )
+from headlab.measure import make_probe, repeated_random_tokens
 from headlab.model import ModelConfig, Transformer
-from headlab.probes import make_probe, repeated_random_tokens
 
 
 def causal_uniform(n: int) -> torch.Tensor:
@@ -249,17 +249,18 @@ def test_shuffle_moves_only_movable_positions():
     assert torch.equal(order, shuffle_positions(tokens, movable, seed=3))
 
 
-# --- score_heads on a real model ----------------------------------------------------------------
+# --- analyse on a real model ----------------------------------------------------------------
 
 
-def test_score_heads_scores_the_models_own_weights():
+def test_analyse_scores_the_models_own_weights():
     model = Transformer(ModelConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, max_len=32))
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.5)
-    tokens = repeated_random_tokens(torch.arange(40), length=8, batch=3, seed=1)
+    g = torch.Generator().manual_seed(1)
+    tokens, _ = repeated_random_tokens(torch.arange(40), length=8, repeats=2, batch=3, generator=g)
     probe = make_probe("random-repeat", tokens, None)
-    report = score_heads(model.eval(), probe)
+    report = analyse(model.eval(), probe)
     assert len(report.heads) == 8 and report.patterns.shape == (2, 4, 16, 16)
     trace = Trace(only=("weights",))
     model(tokens, trace=trace)
@@ -290,7 +291,7 @@ def test_without_positions_attention_is_permutation_equivariant_and_content_is_e
     model = positionless_model(causal=False)
     tokens = torch.randperm(30)[:12][None]
     probe = make_probe("text", tokens, None)
-    report = score_heads(model, probe, seed=5)
+    report = analyse(model, probe, seed=5)
     order = shuffle_positions(tokens, probe.movable, seed=5)
     trace = Trace(only=("weights",))
     model(torch.cat([tokens, tokens.gather(1, order)]), trace=trace)
@@ -310,7 +311,7 @@ def test_causal_content_compares_the_keys_seen_in_both_orders_exactly():
     tokens = torch.cat([torch.zeros(1, dtype=torch.long), torch.randperm(29)[:13] + 1])[None]
     probe = make_probe("text", tokens, None)
     probe.movable[0, 0] = False  # the start token stays, as probes keep special tokens
-    report = score_heads(model, probe, seed=3)
+    report = analyse(model, probe, seed=3)
     order = shuffle_positions(tokens, probe.movable, seed=3)
     trace = Trace(only=("weights",))
     with torch.no_grad():

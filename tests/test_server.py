@@ -366,20 +366,20 @@ def test_heads_scores_follow_the_published_definition(tiny) -> None:
 
 
 def test_random_repeat_probe_shows_the_default_models_induction_heads(client: TestClient) -> None:
-    """probe=random-repeat runs headlab.probes' repeated random tokens; the weights are the
+    """probe=random-repeat runs headlab.measure' repeated random tokens; the weights are the
     model's own on the probe's first sequence (run here directly), and on it the shipped model's
     best induction head passes the label threshold, as `headlab heads --probe random-repeat`."""
     import numpy as np
     import torch
 
-    from headlab import probes, zoo
+    from headlab import measure, zoo
     from headlab.trace import Trace
 
     body = {"model": "default", "probe": "random-repeat"}
     attention = client.post("/api/attention", json=body).json()
     heads = client.post("/api/heads", json=body).json()
     model, tokenizer = zoo.load("default")
-    probe = probes.random_repeat_probe(tokenizer, model.config.vocab_size, model.config.max_len)
+    probe = measure.random_repeat_probe(tokenizer, model.config.vocab_size, model.config.max_len)
     assert attention["ids"] == probe.tokens[0].tolist()
     assert attention["tokens"] == heads["tokens"] == probe.labels
     trace = Trace(only=("weights",))
@@ -397,7 +397,7 @@ def test_random_repeat_probe_shows_the_default_models_induction_heads(client: Te
 @pytest.mark.parametrize(
     ("body", "needle"),
     [
-        ({"probe": "random-repeat", "text": "hi"}, "leave text out"),
+        ({"probe": "random-repeat", "text": "hi"}, "leave the text out"),
         ({"probe": "sentence"}, "probe"),
     ],
 )
@@ -450,7 +450,7 @@ def test_minilm_weights_match_hugging_face(minilm: TestClient) -> None:
 
 @pytest.mark.slow
 def test_minilm_has_a_previous_token_head_on_the_default_sentence(minilm: TestClient) -> None:
-    from headlab.probes import REPEAT_SENTENCE
+    from headlab.measure import REPEAT_SENTENCE
 
     body = minilm.post("/api/heads", json={"model": "minilm"}).json()
     assert body["text"] == REPEAT_SENTENCE

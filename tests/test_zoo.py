@@ -118,11 +118,11 @@ def test_minilm_matches_hugging_face(minilm):
 def test_minilm_head_labels(minilm):
     """Clark et al. 2019 found previous-token, next-token and [SEP]/punctuation heads in BERT;
     MiniLM (distilled from a BERT-like teacher) has each kind."""
-    from headlab.heads import score_heads
-    from headlab.probes import sentence_probe
+    from headlab.heads import analyse
+    from headlab.measure import sentence_probe
 
     model, tok = minilm
-    report = score_heads(model, sentence_probe(tok, model.config.max_len))
+    report = analyse(model, sentence_probe(tok, model.config.max_len))
     by_label: dict[str, list] = {}
     for s in report.heads:
         by_label.setdefault(s.label, []).append(s)

@@ -9,8 +9,8 @@ Shape legend
 
 Everything here works on a *head loss*: a function ``loss_fn(batch, head_mask) -> scalar tensor``,
 so the same code prunes headlab's own models, converted Hugging Face models, or anything else that
-accepts a per-head mask. :func:`next_token_loss` and :func:`target_loss` build one from a model
-that takes ``model(tokens, head_mask=mask) -> logits``.
+accepts a per-head mask. :func:`head_loss` builds one from a model that takes
+``model(tokens, head_mask=mask) -> logits``.
 
 Papers: Michel, Levy and Neubig 2019, "Are Sixteen Heads Really Better than One?" (head
 importance I_h = E_x |∂L(x)/∂ξ_h| for a multiplicative head mask ξ, normalised per layer, and
@@ -25,34 +25,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 HeadLoss = Callable[[Any, Tensor], Tensor]
 Head = tuple[int, int]  # (layer, head)
 
 
-def next_token_loss(model: Callable[..., Tensor]) -> HeadLoss:
-    """Cross-entropy of predicting token i+1 from tokens ≤ i; batch is tokens (B, n) int64."""
+def head_loss(model: Callable[..., Tensor], loss: Callable[..., Tensor] | None = None) -> HeadLoss:
+    """``loss_fn(batch, head_mask)`` from a model that takes ``head_mask``: by default the
+    next-token cross-entropy of :func:`headlab.measure.next_token_loss`, whose batch is tokens
+    (B, n + 1) or ``(inputs, targets)`` with −100 = skip (masked-token loss when only masked
+    positions carry a target)."""
+    from headlab.measure import next_token_loss
 
-    def loss_fn(tokens: Tensor, head_mask: Tensor) -> Tensor:
-        logits = model(tokens, head_mask=head_mask)  # (B, n, vocab)
-        return F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
+    chosen = loss or next_token_loss
 
-    return loss_fn
-
-
-def target_loss(model: Callable[..., Tensor]) -> HeadLoss:
-    """Cross-entropy against given targets; batch is (inputs (B, n), targets (B, n), -100 = skip).
-
-    Next-token loss when targets are the inputs shifted by one (``headlab.tasks`` batches),
-    masked-token loss when only masked positions carry a target.
-    """
-
-    def loss_fn(batch: tuple[Tensor, Tensor], head_mask: Tensor) -> Tensor:
-        inputs, targets = batch
-        logits = model(inputs, head_mask=head_mask)  # (B, n, vocab)
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+    def loss_fn(batch: Any, head_mask: Tensor) -> Tensor:
+        return chosen(model, batch, head_mask=head_mask)
 
     return loss_fn
 

@@ -38,7 +38,14 @@ Rope = Callable[[Tensor, int], Tensor]
 
 
 def attention(
-    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None, scale: float | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    allowed: Tensor | None = None,
+    scale: float | None = None,
+    *,
+    dropout: float = 0.0,
+    trace: Trace | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention, written out: ``softmax(q kᵀ · scale) v``.
 
@@ -48,7 +55,9 @@ def attention(
 
     Returns ``(out, weights)``: out (B, h, n, d_v) and weights (B, h, n, s), one pattern per
     head. The softmax runs in at least float32 and subtracts the row maximum, so large logits
-    stay finite in fp16 and bf16.
+    stay finite in fp16 and bf16. ``dropout`` drops weights before they average the values
+    (``weights`` is the pattern before dropout). ``trace`` records "scores" (the logits before
+    the mask, (B, h, n, s)) and "weights": this is the one place either is computed.
     """
     B, h, n, d_k = q.shape
     h_kv, s = k.shape[1], k.shape[2]
@@ -61,6 +70,8 @@ def attention(
     scores = q @ k.transpose(-2, -1) * scale  # (B, h_kv, g·n, s)
     # fp16/bf16 scores are softmaxed in float32; float64 stays float64
     scores = scores.reshape(B, h, n, s)  # (B, h, n, s)
+    if trace is not None:
+        trace.record("scores", scores)
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
     # 2) mask, then softmax over keys
     if allowed is not None:
@@ -70,8 +81,11 @@ def attention(
         # a row with nothing allowed is all -inf, whose softmax is NaN: define it as zeros
         weights = weights.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
     weights = weights.to(v.dtype)
+    if trace is not None:
+        trace.record("weights", weights)
     # 3) weighted average of the values
-    out = weights.reshape(B, h_kv, g * n, s) @ v  # (B, h_kv, g·n, d_v)
+    attend = F.dropout(weights, dropout) if dropout else weights
+    out = attend.reshape(B, h_kv, g * n, s) @ v  # (B, h_kv, g·n, d_v)
     return out.reshape(B, h, n, v.shape[-1]), weights  # (B, h, n, d_v), (B, h, n, s)
 
 
@@ -91,9 +105,10 @@ def repeat_kv(x: Tensor, g: int) -> Tensor:
     """(B, h_kv, s, d) → (B, h_kv·g, s, d), each key/value head repeated for its g query heads.
 
     For MQA (h_kv = 1) this is an expanded view (stride 0, no copy). For 1 < h_kv < h the merged
-    head axis cannot be expressed as a view, so it is a copy: that is why :func:`attention` and the
-    fused path never call it (they broadcast the grouped heads, or use SDPA's ``enable_gqa``) and
-    only a :class:`Trace` records it, to show the shape the keys take.
+    head axis cannot be expressed as a view, so it is a copy: that is why no compute path calls
+    it (:func:`attention` stacks the grouped query heads, the fused path uses SDPA's
+    ``enable_gqa``). Only a :class:`Trace` that asks for "k_rep"/"v_rep" gets it, to show the
+    shape the keys take.
     """
     if g == 1:
         return x
@@ -200,10 +215,6 @@ class KVCache:
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
 
-    def reset(self) -> None:
-        """Forget every position (the buffers are kept)."""
-        self.length = 0
-
 
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with h query heads and h_kv key/value heads (MHA, GQA or MQA).
@@ -273,7 +284,9 @@ class MultiHeadAttention(nn.Module):
         cache: a :class:`KVCache`; the new keys/values are appended and all of them attended to.
         rope: rotary embedding applied to queries and keys after the split (see model.py).
         impl: "explicit" materialises the weights; "fused" calls SDPA; "auto" picks fused
-        unless weights are asked for (they then come from the explicit path).
+        unless weights are needed: asked for with ``return_weights``, or recorded by an enabled
+        ``trace`` (a trace therefore forces the explicit path; with "fused" it records no
+        weights or scores).
         trace: a :class:`Trace` that receives each named intermediate tensor.
         """
         B, n = self._check_input(x)
@@ -316,16 +329,10 @@ class MultiHeadAttention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, trace: Trace
     ) -> tuple[Tensor, Tensor]:
         g = self.n_heads // self.n_kv_heads
-        if g > 1 and trace.wants("k_rep"):
+        if g > 1 and trace.wants("k_rep"):  # only to show the repeated keys' shape
             trace.record("k_rep", repeat_kv(k, g)).record("v_rep", repeat_kv(v, g))
-        if trace.wants("scores"):  # the pre-softmax logits, computed again only when asked for
-            scores = q @ repeat_kv(k, g).transpose(-2, -1) / math.sqrt(self.d_k)  # (B, h, n, s)
-            trace.record("scores", scores)
-        out, weights = attention(q, k, v, mask)  # (B, h, n, d_k), (B, h, n, s)
-        trace.record("weights", weights)
-        if self.dropout and self.training:
-            out = F.dropout(weights, self.dropout) @ repeat_kv(v, g)
-        return out, weights
+        dropout = self.dropout if self.training else 0.0
+        return attention(q, k, v, mask, dropout=dropout, trace=trace)  # (B, h, n, d_k), weights
 
     def _fused(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool

@@ -138,7 +138,9 @@ def models() -> None:
 def heads(
     model: str = typer.Option("default", "--model", help="A name from `headlab models`."),
     text: str | None = typer.Option(None, help="Your own text as the probe."),
-    probe: str = typer.Option("repeat", help="Built-in probe: repeat or random-repeat."),
+    probe: str = typer.Option(
+        "repeat", help="Built-in probe: repeat (a sentence with a repeat) or random-repeat."
+    ),
     show: str | None = typer.Option(
         None, help="Draw head L.H's pattern, e.g. --show 0.2; L.avg draws layer L's mean head."
     ),
@@ -148,12 +150,19 @@ def heads(
     """Score every attention head of a model on a probe and label it (see docs/heads.md)."""
     import json
 
+    from headlab import zoo
     from headlab.heads import analyse
     from headlab.heads_render import heads_table, heatmap, key_legend
+    from headlab.measure import build_probe
 
     target = _parse_head(show) if show is not None else None
     try:
-        report, m = analyse(model, text, probe, seed)
+        m, tokenizer = zoo.load(model)
+        name = "text" if text is not None else probe
+        cfg = m.config
+        report = analyse(
+            m, build_probe(name, tokenizer, cfg.max_len, cfg.vocab_size, text, seed), seed
+        )
     except ValueError as exc:
         raise fail(str(exc)) from None
     L, h = m.config.n_layers, m.config.n_heads
@@ -167,7 +176,7 @@ def heads(
     if target is not None:
         layer, head = target
         if head < 0:  # the averaged head: what a one-map-per-layer view shows
-            pattern, label = report.patterns[layer].mean(0), report.averaged[layer].label
+            pattern, label = report.averaged_patterns[layer], report.averaged[layer].label
         else:
             pattern, label = report.patterns[layer, head], report.head(layer, head).label
         title = f"layer {layer} head {'avg' if head < 0 else head}: {label}"

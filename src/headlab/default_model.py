@@ -181,87 +181,45 @@ class EvalSet:
     text: Tensor  # (B, n): start token + a window of the held-out play
     random_repeat: Tensor  # (B, 1 + 2·r): start token + r random ordinary ids, twice
     passage: Tensor  # (B, 1 + 2·r): start token + r tokens of the held-out play, twice
+    source: Tensor  # (B, 1 + 2·r): the position each token of both copy probes repeats, or −1
     run: int  # r, the length of one copy
 
     @classmethod
     def build(cls, val_ids: Tensor, candidates: Tensor, n: int, batch: int, seed: int) -> EvalSet:
+        from headlab.measure import repeated_random_tokens
+
         g = torch.Generator().manual_seed(seed + 1)
         r = min(25, (n - 1) // 2)  # Olsson et al. 2022 use 25 random tokens
         start = torch.randint(0, val_ids.numel() - n, (batch,), generator=g)
         windows = val_ids[start[:, None] + torch.arange(n - 1)]  # (B, n − 1)
         bos = torch.zeros(batch, 1, dtype=torch.long)
-        runs = torch.stack(
-            [candidates[torch.randperm(candidates.numel(), generator=g)[:r]] for _ in range(batch)]
-        )  # (B, r), distinct ids per row
+        random_repeat, source = repeated_random_tokens(candidates, r, 2, batch, g, prefix=[0])
         passages = windows[:, :r]  # (B, r)
         return cls(
             text=torch.cat([bos, windows], 1),
-            random_repeat=torch.cat([bos, runs, runs], 1),
+            random_repeat=random_repeat,
             passage=torch.cat([bos, passages, passages], 1),
+            source=source,
             run=r,
         )
 
 
-def token_losses(model: nn.Module, tokens: Tensor) -> Tensor:
-    """(B, n − 1) cross-entropy of predicting tokens[:, 1:] from the tokens before them."""
-    logits = model(tokens[:, :-1])  # (B, n − 1, V)
-    return F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
-
-
-def copy_losses(model: nn.Module, tokens: Tensor, run: int) -> tuple[float, float]:
-    """Mean loss on the first copy and on the second copy of ``BOS + run + run``.
-
-    The first copy's first token is left out (nothing could predict it), so both means cover
-    the same r − 1 positions of a copy.
-    """
-    loss = token_losses(model, tokens)  # (B, 2r): predicting tokens 1..2r
-    return float(loss[:, 1:run].mean()), float(loss[:, run + 1 : 2 * run].mean())
-
-
-def icl_score(model: nn.Module, text: Tensor) -> float:
-    """Olsson et al. 2022's in-context-learning score, scaled to an n-token context.
-
-    Theirs is the loss of the 500th token minus that of the 50th in 512-token contexts; here it
-    is the mean loss of the last 4 tokens minus that of tokens n/10 − 2 … n/10 + 1, on held-out
-    text. Negative: later tokens, which see more context, are predicted better.
-    """
-    loss = token_losses(model, text)  # (B, n − 1); column k predicts token k + 1
-    early = max(2, text.shape[1] // 10)
-    return float(loss[:, -4:].mean() - loss[:, early - 3 : early + 1].mean())
-
-
-def prefix_matching(weights: Tensor, run: int) -> Tensor:
-    """Olsson et al. 2022's prefix-matching score per head on ``BOS + run + run``: (B, h, n, n)
-    → (h,), the mean attention from each second-copy token to the token after its first copy.
-
-    headlab.heads.induction_score divides the same attention mass by all n queries (the
-    TransformerLens "mul" score), so it is (r / n) times this one: at most 25/51 on this probe.
-    """
-    q = torch.arange(run + 1, 2 * run + 1)  # second-copy positions
-    k = q - run + 1  # the token after the earlier copy
-    return weights[:, :, q, k].mean(dim=(0, 2))  # (h,)
-
-
 def measure(model: Transformer, evals: EvalSet) -> dict[str, Any]:
     """Every figure the training log and the model card report, on the held-out set."""
+    from headlab import measure as m
     from headlab.heads import induction_score, previous_token_score
-    from headlab.trace import Trace
 
-    first, second = copy_losses(model, evals.random_repeat, evals.run)
-    p_first, p_second = copy_losses(model, evals.passage, evals.run)
-    text_trace, rep_trace = Trace(only=("weights",)), Trace(only=("weights",))
-    val_loss = float(token_losses(model, evals.text).mean())
-    model(evals.text, trace=text_trace)
-    model(evals.random_repeat, trace=rep_trace)
-    previous, induction, prefix = [], [], []
-    for layer in range(model.config.n_layers):
-        name = f"blocks.{layer}.attn.weights"
-        previous.append(previous_token_score(text_trace[name]).tolist())
-        induction.append(induction_score(rep_trace[name], evals.random_repeat).tolist())
-        prefix.append(prefix_matching(rep_trace[name], evals.run).tolist())
+    first, second = m.copy_losses(m.token_losses(model, evals.random_repeat), evals.source)
+    p_first, p_second = m.copy_losses(m.token_losses(model, evals.passage), evals.source)
+    text_losses = m.token_losses(model, evals.text)  # (B, n − 1)
+    text_patterns = m.run_patterns(model, evals.text)  # (L, B, h, n, n)
+    rep_patterns = m.run_patterns(model, evals.random_repeat)
+    previous = [previous_token_score(w).tolist() for w in text_patterns]
+    induction = [induction_score(w, evals.random_repeat).tolist() for w in rep_patterns]
+    prefix = [m.prefix_matching(w, evals.random_repeat).tolist() for w in rep_patterns]
     return {
-        "val_loss": val_loss,
-        "icl_score": icl_score(model, evals.text),
+        "val_loss": float(text_losses.mean()),
+        "icl_score": m.icl_score(text_losses, *m.icl_positions(text_losses.shape[1], window=4)),
         "random_first_copy_loss": first,
         "random_second_copy_loss": second,
         "passage_first_copy_loss": p_first,
@@ -329,8 +287,8 @@ def _gen(seed: int) -> torch.Generator:
 
 
 def _word_ids(tokenizer: Any) -> Tensor:
-    """Ids the repeated-random-tokens evaluation draws from: headlab.probes' ordinary words."""
-    from headlab.probes import ordinary_token_ids
+    """Ids the repeated-random-tokens evaluation draws from: headlab.measure' ordinary words."""
+    from headlab.measure import ordinary_token_ids
     from headlab.zoo import Tokenizer
 
     return ordinary_token_ids(Tokenizer(tokenizer), tokenizer.get_vocab_size())
@@ -340,7 +298,8 @@ def copy_batches(prepared: Prepared, pool: Tensor, min_span: int, bos: bool) -> 
     """Copying data: headlab.tasks.RepeatTask (a random segment copied at a random offset) over
     the ids in ``pool``, after the start token if ``bos``: ``batches(generator) -> (inputs,
     targets)``."""
-    from headlab.tasks import RepeatTask, next_token_pair
+    from headlab.measure import next_token_pair
+    from headlab.tasks import RepeatTask
 
     r = prepared.recipe
     n = r.copy_seq_len - 1  # RepeatTask draws n + 1 tokens; the start token makes n + 2
@@ -480,8 +439,8 @@ def head_tables(directory: Path) -> tuple[dict[str, str], dict[str, list]]:
     plain text, and each head's ``[layer, head, label]``."""
     from rich.console import Console
 
-    from headlab import probes
-    from headlab.heads import score_heads
+    from headlab import measure
+    from headlab.heads import analyse
     from headlab.heads_render import heads_table
     from headlab.zoo import Tokenizer
 
@@ -490,10 +449,10 @@ def head_tables(directory: Path) -> tuple[dict[str, str], dict[str, list]]:
     max_len, V = model.config.max_len, model.config.vocab_size
     tables, labels = {}, {}
     for name, probe in (
-        ("repeat", probes.sentence_probe(tokenizer, max_len)),
-        ("random-repeat", probes.random_repeat_probe(tokenizer, V, max_len)),
+        ("repeat", measure.sentence_probe(tokenizer, max_len)),
+        ("random-repeat", measure.random_repeat_probe(tokenizer, V, max_len)),
     ):
-        report = score_heads(model, probe)
+        report = analyse(model, probe)
         console = Console(record=True, width=120, file=io.StringIO())
         console.print(heads_table(report, f"default: {name} probe, {len(report.tokens)} tokens"))
         tables[name] = console.export_text()

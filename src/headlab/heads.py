@@ -316,26 +316,64 @@ class HeadScore:
         }
 
 
+# The page's head types → the score that picks the best head of that type.
+BEST_TYPES = {
+    "previous-token": "previous",
+    "positional": "positional",
+    "induction": "induction",
+    "content": "content",
+}
+
+
 @dataclass(frozen=True)
 class HeadReport:
-    """Every head of a model on one probe (see :func:`score_heads`)."""
+    """Every head of a model on one probe (see :func:`analyse`).
+
+    ``patterns`` and ``averaged_patterns`` hold the first probe sequence's weights; the scores
+    are averaged over every sequence of the probe.
+    """
 
     probe: str
     tokens: list[str]  # display labels of the first sequence
+    ids: list[int]  # its token ids
     heads: list[HeadScore]  # layer-major order
-    patterns: Tensor  # (n_layers, h, n, n): each head's weights on the first sequence
+    patterns: Tensor  # (L, h, n, n): each head's weights on the first sequence
+    averaged_patterns: Tensor  # (L, n, n): each layer's averaged head on it
     averaged: list[HeadScore]  # per layer, the averaged head scored the same way (head = −1)
+    text: str = ""  # the text of a text probe
 
     def head(self, layer: int, head: int) -> HeadScore:
         return next(s for s in self.heads if s.layer == layer and s.head == head)
 
-    def to_dict(self) -> dict:
-        return {
+    @property
+    def best(self) -> dict[str, dict[str, Any]]:
+        """For each type in :data:`BEST_TYPES`, the head with the highest score of that type."""
+        best = {}
+        for kind, score in BEST_TYPES.items():
+            scored = [s for s in self.heads if score in s.scores]
+            if scored:
+                top = max(scored, key=lambda s: s.scores[score])
+                value = top.scores[score]
+                best[kind] = {"layer": top.layer, "head": top.head, "score": round(value, 4),
+                              "passes_threshold": value >= THRESHOLDS[score]}  # fmt: skip
+        return best
+
+    def to_dict(self, patterns: bool = False) -> dict[str, Any]:
+        """JSON-ready scores and labels; with ``patterns`` also every head's weights (rounded
+        to 4 decimals) and each layer's averaged head."""
+        out: dict[str, Any] = {
             "probe": self.probe,
             "tokens": self.tokens,
+            "ids": self.ids,
             "heads": [s.to_dict() for s in self.heads],
             "averaged": [s.to_dict() for s in self.averaged],
+            "best": self.best,
+            "thresholds": dict(THRESHOLDS),
         }
+        if patterns:
+            out["weights"] = self.patterns.numpy().round(4)
+            out["averaged_weights"] = self.averaged_patterns.numpy().round(4)
+        return out
 
 
 def label_head(scores: dict[str, float], offset: int = 0) -> str:
@@ -399,55 +437,31 @@ def _scored(layer: int, head: int, scores: dict[str, list], offsets: list, i: in
     return HeadScore(layer, head, label_head(values, int(offsets[i])), values, int(offsets[i]))
 
 
-def score_heads(model: Any, probe: Any, seed: int = 0, content: bool = True) -> HeadReport:
-    """Run ``model`` on ``probe`` and score and label every (layer, head).
+def analyse(model: Any, probe: Any, seed: int = 0, content: bool = True) -> HeadReport:
+    """Run ``model`` on ``probe`` and score and label every (layer, head) and each layer's
+    averaged head: the one head analysis the CLI, the server and the experiments call.
 
     The content score needs the probe's tokens in shuffled positions too: one forward pass
     holds both, side by side (batch 2B), so it costs a second sequence per probe sequence.
     ``content=False`` runs the probe alone and leaves "content" out of the scores.
-    model: a :class:`headlab.model.Transformer`; probe: a :class:`headlab.probes.Probe`.
+    model: a :class:`headlab.model.Transformer` (load it with :mod:`headlab.zoo`); probe: a
+    :class:`headlab.measure.Probe` (build it with :func:`headlab.measure.build_probe`).
     """
-    from headlab.trace import Trace
+    from headlab.measure import run_patterns
 
     tokens = probe.tokens
     B, n = tokens.shape
     order = shuffle_positions(tokens, probe.movable, seed)
     run = torch.cat([tokens, tokens.gather(1, order)]) if content else tokens  # (2B or B, n)
-    trace = Trace(only=("weights",))
-    with torch.inference_mode():  # hidden states only: the unembedding is not needed here
-        model.hidden_states(run.to(next(model.parameters()).device), trace=trace)
-    L, h = model.config.n_layers, model.config.n_heads
-    w = torch.stack([trace[f"blocks.{l}.attn.weights"] for l in range(L)], dim=1)
-    w = w.float().cpu()  # (2B or B, L, h, n, n)
+    w = run_patterns(model, run).transpose(0, 1)  # (2B or B, L, h, n, n)
+    L, h = w.shape[1], w.shape[2]
+    avg = averaged_pattern(w.flatten(0, 1)).view(w.shape[0], L, n, n)  # (·, L, n, n)
     # score all heads of all layers at once, the averaged heads appended as L extra "heads"
-    flat = torch.cat([w.reshape(-1, L * h, n, n), w.mean(dim=2)], dim=1)  # (·, L·h+L, n, n)
+    flat = torch.cat([w.reshape(-1, L * h, n, n), avg], dim=1)  # (·, L·h + L, n, n)
     shuffled = flat[B:] if content else None
     by_type, offset_t = pattern_scores(flat[:B], tokens, probe.delimiters, shuffled, order)
     scores, offsets = {k: v.tolist() for k, v in by_type.items()}, offset_t.tolist()
     heads = [_scored(l, i, scores, offsets, l * h + i) for l in range(L) for i in range(h)]
     averaged = [_scored(l, -1, scores, offsets, L * h + l) for l in range(L)]
-    patterns = w[0]  # (L, h, n, n)
-    return HeadReport(probe.name, list(probe.labels), heads, patterns, averaged)
-
-
-def analyse(
-    model_name: str, text: str | None = None, probe: str = "repeat", seed: int = 0
-) -> tuple[HeadReport, Any]:
-    """Load a zoo model, build the probe, score every head: ``(report, model)``.
-
-    probe: "repeat" (the built-in sentence) or "random-repeat"; ``text`` overrides it. Raises
-    ValueError with a message for the user on an unknown model, empty or over-long text.
-    """
-    from headlab import probes, zoo
-
-    if text is None and probe not in probes.PROBES:
-        raise ValueError(f"unknown probe {probe!r}; valid probes: {', '.join(probes.PROBES)}")
-    model, tokenizer = zoo.load(model_name)
-    max_len = model.config.max_len
-    if text is not None:
-        p = probes.text_probe(tokenizer, text, max_len)
-    elif probe == "repeat":
-        p = probes.sentence_probe(tokenizer, max_len)
-    else:
-        p = probes.random_repeat_probe(tokenizer, model.config.vocab_size, max_len, seed=seed)
-    return score_heads(model, p, seed), model
+    return HeadReport(probe.name, list(probe.labels), tokens[0].tolist(), heads, w[0], avg[0],
+                      averaged, getattr(probe, "text", ""))  # fmt: skip

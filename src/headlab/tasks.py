@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from headlab.measure import next_token_pair
+
 # ---------------------------------------------------------------------------------------------
 # Repeated random sequences (Olsson et al. 2022, "In-context Learning and Induction Heads")
 # ---------------------------------------------------------------------------------------------
@@ -81,26 +83,6 @@ class RepeatTask:
         """A next-token batch ``(inputs, targets)``, each (B, n); targets are inputs shifted."""
         tokens, _, _ = self.sample(batch, generator)
         return next_token_pair(tokens)
-
-
-def next_token_pair(tokens: Tensor) -> tuple[Tensor, Tensor]:
-    """(B, n + 1) token ids → ``(inputs, targets)``, each (B, n), for next-token prediction."""
-    return tokens[:, :-1], tokens[:, 1:]
-
-
-def repeated_halves(
-    vocab_size: int, seq_len: int, batch: int, generator: torch.Generator
-) -> Tensor:
-    """(B, seq_len) ids: a random first half, then the same tokens again (the standard probe).
-
-    The first half is ``seq_len // 2`` uniform random tokens; an odd ``seq_len`` gets one more
-    random token at the end. Used to measure loss on the first vs the repeated half and the
-    induction score of each head (Olsson et al. 2022).
-    """
-    half = seq_len // 2
-    first = torch.randint(0, vocab_size, (batch, half), generator=generator)
-    extra = torch.randint(0, vocab_size, (batch, seq_len - 2 * half), generator=generator)
-    return torch.cat([first, first, extra], dim=1)  # (B, seq_len)
 
 
 # ---------------------------------------------------------------------------------------------

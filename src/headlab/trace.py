@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import torch
 from torch import Tensor
 
 
@@ -69,6 +70,21 @@ class Trace:
 
     def items(self) -> Iterator[tuple[str, Tensor]]:
         return iter(self._store.items())
+
+    def layers(self, name: str) -> list[Tensor]:
+        """The record ``blocks.{l}.<name>`` of every layer l = 0, 1, … in order, e.g.
+        ``trace.layers("attn.weights")``; a KeyError names what the trace holds if none is."""
+        found: list[Tensor] = []
+        while f"blocks.{len(found)}.{name}" in self._store:
+            found.append(self._store[f"blocks.{len(found)}.{name}"])
+        if not found:
+            self[f"blocks.0.{name}"]  # raises the KeyError that lists what is recorded
+        return found
+
+    def stack(self, name: str) -> Tensor:
+        """Every layer's ``blocks.{l}.<name>`` stacked on a new first axis:
+        ``stack("attn.weights")`` is (L, B, h, n, s). Layers must agree in shape."""
+        return torch.stack(self.layers(name))
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """Every recorded name with its shape, in recording order."""

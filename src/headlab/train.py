@@ -50,11 +50,12 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 import torch
-import torch.nn.functional as F
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save as save_safetensors_bytes
 from torch import Tensor, nn
+
+from headlab.measure import next_token_loss
 
 CHECKPOINT_FORMAT = 1
 
@@ -111,16 +112,6 @@ def lr_at(config: TrainConfig, step: int) -> float:
     progress = min(1.0, (step - config.warmup_steps) / span)
     cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
     return config.lr * (config.min_lr_ratio + (1.0 - config.min_lr_ratio) * cosine)
-
-
-def next_token_loss(model: nn.Module, batch: Batch) -> Tensor:
-    """Mean cross-entropy of ``model(inputs)`` (B, n, vocab) against ``targets`` (B, n).
-
-    ``batch`` is ``(inputs, targets)``, both LongTensors (B, n); targets equal to -100 are ignored.
-    """
-    inputs, targets = batch
-    logits = model(inputs)  # (B, n, vocab)
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
 
 
 def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:

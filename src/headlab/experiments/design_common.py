@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from headlab.experiments import one_thread, pyplot, save_figure, write_results
+from headlab.measure import next_token_loss
 from headlab.train import BatchFn, LossFn, TrainConfig, TrainResult, train
-from headlab.train import next_token_loss as train_next_token_loss
 
 
 def spread(values: list[float]) -> dict[str, Any]:
@@ -35,13 +35,13 @@ def fit(
     model: nn.Module, config: TrainConfig, batches: BatchFn, loss_fn: LossFn | None = None
 ) -> TrainResult:
     """headlab's one training loop, quiet and in memory (no checkpoints)."""
-    return train(model, config, batches, loss_fn=loss_fn or train_next_token_loss)
+    return train(model, config, batches, loss_fn=loss_fn or next_token_loss)
 
 
 @torch.no_grad()
 def mean_loss(model: nn.Module, batches: list[Any], loss_fn: LossFn | None = None) -> float:
     """Mean of ``loss_fn(model, batch)`` over fixed evaluation batches, in eval mode."""
-    loss_fn = loss_fn or train_next_token_loss
+    loss_fn = loss_fn or next_token_loss
     was = model.training
     model.eval()
     try:

@@ -51,11 +51,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from headlab.ablation import full_mask
 from headlab.experiments import one_thread, pyplot, save_figure, write_results
-from headlab.heads import induction_pattern, induction_score, previous_token_score
+from headlab.experiments.design_common import spread
+from headlab.heads import THRESHOLDS, induction_pattern, induction_score, previous_token_score
+from headlab.measure import (
+    Probe,
+    copy_losses,
+    icl_positions,
+    icl_score,
+    make_probe,
+    run_patterns,
+    token_losses,
+)
 from headlab.model import ModelConfig, Transformer
 from headlab.tasks import RepeatTask
 from headlab.trace import Trace
@@ -127,45 +137,29 @@ def train_config(cfg: InductionConfig, seed: int) -> TrainConfig:
 
 
 @dataclass
-class Probe:
+class HeldOut:
     """Fixed evaluation data: a repeated-segment probe and a training-distribution batch."""
 
-    inputs: Tensor  # (B, n) probe tokens fed to the model
-    targets: Tensor  # (B, n) next tokens
-    first: Tensor  # (B, n) bool: target is a token of the first copy (later repeated)
-    second: Tensor  # (B, n) bool: the same tokens, in the second copy
-    icl_inputs: Tensor  # (B', n) training-distribution tokens
-    icl_targets: Tensor  # (B', n)
-    early: int  # target index of Olsson's "50th token", scaled to n
-    late: int  # target index of the "500th token", scaled to n
-    ceiling: float  # induction score of an ideal induction head on this probe
+    copies: Probe  # (B, n + 1) tokens with a segment copied later; ``source`` names the copies
+    icl: Tensor  # (B', n + 1) training-distribution tokens
+    ceiling: float  # induction score of an ideal induction head on the probe's inputs
+
+    @property
+    def inputs(self) -> Tensor:
+        """(B, n): what the model sees of the copy probe."""
+        return self.copies.tokens[:, :-1]
 
 
-def make_probe(cfg: InductionConfig, seed: int) -> Probe:
+def held_out(cfg: InductionConfig, seed: int) -> HeldOut:
     """The evaluation data, from a generator separate from training (seed + 1,000,003)."""
     g = torch.Generator().manual_seed(seed + 1_000_003)
     n = cfg.seq_len
     task = RepeatTask(cfg.vocab_size, n, max(1, n // 4), (n + 1) // 2)
     tokens, source, is_copy = task.sample(cfg.eval_batch, g)  # (B, n + 1) each
-    second = is_copy[:, 1:] & is_copy[:, :-1]  # target is a copy whose predecessor is one too
-    first = torch.zeros_like(second)
-    rows, cols = torch.nonzero(second, as_tuple=True)
-    first[rows, source[:, 1:][rows, cols] - 1] = True  # its first occurrence, as a target index
-    icl_inputs, icl_targets = RepeatTask(cfg.vocab_size, n, cfg.min_span, cfg.max_span).batch(
-        cfg.icl_batch, g
-    )
-    inputs = tokens[:, :-1]
-    return Probe(
-        inputs,
-        tokens[:, 1:],
-        first,
-        second,
-        icl_inputs,
-        icl_targets,
-        early=max(0, round(50 / 512 * n) - 1),
-        late=min(n - 1, round(500 / 512 * n) - 1),
-        ceiling=float(induction_score(ideal_induction_weights(inputs), inputs).max()),
-    )
+    copies = make_probe("copy", tokens, None, torch.where(is_copy, source, -1))
+    icl = RepeatTask(cfg.vocab_size, n, cfg.min_span, cfg.max_span).sample(cfg.icl_batch, g)[0]
+    ideal = ideal_induction_weights(tokens[:, :-1])
+    return HeldOut(copies, icl, float(induction_score(ideal, tokens[:, :-1]).max()))
 
 
 def ideal_induction_weights(tokens: Tensor) -> Tensor:
@@ -178,25 +172,19 @@ def ideal_induction_weights(tokens: Tensor) -> Tensor:
     return rows.unsqueeze(1)  # (B, 1, n, n)
 
 
-def token_losses(model: Transformer, inputs: Tensor, targets: Tensor, **kw: Any) -> Tensor:
-    """(B, n) cross-entropy of every next-token prediction."""
-    logits = model(inputs, **kw)  # (B, n, V)
-    return F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, n)
-
-
-def measure(model: Transformer, probe: Probe) -> dict[str, Any]:
+def metrics(model: Transformer, data: HeldOut) -> dict[str, Any]:
     """The per-evaluation metrics listed in the module docstring."""
     trace = Trace(only=("weights",))
-    per_token = token_losses(model, probe.inputs, probe.targets, trace=trace)
-    L = model.config.n_layers
-    weights = [trace[f"blocks.{l}.attn.weights"] for l in range(L)]  # (B, h, n, n) each
-    held_out = token_losses(model, probe.icl_inputs, probe.icl_targets)  # (B', n)
+    first, repeated = copy_losses(token_losses(model, data.copies.tokens, trace=trace),
+                                  data.copies.source)  # fmt: skip
+    weights = trace.layers("attn.weights")  # (B, h, n, n) each
+    held = token_losses(model, data.icl)  # (B', n)
     return {
-        "loss": float(held_out.mean()),
-        "first_copy_loss": float(per_token[probe.first].mean()),
-        "repeated_loss": float(per_token[probe.second].mean()),
-        "icl_score": float(held_out[:, probe.late].mean() - held_out[:, probe.early].mean()),
-        "induction": [induction_score(w, probe.inputs).tolist() for w in weights],
+        "loss": float(held.mean()),
+        "first_copy_loss": first,
+        "repeated_loss": repeated,
+        "icl_score": icl_score(held, *icl_positions(held.shape[1])),
+        "induction": [induction_score(w, data.inputs).tolist() for w in weights],
         "prev_token": [previous_token_score(w).tolist() for w in weights],
     }
 
@@ -210,7 +198,7 @@ def train_model(
     cfg: InductionConfig,
     n_layers: int,
     seed: int,
-    probe: Probe,
+    data: HeldOut,
     reporter: Reporter | None = None,
     out_dir: Path | None = None,
     resume: bool = False,
@@ -221,7 +209,7 @@ def train_model(
     t0 = time.perf_counter()
 
     def evaluate(m: Any, step: int) -> dict[str, Any]:
-        return {**measure(m, probe), "wall": time.perf_counter() - t0}
+        return {**metrics(m, data), "wall": time.perf_counter() - t0}
 
     result = train(
         model,
@@ -261,22 +249,20 @@ def find_phase_change(evals: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def ablate(model: Transformer, probe: Probe, heads: list[tuple[int, int]]) -> float:
+def ablate(model: Transformer, data: HeldOut, heads: list[tuple[int, int]]) -> float:
     """Repeated-token loss with the outputs of ``heads`` zeroed (Michel et al. 2019's masks)."""
-    mask = torch.ones(model.config.n_layers, model.config.n_heads)
-    for layer, head in heads:
-        mask[layer, head] = 0.0
+    mask = full_mask(model.config.n_layers, model.config.n_heads, heads)
     with torch.no_grad():
-        per_token = token_losses(model, probe.inputs, probe.targets, head_mask=mask)
-    return float(per_token[probe.second].mean())
+        losses = token_losses(model, data.copies.tokens, head_mask=mask)
+    return copy_losses(losses, data.copies.source)[1]
 
 
-def ablation_study(model: Transformer, probe: Probe, final: dict[str, Any]) -> dict[str, Any]:
+def ablation_study(model: Transformer, data: HeldOut, final: dict[str, Any]) -> dict[str, Any]:
     """Every head ablated alone; then the layer-0 feeders together and the other layer-0 heads."""
     clean, unrepeated = final["repeated_loss"], final["first_copy_loss"]
     span = max(unrepeated - clean, 1e-9)
     L, h = model.config.n_layers, model.config.n_heads
-    single = {f"{l}.{i}": ablate(model, probe, [(l, i)]) for l in range(L) for i in range(h)}
+    single = {f"{l}.{i}": ablate(model, data, [(l, i)]) for l in range(L) for i in range(h)}
     effect = {name: (loss - clean) / span for name, loss in single.items()}
     layer0 = [f"0.{i}" for i in range(h)]
     feeders = [name for name in layer0 if effect[name] >= FEEDER_EFFECT] or [
@@ -284,8 +270,8 @@ def ablation_study(model: Transformer, probe: Probe, final: dict[str, Any]) -> d
     ]
     others = [name for name in layer0 if name not in feeders]
     joint = {
-        "feeders": ablate(model, probe, [_parse(n) for n in feeders]),
-        "others": ablate(model, probe, [_parse(n) for n in others]) if others else clean,
+        "feeders": ablate(model, data, [_parse(n) for n in feeders]),
+        "others": ablate(model, data, [_parse(n) for n in others]) if others else clean,
     }
     return {
         "clean_repeated_loss": clean,
@@ -314,12 +300,16 @@ def _score(final: dict[str, Any], name: str, kind: str = "prev_token") -> float:
 
 
 def label_heads(final: dict[str, Any], ceiling: float) -> dict[str, list[str]]:
-    """Induction heads (≥ half the ceiling) and previous-token heads (≥ 0.5), as "L.H"."""
+    """Induction heads (≥ half the ceiling) and previous-token heads (headlab.heads' threshold,
+    0.5), as "L.H". The induction score is read against the probe's ceiling: copies of random
+    length and offset leave most rows with nothing to copy."""
     found: dict[str, list[str]] = {"induction": [], "prev_token": []}
     for layer, scores in enumerate(final["induction"]):
         found["induction"] += [f"{layer}.{i}" for i, s in enumerate(scores) if s >= 0.5 * ceiling]
     for layer, scores in enumerate(final["prev_token"]):
-        found["prev_token"] += [f"{layer}.{i}" for i, s in enumerate(scores) if s >= 0.5]
+        found["prev_token"] += [
+            f"{layer}.{i}" for i, s in enumerate(scores) if s >= THRESHOLDS["previous"]
+        ]
     return found
 
 
@@ -330,13 +320,13 @@ def label_heads(final: dict[str, Any], ceiling: float) -> dict[str, list[str]]:
 
 def run_seed(cfg: InductionConfig, seed: int, reporter: Reporter | None = None) -> dict[str, Any]:
     """Both models for one seed: phase change, heads, ablations, the control."""
-    probe = make_probe(cfg, seed)
-    model, result = train_model(cfg, 2, seed, probe, reporter)
+    data = held_out(cfg, seed)
+    model, result = train_model(cfg, 2, seed, data, reporter)
     evals = result.records("eval")
     final = evals[-1]
     phase = find_phase_change(evals)
-    heads = label_heads(final, probe.ceiling)
-    _, control_result = train_model(cfg, 1, seed, probe, reporter)
+    heads = label_heads(final, data.ceiling)
+    _, control_result = train_model(cfg, 1, seed, data, reporter)
     control_evals = control_result.records("eval")
     control_final = control_evals[-1]
     walls = {r["step"]: r["wall"] for r in evals}
@@ -348,9 +338,9 @@ def run_seed(cfg: InductionConfig, seed: int, reporter: Reporter | None = None) 
         "induction_heads": heads["induction"],
         "prev_token_heads": heads["prev_token"],
         "final_induction_score": max(max(layer) for layer in final["induction"]),
-        "induction_ceiling": probe.ceiling,
+        "induction_ceiling": data.ceiling,
         "final": {k: final[k] for k in ("loss", "first_copy_loss", "repeated_loss", "icl_score")},
-        **ablation_study(model, probe, final),
+        **ablation_study(model, data, final),
         "control_max_induction_score": max(max(r["induction"][0]) for r in control_evals),
         "control_final": {
             k: control_final[k] for k in ("loss", "first_copy_loss", "repeated_loss", "icl_score")
@@ -361,7 +351,7 @@ def run_seed(cfg: InductionConfig, seed: int, reporter: Reporter | None = None) 
         "history": result.history,
         "control_history": control_result.history,
         "_model": model,
-        "_probe": probe,
+        "_data": data,
     }
 
 
@@ -381,7 +371,7 @@ def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None 
         "config": asdict(cfg),
         **{k: v for k, v in first.items() if not k.startswith("_")},
         "seeds": [_summary(r) for r in runs],
-        "phase_change_consistency": _spread([r["phase_change_step"] for r in runs]),
+        "phase_change_consistency": spread([r["phase_change_step"] for r in runs]),
         "wall_seconds": 0.0,
         "figures": [],
     }
@@ -402,12 +392,6 @@ def _summary(r: dict[str, Any]) -> dict[str, Any]:
         "feeder_heads": [f["head"] for f in r["feeder_heads"]],
         "feeder_prev_token_scores": [f["prev_token_score"] for f in r["feeder_heads"]],
     }
-
-
-def _spread(values: list[float]) -> dict[str, Any]:
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return {"mean": statistics.fmean(values), "std": std, "min": min(values),
-            "max": max(values), "values": values}  # fmt: skip
 
 
 def _figures(r: dict[str, Any], out: Path) -> list[str]:
@@ -461,16 +445,14 @@ def _pattern_figure(r: dict[str, Any], out: Path) -> str | None:
     if not r["induction_heads"]:
         return None
     plt = pyplot()
-    model, probe = r["_model"], r["_probe"]
-    trace = Trace(only=("weights",))
-    with torch.no_grad():
-        model(probe.inputs[:1], trace=trace)
+    model, data = r["_model"], r["_data"]
+    patterns = run_patterns(model, data.inputs[:1])[:, 0]  # (L, h, n, n)
     partner = max(r["feeder_heads"], key=lambda f: f["prev_token_score"])["head"]
     shown = [r["induction_heads"][0], partner]
     fig, axes = plt.subplots(1, 2, figsize=(9, 4.4))
     for ax, name in zip(axes, shown, strict=True):
         layer, head = _parse(name)
-        ax.imshow(trace[f"blocks.{layer}.attn.weights"][0, head].numpy(), cmap="viridis")
+        ax.imshow(patterns[layer, head].numpy(), cmap="viridis")
         kind = "induction" if name == shown[0] else "previous-token partner"
         ax.set(title=f"head {name} ({kind})", xlabel="key position", ylabel="query position")
     return save_figure(fig, out, "patterns.png")
@@ -484,10 +466,10 @@ def _pattern_figure(r: dict[str, Any], out: Path) -> str | None:
 def train_recipe(args: RecipeArgs) -> TrainResult:
     """Train the experiment's 2-layer model in ``args.out`` and save it to ``args.out/model``."""
     cfg = replace(QUICK if args.quick else DEFAULT)
-    probe = make_probe(cfg, args.seed)
+    data = held_out(cfg, args.seed)
     with one_thread():
         model, result = train_model(
-            cfg, 2, args.seed, probe, args.reporter, Path(args.out), args.resume
+            cfg, 2, args.seed, data, args.reporter, Path(args.out), args.resume
         )
     if not result.interrupted:
         model.save(Path(args.out) / "model")

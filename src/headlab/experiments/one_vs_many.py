@@ -37,9 +37,9 @@ from headlab.experiments.design_common import (
     spread,
     write_results,
 )
+from headlab.measure import run_patterns
 from headlab.model import ModelConfig, Transformer
 from headlab.tasks import AgreementTask
-from headlab.trace import Trace
 from headlab.train import TrainConfig
 
 MODELS = ("heads", "one", "wide")
@@ -136,12 +136,9 @@ def train_one(kind: str, depth: int, seed: int, cfg: OneVsManyConfig) -> tuple[T
 @torch.no_grad()
 def attention_rows(model: Transformer, tokens: Tensor, slot: int) -> list[list[list[float]]]:
     """Every layer's attention from ``<v>`` on one sentence: [layer][head][key position]."""
-    trace = Trace(only=("weights",))
     model.eval()
-    model(tokens[None], trace=trace)
-    n_layers = len(model.blocks)
-    rows = [trace[f"blocks.{i}.attn.weights"][0, :, slot, : slot + 1] for i in range(n_layers)]
-    return [r.tolist() for r in rows]  # each (h, slot + 1)
+    weights = run_patterns(model, tokens[None])  # (L, 1, h, n, n)
+    return [w[0, :, slot, : slot + 1].tolist() for w in weights]  # each (h, slot + 1)
 
 
 def example_sentence(task: AgreementTask) -> dict[str, Tensor]:

@@ -38,10 +38,10 @@ from headlab.ablation import (
     HeadLoss,
     PruningCurve,
     head_importance,
+    head_loss,
     importance_order,
     pruning_curve,
     random_order,
-    target_loss,
 )
 from headlab.experiments.design_common import fit, one_thread, pyplot, save_figure, write_results
 from headlab.model import ModelConfig, Transformer
@@ -144,7 +144,7 @@ def trained_here(cfg: PruneConfig, seed: int) -> tuple[Transformer, list[Any], l
 
 def grammar_probe(seed: int) -> Any:
     """Full-length held-out sentences (no padding) as a head-classifier probe."""
-    from headlab.probes import make_probe
+    from headlab.measure import make_probe
 
     task = AgreementTask()
     sample = task.sample(256, torch.Generator().manual_seed(40_000 + seed), "test")
@@ -231,10 +231,11 @@ def prune_model(
 ) -> dict[str, Any]:
     """Importance, pruning curves (importance order and random orders) and surviving labels.
 
-    ``loss_fn`` defaults to cross-entropy against the batches' targets (:func:`target_loss`).
+    ``loss_fn`` defaults to cross-entropy against the batches' targets
+    (:func:`headlab.ablation.head_loss`).
     """
     L, h = model.config.n_layers, model.config.n_heads
-    loss_fn = loss_fn or target_loss(model)
+    loss_fn = loss_fn or head_loss(model)
     importance = head_importance(loss_fn, imp, L, h)  # (L, h)
     by_importance = pruning_curve(loss_fn, ev, importance_order(importance), L, h)
     randoms = [
@@ -272,14 +273,14 @@ def _curve(curve: PruningCurve) -> dict[str, Any]:
 def head_labels(model: Transformer, tokenizer: Any | None, seed: int) -> dict[str, str]:
     """The classifier's label of every head ("L.H" → label): for a text model on the built-in
     sentence with a repeat, for the grammar model on held-out full-length sentences."""
-    from headlab.heads import score_heads
-    from headlab.probes import sentence_probe
+    from headlab.heads import analyse
+    from headlab.measure import sentence_probe
 
     if tokenizer is not None:
         probe = sentence_probe(tokenizer, model.config.max_len)
     else:
         probe = grammar_probe(seed)
-    report = score_heads(model, probe, seed)
+    report = analyse(model, probe, seed)
     return {f"{s.layer}.{s.head}": s.label for s in report.heads}
 
 

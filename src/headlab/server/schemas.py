@@ -57,10 +57,12 @@ class TextRequest(Strict):
         max_length=MAX_TEXT_CHARS,
         description="text to run; omitted = the built-in sentence with a repeat",
     )
-    probe: Literal["text", "random-repeat"] = Field(
-        "text",
-        description="'text': the text above; 'random-repeat': seeded random tokens repeated 4 "
-        "times (Olsson et al. 2022's probe, headlab.probes.random_repeat_probe), with no text",
+    probe: Literal["repeat", "random-repeat", "text"] | None = Field(
+        None,
+        description="'repeat': the built-in sentence with a repeat; 'random-repeat': seeded "
+        "random tokens repeated 4 times (Olsson et al. 2022's probe), with no text; 'text': the "
+        "text above. Omitted: 'text' when a text is given, else 'repeat' "
+        "(headlab.measure.build_probe, the names `headlab heads --probe` takes)",
     )
 
 
@@ -90,12 +92,23 @@ class HeadInfo(BaseModel):
 
 class HeadsResponse(BaseModel):
     model: str
+    probe: str
     text: str
     tokens: list[str]
+    ids: list[int]
+    causal: bool
+    n_layers: int
+    n_heads: int
     heads: list[HeadInfo]
     averaged: list[HeadInfo] = Field(description="per layer, the mean of its heads, scored alike")
     best: dict[str, Any] = Field(description="per head type, the model's best head and its score")
     thresholds: dict[str, float] = Field(default_factory=dict)
+    weights: list[list[list[list[float]]]] = Field(
+        description="[layer][head][query i][key j] on the probe's first sequence"
+    )
+    averaged_weights: list[list[list[float]]] = Field(
+        description="[layer][i][j]: the mean of the layer's heads on that sequence"
+    )
 
 
 class CodeResponse(BaseModel):

@@ -24,7 +24,7 @@ LINKED = (
     "headlab.shapes.trace_shapes",
     "headlab.heads.previous_token_score",
     "headlab.heads.induction_score",
-    "headlab.heads.score_heads",
+    "headlab.heads.analyse",
     "headlab.model.Block",
     "headlab.model.Transformer.forward",
     "headlab.ablation",

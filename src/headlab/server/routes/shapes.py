@@ -29,18 +29,13 @@ async def shapes(req: ShapesRequest) -> Response:
 @functools.lru_cache(maxsize=256)
 def _report_json(key: tuple[tuple[str, Any], ...]) -> bytes:
     """The encoded report; the widget asks for the same few sizes again and again as one types."""
+    from headlab.attention import valid_head_counts
     from headlab.shapes import trace_shapes
 
     report: dict[str, Any] = trace_shapes(**dict(key)).to_dict()
-    report.setdefault("valid_head_counts", divisors(report["config"]["d_model"]))
-    report.setdefault("valid_kv_head_counts", divisors(report["config"]["n_heads"]))
+    report.setdefault("valid_head_counts", valid_head_counts(report["config"]["d_model"]))
+    report.setdefault("valid_kv_head_counts", valid_head_counts(report["config"]["n_heads"]))
     return orjson.dumps(report, option=OPTIONS)
-
-
-def divisors(m: int) -> list[int]:
-    """The divisors of m in increasing order (the valid head counts for a width m), in O(√m)."""
-    small = [d for d in range(1, int(m**0.5) + 1) if m % d == 0]
-    return sorted(set(small + [m // d for d in small]))
 
 
 @router.get("/shapes/presets")

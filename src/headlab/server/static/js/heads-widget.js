@@ -1,5 +1,5 @@
-// Widget 2: what heads learn. Patterns come from POST /api/attention, scores and labels from
-// POST /api/heads, both computed by headlab on the chosen model.
+// Widget 2: what heads learn. One POST /api/heads per run answers every head's pattern, scores
+// and label (headlab.heads.analyse on the chosen model); every view is drawn from that answer.
 import { api } from "./api.js";
 import { h, clear, debounce, missing } from "./dom.js";
 import { heatmap, arcs, colourLegend } from "./figures.js";
@@ -42,11 +42,11 @@ export function initHeads(root, summaryEl) {
     const { layer, head } = state;
     const label = labelOf(state, layer, head);
     const readout = h("p", { class: "note", id: "heads-readout", "aria-live": "polite" }, "Hover a cell, or focus the heatmap and use the arrow keys, to read the exact weight.");
-    const chosenW = state.averaged ? a.averaged[layer] : a.weights[layer][head];
+    const chosenW = state.averaged ? a.averaged_weights[layer] : a.weights[layer][head];
     const chosenTitle = state.averaged ? `layer ${layer}, all ${a.n_heads} heads averaged` : `head ${layer}.${head}${label ? ` — ${label}` : ""}`;
     const left = figure(heatmap(chosenW, a.tokens, { title: chosenTitle, readout }), { name: `head-${layer}-${state.averaged ? "avg" : head}`, caption: chosenTitle, data: { model: a.model, tokens: a.tokens, layer, head: state.averaged ? null : head, weights: chosenW } });
     const avgTitle = `layer ${layer}: mean of its ${a.n_heads} heads`;
-    const right = figure(heatmap(a.averaged[layer], a.tokens, { title: avgTitle, readout }), { name: `head-${layer}-avg`, caption: avgTitle, data: { model: a.model, tokens: a.tokens, layer, weights: a.averaged[layer] } });
+    const right = figure(heatmap(a.averaged_weights[layer], a.tokens, { title: avgTitle, readout }), { name: `head-${layer}-avg`, caption: avgTitle, data: { model: a.model, tokens: a.tokens, layer, weights: a.averaged_weights[layer] } });
     const arcTitle = `${chosenTitle}: where each token looks (weights ≥ 0.05)`;
     const arc = figure(arcs(chosenW, a.tokens, { title: arcTitle, readout }), { name: `arcs-${layer}-${state.averaged ? "avg" : head}`, caption: arcTitle, data: { tokens: a.tokens, weights: chosenW } });
     clear(view, colourLegend(), readout, h("div", { class: "pair" }, left, right), arc);
@@ -85,15 +85,17 @@ export function initHeads(root, summaryEl) {
     try {
       // an empty box runs the built-in sentence with a repeat, which the answer then shows
       const random = input.value === "random-repeat";  // Olsson et al.'s probe: induction heads score highest
-      const body = random ? { model: model.value || "default", probe: "random-repeat" }
-        : { model: model.value || "default", text: text.value.trim() ? text.value : undefined };
-      const [attention, heads] = await Promise.all([api("/api/attention", body), api("/api/heads", body).catch((e) => ({ error: e.message }))]);
+      const name = model.value || "default";
+      const body = random ? { model: name, probe: "random-repeat" }
+        : text.value.trim() ? { model: name, probe: "text", text: text.value } : { model: name, probe: "repeat" };
+      const heads = await api("/api/heads", body);
       if (mine !== runs) return;
+      const attention = heads;
       state.attention = attention;
       if (!random && !text.value.trim()) text.value = attention.text;
-      state.heads = heads.error ? null : heads;
+      state.heads = heads;
       clear(which, attention.weights.flatMap((heads_, l) => heads_.map((_, k) => h("option", { value: `${l}.${k}` }, `${l}.${k}${labelOf(state, l, k) ? ` ${labelOf(state, l, k)}` : ""}`))));
-      status.textContent = `${attention.model}: ${attention.tokens.length} tokens, ${attention.n_layers} layers × ${attention.n_heads} heads${heads.error ? ` (no head labels: ${heads.error})` : ""}.`;
+      status.textContent = `${attention.model}: ${attention.tokens.length} tokens, ${attention.n_layers} layers × ${attention.n_heads} heads.`;
       pickType(state, kind.value, select, status);
       summarise(summaryEl, state);
     } catch (err) {

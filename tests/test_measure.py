@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headlab.probes import (
+from headlab.measure import (
     REPEAT_SENTENCE,
     is_punctuation,
     make_probe,
@@ -27,15 +27,25 @@ class CharTokenizer:
 
 def test_repeated_random_tokens_repeat_exactly_and_are_seeded():
     cand = torch.arange(100, 200)
-    t = repeated_random_tokens(cand, length=25, repeats=2, batch=3, seed=7, prefix=[5], suffix=[6])
+
+    def draw(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        return repeated_random_tokens(cand, 25, 2, 3, g, [5], [6])
+
+    t, source = draw(7)
     assert t.shape == (3, 52)
     assert (t[:, 0] == 5).all() and (t[:, -1] == 6).all()
     assert torch.equal(t[:, 1:26], t[:, 26:51])
     for row in t:
         run = row[1:26].tolist()
         assert len(set(run)) == 25 and all(100 <= i < 200 for i in run)
-    assert torch.equal(t, repeated_random_tokens(cand, 25, 2, 3, 7, [5], [6]))
-    assert not torch.equal(t, repeated_random_tokens(cand, 25, 2, 3, 8, [5], [6]))
+    assert torch.equal(t, draw(7)[0])
+    assert not torch.equal(t, draw(8)[0])
+    # source names the copied position: every token of the second copy equals its source token
+    rows, cols = torch.nonzero(source >= 0, as_tuple=True)
+    assert cols.tolist() == list(range(26, 51)) * 3
+    assert torch.equal(t[rows, cols], t[rows, source[rows, cols]])
+    assert (source[:, :26] == -1).all() and (source[:, 51:] == -1).all()
 
 
 def test_punctuation():
