@@ -23,3 +23,29 @@ def test_help_lists_commands_and_runs_as_console_script():
     )
     assert proc.returncode == 0, proc.stderr
     assert "Multi-head attention you can run, measure and see" in proc.stdout
+
+
+def test_only_the_cli_imports_its_reporters_and_recipe_registry():
+    """The recipe registry and the terminal reporters sit at the top (headlab.cli_support): no
+    library module names them or the CLI, not even in an importlib string."""
+    import ast
+    from pathlib import Path
+
+    root = Path(headlab.__file__).parent
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel in ("cli.py", "cli_support.py") or rel.startswith("server/"):
+            continue  # the CLI itself, and the server: the other top-level room
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names = [node.value.split(":")[0]]
+            if any(n in ("headlab.cli", "headlab.cli_support") for n in names):
+                offenders.append(rel)
+    assert offenders == []
+    assert not hasattr(__import__("headlab.train").train, "RECIPES")

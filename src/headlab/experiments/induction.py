@@ -69,7 +69,7 @@ from headlab.measure import (
 from headlab.model import ModelConfig, Transformer
 from headlab.tasks import RepeatTask
 from headlab.trace import Trace
-from headlab.train import RecipeArgs, Reporter, TrainConfig, TrainResult, train
+from headlab.train import Reporter, TrainConfig, TrainResult, train
 
 
 @dataclass(frozen=True)
@@ -463,14 +463,19 @@ def _pattern_figure(r: dict[str, Any], out: Path) -> str | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def train_recipe(args: RecipeArgs) -> TrainResult:
-    """Train the experiment's 2-layer model in ``args.out`` and save it to ``args.out/model``."""
-    cfg = replace(QUICK if args.quick else DEFAULT)
-    data = held_out(cfg, args.seed)
+def train_recipe(
+    out: Path,
+    *,
+    quick: bool = False,
+    seed: int = 0,
+    resume: bool = False,
+    reporter: Reporter | None = None,
+) -> TrainResult:
+    """Train the experiment's 2-layer model in ``out`` and save it to ``out/model``."""
+    cfg = replace(QUICK if quick else DEFAULT)
+    data = held_out(cfg, seed)
     with one_thread():
-        model, result = train_model(
-            cfg, 2, args.seed, data, args.reporter, Path(args.out), args.resume
-        )
+        model, result = train_model(cfg, 2, seed, data, reporter, Path(out), resume)
     if not result.interrupted:
-        model.save(Path(args.out) / "model")
+        model.save(Path(out) / "model")
     return result

@@ -1,0 +1,288 @@
+"""Checkpoints of a training run: written atomically, verified before anything is loaded.
+
+Layout, inside a run directory::
+
+    checkpoints/latest             the name of the newest complete checkpoint, e.g. "step-000500"
+    checkpoints/step-000500/       model.safetensors, optimizer.safetensors, state.json
+
+``state.json`` holds the step, every RNG state (the data generator's and torch's global one), the
+optimizer's hyper-parameters, the training config and the SHA-256 of both tensor files.
+
+Atomic: each checkpoint is written into a temporary directory, every file is fsynced, the
+directory is renamed into place, and only then is ``latest`` replaced (temporary file, fsync,
+rename). A process killed at any point leaves ``latest`` naming a complete checkpoint. Loading
+verifies sizes and hashes and parses everything before touching the model, so a corrupt or
+truncated checkpoint is refused, never half-loaded. :func:`headlab.train.train` writes and
+resumes them.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors_bytes
+from safetensors.torch import save as save_safetensors_bytes
+from torch import Tensor, nn
+
+CHECKPOINT_FORMAT = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: missing, corrupt, truncated, or from another run."""
+
+
+# training-config fields that change only bookkeeping, never the weights: a resumed run may
+# change them
+_BOOKKEEPING = {"eval_every", "log_every", "checkpoint_every", "keep_checkpoints"}
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint read fully into memory and verified (sizes, SHA-256, parse)."""
+
+    path: Path
+    state: dict[str, Any]  # state.json: step, rng, config, optimizer groups, file hashes
+    model: dict[str, Tensor]  # the model's state_dict
+    optimizer: dict[str, Any]  # the optimizer's state_dict
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+
+def checkpoint_dir(out_dir: Path) -> Path:
+    """Where a run keeps its checkpoints."""
+    return Path(out_dir) / "checkpoints"
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    """The newest complete checkpoint named by ``checkpoints/latest``, or None if there is none."""
+    pointer = checkpoint_dir(out_dir) / "latest"
+    if not pointer.exists():
+        return None
+    name = pointer.read_text(encoding="utf-8", errors="replace").strip()
+    if not name.startswith("step-") or "/" in name or not name[5:].isdigit():
+        raise CheckpointError(f"{pointer} is corrupt: it should name a checkpoint, got {name!r}")
+    return checkpoint_dir(out_dir) / name
+
+
+def save_checkpoint(
+    out_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> Path:
+    """Write a checkpoint for ``state["step"]`` atomically and point ``latest`` at it.
+
+    The files go to a temporary directory that is fsynced and renamed into place; ``latest`` is
+    replaced last, so a crash at any moment leaves the previous checkpoint current and loadable.
+    """
+    root = checkpoint_dir(out_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step-{int(state['step']):06d}"
+    final = root / name
+    if final.exists() and latest_checkpoint(out_dir) == final:
+        return final  # this exact state is already saved
+    opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
+    blobs = {
+        "model.safetensors": save_safetensors_bytes(_plain_tensors(model.state_dict())),
+        "optimizer.safetensors": save_safetensors_bytes(opt_tensors),
+    }
+    files = {
+        f: {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()} for f, b in blobs.items()
+    }
+    full_state = {**state, "format": CHECKPOINT_FORMAT, "optimizer": opt_meta, "files": files}
+    blobs["state.json"] = json.dumps(full_state, indent=1, sort_keys=True).encode()
+    tmp = root / f".tmp-{name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for fname, blob in blobs.items():
+        _write_synced(tmp / fname, blob)
+    _fsync_dir(tmp)
+    if final.exists():  # a stale copy that ``latest`` never named: move it aside first
+        final.rename(root / f".old-{name}-{os.getpid()}")
+    tmp.rename(final)
+    _fsync_dir(root)
+    replace_atomic(root / "latest", name.encode())
+    _prune(root, keep=int(state.get("config", {}).get("keep_checkpoints", 2)), current=name)
+    return final
+
+
+def load_checkpoint(out_dir: Path) -> Checkpoint:
+    """Read and verify the newest checkpoint of a run; raise CheckpointError if it is unusable."""
+    path = latest_checkpoint(out_dir)
+    if path is None:
+        raise CheckpointError(
+            f"no checkpoint in {checkpoint_dir(out_dir)}; start the run without --resume"
+        )
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} named by 'latest' is missing")
+    state = _read_state(path)
+    blobs = {}
+    for fname, expect in state["files"].items():
+        blobs[fname] = _read_verified(path / fname, expect)
+    try:
+        model = load_safetensors_bytes(blobs["model.safetensors"])
+        opt_tensors = load_safetensors_bytes(blobs["optimizer.safetensors"])
+    except (SafetensorError, KeyError) as e:
+        raise CheckpointError(f"checkpoint {path} is corrupt: {e}") from None
+    optimizer = _unflatten_optimizer(opt_tensors, state["optimizer"])
+    return Checkpoint(path, state, model, optimizer)
+
+
+def _read_state(path: Path) -> dict[str, Any]:
+    try:
+        state = json.loads((path / "state.json").read_bytes())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt: state.json unreadable ({e})"
+        ) from None
+    missing = {"step", "format", "files", "optimizer", "rng", "config"} - set(state)
+    if not isinstance(state, dict) or missing:
+        raise CheckpointError(f"checkpoint {path} is corrupt: state.json lacks {sorted(missing)}")
+    if state["format"] != CHECKPOINT_FORMAT:
+        raise CheckpointError(
+            f"checkpoint {path} has format {state['format']}; this headlab reads format "
+            f"{CHECKPOINT_FORMAT}"
+        )
+    return state
+
+
+def _read_verified(path: Path, expect: dict[str, Any]) -> bytes:
+    try:
+        blob = path.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"checkpoint file {path} is missing or unreadable ({e})") from None
+    if len(blob) != expect["bytes"]:
+        raise CheckpointError(
+            f"checkpoint file {path} is truncated or corrupt: {len(blob)} bytes, "
+            f"expected {expect['bytes']}"
+        )
+    if hashlib.sha256(blob).hexdigest() != expect["sha256"]:
+        raise CheckpointError(f"checkpoint file {path} is corrupt: its SHA-256 does not match")
+    return blob
+
+
+def _plain_tensors(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    # clones: safetensors refuses tensors that share memory (tied weights)
+    return {k: v.detach().cpu().clone().contiguous() for k, v in tensors.items()}
+
+
+def _flatten_optimizer(sd: dict[str, Any]) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    tensors: dict[str, Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for idx, slots in sd["state"].items():
+        for key, value in slots.items():
+            if isinstance(value, Tensor):
+                tensors[f"{idx}.{key}"] = value.detach().cpu().clone().contiguous()
+            else:
+                scalars.setdefault(str(idx), {})[key] = value
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def _unflatten_optimizer(tensors: dict[str, Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in tensors.items():
+        idx, key = name.split(".", 1)
+        state.setdefault(int(idx), {})[key] = value
+    for idx, slots in meta.get("scalars", {}).items():
+        state.setdefault(int(idx), {}).update(slots)
+    groups = [
+        {**g, "betas": tuple(g["betas"])} if "betas" in g else g for g in meta["param_groups"]
+    ]
+    return {"state": state, "param_groups": groups}
+
+
+def _write_synced(path: Path, blob: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(blob)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_atomic(path: Path, blob: bytes) -> None:
+    """Replace ``path`` with ``blob``: temporary file, fsync, rename, fsync the directory."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    _write_synced(tmp, blob)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _prune(root: Path, keep: int, current: str) -> None:
+    names = sorted(p.name for p in root.iterdir() if p.name.startswith("step-") and p.is_dir())
+    stale = [n for n in names if n != current][: max(0, len(names) - keep)]
+    for name in stale:
+        shutil.rmtree(root / name, ignore_errors=True)
+    # leftovers of runs killed mid-save (one process writes a run, so none is in progress now)
+    for leftover in [*root.glob(".old-*"), *root.glob(".tmp-*")]:
+        shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in root.glob(".latest.tmp-*"):
+        leftover.unlink(missing_ok=True)
+
+
+def check_compatible(
+    ck: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer, config: dict[str, Any]
+) -> None:
+    """Refuse to resume into a different run: training config (``asdict`` of a TrainConfig),
+    model config, tensor names and shapes."""
+    saved, now = ck.state["config"], config
+    changed = [k for k in now if k not in _BOOKKEEPING and saved.get(k) != jsonable(now[k])]
+    if changed:
+        diffs = ", ".join(
+            f"{k}: {saved.get(k)!r} in the checkpoint, {now[k]!r} now" for k in changed
+        )
+        raise CheckpointError(f"checkpoint {ck.path} is from a different run ({diffs})")
+    model_config = model_config_of(model)
+    if ck.state.get("model_config") != model_config:
+        raise CheckpointError(
+            f"checkpoint {ck.path} was saved from model config {ck.state.get('model_config')}, "
+            f"not {model_config}"
+        )
+    own = model.state_dict()
+    wrong = sorted(set(own) ^ set(ck.model)) or [
+        k for k in own if tuple(own[k].shape) != tuple(ck.model[k].shape)
+    ]
+    if wrong:
+        raise CheckpointError(
+            f"checkpoint {ck.path} does not fit this model (tensors differ: {wrong[:5]})"
+        )
+    sizes = [len(g["params"]) for g in optimizer.state_dict()["param_groups"]]
+    if sizes != [len(g["params"]) for g in ck.optimizer["param_groups"]]:
+        raise CheckpointError(f"checkpoint {ck.path} optimizer does not fit this model")
+
+
+def model_config_of(model: nn.Module) -> Any:
+    """The model's dataclass config as plain JSON values, or None when it has none."""
+    config = getattr(model, "config", None)
+    if config is None or not is_dataclass(config) or isinstance(config, type):
+        return None
+    return jsonable(asdict(config))
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as it reads back from JSON (tuples become lists, and so on)."""
+    return json.loads(json.dumps(value))
+
+
+def rng_to_json(state: Tensor) -> str:
+    """A torch RNG state (a uint8 tensor) as base64 text for state.json."""
+    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
+
+
+def rng_from_json(text: str) -> Tensor:
+    """The uint8 RNG state tensor that :func:`rng_to_json` wrote."""
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)

@@ -1,0 +1,175 @@
+"""What only the command line needs: terminal progress reporters and the registry of training
+recipes. Nothing in the library imports this module; ``headlab.cli`` does.
+
+A recipe is a named training run for ``headlab train NAME``: a library function
+``train_recipe(out, *, quick, seed, resume, reporter) -> TrainResult`` that lives with what it
+trains (an experiment, the shipped model). The registry sits up here, at the top of the package,
+so the rooms below never have to import a room above them.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from headlab.train import Reporter, TrainResult
+
+# ---------------------------------------------------------------------------------------------
+# Progress: a progress bar on a terminal, plain log lines otherwise
+# ---------------------------------------------------------------------------------------------
+
+
+class LogReporter:
+    """Plain log lines on a stream (for logs and pipes): one every ``every`` steps."""
+
+    def __init__(self, stream: TextIO | None = None, every: int = 100) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.every = every
+        self._t0 = time.perf_counter()
+        self._step0 = 0
+        self.total = 0
+
+    def start(self, total: int, step: int) -> None:
+        self.total, self._step0, self._t0 = total, step, time.perf_counter()
+        self.message(f"training {total} steps" + (f", resuming at step {step}" if step else ""))
+
+    def update(self, step: int, loss: float, lr: float) -> None:
+        if step % self.every and step != self.total:
+            return
+        elapsed = time.perf_counter() - self._t0
+        rate = (step - self._step0) / elapsed if elapsed > 0 else 0.0
+        eta = (self.total - step) / rate if rate > 0 else float("nan")
+        self.message(
+            f"step {step}/{self.total}  loss {loss:.4f}  lr {lr:.2e}  "
+            f"{rate:.1f} steps/s  eta {_duration(eta)}"
+        )
+
+    def record(self, record: dict[str, Any]) -> None:
+        if record.get("kind") == "eval":
+            shown = {k: v for k, v in record.items() if isinstance(v, float)}
+            text = "  ".join(f"{k} {v:.4f}" for k, v in list(shown.items())[:6])
+            self.message(f"eval @ step {record['step']}: {text}")
+
+    def message(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def finish(self) -> None:
+        pass
+
+
+class RichReporter:
+    """A rich progress bar (steps/s, loss, ETA) for an interactive terminal."""
+
+    def __init__(self, console: Any = None) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        self.console = console if console is not None else Console(stderr=True)
+        self.progress = Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]:.1f} steps/s"),
+            TextColumn("loss {task.fields[loss]:.4f}"),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
+        )
+        self._task: Any = None
+        self._t0 = 0.0
+        self._step0 = 0
+
+    def start(self, total: int, step: int) -> None:
+        self.progress.start()
+        self._t0, self._step0 = time.perf_counter(), step
+        self._task = self.progress.add_task("train", total=total, completed=step, rate=0.0, loss=0)
+
+    def update(self, step: int, loss: float, lr: float) -> None:
+        elapsed = time.perf_counter() - self._t0
+        rate = (step - self._step0) / elapsed if elapsed > 0 else 0.0
+        self.progress.update(self._task, completed=step, loss=loss, rate=rate)
+
+    def record(self, record: dict[str, Any]) -> None:
+        pass
+
+    def message(self, text: str) -> None:
+        self.console.print(text)
+
+    def finish(self) -> None:
+        self.progress.stop()
+
+
+def make_reporter(stream: TextIO | None = None, every: int = 100) -> Reporter:
+    """A progress bar when ``stream`` (stderr by default) is a terminal, else plain log lines."""
+    stream = stream if stream is not None else sys.stderr
+    if stream.isatty():
+        return RichReporter()
+    return LogReporter(stream, every)
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+# ---------------------------------------------------------------------------------------------
+# Recipes: named training runs for `headlab train NAME`
+# ---------------------------------------------------------------------------------------------
+
+Recipe = Callable[..., TrainResult]
+
+
+@dataclass(frozen=True)
+class RecipeArgs:
+    """What `headlab train` passes to a recipe."""
+
+    out: Path  # the run directory
+    quick: bool = False  # a short version (for tests and a first look)
+    seed: int = 0
+    resume: bool = False
+    reporter: Reporter | None = None
+
+
+def _induction() -> Recipe:
+    from headlab.experiments.induction import train_recipe
+
+    return train_recipe
+
+
+def _default() -> Recipe:
+    from headlab.default_model import train_recipe
+
+    return train_recipe
+
+
+# name -> a function that imports the recipe: only the one asked for is imported, so
+# `headlab --help` stays fast.
+RECIPES: dict[str, Callable[[], Recipe]] = {"induction": _induction, "default": _default}
+
+
+def get_recipe(name: str) -> Recipe:
+    """The recipe function registered under ``name``; ValueError naming the valid ones."""
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; valid recipes: {', '.join(sorted(RECIPES))}")
+    return RECIPES[name]()
+
+
+def run_recipe(name: str, args: RecipeArgs) -> TrainResult:
+    """Run the recipe ``name`` with ``args``."""
+    recipe = get_recipe(name)
+    return recipe(
+        args.out, quick=args.quick, seed=args.seed, resume=args.resume, reporter=args.reporter
+    )
