@@ -32,6 +32,7 @@ RANKS = {
     "zoo": 4,
     "heads_render": 5,
     "syntax": 5,
+    "verify": 6,
     "default_model": 6,
     "experiments": 6,
     "cli_support": 7,

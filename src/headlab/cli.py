@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -201,6 +202,9 @@ def train_command(
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out exactly."),
     out: str | None = typer.Option(None, "--out", help="Run directory (default runs/RECIPE)."),
     seed: int = typer.Option(0, "--seed", help="Seed for the weights and the data."),
+    verify: bool = typer.Option(
+        False, "--verify", help="default only: compare the rebuild with the shipped model."
+    ),
 ) -> None:
     """Train a model from a recipe, with checkpoints; Ctrl-C saves one, --resume continues."""
     from headlab.checkpoint import CheckpointError
@@ -209,6 +213,10 @@ def train_command(
 
     if recipe not in RECIPES:
         raise fail(f"unknown recipe {recipe!r}; valid recipes: {', '.join(sorted(RECIPES))}")
+    if verify and (recipe != "default" or quick or seed != 0):
+        raise fail(
+            "--verify rebuilds the shipped model: use it as `headlab train default --verify`"
+        )
     run_dir = Path(out) if out is not None else Path("runs") / recipe
     try:
         result = run_recipe(recipe, RecipeArgs(run_dir, quick, seed, resume, make_reporter()))
@@ -223,6 +231,22 @@ def train_command(
     console.print(
         f"trained {recipe!r}: step {result.step} in {result.wall_seconds:.1f} s; run in {run_dir}"
     )
+    if verify:
+        from headlab.verify import verify_default_run
+
+        _report_verification(verify_default_run(run_dir))
+
+
+def _report_verification(v: Any) -> None:
+    """Every check of a :class:`headlab.verify.Verification`, its verdict; exit 1 if it fails."""
+    table = Table("check", "shipped", "rebuilt", "rule", "holds", title=f"verifying {v.what}")
+    for c in v.checks:
+        shown = [f"{x:.4g}" if isinstance(x, float) else str(x) for x in (c.shipped, c.rebuilt)]
+        table.add_row(c.name, *shown, c.rule, "yes" if c.ok else "[bold red]NO[/]")
+    console.print(table)
+    console.print(v.verdict(), highlight=False)
+    if not v.ok:
+        raise typer.Exit(1)
 
 
 @app.command("experiment")
@@ -233,6 +257,9 @@ def experiment_command(
     seed: int = typer.Option(0, "--seed", help="The first seed."),
     out: str | None = typer.Option(None, "--out", help="Output directory (default runs/NAME)."),
     ship: bool = typer.Option(False, "--ship", help="Also store the results for the web page."),
+    verify: bool = typer.Option(
+        False, "--verify", help="induction only: rerun the shipped seeds and compare."
+    ),
 ) -> None:
     """Run an experiment: results.json and PNG figures in --out, a summary here."""
     from headlab.experiments import EXPERIMENTS, describe, ship_results
@@ -249,6 +276,12 @@ def experiment_command(
         raise fail(f"--seeds must be at least 1, got {seeds}")
     if ship and quick:
         raise fail("--ship stores a full run for the web page; run it without --quick")
+    if verify:
+        if name != "induction" or quick or ship:
+            raise fail(
+                "--verify reruns the shipped induction run: `headlab experiment induction --verify`"
+            )
+        seed, seeds = _shipped_seeds(name)
     out_dir = Path(out) if out is not None else Path("runs") / name
     err_console.print(f"running {name}{' (quick)' if quick else ''}, {seeds} seed(s) from {seed}")
     try:
@@ -259,6 +292,20 @@ def experiment_command(
     console.print(f"results and figures in {out_dir}")
     if ship:
         console.print(f"shipped as {ship_results(name, results)}")
+    if verify:
+        from headlab.verify import verify_induction_results
+
+        _report_verification(verify_induction_results(results))
+
+
+def _shipped_seeds(name: str) -> tuple[int, int]:
+    """(first seed, count) of the shipped run of experiment ``name``."""
+    import json
+
+    from headlab.experiments import results_path
+
+    shipped = [s["seed"] for s in json.loads(results_path(name).read_text())["seeds"]]
+    return min(shipped), len(shipped)
 
 
 def _print_summary(name: str, results: dict) -> None:

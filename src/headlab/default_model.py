@@ -370,12 +370,27 @@ def train_recipe(
     which the circuit carries over; 3) ``steps`` on the text mixture, whose repeated passages
     and random runs keep it in use.
     """
-    from headlab.checkpoint import latest_checkpoint
+    from headlab.experiments import one_thread
 
     recipe = replace(QUICK if quick else RECIPE, seed=seed)
     prepared = prepare(recipe)
     torch.manual_seed(recipe.seed)  # the initial weights
     model = Transformer(recipe.model_config())
+    # one thread, whatever the machine: a thread count changes how sums are split, so it is
+    # part of what makes a rebuild bit-identical (the shipped weights were built on one)
+    with one_thread():
+        results = _train_phases(model, prepared, Path(out), resume, reporter)
+        if not results[-1].interrupted:
+            export(model, prepared, results, Path(out) / "model")
+    return results[-1]
+
+
+def _train_phases(
+    model: Transformer, prepared: Prepared, out: Path, resume: bool, reporter: Reporter | None
+) -> list[TrainResult]:
+    """Every phase of :func:`phases` in turn, stopping early if one is interrupted."""
+    from headlab.checkpoint import latest_checkpoint
+
     results = []
     for name, config, batches, loss_fn in phases(prepared):
         phase_dir = Path(out) / name
@@ -391,9 +406,8 @@ def train_recipe(
         )
         results.append(result)
         if result.interrupted:
-            return result
-    export(model, prepared, results, Path(out) / "model")
-    return results[-1]
+            break
+    return results
 
 
 # --- 4): export and model card -------------------------------------------------------------------
