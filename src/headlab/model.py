@@ -3,14 +3,15 @@ when converted from Hugging Face (see :mod:`headlab.convert`).
 
 Shape legend
     B        batch
-    n        tokens (query positions; s == n, the model runs without a cache)
+    n        tokens (query positions)
+    s        key positions: cached + new (s == n without a cache)
     d_model  model width
     h        query heads per layer, h_kv key/value heads
     d_ff     hidden width of the feed-forward block
     V        vocabulary size
 
 ``Transformer(config)(tokens, trace=Trace())`` returns logits (B, n, V) and fills the trace with
-a named cache of activations:
+a named cache of activations (with a KV cache, the weights are (B, h, n, s)):
 
     embed                      token (+ position) embeddings, after the embedding norm if any
     blocks.{l}.resid_pre       the residual stream entering block l           (B, n, d_model)
@@ -26,6 +27,11 @@ a named cache of activations:
 Norm placement: "pre" (GPT-2, Llama: x + f(norm(x)), then a final norm), "post" (BERT:
 norm(x + f(x)), no final norm) or "none". Positions: "learned" absolute embeddings (GPT-2,
 BERT), "rotary" (Su et al. 2021, RoFormer; the half-split layout Llama uses) or "none".
+Decoding: ``forward(new_tokens, cache=model.new_cache(B, capacity))`` keeps one
+:class:`headlab.attention.KVCache` per layer, so each step runs only the new tokens; positions
+(learned or rotary) continue from the number of tokens cached. :meth:`Transformer.generate`
+decodes greedily or by sampling with it.
+
 Papers: Vaswani et al. 2017; Radford et al. 2019 (GPT-2); Devlin et al. 2019 (BERT);
 Touvron et al. 2023 (Llama); Elhage et al. 2021 (attention-only models).
 """
@@ -43,7 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from headlab.attention import MultiHeadAttention, check_config
+from headlab.attention import KVCache, MultiHeadAttention, check_config
 from headlab.trace import Trace
 
 Positional = Literal["learned", "rotary", "none"]
@@ -246,8 +252,10 @@ class Block(nn.Module):
         head_mask: Tensor | None,
         allowed: Tensor | None,
         rope: Rotary | None,
+        cache: KVCache | None = None,
     ) -> Tensor:
-        """x (B, n, d_model) → (B, n, d_model). head_mask (h,) or (B, h); allowed (B, 1, 1, n)."""
+        """x (B, n, d_model) → (B, n, d_model). head_mask (h,) or (B, h); allowed (B, 1, 1, n);
+        cache: this layer's keys and values so far, extended with the new ones."""
         post = self.config.norm == "post"
         trace.record("resid_pre", x)
         a_in = x if post else self.norm_attn(x)
@@ -256,6 +264,7 @@ class Block(nn.Module):
             causal=self.config.causal,
             allowed=allowed,
             head_mask=head_mask,
+            cache=cache,
             rope=rope,
             trace=trace.scope("attn"),
         )
@@ -316,6 +325,7 @@ class Transformer(nn.Module):
         trace: Trace | None = None,
         head_mask: Tensor | None = None,
         allowed: Tensor | None = None,
+        cache: list[KVCache] | None = None,
     ) -> Tensor:
         """tokens (B, n) int → logits (B, n, V).
 
@@ -323,8 +333,12 @@ class Transformer(nn.Module):
         head_mask: (n_layers, h) or (B, n_layers, h) factors on each head's output (1 keeps,
         0 ablates), reaching every layer (Michel et al. 2019).
         allowed: (B, n) bool, False at padding positions, which no query may attend to.
+        cache: one :class:`KVCache` per layer (:meth:`new_cache`); the tokens continue the
+        cached ones, at positions cache length … cache length + n − 1.
         """
-        x = self.hidden_states(tokens, trace=trace, head_mask=head_mask, allowed=allowed)
+        x = self.hidden_states(
+            tokens, trace=trace, head_mask=head_mask, allowed=allowed, cache=cache
+        )
         return self.unembed(x)  # (B, n, V)
 
     def hidden_states(
@@ -334,40 +348,88 @@ class Transformer(nn.Module):
         trace: Trace | None = None,
         head_mask: Tensor | None = None,
         allowed: Tensor | None = None,
+        cache: list[KVCache] | None = None,
     ) -> Tensor:
         """tokens (B, n) → the final hidden state (B, n, d_model), before the unembedding."""
         trace = trace if trace is not None else Trace.off()
-        B, n = self._check_tokens(tokens)
+        offset = self._check_cache(cache, tokens, allowed)
+        B, n = self._check_tokens(tokens, offset)
         masks = self._layer_head_masks(head_mask, B)
         key_allowed = self._check_allowed(allowed, B, n)
+        layer_caches: list[KVCache | None] = list(cache) if cache else [None] * len(self.blocks)
         x = self.embed(tokens)  # (B, n, d_model)
         if self.pos_embed is not None:
-            x = x + self.pos_embed(torch.arange(n, device=tokens.device))  # (B, n, d_model)
+            positions = torch.arange(offset, offset + n, device=tokens.device)
+            x = x + self.pos_embed(positions)  # (B, n, d_model)
         if self.embed_norm is not None:
             x = self.embed_norm(x)
         x = self.drop(x)
         trace.record("embed", x)
         for l, block in enumerate(self.blocks):
-            x = block(x, trace.scope(f"blocks.{l}"), masks[l], key_allowed, self.rotary)
+            scope = trace.scope(f"blocks.{l}")
+            x = block(x, scope, masks[l], key_allowed, self.rotary, layer_caches[l])
         x = self.final_norm(x)
         trace.record("final", x)
         return x
 
-    def _check_tokens(self, tokens: Tensor) -> tuple[int, int]:
+    def _check_tokens(self, tokens: Tensor, offset: int = 0) -> tuple[int, int]:
         if tokens.dim() != 2 or tokens.dtype not in (torch.long, torch.int32, torch.int64):
             raise ValueError(
                 f"tokens must be an integer tensor of shape (B, n), got {tuple(tokens.shape)} "
                 f"{tokens.dtype}; add a batch dimension with tokens.unsqueeze(0)"
             )
         B, n = tokens.shape
-        if n < 1 or n > self.config.max_len:
-            raise ValueError(f"sequence length {n} is outside 1..{self.config.max_len} (max_len)")
+        if n < 1 or offset + n > self.config.max_len:
+            cached = f" after {offset} cached positions" if offset else ""
+            raise ValueError(
+                f"sequence length {n}{cached} is outside 1..{self.config.max_len - offset} "
+                f"(max_len {self.config.max_len})"
+            )
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.config.vocab_size):
             raise ValueError(
                 f"token ids must be in 0..{self.config.vocab_size - 1}, got "
                 f"{int(tokens.min())}..{int(tokens.max())}"
             )
         return B, n
+
+    def _check_cache(
+        self, cache: list[KVCache] | None, tokens: Tensor, allowed: Tensor | None
+    ) -> int:
+        """The number of positions already cached (0 without a cache), after checking it."""
+        if cache is None:
+            return 0
+        L = self.config.n_layers
+        if len(cache) != L or len({c.length for c in cache}) != 1:
+            raise ValueError(
+                f"cache must hold one KVCache per layer ({L}), all of the same length; "
+                "make it with model.new_cache(batch, capacity)"
+            )
+        if allowed is not None:
+            raise ValueError("a KV cache decodes unpadded sequences: pass allowed=None with it")
+        if not self.config.causal:
+            raise ValueError("a KV cache needs a causal model; this one attends both ways")
+        if tokens.dim() == 2 and cache[0].k.shape[0] != tokens.shape[0]:
+            raise ValueError(
+                f"the cache holds {cache[0].k.shape[0]} sequences but tokens has "
+                f"{tokens.shape[0]}; make one with model.new_cache({tokens.shape[0]}, capacity)"
+            )
+        return cache[0].length
+
+    def new_cache(self, batch: int, capacity: int) -> list[KVCache]:
+        """An empty KV cache per layer for ``batch`` sequences of up to ``capacity`` positions.
+
+        Each layer's holds keys and values (B, h_kv, capacity, d_k): 2 · L · B · h_kv · s · d_k
+        numbers in all for s positions, h / h_kv times fewer than with one K/V head per query
+        head (Shazeer 2019; Ainslie et al. 2023).
+        """
+        if not 1 <= capacity <= self.config.max_len:
+            raise ValueError(
+                f"cache capacity must be 1..{self.config.max_len} (max_len), got {capacity}"
+            )
+        return [block.attn.new_cache(batch, capacity) for block in self._blocks()]
+
+    def _blocks(self) -> list[Block]:
+        return [block for block in self.blocks if isinstance(block, Block)]
 
     def _layer_head_masks(self, head_mask: Tensor | None, B: int) -> list[Tensor | None]:
         L, h = self.config.n_layers, self.config.n_heads
@@ -391,6 +453,46 @@ class Transformer(nn.Module):
                 f"padding; got {tuple(allowed.shape)} {allowed.dtype}"
             )
         return allowed[:, None, None, :]  # (B, 1, 1, n)
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        tokens: Tensor,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        seed: int | None = None,
+        eos_id: int | None = None,
+    ) -> Tensor:
+        """tokens (B, n) → (B, n + new): the prompt followed by up to ``max_new_tokens`` tokens.
+
+        One forward pass over the prompt fills a KV cache (:meth:`new_cache`); every further
+        step runs only the newest token. temperature 0 picks the most likely token (greedy);
+        above 0, tokens are sampled from softmax(logits / temperature), restricted to the
+        ``top_k`` most likely when given, with a generator seeded by ``seed``. With ``eos_id``
+        a sequence that emits it is padded with it, and decoding stops once all have.
+        Raises ValueError for settings outside these ranges or a prompt that leaves no room.
+        """
+        n = tokens.shape[-1]
+        problems = generation_problems(n, self.config, max_new_tokens, temperature, top_k)
+        if problems:
+            raise ValueError("; ".join(problems))
+        B, n = self._check_tokens(tokens)
+        cache = self.new_cache(B, n + max_new_tokens)
+        generator = None if seed is None else torch.Generator(tokens.device).manual_seed(seed)
+        hidden = self.hidden_states(tokens, cache=cache)[:, -1]  # (B, d_model)
+        out, done = [tokens], torch.zeros(B, dtype=torch.bool, device=tokens.device)
+        for step in range(max_new_tokens):
+            logits = self.unembed(hidden)  # (B, V)
+            new = pick_tokens(logits, temperature, top_k, generator)  # (B,)
+            if eos_id is not None:
+                new = new.masked_fill(done, eos_id)
+                done |= new == eos_id
+            out.append(new[:, None])
+            if step + 1 == max_new_tokens or bool(done.all()):
+                break
+            hidden = self.hidden_states(new[:, None], cache=cache)[:, -1]  # (B, d_model)
+        return torch.cat(out, dim=1)  # (B, n + new)
 
     def save(self, directory: str | Path) -> Path:
         """Write ``config.json`` and ``model.safetensors`` into ``directory``; returns it."""
@@ -436,3 +538,41 @@ class Transformer(nn.Module):
     def num_params(self) -> int:
         """Number of distinct parameters (tied embeddings counted once)."""
         return sum(p.numel() for p in self.parameters())
+
+
+def generation_problems(
+    n: int, config: ModelConfig, max_new_tokens: int, temperature: float, top_k: int | None
+) -> list[str]:
+    """Why a prompt of ``n`` tokens cannot be continued with these settings (empty: it can)."""
+    out = []
+    if not config.causal:
+        out.append("generation needs a causal (decoder) model; this one attends both ways")
+    if max_new_tokens < 1:
+        out.append(f"the number of new tokens must be at least 1, got {max_new_tokens}")
+    elif n + max_new_tokens > config.max_len:
+        room = config.max_len - n
+        out.append(
+            f"the prompt is {n} tokens and the model's context is {config.max_len}, so "
+            + (f"at most {room} new tokens fit, not {max_new_tokens}" if room > 0
+               else "there is no room for new tokens; shorten the prompt")
+        )  # fmt: skip
+    if temperature < 0:
+        out.append(f"temperature must be 0 (greedy) or more, got {temperature}")
+    if top_k is not None and top_k < 1:
+        out.append(f"top_k must be at least 1 (or None for no limit), got {top_k}")
+    return out
+
+
+def pick_tokens(
+    logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
+) -> Tensor:
+    """logits (B, V) → next token ids (B,): argmax when temperature is 0, else a sample from
+    softmax(logits / temperature) over the top_k most likely tokens (all when None)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    scaled = logits.float() / temperature  # (B, V)
+    if top_k is not None and top_k < scaled.shape[-1]:
+        kth = scaled.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]

@@ -1,0 +1,197 @@
+"""The model-level KV cache and generation, against the uncached model and transformers.
+
+Cached decoding must give the logits of running the whole sequence at once (every position
+family, MHA/GQA/MQA); greedy generation must equal Hugging Face's ``generate`` token for token on
+random models built from a config (nothing downloaded); the cache must hold the numbers the
+shape calculator and the formula 2 · L · B · h_kv · s · d_k say.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headlab import Trace
+from headlab.convert import from_hf
+from headlab.model import ModelConfig, Transformer, pick_tokens
+from headlab.shapes import trace_shapes
+
+transformers = pytest.importorskip("transformers")
+
+
+def small(**overrides) -> Transformer:
+    cfg = dict(vocab_size=50, d_model=36, n_layers=3, n_heads=6, max_len=24)
+    cfg.update(overrides)
+    model = Transformer(ModelConfig(**cfg)).eval()
+    with torch.no_grad():  # larger weights than the training init, so positions matter
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    return model
+
+
+@pytest.mark.parametrize("positional", ["learned", "rotary", "none"])
+@pytest.mark.parametrize("kv_heads", [6, 2, 1])
+def test_cached_logits_equal_the_uncached_forward(positional, kv_heads):
+    model = small(positional=positional, n_kv_heads=kv_heads)
+    tokens = torch.randint(0, 50, (2, 13))
+    with torch.no_grad():
+        whole = model(tokens)  # (2, 13, V)
+        cache = model.new_cache(2, 13)
+        pieces = [model(tokens[:, a:b], cache=cache) for a, b in ((0, 5), (5, 8), (8, 9))]
+        pieces += [model(tokens[:, i : i + 1], cache=cache) for i in range(9, 13)]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), whole, atol=1e-5, rtol=1e-5)
+    assert all(c.length == 13 for c in cache)
+
+
+def test_cached_step_records_weights_over_every_key_aligned_bottom_right():
+    model = small(positional="rotary", n_kv_heads=2)
+    tokens = torch.randint(0, 50, (1, 10))
+    cache = model.new_cache(1, 10)
+    with torch.no_grad():
+        model(tokens[:, :7], cache=cache)
+        trace = Trace(only=("weights",))
+        model(tokens[:, 7:], trace=trace, cache=cache)
+        full = Trace(only=("weights",))
+        model(tokens, trace=full)
+    for l in range(3):
+        step = trace[f"blocks.{l}.attn.weights"]  # (1, h, 3, 10): 3 new queries, 10 keys
+        assert step.shape == (1, 6, 3, 10)
+        torch.testing.assert_close(step, full[f"blocks.{l}.attn.weights"][:, :, 7:], atol=1e-6,
+                                   rtol=1e-5)  # fmt: skip
+        assert step[0, :, 0, 8:].abs().max() == 0  # query at position 7 cannot see keys 8, 9
+
+
+def test_cache_errors_are_sentences():
+    model = small()
+    cache = model.new_cache(2, 6)
+    with pytest.raises(ValueError, match="KV cache is full"):
+        model(torch.randint(0, 50, (2, 7)), cache=cache)
+    with pytest.raises(ValueError, match="sequences but tokens has 3"):
+        model(torch.randint(0, 50, (3, 2)), cache=model.new_cache(2, 6))
+    with pytest.raises(ValueError, match="one KVCache per layer"):
+        model(torch.randint(0, 50, (2, 2)), cache=cache[:2])
+    with pytest.raises(ValueError, match="allowed=None"):
+        model(torch.randint(0, 50, (2, 2)), cache=cache, allowed=torch.ones(2, 2, dtype=bool))
+    with pytest.raises(ValueError, match=r"capacity must be 1\.\.24"):
+        model.new_cache(1, 25)
+    encoder = small(causal=False)
+    with pytest.raises(ValueError, match="causal"):
+        encoder(torch.zeros(1, 2, dtype=torch.long), cache=encoder.new_cache(1, 4))
+
+
+def test_cache_holds_2_L_B_hkv_s_dk_numbers_as_the_calculator_says():
+    d_model, h, L, B, s = 72, 9, 3, 2, 11
+    sizes = {}
+    for kv in (3, 9):
+        model = small(d_model=d_model, n_heads=h, n_kv_heads=kv, n_layers=L)
+        cache = model.new_cache(B, s)
+        numbers = sum(c.k.numel() + c.v.numel() for c in cache)
+        assert numbers == 2 * L * B * kv * s * (d_model // h)
+        per_layer = trace_shapes(d_model, h, 1, B, kv, cache_len=s - 1).to_dict()
+        assert sum(c.nbytes for c in cache) == L * per_layer["kv_cache_bytes"]
+        sizes[kv] = numbers
+    assert sizes[9] == 3 * sizes[3]
+
+
+def llama(**kw):
+    cfg = dict(vocab_size=57, hidden_size=48, num_hidden_layers=2, num_attention_heads=6,
+               num_key_value_heads=2, intermediate_size=64, max_position_embeddings=40,
+               rope_theta=10000.0, tie_word_embeddings=False)  # fmt: skip
+    cfg.update(kw)
+    config = transformers.LlamaConfig(**cfg)
+    config._attn_implementation = "eager"
+    return scrambled(transformers.LlamaForCausalLM(config))
+
+
+def gpt2():
+    config = transformers.GPT2Config(vocab_size=61, n_embd=32, n_layer=2, n_head=4, n_positions=40)
+    config._attn_implementation = "eager"
+    return scrambled(transformers.GPT2LMHeadModel(config))
+
+
+def scrambled(model):
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            is_norm = "norm" in name.lower() or "ln_" in name
+            p.copy_((1.0 if is_norm else 0.0) + 0.2 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def hf_greedy(hf, tokens: torch.Tensor, new: int) -> torch.Tensor:
+    """transformers' own greedy decoding with its own KV cache, end-of-sequence switched off."""
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    with torch.no_grad():
+        return hf.generate(tokens, max_new_tokens=new, do_sample=False, min_new_tokens=new)
+
+
+@pytest.mark.parametrize("family", ["llama-gqa", "llama-mqa", "gpt2"])
+def test_greedy_generation_equals_transformers_generate(family):
+    hf = {"llama-gqa": llama, "llama-mqa": lambda: llama(num_key_value_heads=1), "gpt2": gpt2}[
+        family
+    ]()
+    tokens = torch.randint(3, 50, (2, 7))
+    expected = hf_greedy(hf, tokens, 20)
+    ours = from_hf(hf).generate(tokens, 20)
+    assert ours.shape == (2, 27)
+    assert ours.tolist() == expected.tolist()
+
+
+def test_default_model_generates_the_greedy_argmax_of_its_uncached_forward():
+    from headlab import zoo
+
+    model, tokenizer = zoo.load("default")
+    prompt = torch.tensor([tokenizer.encode("The cat sat on the")])
+    out = model.generate(prompt, 6)
+    with torch.no_grad():  # a plain loop: rerun the whole sequence for every new token
+        seq = prompt
+        for _ in range(6):
+            seq = torch.cat([seq, model(seq)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert out.tolist() == seq.tolist()
+
+
+def test_sampling_is_seeded_and_respects_top_k():
+    model = small(positional="rotary")
+    prompt = torch.randint(0, 50, (3, 4))
+    a = model.generate(prompt, 12, temperature=1.5, top_k=3, seed=7)
+    b = model.generate(prompt, 12, temperature=1.5, top_k=3, seed=7)
+    assert a.tolist() == b.tolist()
+    assert a.tolist() != model.generate(prompt, 12, temperature=1.5, seed=8).tolist()
+    # top_k = 1 is greedy whatever the temperature
+    assert model.generate(prompt, 12, temperature=2.0, top_k=1, seed=1).tolist() == (
+        model.generate(prompt, 12).tolist()
+    )
+    logits = torch.tensor([[0.0, 5.0, 4.0, -1.0, 3.0]]).repeat(2000, 1)
+    drawn = pick_tokens(logits, 1.0, 2, torch.Generator().manual_seed(0))
+    assert set(drawn.tolist()) == {1, 2}  # only the two most likely, in softmax proportion
+    share = (drawn == 1).float().mean().item()
+    assert abs(share - torch.softmax(torch.tensor([5.0, 4.0]), 0)[0].item()) < 0.04
+
+
+def test_generation_stops_at_the_end_token_and_pads_with_it():
+    model = small(positional="rotary")
+    prompt = torch.randint(0, 50, (2, 3))
+    free = model.generate(prompt, 10)
+    eos = int(free[0, 5])  # the token row 0 emits third
+    out = model.generate(prompt, 10, eos_id=eos)
+    row0 = out[0, 3:].tolist()
+    assert row0[: row0.index(eos) + 1] == free[0, 3 : 3 + row0.index(eos) + 1].tolist()
+    assert all(t == eos for t in row0[row0.index(eos) :])
+
+
+def test_generation_settings_errors_are_sentences():
+    model = small()  # max_len 24
+    prompt = torch.randint(0, 50, (1, 20))
+    with pytest.raises(ValueError, match="at least 1, got 0"):
+        model.generate(prompt, 0)
+    with pytest.raises(ValueError, match="at most 4 new tokens fit, not 5"):
+        model.generate(prompt, 5)
+    with pytest.raises(ValueError, match="no room for new tokens"):
+        model.generate(torch.randint(0, 50, (1, 30)), 1)
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(prompt, 1, temperature=-1)
+    with pytest.raises(ValueError, match="top_k"):
+        model.generate(prompt, 1, temperature=1, top_k=0)
+    with pytest.raises(ValueError, match="causal"):
+        small(causal=False).generate(prompt, 1)
