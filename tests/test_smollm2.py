@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from conftest import require
 from headlab import Trace, smollm2, zoo
-from headlab.probes import REPEAT_SENTENCE, ordinary_token_ids
+from headlab.measure import REPEAT_SENTENCE, ordinary_token_ids
 from headlab.pypi import sha256_file
 
 transformers = pytest.importorskip("transformers")

