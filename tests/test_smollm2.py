@@ -13,11 +13,17 @@ import zipfile
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from conftest import require
 from headlab import Trace, smollm2, zoo
-from headlab.measure import REPEAT_SENTENCE, ordinary_token_ids
+from headlab.measure import (
+    REPEAT_SENTENCE,
+    copy_losses,
+    frame,
+    ordinary_token_ids,
+    repeated_random_tokens,
+    token_losses,
+)
 from headlab.pypi import sha256_file
 
 transformers = pytest.importorskip("transformers")
@@ -140,16 +146,15 @@ def test_kv_cache_is_three_times_smaller_than_with_nine_kv_heads(ours):
 def test_second_copy_of_repeated_random_tokens_is_predicted(ours):
     """Olsson et al. 2022: a model with induction heads predicts a repeated random run."""
     model, tokenizer = ours
-    g = torch.Generator().manual_seed(0)
     pool = ordinary_token_ids(tokenizer, model.config.vocab_size)
-    run = pool[torch.randperm(len(pool), generator=g)[:30]]
-    tokens = torch.cat([torch.tensor([1]), run, run])[None]  # <|im_start|>, 30 tokens twice
+    bos = frame(tokenizer)[0]
+    assert bos == [tokenizer.backend.token_to_id("<|endoftext|>")]
+    g = torch.Generator().manual_seed(0)
+    tokens, source = repeated_random_tokens(pool, 30, 2, 4, g, bos)  # (4, 61)
     with torch.inference_mode():
-        logits = model(tokens)
-    loss = F.cross_entropy(logits[0, :-1], tokens[0, 1:], reduction="none")  # (60,)
-    first, second = loss[1:30].mean().item(), loss[30:].mean().item()
-    assert first > 8.0  # near chance: ln(49152) = 10.8
-    assert second < 0.4 * first
+        first, later = copy_losses(token_losses(model, tokens), source)
+    assert first > 10.0  # chance is ln(49152) = 10.8 nats
+    assert later < 0.3 * first
 
 
 # --- fetching, offline: what goes wrong leaves nothing behind ------------------------------------
