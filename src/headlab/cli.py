@@ -212,10 +212,8 @@ def heads(
         console.print(heads_table(report, title))
     if target is not None:
         layer, head = target
-        if head < 0:  # the averaged head: what a one-map-per-layer view shows
-            pattern, label = report.averaged_patterns[layer], report.averaged[layer].label
-        else:
-            pattern, label = report.patterns[layer, head], report.head(layer, head).label
+        pattern = report.pattern(layer, head)  # head −1: what a one-map-per-layer view shows
+        label = report.averaged[layer].label if head < 0 else report.head(layer, head).label
         title = f"layer {layer} head {'avg' if head < 0 else head}: {label}"
         out = err_console if as_json else console  # keep stdout pure JSON
         out.print(heatmap(pattern, report.tokens, title))

@@ -34,7 +34,8 @@ TransformerLens (Nanda and Bloom 2022).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -329,18 +330,32 @@ BEST_TYPES = {
 class HeadReport:
     """Every head of a model on one probe (see :func:`analyse`).
 
-    ``patterns`` and ``averaged_patterns`` hold the first probe sequence's weights; the scores
-    are averaged over every sequence of the probe.
+    ``patterns`` and ``averaged_patterns`` hold the first probe sequence's weights when every
+    head's pattern was kept (the default); an analysis that keeps only some heads' patterns
+    (``analyse(keep=…)``, for long inputs) leaves them None and puts those in ``selected``.
+    :meth:`pattern` reads either. The scores are averaged over every sequence of the probe.
     """
 
     probe: str
     tokens: list[str]  # display labels of the first sequence
     ids: list[int]  # its token ids
     heads: list[HeadScore]  # layer-major order
-    patterns: Tensor  # (L, h, n, n): each head's weights on the first sequence
-    averaged_patterns: Tensor  # (L, n, n): each layer's averaged head on it
+    patterns: Tensor | None  # (L, h, n, n): each head's weights on the first sequence
+    averaged_patterns: Tensor | None  # (L, n, n): each layer's averaged head on it
     averaged: list[HeadScore]  # per layer, the averaged head scored the same way (head = −1)
     text: str = ""  # the text of a text probe
+    # (layer, head) → (n, n) pattern of the heads asked for by analyse(keep=…); head −1 = averaged
+    selected: dict[tuple[int, int], Tensor] = field(default_factory=dict)
+
+    def pattern(self, layer: int, head: int) -> Tensor:
+        """The (n, n) pattern of head ``head`` of layer ``layer`` (−1: the averaged head) on
+        the first sequence; a KeyError says which heads were kept."""
+        if (layer, head) in self.selected:
+            return self.selected[(layer, head)]
+        if self.patterns is not None and self.averaged_patterns is not None:
+            return self.averaged_patterns[layer] if head < 0 else self.patterns[layer, head]
+        kept = ", ".join(f"{l}.{h}" for l, h in self.selected) or "none"
+        raise KeyError(f"the pattern of head {layer}.{head} was not kept; kept: {kept}")
 
     def head(self, layer: int, head: int) -> HeadScore:
         return next(s for s in self.heads if s.layer == layer and s.head == head)
@@ -371,6 +386,10 @@ class HeadReport:
             "thresholds": dict(THRESHOLDS),
         }
         if patterns:
+            if self.patterns is None or self.averaged_patterns is None:
+                raise ValueError(
+                    "this report kept only some heads' patterns; analyse with keep=None"
+                )
             out["weights"] = self.patterns.numpy().round(4)
             out["averaged_weights"] = self.averaged_patterns.numpy().round(4)
         return out
@@ -437,31 +456,96 @@ def _scored(layer: int, head: int, scores: dict[str, list], offsets: list, i: in
     return HeadScore(layer, head, label_head(values, int(offsets[i])), values, int(offsets[i]))
 
 
-def analyse(model: Any, probe: Any, seed: int = 0, content: bool = True) -> HeadReport:
+# --- streaming: one layer at a time ---------------------------------------------------------------
+
+# keep=None: every head's pattern; else the (layer, head) pairs whose patterns to keep (head −1 =
+# the layer's averaged head), e.g. set() for scores only
+Keep = Collection[tuple[int, int]] | None
+
+
+@dataclass(frozen=True)
+class LayerScores:
+    """One layer reduced to numbers: what :func:`layer_scorer` keeps of its (B, h, n, n) weights."""
+
+    scores: dict[str, Tensor]  # score type → (h + 1,): the layer's h heads, then its averaged head
+    offsets: Tensor  # (h + 1,) the positional score's offsets
+    kept: dict[int, Tensor]  # head (−1 = averaged) → (n, n) pattern on the first sequence
+
+
+def layer_scorer(
+    probe: Any, order: Tensor | None, keep: Keep = None
+) -> Callable[[int, Tensor], LayerScores]:
+    """The per-layer reduction of :func:`analyse`: ``score(layer, weights) → LayerScores``.
+
+    weights (B or 2B, h, n, n) are one layer's patterns on ``probe.tokens`` (B, n), followed,
+    when ``order`` (B, n) is given, by the patterns on the same tokens shuffled by ``order``
+    (for the content score). Each head and the layer's averaged head are scored with
+    :func:`pattern_scores`, on the CPU in float32, whatever device the layer ran on.
+    """
+    B = probe.tokens.shape[0]
+
+    def score(layer: int, weights: Tensor) -> LayerScores:
+        w = weights.float().cpu()  # (B or 2B, h, n, n)
+        h = w.shape[1]
+        flat = torch.cat([w, averaged_pattern(w)[:, None]], dim=1)  # (·, h + 1, n, n)
+        shuffled = flat[B:] if order is not None else None
+        by_type, offsets = pattern_scores(flat[:B], probe.tokens, probe.delimiters, shuffled, order)
+        heads = range(-1, h) if keep is None else [i for l, i in keep if l == layer]
+        kept = {i: flat[0, h if i < 0 else i].clone() for i in heads}
+        return LayerScores(by_type, offsets, kept)
+
+    return score
+
+
+def analyse(
+    model: Any,
+    probe: Any,
+    seed: int = 0,
+    content: bool = True,
+    keep: Keep = None,
+    progress: Callable[[int, int], None] | None = None,
+    stream: bool = True,
+) -> HeadReport:
     """Run ``model`` on ``probe`` and score and label every (layer, head) and each layer's
     averaged head: the one head analysis the CLI, the server and the experiments call.
 
     The content score needs the probe's tokens in shuffled positions too: one forward pass
     holds both, side by side (batch 2B), so it costs a second sequence per probe sequence.
     ``content=False`` runs the probe alone and leaves "content" out of the scores.
+    Each layer's weights are scored as that layer runs and then dropped
+    (:func:`headlab.measure.reduce_patterns`), so the extra memory is about one layer's
+    (2B, h, n, n) plus the patterns kept: every head's by default, only ``keep``'s otherwise
+    (``keep=()`` for scores alone). ``progress(done, L)`` is called after each layer.
+    ``stream=False`` holds every layer's weights first and scores them after the pass (the
+    path streaming replaced; the benchmark and tests compare the two).
     model: a :class:`headlab.model.Transformer` (load it with :mod:`headlab.zoo`); probe: a
     :class:`headlab.measure.Probe` (build it with :func:`headlab.measure.build_probe`).
     """
-    from headlab.measure import run_patterns
+    from headlab.measure import reduce_patterns, run_patterns
 
     tokens = probe.tokens
-    B, n = tokens.shape
     order = shuffle_positions(tokens, probe.movable, seed)
     run = torch.cat([tokens, tokens.gather(1, order)]) if content else tokens  # (2B or B, n)
-    w = run_patterns(model, run).transpose(0, 1)  # (2B or B, L, h, n, n)
-    L, h = w.shape[1], w.shape[2]
-    avg = averaged_pattern(w.flatten(0, 1)).view(w.shape[0], L, n, n)  # (·, L, n, n)
-    # score all heads of all layers at once, the averaged heads appended as L extra "heads"
-    flat = torch.cat([w.reshape(-1, L * h, n, n), avg], dim=1)  # (·, L·h + L, n, n)
-    shuffled = flat[B:] if content else None
-    by_type, offset_t = pattern_scores(flat[:B], tokens, probe.delimiters, shuffled, order)
-    scores, offsets = {k: v.tolist() for k, v in by_type.items()}, offset_t.tolist()
-    heads = [_scored(l, i, scores, offsets, l * h + i) for l in range(L) for i in range(h)]
-    averaged = [_scored(l, -1, scores, offsets, L * h + l) for l in range(L)]
-    return HeadReport(probe.name, list(probe.labels), tokens[0].tolist(), heads, w[0], avg[0],
-                      averaged, getattr(probe, "text", ""))  # fmt: skip
+    score = layer_scorer(probe, order if content else None, keep)
+    if stream:
+        layers = reduce_patterns(model, run, score, progress)
+    else:
+        layers = [score(l, w) for l, w in enumerate(run_patterns(model, run))]
+    return _report(probe, layers, keep)
+
+
+def _report(probe: Any, layers: list[LayerScores], keep: Keep) -> HeadReport:
+    """The HeadReport of a probe from its layers' scores (layer-major; averaged heads apart)."""
+    L, h = len(layers), layers[0].offsets.shape[0] - 1
+    scores = {k: torch.cat([s.scores[k] for s in layers]).tolist() for k in layers[0].scores}
+    offsets = torch.cat([s.offsets for s in layers]).tolist()
+    heads = [_scored(l, i, scores, offsets, l * (h + 1) + i) for l in range(L) for i in range(h)]
+    averaged = [_scored(l, -1, scores, offsets, l * (h + 1) + h) for l in range(L)]
+    if keep is None:
+        patterns = torch.stack([torch.stack([s.kept[i] for i in range(h)]) for s in layers])
+        avg = torch.stack([s.kept[-1] for s in layers])
+        return HeadReport(probe.name, list(probe.labels), probe.tokens[0].tolist(), heads,
+                          patterns, avg, averaged, getattr(probe, "text", ""))  # fmt: skip
+    selected = {(l, i): p for l, s in enumerate(layers) for i, p in s.kept.items()}
+    return HeadReport(probe.name, list(probe.labels), probe.tokens[0].tolist(), heads, None,
+                      None, averaged, getattr(probe, "text", ""), selected)  # fmt: skip

@@ -27,6 +27,8 @@ Losses and in-context scores:
     prefix_matching        Olsson et al.'s prefix-matching score of each head: attention from a
                            token seen before to the token after its earlier occurrence, averaged
                            over those rows only
+    reduce_patterns        each layer's attention weights handed to a reducing function as that
+                           layer runs (streaming: one layer's (B, h, n, n) held at a time)
     run_patterns           every layer's attention weights on a probe, (L, B, h, n, n)
 
 Papers: Olsson et al. 2022, "In-context Learning and Induction Heads".
@@ -36,14 +38,15 @@ from __future__ import annotations
 
 import string
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from headlab.devices import input_device
 from headlab.trace import Trace
 
 REPEAT_SENTENCE = (
@@ -52,6 +55,7 @@ REPEAT_SENTENCE = (
 )
 
 PROBES = ("repeat", "random-repeat", "text")
+R = TypeVar("R")
 
 
 class TokenizerLike(Protocol):
@@ -295,15 +299,50 @@ def build_probe(
 # ---------------------------------------------------------------------------------------------
 
 
+def layer_index(name: str) -> int:
+    """The layer l of a trace name ``blocks.{l}.…`` (e.g. "blocks.3.attn.weights" → 3)."""
+    parts = name.split(".")
+    if len(parts) < 2 or parts[0] != "blocks" or not parts[1].isdigit():
+        raise ValueError(f"{name!r} is not a per-layer trace name (blocks.<layer>.…)")
+    return int(parts[1])
+
+
+def reduce_patterns(
+    model: Any,
+    tokens: Tensor,
+    reduce: Callable[[int, Tensor], R],
+    progress: Callable[[int, int], None] | None = None,
+) -> list[R]:
+    """Run ``model`` on ``tokens`` (B, n) and reduce each layer's attention weights as it runs.
+
+    ``reduce(layer, weights)`` gets layer l's weights (B, h, n, n), in the model's dtype and on
+    the device that layer runs on, while the model is still inside that layer; the weights
+    are not kept, so the extra memory at any moment is one layer's patterns plus what
+    ``reduce`` keeps, not L layers'. ``progress(done, L)`` is called after each layer.
+    Returns ``[reduce(0, ·), …, reduce(L − 1, ·)]``.
+    """
+    results: dict[int, R] = {}
+    L = int(model.config.n_layers)
+
+    def hook(name: str, weights: Tensor) -> None:
+        results[layer_index(name)] = reduce(layer_index(name), weights)
+        if progress is not None:
+            progress(len(results), L)
+
+    trace = Trace(only=("weights",), reduce=hook)
+    with torch.inference_mode():
+        model.hidden_states(tokens.to(input_device(model)), trace=trace)
+    return [results[l] for l in range(L)]
+
+
 def run_patterns(model: Any, tokens: Tensor) -> Tensor:
     """Every layer's attention weights on ``tokens`` (B, n): (L, B, h, n, n), float32, CPU.
 
-    Runs the hidden states only (the unembedding is not needed for patterns).
+    Runs the hidden states only (the unembedding is not needed for patterns). Holds all L
+    layers' patterns: for long inputs reduce them as they come (:func:`reduce_patterns`).
     """
-    trace = Trace(only=("weights",))
-    with torch.inference_mode():
-        model.hidden_states(tokens.to(next(model.parameters()).device), trace=trace)
-    return trace.stack("attn.weights").float().cpu()  # (L, B, h, n, n)
+    layers = reduce_patterns(model, tokens, lambda layer, w: w.float().cpu())
+    return torch.stack(layers)  # (L, B, h, n, n)
 
 
 def next_token_pair(tokens: Tensor) -> tuple[Tensor, Tensor]:

@@ -4,27 +4,43 @@ A trace is the named cache of activations that head analysis, the shape calculat
 read from, e.g. ``blocks.0.attn.weights`` (B, h, n, s). Names are dotted paths; a child trace made
 with :meth:`Trace.scope` writes into the same store under a prefix. On the ``meta`` device the
 recorded tensors carry shapes and dtypes but no data, which is how ``headlab.shapes`` works.
+
+A trace can also reduce as it records: ``Trace(only=("weights",), reduce=f)`` hands every kept
+tensor to ``f(name, tensor)`` the moment it is recorded and stores what ``f`` returns instead
+(nothing when it returns None). Head analysis uses this to turn each layer's (B, h, n, n)
+weights into per-head scores while the next layer has not run yet, so a long input holds one
+layer's patterns at a time instead of every layer's (:func:`headlab.measure.reduce_patterns`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
+
+# reduce(full_name, tensor) -> what to store under that name, or None to store nothing
+Reducer = Callable[[str, Tensor], Tensor | None]
 
 
 class Trace:
     """An ordered store of named tensors, filled during a forward pass.
 
     ``Trace()`` records everything; ``Trace(only=("weights",))`` records only names whose last
-    part is listed (cheaper for long runs); ``Trace.off()`` records nothing.
+    part is listed (cheaper for long runs); ``Trace.off()`` records nothing. With ``reduce``,
+    each kept record goes through ``reduce(full_name, tensor)`` first (see the module docstring).
     """
 
-    def __init__(self, only: tuple[str, ...] | None = None, detach: bool = True) -> None:
+    def __init__(
+        self,
+        only: tuple[str, ...] | None = None,
+        detach: bool = True,
+        reduce: Reducer | None = None,
+    ) -> None:
         self.enabled = True
         self.only = only
         self.detach = detach
+        self.reduce = reduce
         self._store: dict[str, Tensor] = {}
         self._prefix = ""
 
@@ -47,9 +63,14 @@ class Trace:
         return self.enabled and (self.only is None or name in self.only)
 
     def record(self, name: str, tensor: Tensor) -> Trace:
-        """Store ``tensor`` under the scoped ``name``; returns self so records can chain."""
-        if self.wants(name):
-            self._store[self._prefix + name] = tensor.detach() if self.detach else tensor
+        """Store ``tensor`` under the scoped ``name`` (or what ``reduce`` makes of it); returns
+        self so records can chain."""
+        if not self.wants(name):
+            return self
+        value = tensor.detach() if self.detach else tensor
+        kept = self.reduce(self._prefix + name, value) if self.reduce is not None else value
+        if kept is not None:
+            self._store[self._prefix + name] = kept
         return self
 
     def __getitem__(self, name: str) -> Tensor:

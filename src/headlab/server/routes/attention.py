@@ -75,8 +75,8 @@ def heads_endpoint(req: TextRequest, request: Request) -> Response:
             "model": req.model,
             "text": probe.text or " ".join(probe.labels),
             "causal": bool(getattr(model.config, "causal", True)),
-            "n_layers": int(report.patterns.shape[0]),
-            "n_heads": int(report.patterns.shape[1]),
+            "n_layers": int(model.config.n_layers),
+            "n_heads": int(model.config.n_heads),
             **body,
         }
     )
