@@ -341,8 +341,15 @@ def run_patterns(model: Any, tokens: Tensor) -> Tensor:
     Runs the hidden states only (the unembedding is not needed for patterns). Holds all L
     layers' patterns: for long inputs reduce them as they come (:func:`reduce_patterns`).
     """
-    layers = reduce_patterns(model, tokens, lambda layer, w: w.float().cpu())
-    return torch.stack(layers)  # (L, B, h, n, n)
+    out: list[Tensor] = []  # the result, allocated once the first layer's shape is known
+
+    def keep(layer: int, weights: Tensor) -> None:
+        if not out:
+            out.append(torch.empty(model.config.n_layers, *weights.shape, dtype=torch.float32))
+        out[0][layer].copy_(weights)
+
+    reduce_patterns(model, tokens, keep)
+    return out[0]  # (L, B, h, n, n)
 
 
 def next_token_pair(tokens: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,0 +1,148 @@
+"""Peak memory and time of head analysis on long inputs: streaming (each layer's weights scored as
+the layer runs, then dropped) against keeping every layer's weights and scoring them after the
+pass, on a model of SmolLM2-135M's shape with random weights, measured in one run.
+
+The model: 30 layers, 9 query heads sharing 3 key/value heads, d_model 576, d_ff 1536, RMSNorm,
+rotary positions, SwiGLU (headlab.model.ModelConfig). The probe: n random tokens repeated 4
+times (Olsson et al. 2022's evaluator); all scores, content included (so each layer's weights
+are (2, 9, n, n): the probe and its shuffled copy); no pattern kept (``keep=()``) on either
+path, so the paths differ only in when each layer's weights are scored.
+
+Memory: each (path, n) runs in its own process. After the model is built and one short
+analysis has warmed it up, the kernel's peak-resident-set counter is reset
+(``/proc/self/clear_refs``); the figure is the process's peak resident set size (VmHWM) during
+the analysis minus its resident size just before: the extra memory the analysis needed
+(Linux only; glibc's mmap threshold is fixed at 64 KiB so that freed tensors leave the
+resident set at once). Time: the median of ``--repeats`` analyses in that process; the ratio is
+keep-everything / streaming. A keep-everything run that would need more than half of the
+memory available is skipped and says so.
+
+Run: ``python benchmarks/bench_streaming.py [--n 512 1024 2048] [--repeats 3] [--threads 1]
+[--json out.json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from headlab.heads import analyse
+from headlab.measure import random_repeat_probe
+from headlab.model import ModelConfig, Transformer
+
+SMOLLM2_SHAPE = ModelConfig(
+    vocab_size=49152,
+    d_model=576,
+    n_layers=30,
+    n_heads=9,
+    n_kv_heads=3,
+    d_ff=1536,
+    max_len=8192,
+    positional="rotary",
+    rope_theta=100000.0,
+    norm="pre",
+    norm_kind="rmsnorm",
+    activation="silu",
+    mlp="gated",
+    bias=False,
+    mlp_bias=False,
+)
+PATHS = ("streaming", "keep-everything")
+MIB = 1 << 20
+
+
+def _status(field: str) -> int:
+    """A /proc/self/status field in bytes (VmRSS, VmHWM)."""
+    text = Path("/proc/self/status").read_text()
+    match = re.search(rf"^{field}:\s+(\d+) kB", text, re.M)
+    assert match, f"no {field} in /proc/self/status"
+    return int(match.group(1)) * 1024
+
+
+def child(path: str, n: int, repeats: int) -> dict:
+    """One (path, n) in this process: median seconds and peak extra bytes."""
+    torch.manual_seed(0)
+    model = Transformer(SMOLLM2_SHAPE).eval()
+    stream = path == "streaming"
+    analyse(model, random_repeat_probe(None, 49152, 16, batch=1), keep=(), stream=stream)
+    probe = random_repeat_probe(None, 49152, n, length=n // 4, batch=1)
+    Path("/proc/self/clear_refs").write_text("5")  # reset the peak resident set size
+    before = _status("VmRSS")
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        analyse(model, probe, keep=(), stream=stream)
+        times.append(time.perf_counter() - t0)
+    return {"path": path, "n": probe.n, "seconds": statistics.median(times),
+            "peak_extra_bytes": _status("VmHWM") - before}  # fmt: skip
+
+
+def available_bytes() -> int:
+    text = Path("/proc/meminfo").read_text()
+    match = re.search(r"^MemAvailable:\s+(\d+) kB", text, re.M)
+    return int(match.group(1)) * 1024 if match else 0
+
+
+def run_child(path: str, n: int, repeats: int, threads: int) -> dict:
+    cmd = [sys.executable, __file__, "--child", path, "--n", str(n), "--repeats", str(repeats),
+           "--threads", str(threads)]  # fmt: skip
+    # every allocation of 64 KiB or more gets its own mapping, returned when freed, so the
+    # resident size follows the live tensors (glibc otherwise raises this threshold as it goes
+    # and keeps freed blocks in its heap, and the peak depends on fragmentation)
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, nargs="+", default=[512, 1024, 2048])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--json", type=str, default=None, help="also write the results here")
+    parser.add_argument("--child", choices=PATHS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.child:
+        print(json.dumps(child(args.child, args.n[0], args.repeats)))
+        return 0
+    c = SMOLLM2_SHAPE
+    print(f"SmolLM2-135M's shape, random weights: {c.n_layers} layers × {c.n_heads} heads "
+          f"({c.n_kv_heads} K/V), d_model {c.d_model}; {args.threads} thread(s), median of "
+          f"{args.repeats}; memory = peak RSS (VmHWM) − RSS before, per process")  # fmt: skip
+    header = f"{'n':>6} {'path':>16} {'time s':>8} {'peak extra MiB':>15} {'one layer MiB':>14}"
+    print(header)
+    rows = []
+    for n in args.n:
+        layer = 2 * c.n_heads * n * n * 4  # one layer's (2, h, n, n) float32
+        for path in PATHS:
+            if path == "keep-everything" and 1.5 * c.n_layers * layer > available_bytes() / 2:
+                print(f"{n:>6} {path:>16}  skipped: needs about "
+                      f"{1.5 * c.n_layers * layer / (1 << 30):.1f} GiB")  # fmt: skip
+                continue
+            r = run_child(path, n, args.repeats, args.threads)
+            rows.append(r)
+            print(f"{r['n']:>6} {path:>16} {r['seconds']:>8.2f} "
+                  f"{r['peak_extra_bytes'] / MIB:>15.0f} {layer / MIB:>14.0f}")  # fmt: skip
+        pair = {r["path"]: r for r in rows if r["n"] == n}
+        if len(pair) == 2:
+            s, k = pair["streaming"], pair["keep-everything"]
+            print(f"{'':>6} keep-everything / streaming: memory "
+                  f"{k['peak_extra_bytes'] / s['peak_extra_bytes']:.1f}×, "
+                  f"time {k['seconds'] / s['seconds']:.2f}×")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
