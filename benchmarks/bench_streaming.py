@@ -13,8 +13,9 @@ analysis has warmed it up, the kernel's peak-resident-set counter is reset
 (``/proc/self/clear_refs``); the figure is the process's peak resident set size (VmHWM) during
 the analysis minus its resident size just before: the extra memory the analysis needed
 (Linux only; glibc's mmap threshold is fixed at 64 KiB so that freed tensors leave the
-resident set at once). Time: the median of ``--repeats`` analyses in that process; the ratio is
-keep-everything / streaming. A keep-everything run that would need more than half of the
+resident set at once); the largest of the ``--repeats`` runs is shown. Time: the median of
+``--repeats`` runs, the two paths alternating run by run; the ratio is keep-everything /
+streaming. A keep-everything run that would need more than half of the
 memory available is skipped and says so.
 
 Run: ``python benchmarks/bench_streaming.py [--n 512 1024 2048] [--repeats 3] [--threads 1]
@@ -68,8 +69,8 @@ def _status(field: str) -> int:
     return int(match.group(1)) * 1024
 
 
-def child(path: str, n: int, repeats: int) -> dict:
-    """One (path, n) in this process: median seconds and peak extra bytes."""
+def child(path: str, n: int) -> dict:
+    """One analysis on one path in this process: seconds and peak extra bytes."""
     torch.manual_seed(0)
     model = Transformer(SMOLLM2_SHAPE).eval()
     stream = path == "streaming"
@@ -77,12 +78,10 @@ def child(path: str, n: int, repeats: int) -> dict:
     probe = random_repeat_probe(None, 49152, n, length=n // 4, batch=1)
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak resident set size
     before = _status("VmRSS")
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        analyse(model, probe, keep=(), stream=stream)
-        times.append(time.perf_counter() - t0)
-    return {"path": path, "n": probe.n, "seconds": statistics.median(times),
+    t0 = time.perf_counter()
+    analyse(model, probe, keep=(), stream=stream)
+    seconds = time.perf_counter() - t0
+    return {"path": path, "n": probe.n, "seconds": seconds,
             "peak_extra_bytes": _status("VmHWM") - before}  # fmt: skip
 
 
@@ -92,15 +91,26 @@ def available_bytes() -> int:
     return int(match.group(1)) * 1024 if match else 0
 
 
-def run_child(path: str, n: int, repeats: int, threads: int) -> dict:
-    cmd = [sys.executable, __file__, "--child", path, "--n", str(n), "--repeats", str(repeats),
-           "--threads", str(threads)]  # fmt: skip
+def run_child(path: str, n: int, threads: int) -> dict:
+    cmd = [sys.executable, __file__, "--child", path, "--n", str(n), "--threads", str(threads)]
     # every allocation of 64 KiB or more gets its own mapping, returned when freed, so the
     # resident size follows the live tensors (glibc otherwise raises this threshold as it goes
     # and keeps freed blocks in its heap, and the peak depends on fragmentation)
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def measure(n: int, paths: list[str], repeats: int, threads: int) -> dict[str, dict]:
+    """Median seconds and peak of each path at n, the paths interleaved round by round so
+    that a busy machine slows each alike."""
+    runs: dict[str, list[dict]] = {p: [] for p in paths}
+    for _ in range(repeats):
+        for p in paths:
+            runs[p].append(run_child(p, n, threads))
+    return {p: {"path": p, "n": rs[0]["n"], "seconds": statistics.median(r["seconds"] for r in rs),
+                "peak_extra_bytes": max(r["peak_extra_bytes"] for r in rs)}
+            for p, rs in runs.items()}  # fmt: skip
 
 
 def main() -> int:
@@ -113,7 +123,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.child:
-        print(json.dumps(child(args.child, args.n[0], args.repeats)))
+        print(json.dumps(child(args.child, args.n[0])))
         return 0
     c = SMOLLM2_SHAPE
     print(f"SmolLM2-135M's shape, random weights: {c.n_layers} layers × {c.n_heads} heads "
@@ -124,18 +134,18 @@ def main() -> int:
     rows = []
     for n in args.n:
         layer = 2 * c.n_heads * n * n * 4  # one layer's (2, h, n, n) float32
-        for path in PATHS:
-            if path == "keep-everything" and 1.5 * c.n_layers * layer > available_bytes() / 2:
-                print(f"{n:>6} {path:>16}  skipped: needs about "
-                      f"{1.5 * c.n_layers * layer / (1 << 30):.1f} GiB")  # fmt: skip
-                continue
-            r = run_child(path, n, args.repeats, args.threads)
+        paths = list(PATHS)
+        if 1.5 * c.n_layers * layer > available_bytes() / 2:
+            paths.remove("keep-everything")
+            print(f"{n:>6} {'keep-everything':>16}  skipped: needs about "
+                  f"{1.5 * c.n_layers * layer / (1 << 30):.1f} GiB")  # fmt: skip
+        result = measure(n, paths, args.repeats, args.threads)
+        for r in result.values():
             rows.append(r)
-            print(f"{r['n']:>6} {path:>16} {r['seconds']:>8.2f} "
+            print(f"{r['n']:>6} {r['path']:>16} {r['seconds']:>8.2f} "
                   f"{r['peak_extra_bytes'] / MIB:>15.0f} {layer / MIB:>14.0f}")  # fmt: skip
-        pair = {r["path"]: r for r in rows if r["n"] == n}
-        if len(pair) == 2:
-            s, k = pair["streaming"], pair["keep-everything"]
+        if len(result) == 2:
+            s, k = result["streaming"], result["keep-everything"]
             print(f"{'':>6} keep-everything / streaming: memory "
                   f"{k['peak_extra_bytes'] / s['peak_extra_bytes']:.1f}×, "
                   f"time {k['seconds'] / s['seconds']:.2f}×")  # fmt: skip

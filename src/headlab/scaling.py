@@ -1,0 +1,365 @@
+"""Head analysis past one prompt and one process: text files, every head's scores averaged over
+many prompts, and the prompts sharded across torch.distributed ranks.
+
+    read_text       a UTF-8 text file as one long input (``headlab heads --text-file``)
+    read_prompts    a prompts file: one text per line, or JSONL with a "text" field per line
+    prompt_probes   each prompt as a text probe, checked against the model's length
+    PromptSums      every head's scores summed over prompts (float64), and its offsets counted
+    score_prompts   the sums over one rank's share of the prompts
+    process_group   torch.distributed from torchrun's environment (gloo on CPU, NCCL on GPU)
+    all_reduce      the ranks' sums added together
+    HeadTable       the means, labelled as one probe's scores are: JSON and CSV
+    write_atomic    write a temporary file, then rename it: never a half-written result
+
+Under ``torchrun --nproc-per-node N`` rank r scores prompts r, r + N, r + 2N, …; a prompt gets
+the same seed (``seed`` + its index) whichever rank scores it and the sums are float64, so N
+processes give the one-process means up to the order of the additions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from headlab.heads import SCORE_TYPES, THRESHOLDS, HeadScore, analyse, label_head
+from headlab.measure import Probe, TokenizerLike, text_probe
+
+MAX_PROMPT_CHARS = 100_000  # longest prompt line read (a 4,096-token prompt is ~20,000 chars)
+OFFSET_WINDOW = 64  # positional offsets counted per head: −64..64
+REDUCE_TIMEOUT = timedelta(hours=24)  # how long the final sum waits for the slowest rank
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+
+def _existing_file(path: str | Path, what: str) -> Path:
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{what} {p} does not exist or is not a file; give a UTF-8 text file")
+    return p
+
+
+def read_text(path: str | Path, max_chars: int = MAX_PROMPT_CHARS) -> str:
+    """The whole of a UTF-8 text file, for one long input; a ValueError names the problem
+    (missing, not UTF-8, empty, over ``max_chars`` characters)."""
+    p = _existing_file(path, "text file")
+    if p.stat().st_size > 4 * max_chars:  # UTF-8 takes at most 4 bytes a character
+        raise ValueError(f"text file {p} is {p.stat().st_size:,} bytes; the most headlab reads "
+                         f"is {max_chars:,} characters")  # fmt: skip
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"text file {p} is not UTF-8 (byte {exc.start}); save it as UTF-8") from None
+    if not text.strip():
+        raise ValueError(f"text file {p} is empty; give at least one word")
+    if len(text) > max_chars:
+        raise ValueError(f"text file {p} has {len(text):,} characters; the most is {max_chars:,}")
+    return text
+
+
+def read_prompts(path: str | Path, max_chars: int = MAX_PROMPT_CHARS) -> list[tuple[int, str]]:
+    """``(line number, text)`` of every prompt in a file: one text per line, or JSONL (every
+    line a JSON object with a "text" string) when the first non-blank line starts with "{".
+    Blank lines are skipped. A ValueError with one sentence for a missing or empty file, a line
+    that is not UTF-8, not JSON where JSONL is expected, or longer than ``max_chars``."""
+    p = _existing_file(path, "prompts file")
+    prompts: list[tuple[int, str]] = []
+    jsonl: bool | None = None
+    with p.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if len(raw) > 4 * max_chars + 2:
+                raise ValueError(_too_long(p, number, len(raw), max_chars, "bytes"))
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError:
+                raise ValueError(f"line {number} of {p} is not UTF-8; save the file as UTF-8") from None
+            if not line.strip():
+                continue
+            jsonl = line.lstrip().startswith("{") if jsonl is None else jsonl
+            text = _json_text(line, number, p) if jsonl else line
+            if len(text) > max_chars:
+                raise ValueError(_too_long(p, number, len(text), max_chars, "characters"))
+            prompts.append((number, text))
+    if not prompts:
+        raise ValueError(f"prompts file {p} has no prompts; write one text per line, or JSONL "
+                         'lines like {"text": "..."}')  # fmt: skip
+    return prompts
+
+
+def _too_long(p: Path, number: int, size: int, max_chars: int, unit: str) -> str:
+    return f"line {number} of {p} is {size:,} {unit}; a prompt may have at most {max_chars:,} characters"
+
+
+def _json_text(line: str, number: int, p: Path) -> str:
+    try:
+        value = json.loads(line)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict) or not isinstance(value.get("text"), str):
+        raise ValueError(f'line {number} of {p} is not a JSON object with a "text" string, as '
+                         "the first line made this a JSONL file")  # fmt: skip
+    return str(value["text"])
+
+
+def prompt_probes(
+    tokenizer: TokenizerLike, prompts: list[tuple[int, str]], max_len: int, source: str = ""
+) -> list[Probe]:
+    """Each prompt as a text probe; a ValueError names the line of one the model cannot take."""
+    probes = []
+    for number, text in prompts:
+        try:
+            probes.append(text_probe(tokenizer, text, max_len))
+        except ValueError as exc:
+            raise ValueError(f"prompt on line {number} of {source or 'the prompts'}: {exc}") from None
+    return probes
+
+
+# --- summing over prompts -----------------------------------------------------------------------
+
+
+@dataclass
+class PromptSums:
+    """Every head's scores summed over prompts, for a model of L layers × h heads.
+
+    Rows are the L·h heads in layer-major order, then the L layers' averaged heads (as in a
+    :class:`headlab.heads.HeadReport`). Sums are float64 so that adding in another order (other
+    ranks) changes them only in the last bits.
+    """
+
+    n_layers: int
+    n_heads: int
+    sums: dict[str, Tensor] = field(default_factory=dict)  # type → (L·h + L,) float64
+    counts: dict[str, int] = field(default_factory=dict)  # type → prompts that had it
+    offsets: Tensor | None = None  # (L·h + L, 2W + 1) int64: prompts per offset −W..W
+    prompts: int = 0
+    tokens: int = 0
+
+    @property
+    def rows(self) -> int:
+        return self.n_layers * (self.n_heads + 1)
+
+    def add(self, report: Any) -> None:
+        """Add one probe's :class:`headlab.heads.HeadReport`."""
+        scored = [*report.heads, *report.averaged]
+        for kind in scored[0].scores:
+            values = torch.tensor([s.scores[kind] for s in scored], dtype=torch.float64)
+            self.sums[kind] = self.sums.get(kind, torch.zeros(self.rows, dtype=torch.float64)) + values
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+        if self.offsets is None:
+            self.offsets = torch.zeros(self.rows, 2 * OFFSET_WINDOW + 1, dtype=torch.long)
+        for row, s in enumerate(scored):
+            if abs(s.offset) <= OFFSET_WINDOW:
+                self.offsets[row, s.offset + OFFSET_WINDOW] += 1
+        self.prompts += 1
+        self.tokens += len(report.ids)
+
+    def table(self) -> HeadTable:
+        """The mean of each score, each head labelled from its means and its most common
+        offset (0 when none fell within ±:data:`OFFSET_WINDOW`)."""
+        if not self.prompts:
+            raise ValueError("no prompts were scored")
+        offsets = self.offsets if self.offsets is not None else torch.zeros(self.rows, 1)
+        best = offsets.argmax(-1) - OFFSET_WINDOW
+        best = torch.where(offsets.sum(-1) > 0, best, 0)
+        kinds = sorted(self.sums, key=lambda k: SCORE_TYPES.index(k) if k in SCORE_TYPES else 99)
+        means = {k: (self.sums[k] / self.counts[k]).tolist() for k in kinds}
+        scored = []
+        for row in range(self.rows):
+            values = {k: means[k][row] for k in kinds}
+            layer, head = _row_head(row, self.n_layers, self.n_heads)
+            offset = int(best[row])
+            scored.append(HeadScore(layer, head, label_head(values, offset), values, offset))
+        h_all = self.n_layers * self.n_heads
+        return HeadTable(self.prompts, self.tokens, scored[:h_all], scored[h_all:])
+
+
+def _row_head(row: int, L: int, h: int) -> tuple[int, int]:
+    return divmod(row, h) if row < L * h else (row - L * h, -1)
+
+
+def score_prompts(
+    model: Any,
+    probes: list[tuple[int, Probe]],
+    seed: int = 0,
+    content: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+) -> PromptSums:
+    """Sum every head's scores over ``(index, probe)`` pairs, each analysed with seed
+    ``seed + index`` (:func:`headlab.heads.analyse`, streaming, no pattern kept)."""
+    sums = PromptSums(int(model.config.n_layers), int(model.config.n_heads))
+    for done, (index, probe) in enumerate(probes, start=1):
+        sums.add(analyse(model, probe, seed + index, content, keep=()))
+        if progress is not None:
+            progress(done, len(probes))
+    return sums
+
+
+# --- many processes -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place among the ranks: rank, world size and the device it computes on."""
+
+    rank: int
+    world: int
+    device: torch.device
+    group: Any = None  # the process group of the final sum (None in one process)
+
+
+def _env_int(name: str) -> int:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        raise ValueError(f"WORLD_SIZE is set but {name} is not an integer; start the ranks with "
+                         "torchrun, which sets RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT") from None  # fmt: skip
+
+
+@contextlib.contextmanager
+def _stderr_to_file() -> Iterator[None]:
+    """Send the C++ layer's stderr (c10d's connection logs) to a temporary file meanwhile."""
+    with tempfile.TemporaryFile() as sink:
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+@contextlib.contextmanager
+def process_group(device: torch.device, timeout_s: float = 60.0) -> Iterator[Ranks]:
+    """The ranks torchrun started (its WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR/PORT), joined
+    with gloo (CPU, MPS) or NCCL (CUDA: rank i uses cuda:LOCAL_RANK); one process without them.
+
+    Ranks that do not all connect within ``timeout_s`` seconds raise a ValueError saying so;
+    the final sum then waits up to :data:`REDUCE_TIMEOUT` for the slowest rank.
+    """
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world <= 1:
+        yield Ranks(0, 1, device)
+        return
+    rank, local = _env_int("RANK"), _env_int("LOCAL_RANK")
+    if device.type == "cuda":
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    try:
+        with _stderr_to_file():
+            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+            group = dist.new_group(backend=backend, timeout=REDUCE_TIMEOUT)
+    except (RuntimeError, ValueError) as exc:  # DistError, DistNetworkError, DistStoreError
+        raise ValueError(
+            f"rank {rank} of {world} could not reach the other ranks at {where} within "
+            f"{timeout_s:g} s ({type(exc).__name__}); start every rank with the same "
+            "MASTER_ADDR and MASTER_PORT on a network they all reach, or raise --dist-timeout"
+        ) from None
+    try:
+        yield Ranks(rank, world, device, group)
+    finally:
+        dist.destroy_process_group()
+
+
+def all_reduce(sums: PromptSums, ranks: Ranks) -> PromptSums:
+    """Every rank's sums added together (the same result on every rank); ``sums`` itself in
+    one process. A rank with no prompts contributes zeros."""
+    if ranks.world == 1:
+        return sums
+    import torch.distributed as dist
+
+    kinds_by_rank: list[Any] = [None] * ranks.world
+    dist.all_gather_object(kinds_by_rank, sorted(sums.sums), group=ranks.group)
+    kinds = sorted({k for ks in kinds_by_rank for k in ks})
+    on = ranks.device if ranks.device.type == "cuda" else torch.device("cpu")
+    zeros = torch.zeros(sums.rows, dtype=torch.float64)
+    flat = torch.stack([sums.sums.get(k, zeros) for k in kinds]).to(on)  # (T, rows)
+    counts = torch.tensor([sums.counts.get(k, 0) for k in kinds] + [sums.prompts, sums.tokens])
+    offsets = sums.offsets if sums.offsets is not None else torch.zeros(sums.rows, 2 * OFFSET_WINDOW + 1, dtype=torch.long)
+    counts, offsets = counts.to(on), offsets.to(on)
+    for t in (flat, counts, offsets):
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=ranks.group)
+    flat, counts, offsets = flat.cpu(), counts.cpu().tolist(), offsets.cpu()
+    return PromptSums(sums.n_layers, sums.n_heads, dict(zip(kinds, flat, strict=True)),
+                      dict(zip(kinds, counts, strict=False)), offsets, counts[-2], counts[-1])  # fmt: skip
+
+
+# --- the result ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HeadTable:
+    """Every head's scores averaged over prompts, labelled from the means."""
+
+    prompts: int
+    tokens: int
+    heads: list[HeadScore]  # layer-major
+    averaged: list[HeadScore]  # each layer's averaged head (head = −1)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, scores at full precision."""
+        rows = [{"layer": s.layer, "head": s.head, "label": s.label, "offset": s.offset,
+                 "scores": dict(s.scores)} for s in [*self.heads, *self.averaged]]  # fmt: skip
+        L = len(self.averaged)
+        return {"prompts": self.prompts, "tokens": self.tokens, "heads": rows[: len(rows) - L],
+                "averaged": rows[len(rows) - L :], "thresholds": dict(THRESHOLDS)}  # fmt: skip
+
+    def to_csv(self) -> str:
+        """One row per head (averaged heads last, head −1): layer, head, label, offset, scores."""
+        kinds = list(self.heads[0].scores) if self.heads else []
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(["layer", "head", "label", "offset", *kinds])
+        for s in [*self.heads, *self.averaged]:
+            writer.writerow([s.layer, s.head, s.label, s.offset, *(repr(s.scores[k]) for k in kinds)])
+        return out.getvalue()
+
+
+OUT_FORMATS = (".json", ".csv")
+
+
+def check_out_path(path: str | Path) -> Path:
+    """``path`` if a result can be written there (.json or .csv, in an existing directory)."""
+    p = Path(path)
+    if p.suffix.lower() not in OUT_FORMATS:
+        raise ValueError(f"--out {p}: the file name must end in .json or .csv")
+    if not p.parent.is_dir():
+        raise ValueError(f"--out {p}: directory {p.parent} does not exist; create it first")
+    return p
+
+
+def write_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` to a temporary file beside ``path``, then rename it into place, so that
+    ``path`` is either absent, its old self, or complete."""
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
+
+
+def table_text(table: HeadTable, path: str | Path, extra: dict[str, Any] | None = None) -> str:
+    """The table as the text of ``path``'s format: CSV, or JSON with ``extra`` keys first."""
+    if Path(path).suffix.lower() == ".csv":
+        return table.to_csv()
+    return json.dumps({**(extra or {}), **table.to_dict()}, ensure_ascii=False) + "\n"
