@@ -196,7 +196,7 @@ class Rotary(nn.Module):
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         n, d_k = x.shape[-2], x.shape[-1]  # x (B, heads, n, d_k)
         pos = torch.arange(offset, offset + n, device=x.device, dtype=torch.float32)
-        freqs = pos[:, None] * self.inv_freq[None, :]  # (n, d_k/2)
+        freqs = pos[:, None] * self.inv_freq.to(x.device)[None, :]  # (n, d_k/2), on x's device
         angles = torch.cat([freqs, freqs], dim=-1)  # (n, d_k)
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
         x1, x2 = x[..., : d_k // 2], x[..., d_k // 2 :]

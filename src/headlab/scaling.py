@@ -56,12 +56,16 @@ def read_text(path: str | Path, max_chars: int = MAX_PROMPT_CHARS) -> str:
     (missing, not UTF-8, empty, over ``max_chars`` characters)."""
     p = _existing_file(path, "text file")
     if p.stat().st_size > 4 * max_chars:  # UTF-8 takes at most 4 bytes a character
-        raise ValueError(f"text file {p} is {p.stat().st_size:,} bytes; the most headlab reads "
-                         f"is {max_chars:,} characters")  # fmt: skip
+        raise ValueError(
+            f"text file {p} is {p.stat().st_size:,} bytes; the most headlab reads "
+            f"is {max_chars:,} characters"
+        )
     try:
         text = p.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"text file {p} is not UTF-8 (byte {exc.start}); save it as UTF-8") from None
+        raise ValueError(
+            f"text file {p} is not UTF-8 (byte {exc.start}); save it as UTF-8"
+        ) from None
     if not text.strip():
         raise ValueError(f"text file {p} is empty; give at least one word")
     if len(text) > max_chars:
@@ -84,7 +88,9 @@ def read_prompts(path: str | Path, max_chars: int = MAX_PROMPT_CHARS) -> list[tu
             try:
                 line = raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError:
-                raise ValueError(f"line {number} of {p} is not UTF-8; save the file as UTF-8") from None
+                raise ValueError(
+                    f"line {number} of {p} is not UTF-8; save the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             jsonl = line.lstrip().startswith("{") if jsonl is None else jsonl
@@ -93,13 +99,18 @@ def read_prompts(path: str | Path, max_chars: int = MAX_PROMPT_CHARS) -> list[tu
                 raise ValueError(_too_long(p, number, len(text), max_chars, "characters"))
             prompts.append((number, text))
     if not prompts:
-        raise ValueError(f"prompts file {p} has no prompts; write one text per line, or JSONL "
-                         'lines like {"text": "..."}')  # fmt: skip
+        raise ValueError(
+            f"prompts file {p} has no prompts; write one text per line, or JSONL "
+            'lines like {"text": "..."}'
+        )
     return prompts
 
 
 def _too_long(p: Path, number: int, size: int, max_chars: int, unit: str) -> str:
-    return f"line {number} of {p} is {size:,} {unit}; a prompt may have at most {max_chars:,} characters"
+    return (
+        f"line {number} of {p} is {size:,} {unit}; a prompt may have at most "
+        f"{max_chars:,} characters"
+    )
 
 
 def _json_text(line: str, number: int, p: Path) -> str:
@@ -108,8 +119,10 @@ def _json_text(line: str, number: int, p: Path) -> str:
     except ValueError:
         value = None
     if not isinstance(value, dict) or not isinstance(value.get("text"), str):
-        raise ValueError(f'line {number} of {p} is not a JSON object with a "text" string, as '
-                         "the first line made this a JSONL file")  # fmt: skip
+        raise ValueError(
+            f'line {number} of {p} is not a JSON object with a "text" string, as '
+            "the first line made this a JSONL file"
+        )
     return str(value["text"])
 
 
@@ -122,7 +135,9 @@ def prompt_probes(
         try:
             probes.append(text_probe(tokenizer, text, max_len))
         except ValueError as exc:
-            raise ValueError(f"prompt on line {number} of {source or 'the prompts'}: {exc}") from None
+            raise ValueError(
+                f"prompt on line {number} of {source or 'the prompts'}: {exc}"
+            ) from None
     return probes
 
 
@@ -155,7 +170,9 @@ class PromptSums:
         scored = [*report.heads, *report.averaged]
         for kind in scored[0].scores:
             values = torch.tensor([s.scores[kind] for s in scored], dtype=torch.float64)
-            self.sums[kind] = self.sums.get(kind, torch.zeros(self.rows, dtype=torch.float64)) + values
+            self.sums[kind] = (
+                self.sums.get(kind, torch.zeros(self.rows, dtype=torch.float64)) + values
+            )
             self.counts[kind] = self.counts.get(kind, 0) + 1
         if self.offsets is None:
             self.offsets = torch.zeros(self.rows, 2 * OFFSET_WINDOW + 1, dtype=torch.long)
@@ -223,8 +240,10 @@ def _env_int(name: str) -> int:
     try:
         return int(os.environ[name])
     except (KeyError, ValueError):
-        raise ValueError(f"WORLD_SIZE is set but {name} is not an integer; start the ranks with "
-                         "torchrun, which sets RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT") from None  # fmt: skip
+        raise ValueError(
+            f"WORLD_SIZE is set but {name} is not an integer; start the ranks with "
+            "torchrun, which sets RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -290,13 +309,20 @@ def all_reduce(sums: PromptSums, ranks: Ranks) -> PromptSums:
     zeros = torch.zeros(sums.rows, dtype=torch.float64)
     flat = torch.stack([sums.sums.get(k, zeros) for k in kinds]).to(on)  # (T, rows)
     counts = torch.tensor([sums.counts.get(k, 0) for k in kinds] + [sums.prompts, sums.tokens])
-    offsets = sums.offsets if sums.offsets is not None else torch.zeros(sums.rows, 2 * OFFSET_WINDOW + 1, dtype=torch.long)
+    offsets = sums.offsets
+    if offsets is None:
+        offsets = torch.zeros(sums.rows, 2 * OFFSET_WINDOW + 1, dtype=torch.long)
     counts, offsets = counts.to(on), offsets.to(on)
     for t in (flat, counts, offsets):
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=ranks.group)
-    flat, counts, offsets = flat.cpu(), counts.cpu().tolist(), offsets.cpu()
-    return PromptSums(sums.n_layers, sums.n_heads, dict(zip(kinds, flat, strict=True)),
-                      dict(zip(kinds, counts, strict=False)), offsets, counts[-2], counts[-1])  # fmt: skip
+    n = [int(c) for c in counts.cpu()]
+    total = PromptSums(
+        sums.n_layers, sums.n_heads, offsets=offsets.cpu(), prompts=n[-2], tokens=n[-1]
+    )
+    for kind, row, count in zip(kinds, flat.cpu(), n, strict=False):
+        if count:
+            total.sums[kind], total.counts[kind] = row, count
+    return total
 
 
 # --- the result ---------------------------------------------------------------------------------
@@ -313,11 +339,24 @@ class HeadTable:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, scores at full precision."""
-        rows = [{"layer": s.layer, "head": s.head, "label": s.label, "offset": s.offset,
-                 "scores": dict(s.scores)} for s in [*self.heads, *self.averaged]]  # fmt: skip
+        rows = [
+            {
+                "layer": s.layer,
+                "head": s.head,
+                "label": s.label,
+                "offset": s.offset,
+                "scores": dict(s.scores),
+            }
+            for s in [*self.heads, *self.averaged]
+        ]
         L = len(self.averaged)
-        return {"prompts": self.prompts, "tokens": self.tokens, "heads": rows[: len(rows) - L],
-                "averaged": rows[len(rows) - L :], "thresholds": dict(THRESHOLDS)}  # fmt: skip
+        return {
+            "prompts": self.prompts,
+            "tokens": self.tokens,
+            "heads": rows[: len(rows) - L],
+            "averaged": rows[len(rows) - L :],
+            "thresholds": dict(THRESHOLDS),
+        }
 
     def to_csv(self) -> str:
         """One row per head (averaged heads last, head −1): layer, head, label, offset, scores."""
@@ -326,7 +365,9 @@ class HeadTable:
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(["layer", "head", "label", "offset", *kinds])
         for s in [*self.heads, *self.averaged]:
-            writer.writerow([s.layer, s.head, s.label, s.offset, *(repr(s.scores[k]) for k in kinds)])
+            writer.writerow(
+                [s.layer, s.head, s.label, s.offset, *(repr(s.scores[k]) for k in kinds)]
+            )
         return out.getvalue()
 
 

