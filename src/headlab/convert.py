@@ -347,13 +347,24 @@ class CheckpointState(Mapping[str, Tensor]):
 def _native_tensors(
     config: ModelConfig, state: Mapping[str, Tensor]
 ) -> Iterator[tuple[str, Tensor]]:
-    """A headlab checkpoint's own tensors; a tied unembedding saved alone becomes embed."""
+    """A headlab checkpoint's own tensors (a tied embedding may be saved under either name)."""
     for name in sorted(state, key=_shard_key):
         if config.tie_embeddings and name == "unembed.weight":
             if "embed.weight" not in state:
                 yield "embed.weight", state[name]
             continue
         yield name, state[name]
+
+
+def _untied(
+    config: ModelConfig, tensors: Iterator[tuple[str, Tensor]]
+) -> Iterator[tuple[str, Tensor]]:
+    """``tensors`` with a tied embedding also written as the unembedding: accelerate reads each
+    disk-offloaded module's weights under that module's own names."""
+    for name, tensor in tensors:
+        yield name, tensor
+        if config.tie_embeddings and name == "embed.weight":
+            yield "unembed.weight", tensor.clone()  # its own bytes in the file
 
 
 def _shard_key(name: str) -> tuple[int, str]:
@@ -382,7 +393,8 @@ def convert_checkpoint(source: str | Path, out: str | Path) -> Path:
     """Write the model in ``source`` (a Hugging Face BERT/GPT-2/Llama directory, or headlab's
     own ``Transformer.save`` directory) to ``out`` as a headlab checkpoint accelerate can
     dispatch: ``config.json`` (headlab's), one safetensors shard per block plus one for the
-    rest, and ``model.safetensors.index.json``.
+    rest, and ``model.safetensors.index.json``. A tied embedding is written twice, as the
+    embedding and as the unembedding (they are tied again on loading).
 
     Tensors are read from ``source`` lazily and written block by block, so the memory needed is
     about one block's weights, whatever the model's size; the dtype is the source's. The
@@ -401,7 +413,7 @@ def convert_checkpoint(source: str | Path, out: str | Path) -> Path:
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
     try:
-        weight_map = _write_shards(tensors, tmp)
+        weight_map = _write_shards(_untied(config, tensors), tmp)
         index = {"metadata": {"format": "pt"}, "weight_map": weight_map}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
         (tmp / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
