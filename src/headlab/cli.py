@@ -60,11 +60,27 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Address to bind; anything but loopback warns."),
     port: int = typer.Option(8000, min=0, max=65535, help="TCP port."),
     open_browser: bool = typer.Option(False, "--open", help="Open the page in a browser."),
+    max_tokens: int | None = typer.Option(
+        None, help="Tokens one request may run (default 128, or $HEADLAB_MAX_TOKENS; ≤ 4096)."
+    ),
+    max_text_chars: int | None = typer.Option(
+        None, help="Characters in a request's text (default 2000, or $HEADLAB_MAX_TEXT_CHARS)."
+    ),
 ) -> None:
     """Serve the explainer page and its API (FastAPI on uvicorn) on http://HOST:PORT."""
-    from headlab.server.cli import run_server
+    import os
 
+    # the limits are settings the server reads from the environment when it is imported
+    for name, value in (("HEADLAB_MAX_TOKENS", max_tokens),
+                        ("HEADLAB_MAX_TEXT_CHARS", max_text_chars)):  # fmt: skip
+        if value is not None:
+            os.environ[name] = str(value)
     try:
+        from headlab.server import settings
+
+        settings.max_tokens(), settings.max_text_chars()
+        from headlab.server.cli import run_server
+
         run_server(host, port, open_browser, console=err_console)
     except ValueError as exc:
         raise fail(str(exc)) from None

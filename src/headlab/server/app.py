@@ -18,6 +18,7 @@ from starlette.middleware.gzip import GZipMiddleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from headlab import __version__
+from headlab.server import settings
 from headlab.server.routes import attention, code, experiments, health, shapes
 from headlab.server.security import BodyLimit, SecurityHeaders
 from headlab.server.store import ModelStore
@@ -56,7 +57,7 @@ def create_app(
     _add_pages(app)
     # the last added runs first: security headers on every answer, then hosts, body size, gzip
     app.add_middleware(GZipMiddleware, minimum_size=4096, compresslevel=1)
-    app.add_middleware(BodyLimit)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes())
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
     app.add_middleware(SecurityHeaders)
     return app

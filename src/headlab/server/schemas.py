@@ -10,11 +10,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from headlab.server import settings
+
 # A name is a short identifier (letters, digits, - _ .), never a path: no "/" or "..".
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
-MAX_TEXT_CHARS = 2000
-# Above this the per-head weights (layers · h · n²) stop being a page-sized answer.
-MAX_TOKENS = 128
+# Settings (headlab.server.settings): HEADLAB_MAX_TEXT_CHARS, HEADLAB_MAX_TOKENS. Above 128
+# tokens the per-head weights (layers · h · n²) stop being a page-sized answer.
+MAX_TEXT_CHARS = settings.max_text_chars()
+MAX_TOKENS = settings.max_tokens()
 Dtype = Literal["float32", "float16", "bfloat16", "float64", "fp32", "fp16", "bf16", "fp64"]
 
 

@@ -7,20 +7,25 @@ patterns alone, from the same probe.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, Response
 
 from headlab.server.fastjson import json_response
 from headlab.server.schemas import MAX_TOKENS, AttentionResponse, HeadsResponse, TextRequest
+from headlab.server.settings import MAX_WEIGHTS
 
 router = APIRouter(tags=["heads"])
 
 
 def token_limit(model: Any) -> int:
-    """The most tokens one request may run: the model's context, and the server's own cap."""
-    max_len = getattr(getattr(model, "config", None), "max_len", MAX_TOKENS)
-    return int(min(max_len, MAX_TOKENS))
+    """The most tokens one request may run: the model's context, the server's setting
+    (HEADLAB_MAX_TOKENS), and what keeps every head's n × n weights under MAX_WEIGHTS."""
+    config = getattr(model, "config", None)
+    max_len = getattr(config, "max_len", MAX_TOKENS)
+    heads = getattr(config, "n_layers", 1) * getattr(config, "n_heads", 1)
+    return int(min(max_len, MAX_TOKENS, math.isqrt(MAX_WEIGHTS // max(heads, 1))))
 
 
 def load_probe(request: Request, req: TextRequest) -> tuple[Any, Any]:

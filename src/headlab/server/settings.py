@@ -1,0 +1,46 @@
+"""The server's size limits, as settings read from the environment when the app is imported
+(``headlab serve --max-tokens N --max-text-chars N`` sets them for you).
+
+    HEADLAB_MAX_TOKENS      tokens one request may run (default 128, at most 4,096)
+    HEADLAB_MAX_TEXT_CHARS  characters in a request's text (default 2,000, at most 100,000)
+
+Whatever the settings, an answer holds at most :data:`MAX_WEIGHTS` per-head weights
+(layers · h · n²): a model with more heads gets a shorter token limit (see
+``routes.attention.token_limit``), so no setting lets one request build an unbounded answer.
+The request body limit grows with the text limit (4 bytes a character, plus room for the rest).
+"""
+
+from __future__ import annotations
+
+import os
+
+MAX_WEIGHTS = 8_000_000  # about 60 MB of JSON at 4 decimals
+LIMITS = {  # name: (default, ceiling)
+    "HEADLAB_MAX_TOKENS": (128, 4096),
+    "HEADLAB_MAX_TEXT_CHARS": (2000, 100_000),
+}
+
+
+def setting(name: str) -> int:
+    """The value of one of :data:`LIMITS` from the environment, or its default; a ValueError
+    with one sentence when it is not a whole number in 1..ceiling."""
+    default, ceiling = LIMITS[name]
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or not 1 <= int(raw) <= ceiling:
+        raise ValueError(f"{name}={raw!r} is not valid; give a whole number from 1 to {ceiling:,}")
+    return int(raw)
+
+
+def max_tokens() -> int:
+    return setting("HEADLAB_MAX_TOKENS")
+
+
+def max_text_chars() -> int:
+    return setting("HEADLAB_MAX_TEXT_CHARS")
+
+
+def max_body_bytes() -> int:
+    """The request body limit: 64 KiB, or room for the longest text in UTF-8 if that is more."""
+    return max(64 * 1024, 4 * max_text_chars() + 4096)
