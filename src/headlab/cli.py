@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +192,18 @@ def _ensure_fetched(name: str) -> None:
 def heads(
     model: str = typer.Option("default", "--model", help="A name from `headlab models`."),
     text: str | None = typer.Option(None, help="Your own text as the probe."),
+    text_file: str | None = typer.Option(
+        None, "--text-file", help="A UTF-8 text file as the probe (long inputs; a bar per layer)."
+    ),
+    prompts: str | None = typer.Option(
+        None,
+        "--prompts",
+        help="Average every head's scores over many prompts: a file with one text per line, or "
+        'JSONL with a "text" field. Under torchrun the prompts are shared out among the ranks.',
+    ),
+    out: str | None = typer.Option(
+        None, "--out", help="With --prompts: write the table to a .json or .csv file."
+    ),
     probe: str = typer.Option(
         "repeat", help="Built-in probe: repeat (a sentence with a repeat) or random-repeat."
     ),
@@ -197,30 +211,101 @@ def heads(
         None, help="Draw head L.H's pattern, e.g. --show 0.2; L.avg draws layer L's mean head."
     ),
     seed: int = typer.Option(0, help="Seed of the random probe and the position shuffle."),
+    content: bool = typer.Option(
+        True, "--content/--no-content", help="Score content heads (runs a shuffled copy too)."
+    ),
+    device: str = typer.Option("cpu", help="Where the model runs: cpu, cuda or mps."),
+    device_map: str | None = typer.Option(
+        None,
+        "--device-map",
+        help="Spread a model larger than memory with accelerate: auto, balanced, sequential.",
+    ),
+    max_memory: str | None = typer.Option(
+        None, "--max-memory", help="Memory per device, e.g. cpu=8GiB,0=20GiB (implies auto)."
+    ),
+    offload_folder: str | None = typer.Option(
+        None, "--offload-folder", help="Where the layers that do not fit in --max-memory go."
+    ),
+    dist_timeout: float = typer.Option(
+        60.0, "--dist-timeout", help="Under torchrun: seconds the ranks wait to reach each other."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
 ) -> None:
-    """Score every attention head of a model on a probe and label it (see docs/heads.md)."""
+    """Score every attention head of a model on a probe and label it (see docs/heads.md), or
+    average the scores over many prompts (--prompts; shared among torchrun ranks)."""
+    if sum(x is not None for x in (text, text_file, prompts)) > 1:
+        raise fail("give one of --text, --text-file and --prompts")
+    if out is not None and prompts is None:
+        raise fail("--out writes the table of --prompts; for one probe use --json")
+    load = _load_options(device, device_map, max_memory, offload_folder)
+    if prompts is not None:
+        where = Path(out) if out is not None else None
+        _heads_over_prompts(model, Path(prompts), where, seed, content, load, dist_timeout, as_json)
+    else:
+        file = Path(text_file) if text_file is not None else None
+        _heads_on_probe(model, text, file, probe, show, seed, content, load, as_json)
+
+
+def _load_options(
+    device: str, device_map: str | None, max_memory: str | None, offload: str | None
+) -> dict:
+    """zoo.load's keywords from the CLI's (exit 2 with a sentence for a bad one)."""
+    from headlab.devices import check_device
+
+    try:
+        dev = check_device(device)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    if device_map is None and max_memory is None and offload is None:
+        return {"device": dev}
+    budget = None
+    if max_memory is not None:
+        try:
+            pairs = [item.split("=", 1) for item in max_memory.split(",") if item.strip()]
+            budget = {(int(k) if k.strip().isdigit() else k.strip()): v.strip() for k, v in pairs}
+        except ValueError:
+            raise fail(
+                f"--max-memory takes DEVICE=SIZE pairs, e.g. cpu=8GiB,0=20GiB; got {max_memory!r}"
+            ) from None
+    return {"device_map": device_map or "auto", "max_memory": budget, "offload_folder": offload}
+
+
+def _heads_on_probe(
+    model: str,
+    text: str | None,
+    text_file: Path | None,
+    probe: str,
+    show: str | None,
+    seed: int,
+    content: bool,
+    load: dict,
+    as_json: bool,
+) -> None:
+    """One probe: the table (or JSON) of every head, and the pattern of --show's head."""
     import json
 
     from headlab import zoo
     from headlab.heads import analyse
     from headlab.heads_render import heads_table, heatmap, key_legend
     from headlab.measure import build_probe
+    from headlab.scaling import read_text
 
     target = _parse_head(show) if show is not None else None
     _ensure_fetched(model)
     try:
-        m, tokenizer = zoo.load(model)
+        m, tokenizer = zoo.load(model, **load)
+        L, h = m.config.n_layers, m.config.n_heads
+        if target is not None and not (0 <= target[0] < L and -1 <= target[1] < h):
+            raise fail(f"--show {show}: this model has layers 0..{L - 1} and heads 0..{h - 1}")
+        if text_file is not None:
+            text = read_text(text_file)
         name = "text" if text is not None else probe
-        cfg = m.config
-        report = analyse(
-            m, build_probe(name, tokenizer, cfg.max_len, cfg.vocab_size, text, seed), seed
-        )
+        p = build_probe(name, tokenizer, m.config.max_len, m.config.vocab_size, text, seed)
+        keep = {target} if target is not None else ()  # the patterns of the other heads go
+        with _progress(f"{p.n} tokens, layer", L) as progress:
+            report = analyse(m, p, seed, content, keep=keep, progress=progress)
     except ValueError as exc:
         raise fail(str(exc)) from None
-    L, h = m.config.n_layers, m.config.n_heads
-    if target is not None and not (0 <= target[0] < L and -1 <= target[1] < h):
-        raise fail(f"--show {show}: this model has layers 0..{L - 1} and heads 0..{h - 1}")
     if as_json:
         typer.echo(json.dumps({"model": model, **report.to_dict()}, ensure_ascii=False))
     else:
@@ -228,12 +313,78 @@ def heads(
         console.print(heads_table(report, title))
     if target is not None:
         layer, head = target
-        pattern = report.pattern(layer, head)  # head −1: what a one-map-per-layer view shows
         label = report.averaged[layer].label if head < 0 else report.head(layer, head).label
         title = f"layer {layer} head {'avg' if head < 0 else head}: {label}"
         out = err_console if as_json else console  # keep stdout pure JSON
-        out.print(heatmap(pattern, report.tokens, title))
+        out.print(heatmap(report.pattern(layer, head), report.tokens, title))
         out.print(key_legend(report.tokens), highlight=False)
+
+
+def _heads_over_prompts(
+    model: str,
+    prompts: Path,
+    out: Path | None,
+    seed: int,
+    content: bool,
+    load: dict,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Every head's scores averaged over a prompts file, the prompts shared among the ranks
+    torchrun started (one process without torchrun); rank 0 prints and writes the table."""
+    import json
+
+    from headlab import scaling, zoo
+    from headlab.heads_render import heads_table
+
+    try:
+        out = scaling.check_out_path(out) if out is not None else None
+        lines = scaling.read_prompts(prompts)
+        with scaling.process_group(load.get("device") or _cpu(), timeout) as ranks:
+            if "device" in load:
+                load = {**load, "device": ranks.device}
+            m, tokenizer = zoo.load(model, **load)
+            probes = scaling.prompt_probes(tokenizer, lines, m.config.max_len, str(prompts))
+            mine = list(enumerate(probes))[ranks.rank :: ranks.world]
+            what = f"prompts (rank {ranks.rank} of {ranks.world})" if ranks.world > 1 else "prompts"
+            with _progress(what, len(mine), show=ranks.rank == 0) as progress:
+                sums = scaling.score_prompts(m, mine, seed, content, progress)
+            total = scaling.all_reduce(sums, ranks)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    if ranks.rank != 0:
+        return
+    table = total.table()
+    info = {"model": model, "prompts_file": str(prompts), "seed": seed, "content": content}
+    if out is not None:
+        scaling.write_atomic(out, scaling.table_text(table, out, info))
+        err_console.print(f"{table.prompts} prompts, {table.tokens} tokens: table in {out}")
+    if as_json:
+        typer.echo(json.dumps({**info, **table.to_dict()}, ensure_ascii=False))
+    elif out is None:
+        title = f"{model}: mean over {table.prompts} prompts ({table.tokens} tokens)"
+        console.print(heads_table(table, title))
+
+
+def _cpu():
+    import torch
+
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def _progress(what: str, total: int, show: bool = True) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar on stderr (a terminal only) and the callback that advances it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    if not (show and err_console.is_terminal):
+        yield lambda done, total: None
+        return
+    columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=err_console, transient=True) as bar:
+        task = bar.add_task(what, total=total)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 def _parse_head(spec: str) -> tuple[int, int]:

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from rich.table import Table
 from rich.text import Text
 from torch import Tensor
 
-from headlab.heads import SCORE_TYPES, THRESHOLDS, HeadReport
+from headlab.heads import SCORE_TYPES, THRESHOLDS, HeadScore
+
+
+class Scored(Protocol):
+    """Scored heads: a :class:`headlab.heads.HeadReport` or a table averaged over prompts."""
+
+    @property
+    def heads(self) -> list[HeadScore]: ...
+    @property
+    def averaged(self) -> list[HeadScore]: ...
+
 
 SHORT = {
     "previous": "prev",
@@ -22,7 +34,7 @@ SHORT = {
 RAMP = " .:-=+*#%@"  # light to heavy, so the heatmap reads without colour too
 
 
-def heads_table(report: HeadReport, title: str = "") -> Table:
+def heads_table(report: Scored, title: str = "") -> Table:
     """One row per head: layer, head, label, every score (bold when it passes its threshold).
 
     δ is the positional score's relative offset; the "avg" rows score each layer's averaged head.

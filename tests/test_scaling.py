@@ -1,0 +1,280 @@
+"""Many prompts: prompt files, the mean of every head's scores over them (one process and two
+torchrun ranks), bad input, devices, and the server's limits as settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from headlab import scaling, zoo
+from headlab.cli import app
+from headlab.heads import analyse, label_head
+from headlab.measure import text_probe
+
+runner = CliRunner()
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+PROMPTS = [
+    "The cat sat on the mat. The cat sat.",
+    "A dog ran, and a dog ran again.",
+    "Rain fell on the roof all night.",
+    "One two three, one two three.",
+    "She read the letter twice.",
+]
+
+
+def run(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def write_prompts(path: Path, lines: list[str], jsonl: bool = False) -> Path:
+    rows = [json.dumps({"text": t, "id": i}) if jsonl else t for i, t in enumerate(lines)]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+# --- reading prompt files -------------------------------------------------------------------------
+
+
+def test_prompts_one_per_line_or_jsonl_with_line_numbers(tmp_path):
+    plain = tmp_path / "p.txt"
+    plain.write_text("first\n\n  \nsecond, with a comma\r\n", encoding="utf-8")
+    assert scaling.read_prompts(plain) == [(1, "first"), (4, "second, with a comma")]
+    jsonl = write_prompts(tmp_path / "p.jsonl", ["a {brace}", "b"], jsonl=True)
+    assert scaling.read_prompts(jsonl) == [(1, "a {brace}"), (2, "b")]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "does not exist"),
+        (b"\n  \n", "has no prompts"),
+        (b"fine\nbad \xff byte\n", "line 2 of .* is not UTF-8"),
+        (
+            b"short\n" + b"x" * 50 + b"\n",
+            "line 2 of .* is 50 characters; a prompt may have at most 40",
+        ),
+        (b'{"text": "ok"}\n{"txt": "no"}\n', 'line 2 of .* is not a JSON object with a "text"'),
+    ],
+)
+def test_bad_prompt_files_say_what_is_wrong(tmp_path, content, message):
+    path = tmp_path / "prompts.txt"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ValueError, match=message):
+        scaling.read_prompts(path, max_chars=40)
+
+
+def test_read_text_refuses_missing_empty_and_binary(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        scaling.read_text(tmp_path / "none.txt")
+    (tmp_path / "empty.txt").write_text("  \n")
+    with pytest.raises(ValueError, match="is empty"):
+        scaling.read_text(tmp_path / "empty.txt")
+    (tmp_path / "bin.txt").write_bytes(b"ab\xfe\xff")
+    with pytest.raises(ValueError, match=r"not UTF-8 \(byte 2\)"):
+        scaling.read_text(tmp_path / "bin.txt")
+
+
+# --- the mean over prompts ------------------------------------------------------------------------
+
+
+def plain_mean(prompts: list[str], seed: int = 0) -> list[dict]:
+    """The oracle: analyse each prompt on its own (seed + index), average in a plain loop."""
+    model, tok = zoo.load("default")
+    reports = [
+        analyse(model, text_probe(tok, t, model.config.max_len), seed + i)
+        for i, t in enumerate(prompts)
+    ]
+    rows = []
+    for r in range(len(reports[0].heads)):
+        heads = [rep.heads[r] for rep in reports]
+        mean = {k: sum(h.scores[k] for h in heads) / len(heads) for k in heads[0].scores}
+        offsets = [h.offset for h in heads]
+        offset = max(sorted(set(offsets)), key=offsets.count)
+        rows.append({"layer": heads[0].layer, "head": heads[0].head, "scores": mean,
+                     "offset": offset, "label": label_head(mean, offset)})  # fmt: skip
+    return rows
+
+
+def assert_same_table(got: list[dict], want: list[dict], tol: float) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert (g["layer"], g["head"], g["label"], g["offset"]) == (
+            w["layer"], w["head"], w["label"], w["offset"],
+        )  # fmt: skip
+        assert g["scores"] == pytest.approx(w["scores"], abs=tol)
+
+
+@pytest.mark.slow
+def test_prompts_mean_equals_a_plain_loop_and_writes_json_and_csv(tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS, jsonl=True)
+    result = run("heads", "--prompts", str(prompts), "--out", str(tmp_path / "t.json"))
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["prompts"] == 5 and data["model"] == "default"
+    assert_same_table(data["heads"], plain_mean(PROMPTS), tol=1e-9)
+    result = run("heads", "--prompts", str(prompts), "--out", str(tmp_path / "t.csv"))
+    assert result.exit_code == 0, result.output
+    lines = (tmp_path / "t.csv").read_text().splitlines()
+    assert lines[0].startswith("layer,head,label,offset,previous")
+    first = dict(zip(lines[0].split(","), lines[1].split(","), strict=True))
+    assert float(first["previous"]) == data["heads"][0]["scores"]["previous"]
+    assert len(lines) == 1 + 2 * 8 + 2  # 16 heads, 2 averaged heads
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(PYTHONPATH=SRC, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", GLOO_SOCKET_IFNAME="lo")
+    env.update(extra)
+    return env
+
+
+@pytest.mark.slow
+def test_two_torchrun_ranks_give_the_one_process_table(tmp_path):
+    prompts = write_prompts(tmp_path / "p.txt", PROMPTS)
+    one = tmp_path / "one.json"
+    single = [sys.executable, "-m", "headlab.cli", "heads", "--prompts", str(prompts)]
+    subprocess.run([*single, "--out", str(one)], env=cli_env(), check=True, timeout=300,
+                   capture_output=True)  # fmt: skip
+    two = tmp_path / "two.json"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+                "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                "--master-port", str(free_port()), "-m", "headlab.cli", "heads",
+                "--prompts", str(prompts), "--out", str(two), "--dist-timeout", "60"]  # fmt: skip
+    done = subprocess.run(torchrun, env=cli_env(), timeout=300, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = json.loads(one.read_text()), json.loads(two.read_text())
+    assert a["prompts"] == b["prompts"] == 5 and a["tokens"] == b["tokens"]
+    assert_same_table(b["heads"], a["heads"], tol=1e-6)
+    assert_same_table(b["averaged"], a["averaged"], tol=1e-6)
+
+
+@pytest.mark.slow
+def test_ranks_that_cannot_reach_each_other_exit_2_and_write_nothing(tmp_path):
+    prompts = write_prompts(tmp_path / "p.txt", PROMPTS[:2])
+    out = tmp_path / "t.json"
+    env = cli_env(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                  MASTER_PORT=str(free_port()))  # nobody listens there  # fmt: skip
+    cmd = [sys.executable, "-m", "headlab.cli", "heads", "--prompts", str(prompts),
+           "--out", str(out), "--dist-timeout", "2"]  # fmt: skip
+    done = subprocess.run(cmd, env=env, timeout=120, capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert "rank 1 of 2 could not reach the other ranks at 127.0.0.1" in done.stderr
+    assert "Traceback" not in done.stderr and not out.exists()
+
+
+def test_a_failing_run_leaves_no_result_file(tmp_path):
+    lines = [*PROMPTS[:2], "word " * 200]  # the last prompt is longer than the model takes
+    prompts = write_prompts(tmp_path / "p.txt", lines)
+    out = tmp_path / "t.json"
+    result = run("heads", "--prompts", str(prompts), "--out", str(out))
+    assert result.exit_code == 2
+    said = " ".join(result.stderr.split())
+    assert "prompt on line 3" in said and "at most 64" in said
+    assert list(tmp_path.iterdir()) == [prompts]
+
+
+def test_write_atomic_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):
+    out = tmp_path / "t.json"
+    out.write_text("old")
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError):
+        scaling.write_atomic(out, "new")
+    assert out.read_text() == "old" and list(tmp_path.iterdir()) == [out]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--prompts", "missing.txt"], "prompts file missing.txt does not exist"),
+        (["--prompts", "p.txt", "--out", "t.xlsx"], "must end in .json or .csv"),
+        (["--prompts", "p.txt", "--out", "nodir/t.json"], "directory nodir does not exist"),
+        (["--text", "hi", "--prompts", "p.txt"], "give one of --text, --text-file and --prompts"),
+        (["--out", "t.json"], "--out writes the table of --prompts"),
+        (["--text-file", "none.txt"], "text file none.txt does not exist"),
+        (["--device", "tpu"], "unknown device 'tpu'; valid devices: cpu, cuda, mps"),
+        (["--max-memory", "lots"], "--max-memory takes DEVICE=SIZE pairs"),
+        (["--max-memory", "cpu=1KB"], "too small for even one layer"),
+    ],
+)
+def test_cli_bad_input_exits_2_with_one_sentence(tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path / "cache"))
+    write_prompts(tmp_path / "p.txt", PROMPTS[:1])
+    result = run("heads", *args)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.stderr.split())
+    assert "Traceback" not in result.output
+    assert not list(tmp_path.glob("t.*"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_an_unavailable_device_is_refused():
+    result = run("heads", "--device", "cuda")
+    assert result.exit_code == 2
+    said = " ".join(result.stderr.split())
+    assert "device 'cuda' is not available here" in said and "valid here: cpu" in said
+
+
+def test_text_file_runs_and_shows_only_the_kept_head(tmp_path):
+    text = tmp_path / "long.txt"
+    text.write_text(" ".join(PROMPTS[:3]), encoding="utf-8")
+    result = run("heads", "--text-file", str(text), "--show", "1.3", "--json", "--no-content")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert "content" not in data["heads"][0]["scores"]
+    model, tok = zoo.load("default")
+    report = analyse(model, text_probe(tok, text.read_text(), 64), content=False)
+    assert [h["label"] for h in data["heads"]] == [h.label for h in report.heads]
+    assert "layer 1 head 3" in result.stderr
+
+
+# --- the server's limits as settings ------------------------------------------------------------
+
+
+def test_server_limits_are_settings_with_safe_bounds(monkeypatch):
+    from headlab.server import settings
+    from headlab.server.routes.attention import token_limit
+
+    monkeypatch.setenv("HEADLAB_MAX_TOKENS", "1024")
+    assert settings.max_tokens() == 1024
+    monkeypatch.setenv("HEADLAB_MAX_TEXT_CHARS", "50000")
+    assert settings.max_body_bytes() == 4 * 50000 + 4096
+    for bad in ("0", "many", "99999"):
+        monkeypatch.setenv("HEADLAB_MAX_TOKENS", bad)
+        with pytest.raises(ValueError, match=r"HEADLAB_MAX_TOKENS=.* give a whole number from 1"):
+            settings.max_tokens()
+
+    class Config:  # SmolLM2's shape: 30 layers × 9 heads; its context is 8,192
+        max_len, n_layers, n_heads = 8192, 30, 9
+
+    class Model:
+        config = Config()
+
+    # never more than 8 M weights in one answer: 30 · 9 · n² ≤ 8,000,000 → n ≤ 172
+    assert token_limit(Model()) <= 172 and 30 * 9 * token_limit(Model()) ** 2 <= 8_000_000
+
+
+def test_serve_refuses_a_bad_limit():
+    result = run("serve", "--max-tokens", "0")
+    assert result.exit_code == 2
+    assert "HEADLAB_MAX_TOKENS='0' is not valid" in " ".join(result.stderr.split())
