@@ -281,3 +281,29 @@ def test_prune_batches_are_disjoint_windows_of_the_held_out_play(ours):
     play = tokenizer.encode(dict(read_corpus(fetch_corpus()))[VALIDATION_WORK])
     start = cfg.skip
     assert rows[0].tolist() == play[start : start + cfg.seq_len + 1]
+
+
+@pytest.mark.slow
+def test_server_offers_it_once_fetched_and_answers_with_its_weights(ours):
+    from fastapi.testclient import TestClient
+
+    from headlab.server import create_app
+
+    model, tokenizer = ours
+    text = "The cat sat on the mat. The cat sat on the mat."
+    with TestClient(create_app(preload=())) as client:
+        offered = {m["name"]: m for m in client.get("/api/models").json()}
+        assert offered["smollm2"]["available"]
+        r = client.post("/api/attention", json={"model": "smollm2", "text": text})
+    assert r.status_code == 200
+    body = r.json()
+    assert (body["n_layers"], body["n_heads"]) == (30, 9) and body["causal"]
+    tokens = torch.tensor([tokenizer.encode(text)])
+    assert body["ids"] == tokens[0].tolist()
+    trace = Trace(only=("weights",))
+    with torch.inference_mode():
+        model(tokens, trace=trace)
+    for layer in (0, 17, 29):
+        served = torch.tensor(body["weights"][layer])  # (9, n, n), rounded for JSON
+        torch.testing.assert_close(served, trace[f"blocks.{layer}.attn.weights"][0], atol=1e-3,
+                                   rtol=0)  # fmt: skip
