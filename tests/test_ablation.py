@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headlab.ablation import (
+    PruningCurve,
     full_mask,
     head_importance,
     head_loss,
@@ -110,8 +111,6 @@ def test_pruning_curve_matches_direct_masked_losses() -> None:
 
 
 def test_prunable_counts_up_to_the_first_crossing() -> None:
-    from headlab.ablation import PruningCurve
-
     order = [(0, i) for i in range(5)]
     curve = PruningCurve(order=order, losses=[1.0, 1.005, 1.009, 1.02, 1.004, 1.5])
     assert curve.prunable(0.01) == 2
@@ -119,6 +118,20 @@ def test_prunable_counts_up_to_the_first_crossing() -> None:
     assert curve.prunable(1.0) == 5
     assert curve.prunable_fraction(0.01) == pytest.approx(0.4)
     assert curve.loss_after(0.6) == 1.02
+
+
+def test_strided_curve_measures_every_kth_removal_and_the_last() -> None:
+    model, batches = _setup()
+    loss_fn = head_loss(model)
+    order = random_order(2, 4, seed=5)
+    full = pruning_curve(loss_fn, batches, order, 2, 4)
+    strided = pruning_curve(loss_fn, batches, order, 2, 4, every=3)
+    assert strided.counts == [0, 3, 6, 8]
+    assert strided.losses == pytest.approx([full.losses[k] for k in (0, 3, 6, 8)], rel=1e-12)
+    hand = PruningCurve(order=[(0, i) for i in range(6)], losses=[1.0, 1.005, 1.02, 1.03],
+                        removed=[0, 2, 4, 6])  # fmt: skip
+    assert hand.prunable(0.01) == 2 and hand.prunable(0.025) == 4 and hand.prunable(0.1) == 6
+    assert hand.loss_after(0.5) == 1.005  # 3 heads: counts 2 and 4 tie, the earlier is taken
 
 
 def test_full_mask_rejects_heads_that_do_not_exist() -> None:

@@ -119,6 +119,34 @@ def test_pooled_weights_are_group_means() -> None:
         gqa.pool_kv_heads(model, 3)
 
 
+@pytest.mark.parametrize("positional", ["rotary", "learned"])
+def test_expanded_kv_heads_compute_the_same_function_and_pool_back(positional) -> None:
+    torch.manual_seed(2)
+    config = ModelConfig(vocab_size=30, d_model=24, n_layers=2, n_heads=6, n_kv_heads=2,
+                         max_len=40, positional=positional)  # fmt: skip
+    model = Transformer(config).eval()
+    wide = gqa.expand_kv_heads(model, 6)
+    assert wide.config.n_kv_heads == 6
+    tokens = torch.randint(0, 30, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(wide(tokens), model(tokens), atol=1e-6, rtol=1e-5)
+    # mean-pooling the copies gives the original weights back (Ainslie et al.'s conversion)
+    back = gqa.pool_kv_heads(wide, 2)
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(back.state_dict()[name], tensor)
+    # decoding after identical random caches gives identical tokens; the wide cache is 3×
+    _, c_small, out_small = gqa.timed_lm_decode(model, 1, 20, 8, base_kv=2)
+    _, c_wide, out_wide = gqa.timed_lm_decode(wide, 1, 20, 8, base_kv=2)
+    assert out_small == out_wide
+    assert sum(c.nbytes for c in c_wide) == 3 * sum(c.nbytes for c in c_small)
+    assert gqa.lm_cache_bytes(model, 1, 28) == {
+        "calculator": sum(c.nbytes for c in c_small),
+        "formula": 2 * 2 * 1 * 2 * 28 * 4 * 4,
+    }
+    with pytest.raises(ValueError, match="multiple of h_kv=2"):
+        gqa.expand_kv_heads(model, 3)
+
+
 def test_head_count_sweep_keeps_parameters_fixed() -> None:
     cfg = head_count.HeadCountConfig(d_model=16)
     hs = head_count.head_counts(cfg)

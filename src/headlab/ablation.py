@@ -113,27 +113,39 @@ def random_order(n_layers: int, n_heads: int, seed: int) -> list[Head]:
 
 @dataclass(frozen=True)
 class PruningCurve:
-    """Loss after removing the first k heads of ``order``: ``losses[k]``, k = 0 … len(order).
+    """Loss after removing the first k heads of ``order``: ``losses[i]`` with ``removed[i]``
+    heads gone (by default every k = 0 … len(order); :func:`pruning_curve` with ``every`` > 1
+    measures every ``every``-th k and the last).
 
     ``losses[0]`` is the unpruned loss. ``order`` lists (layer, head) pairs.
     """
 
     order: list[Head]
     losses: list[float]
+    removed: list[int] | None = None  # heads removed at each loss; None: 0, 1, …, len(order)
+
+    @property
+    def counts(self) -> list[int]:
+        """How many heads were removed at each measured loss."""
+        return list(range(len(self.losses))) if self.removed is None else list(self.removed)
 
     def loss_after(self, fraction: float) -> float:
-        """The loss with round(fraction × heads) heads removed."""
-        return self.losses[round(fraction * len(self.order))]
+        """The loss with round(fraction × heads) heads removed (the nearest measured count)."""
+        target = round(fraction * len(self.order))
+        counts = self.counts
+        nearest = min(range(len(counts)), key=lambda i: (abs(counts[i] - target), i))
+        return self.losses[nearest]
 
     def prunable(self, tolerance: float) -> int:
         """How many heads go, in order, before the loss first exceeds (1 + tolerance) × base.
 
         The count stops at the first crossing, so a later dip back under the line is not counted.
+        On a curve measured every few heads it is the last measured count under the line.
         """
         limit = self.losses[0] * (1.0 + tolerance)
-        for k, loss in enumerate(self.losses):
+        for i, loss in enumerate(self.losses):
             if loss > limit:
-                return k - 1
+                return self.counts[i - 1]
         return len(self.order)
 
     def prunable_fraction(self, tolerance: float) -> float:
@@ -142,12 +154,20 @@ class PruningCurve:
 
 
 def pruning_curve(
-    loss_fn: HeadLoss, batches: Sequence[Any], order: Sequence[Head], n_layers: int, n_heads: int
+    loss_fn: HeadLoss,
+    batches: Sequence[Any],
+    order: Sequence[Head],
+    n_layers: int,
+    n_heads: int,
+    every: int = 1,
 ) -> PruningCurve:
-    """Remove the heads of ``order`` one at a time, re-measuring the loss after each."""
+    """Remove the heads of ``order`` one at a time, re-measuring the loss after each (after every
+    ``every``-th and the last, for a large model where each measurement is a forward pass)."""
     mask = torch.ones(n_layers, n_heads)
-    losses = [masked_loss(loss_fn, batches, mask)]
-    for layer, head in order:
+    losses, removed = [masked_loss(loss_fn, batches, mask)], [0]
+    for k, (layer, head) in enumerate(order, start=1):
         mask[layer, head] = 0.0
-        losses.append(masked_loss(loss_fn, batches, mask))
-    return PruningCurve(order=list(order), losses=losses)
+        if k % every == 0 or k == len(order):
+            losses.append(masked_loss(loss_fn, batches, mask))
+            removed.append(k)
+    return PruningCurve(list(order), losses, None if every == 1 else removed)

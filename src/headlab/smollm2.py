@@ -92,6 +92,11 @@ def fetch(progress: Progress | None = None) -> Path:
     try:
         _build(work, report)
         return _publish(work)
+    except OSError as exc:  # e.g. the disk filled up while the model was written
+        raise FetchFailed(
+            f"could not write the converted model under {work.parent} ({exc.strerror or exc}); "
+            "free some space or set HEADLAB_CACHE to another directory"
+        ) from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

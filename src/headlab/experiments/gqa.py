@@ -7,6 +7,10 @@ For one model size and h_kv in {h, h/2, h/4, 1}:
 2. Decode throughput with the cache (tokens/s) at context lengths 256 … 4096, as ratios to MHA
    measured in the same run: every repeat times all variants back to back, and the median of the
    repeats is reported, so load from other processes hits every variant alike.
+2b. With SmolLM2-135M fetched (``headlab models --fetch smollm2``): its decode speed with its 3
+   K/V heads against the same weights with every K/V head copied for its 3 query heads (9 K/V
+   heads, :func:`expand_kv_heads`: the same function, 3× the cache), tokens/s and cache bytes
+   at contexts up to its 8192 positions, interleaved repeats, medians.
 3. Quality: an MHA language model of the agreement grammar's sentences
    (:class:`headlab.tasks.AgreementTask`) is converted to GQA by mean-pooling
    the K/V heads of each group (Ainslie et al. 2023, "GQA: Training Generalized Multi-Query
@@ -147,6 +151,90 @@ def measure_decode(cfg: GqaConfig) -> dict[str, Any]:
     return {"kv_cache": kv_rows, "decode": rows}
 
 
+@dataclass(frozen=True)
+class LmDecodeConfig:
+    """SmolLM2's decode timing: cached positions, batch, timed tokens, repeats."""
+
+    contexts: tuple[int, ...] = (512, 2048, 8176)  # cached positions (8176 + 16 = its 8192)
+    batch: int = 1  # sequences decoded together
+    decode_tokens: int = 16  # new tokens timed per measurement
+    repeats: int = 5  # measurements per variant; the median is reported
+
+
+SMOLLM2 = LmDecodeConfig()
+
+
+@torch.no_grad()
+def timed_lm_decode(
+    model: Transformer, batch: int, context: int, tokens: int, base_kv: int = 3, seed: int = 0
+) -> tuple[float, list[KVCache], list[int]]:
+    """Seconds for ``model`` to decode ``tokens`` greedy tokens after ``context`` cached ones;
+    the caches; the tokens of sequence 0.
+
+    The caches are filled with seeded random keys/values for ``base_kv`` K/V heads (the
+    arithmetic does not depend on their content), each copied for its query heads when the
+    model has more, so a model and its :func:`expand_kv_heads` copy decode the same tokens.
+    """
+    cfg = model.config
+    copies = (cfg.n_kv_heads or cfg.n_heads) // base_kv
+    g = torch.Generator().manual_seed(seed)
+    caches = model.new_cache(batch, context + tokens)
+    for cache in caches:
+        k, v = (torch.randn(batch, base_kv, context, cfg.d_k, generator=g) for _ in range(2))
+        cache.append(k.repeat_interleave(copies, 1), v.repeat_interleave(copies, 1))
+    x = torch.zeros(batch, 1, dtype=torch.long)  # (B, 1)
+    out = []
+    t0 = time.perf_counter()
+    for _ in range(tokens):
+        x = model(x, cache=caches)[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        out.append(int(x[0, 0]))
+    return time.perf_counter() - t0, caches, out
+
+
+def smollm2_decode(cfg: LmDecodeConfig = SMOLLM2) -> dict[str, Any] | None:
+    """SmolLM2 with 3 K/V heads against the same weights with 9: median tokens/s per context,
+    their ratio, and the cache bytes three ways; None when SmolLM2 is not fetched."""
+    from headlab import smollm2, zoo
+
+    if not smollm2.is_fetched():
+        return None
+    model, _ = zoo.load("smollm2")
+    variants = {3: model, 9: expand_kv_heads(model, 9)}
+    rows, kv_rows, same = [], [], True
+    for context in cfg.contexts:
+        times: dict[int, list[float]] = {k: [] for k in variants}
+        held: dict[int, int] = {}
+        for _ in range(cfg.repeats):
+            decoded = []
+            for k, m in variants.items():  # interleaved: outside load hits both alike
+                seconds, caches, out = timed_lm_decode(m, cfg.batch, context, cfg.decode_tokens)
+                times[k].append(seconds)
+                decoded.append(out)
+                held[k] = sum(c.nbytes for c in caches)
+                del caches  # up to 1.1 GiB at the longest context
+            same = same and decoded[0] == decoded[1]
+        s = context + cfg.decode_tokens
+        for k, m in variants.items():
+            tps = cfg.batch * cfg.decode_tokens / statistics.median(times[k])
+            rows.append({"context": context, "n_kv_heads": k, "tokens_per_s": tps})
+            kv_rows.append({"context": context, "n_kv_heads": k, "s": s, "measured": held[k],
+                            **lm_cache_bytes(m, cfg.batch, s)})  # fmt: skip
+        rows[-2]["ratio_vs_9"] = rows[-2]["tokens_per_s"] / rows[-1]["tokens_per_s"]
+    return {"config": asdict(cfg), "decode": rows, "kv_cache": kv_rows, "same_tokens": same}
+
+
+def lm_cache_bytes(model: Transformer, batch: int, s: int) -> dict[str, int]:
+    """A model's KV-cache bytes for ``s`` positions as the calculator says (one layer's, times
+    L) and as the formula 2 · L · B · h_kv · s · d_k · 4 bytes says."""
+    cfg = model.config
+    h_kv = cfg.n_kv_heads or cfg.n_heads
+    layer = trace_shapes(cfg.d_model, cfg.n_heads, 1, batch, h_kv, cfg.bias, cache_len=s - 1)
+    return {
+        "calculator": int(layer.to_dict()["kv_cache_bytes"]) * cfg.n_layers,
+        "formula": 2 * cfg.n_layers * batch * h_kv * s * cfg.d_k * 4,
+    }
+
+
 # ---------------------------------------------------------------------------------------------
 # 3): quality after mean-pooling conversion, continued training, and from scratch
 # ---------------------------------------------------------------------------------------------
@@ -252,6 +340,7 @@ def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None 
     t0 = time.perf_counter()
     with one_thread():
         speed = measure_decode(cfg)
+        lm = None if quick else smollm2_decode()
         per_seed = [quality_seed(cfg, seed + i) for i in range(seeds)]
     quality: dict[str, Any] = {
         "steps": cfg.q_steps,
@@ -270,8 +359,11 @@ def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None 
         "config": asdict(cfg),
         "threads": 1,
         **speed,
+        "smollm2": lm
+        if lm is not None
+        else ("skipped in --quick" if quick else "not fetched (headlab models --fetch smollm2)"),
         "quality": quality,
-        "verdict": verdicts(speed, quality),
+        "verdict": verdicts(speed, quality) + lm_verdicts(lm),
         "reference": {
             "paper": "Ainslie et al. 2023, GQA; Shazeer 2019, MQA",
             "t5_xxl": {"MHA": [1.51, 47.2], "GQA-8": [0.28, 47.1], "MQA": [0.24, 46.6]},
@@ -306,6 +398,24 @@ def verdicts(speed: dict[str, Any], quality: dict[str, Any]) -> list[str]:
             f"scratch (MHA {quality['mha']['mean']:.3f})"
         )
     return out
+
+
+def lm_verdicts(lm: dict[str, Any] | None) -> list[str]:
+    """Sentences from SmolLM2's decode run (none when it did not run)."""
+    if lm is None:
+        return []
+    ratios = ", ".join(
+        f"{r['context']}: ×{r['ratio_vs_9']:.2f}" for r in lm["decode"] if "ratio_vs_9" in r
+    )
+    big = max(lm["kv_cache"], key=lambda r: (r["context"], r["n_kv_heads"]))
+    small = next(r for r in lm["kv_cache"] if r["context"] == big["context"] and r is not big)
+    agree = all(r["measured"] == r["calculator"] == r["formula"] for r in lm["kv_cache"])
+    return [
+        f"SmolLM2 decode tokens/s, 3 K/V heads vs the same weights with 9, by context: {ratios}; "
+        f"cache at {big['s']} positions {small['measured'] / 2**20:.0f} MiB vs "
+        f"{big['measured'] / 2**20:.0f} MiB ({'equal to' if agree else 'DIFFERENT FROM'} the "
+        f"calculator); same tokens decoded: {lm['same_tokens']}"
+    ]
 
 
 def _figures(results: dict, out: Path | None) -> list[str | None]:

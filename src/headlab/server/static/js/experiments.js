@@ -103,8 +103,9 @@ function prune(name, r) {
     seen.add(m.model);
     const total = m.n_layers * m.n_heads;
     const curve = m.importance_curve?.losses || [];
-    const series = [{ name: "least important first", points: curve.map((v, k) => [k, v]) }];
-    if (Array.isArray(m.random_mean_losses)) series.push({ name: "random order (mean)", points: m.random_mean_losses.map((v, k) => [k, v]), dashed: true });
+    const removed = m.importance_curve?.removed || []; // heads gone at each loss (a large model is measured every few heads)
+    const series = [{ name: "least important first", points: curve.map((v, k) => [removed[k] ?? k, v]) }];
+    if (Array.isArray(m.random_mean_losses)) series.push({ name: "random order (mean)", points: m.random_mean_losses.map((v, k) => [removed[k] ?? k, v]), dashed: true });
     out.push(chart(`${name}-${m.model}`, series, { title: `${m.model}, seed ${m.seed ?? 0}: loss as heads are masked (${total} heads)`, xLabel: "heads pruned", yLabel: "loss" }, m));
     if (Array.isArray(m.survivors) && m.survivors.length) {
       out.push(h("p", {}, "Pruned last (most important): ", m.survivors.map((sv) => `${sv.head} (${sv.label})`).join(", "), "."));
