@@ -35,6 +35,7 @@ RANKS = {
     "heads": 4,
     "zoo": 4,
     "heads_render": 5,
+    "scaling": 5,
     "syntax": 5,
     "scaling": 5,
     "verify": 6,

@@ -178,6 +178,21 @@ def test_ranks_that_cannot_reach_each_other_exit_2_and_write_nothing(tmp_path):
     assert "Traceback" not in done.stderr and not out.exists()
 
 
+def test_each_rank_spreads_its_copy_over_its_own_gpus():
+    budget = {0: 80, 1: 80, 2: 80, 3: 80, 4: 80, 5: 80, 6: 80, 7: 80, "cpu": 500, "disk": 9}
+    cpu = torch.device("cpu")
+    shares = [
+        scaling.rank_max_memory(budget, scaling.Ranks(r, 2, cpu, None, r, 2), gpus=8)
+        for r in range(2)
+    ]
+    assert shares[0] == {0: 80, 1: 80, 2: 80, 3: 80, "cpu": 500, "disk": 9}
+    assert shares[1] == {4: 80, 5: 80, 6: 80, 7: 80, "cpu": 500, "disk": 9}
+    one = scaling.rank_max_memory(budget, scaling.Ranks(0, 1, cpu), gpus=8)
+    assert one == budget
+    with pytest.raises(ValueError, match="3 ranks on this machine but 2 GPUs"):
+        scaling.rank_max_memory(budget, scaling.Ranks(2, 3, cpu, None, 2, 3), gpus=2)
+
+
 def test_a_failing_run_leaves_no_result_file(tmp_path):
     lines = [*PROMPTS[:2], "word " * 200]  # the last prompt is longer than the model takes
     prompts = write_prompts(tmp_path / "p.txt", lines)

@@ -343,6 +343,8 @@ def _heads_over_prompts(
         with scaling.process_group(load.get("device") or _cpu(), timeout) as ranks:
             if "device" in load:
                 load = {**load, "device": ranks.device}
+            elif ranks.world > 1:  # each rank spreads its copy over its own share of the GPUs
+                load = {**load, "max_memory": _rank_budget(load["max_memory"], ranks)}
             m, tokenizer = zoo.load(model, **load)
             probes = scaling.prompt_probes(tokenizer, lines, m.config.max_len, str(prompts))
             mine = list(enumerate(probes))[ranks.rank :: ranks.world]
@@ -364,6 +366,22 @@ def _heads_over_prompts(
     elif out is None:
         title = f"{model}: mean over {table.prompts} prompts ({table.tokens} tokens)"
         console.print(heads_table(table, title))
+
+
+def _rank_budget(given: dict | None, ranks) -> dict:
+    """--max-memory for one torchrun rank: its share of this machine's GPUs (scaling)."""
+    import torch
+
+    from headlab import scaling
+
+    try:
+        from accelerate.utils import get_max_memory
+    except ImportError:
+        raise ValueError("--device-map needs accelerate: pip install 'headlab[big]'") from None
+
+    gpus = torch.cuda.device_count()
+    full = {**get_max_memory(), **get_max_memory(given)} if given else get_max_memory()
+    return scaling.rank_max_memory(full, ranks, gpus)
 
 
 def _cpu():

@@ -234,6 +234,8 @@ class Ranks:
     world: int
     device: torch.device
     group: Any = None  # the process group of the final sum (None in one process)
+    local: int = 0  # this rank's index on its machine (LOCAL_RANK)
+    local_world: int = 1  # ranks on this machine (LOCAL_WORLD_SIZE)
 
 
 def _env_int(name: str) -> int:
@@ -290,9 +292,27 @@ def process_group(device: torch.device, timeout_s: float = 60.0) -> Iterator[Ran
             "MASTER_ADDR and MASTER_PORT on a network they all reach, or raise --dist-timeout"
         ) from None
     try:
-        yield Ranks(rank, world, device, group)
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or world)
+        yield Ranks(rank, world, device, group, local, local_world)
     finally:
         dist.destroy_process_group()
+
+
+def rank_max_memory(budget: dict[int | str, Any], ranks: Ranks, gpus: int) -> dict[int | str, Any]:
+    """The share of a machine's ``gpus`` GPUs that one rank's copy of a device-mapped model may
+    use: local rank r of k gets GPUs r·g … r·g + g − 1, g = gpus // k (the CPU and disk
+    budgets as given). ``budget`` holds every device's size (accelerate's ``get_max_memory``
+    with the user's sizes over it). A ValueError when there are fewer GPUs than ranks."""
+    if ranks.world == 1 or gpus == 0:
+        return budget
+    if gpus < ranks.local_world:
+        raise ValueError(
+            f"{ranks.local_world} ranks on this machine but {gpus} GPUs: each rank's copy of the "
+            f"model needs at least one; start at most {gpus} (--nproc-per-node {gpus})"
+        )
+    per = gpus // ranks.local_world
+    mine = set(range(ranks.local * per, (ranks.local + 1) * per))
+    return {k: v for k, v in budget.items() if not isinstance(k, int) or k in mine}
 
 
 def all_reduce(sums: PromptSums, ranks: Ranks) -> PromptSums:
