@@ -3,6 +3,7 @@ run asserted on what it found (phase change, induction head, ablation effect, 1-
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -95,20 +96,72 @@ def _logistic(x: float) -> float:
     return 1 / (1 + math.exp(-x))
 
 
+def _curve(step: int, gain: float, induction: float) -> dict:
+    """An evaluation record: losses and a 2-layer model's scores (best head 1.0)."""
+    return {"step": step, "first_copy_loss": 4.0, "repeated_loss": 4.0 - gain,
+            "induction": [[0.05] * 4, [induction, 0.05, 0.05, 0.05]]}  # fmt: skip
+
+
 def test_phase_change_rule_on_a_known_curve() -> None:
     steps = list(range(0, 2001, 50))
-    # gain falls along a logistic centred on step 800 with width 60: steepest there
-    evals = [
-        {"step": s, "first_copy_loss": 4.0, "repeated_loss": 4.0 - 3.5 * _logistic((s - 800) / 60)}
-        for s in steps
-    ]
-    phase = ind.find_phase_change(evals)
+    ceiling = 0.45
+    # gain and induction score rise along a logistic centred on step 800 with width 60
+    evals = [_curve(s, 3.5 * _logistic((s - 800) / 60), 0.05 + 0.37 * _logistic((s - 800) / 60))
+             for s in steps]  # fmt: skip
+    phase = ind.find_phase_change(evals, ceiling)
     assert abs(phase["step"] - 800) <= 50
     assert phase["window"][0] < 800 < phase["window"][1]
     assert phase["window"][1] - phase["window"][0] <= 400
     assert phase["found"]
-    flat = [{"step": s, "first_copy_loss": 4.0, "repeated_loss": 3.0 - s / 4000} for s in steps]
-    assert not ind.find_phase_change(flat)["found"]  # a slow steady fall is not a phase change
+    flat = [_curve(s, 1.0 + s / 4000, 0.05 + 0.37 * s / 2000) for s in steps]
+    assert not ind.find_phase_change(flat, ceiling)["found"]  # a slow steady fall is not one
+
+
+def test_a_loss_drop_without_an_induction_head_is_no_phase_change() -> None:
+    """REFERENCES: d_model 32 models dropped their repeated-token loss without forming an
+    induction head (0.12-0.14 of ideal), and the old rule still reported a phase change."""
+    steps = list(range(0, 1201, 50))
+    ceiling = 0.45
+    no_head = [_curve(s, 3.0 * _logistic((s - 600) / 40), 0.06) for s in steps]
+    phase = ind.find_phase_change(no_head, ceiling)
+    assert phase["window"][0] < 600 < phase["window"][1]  # the drop is still located
+    assert not phase["found"]
+    # an induction head that was already there before the drop did not form in it either
+    early = [_curve(s, 3.0 * _logistic((s - 600) / 40), 0.40) for s in steps]
+    assert not ind.find_phase_change(early, ceiling)["found"]
+    assert not ind.find_phase_change(no_head[:2], ceiling)["found"]  # too few points to tell
+
+
+def test_shapley_values_of_a_known_game_by_hand() -> None:
+    # heads 0 and 1 are both needed (ablating either removes everything); head 2 is idle
+    effects = {frozenset(s): (1.0 if {0, 1} & set(s) else 0.0)
+               for r in range(4) for s in itertools.combinations(range(3), r)}  # fmt: skip
+    # v({0}) = v({1}) = v({0,1}) = 1: by symmetry each gets 1/2, the idle head 0
+    assert ind.shapley(effects, 3) == pytest.approx([0.5, 0.5, 0.0])
+    additive = {frozenset(s): sum((0.6, 0.3, 0.1)[i] for i in s)
+                for r in range(4) for s in itertools.combinations(range(3), r)}  # fmt: skip
+    assert ind.shapley(additive, 3) == pytest.approx([0.6, 0.3, 0.1])  # additive: own effect
+
+
+def test_feeder_rule_takes_joint_effects_not_one_heads_threshold() -> None:
+    h = 4
+    subsets = [frozenset(s) for r in range(h + 1) for s in itertools.combinations(range(h), r)]
+
+    def game(fn):  # effect of ablating subset s
+        return {s: fn(s) for s in subsets}
+
+    # REFERENCES' seed 5: head 1 (attends to itself) removes 0.45 alone, the previous-token head
+    # 0 only 0.28 (under the old single-head rule's 0.3), both together 0.95
+    seed5 = game(lambda s: 0.95 if {0, 1} <= s else 0.45 if 1 in s else 0.28 if 0 in s else 0.05)
+    assert ind.choose_feeders(seed5, h) == {0, 1}
+    # one head does the job alone: it is the only feeder
+    alone = game(lambda s: 0.9 if 2 in s else 0.05 * len(s))
+    assert ind.choose_feeders(alone, h) == {2}
+    # two redundant heads: either alone removes little, both together most of the gain
+    spare = game(lambda s: 0.85 if {0, 3} <= s else 0.1)
+    assert ind.choose_feeders(spare, h) == {0, 3}
+    # nothing in layer 0 matters: no smaller set qualifies, so all of layer 0 is reported
+    assert ind.choose_feeders(game(lambda s: 0.02 * len(s)), h) == frozenset(range(h))
 
 
 def test_registry_and_results_helpers() -> None:
