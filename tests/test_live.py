@@ -29,7 +29,9 @@ def _serve(**kw: float) -> Iterator[str]:
     import uvicorn
 
     port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(create_app(preload=(), **kw), port=port, log_level="warning"))
+    srv = uvicorn.Server(
+        uvicorn.Config(create_app(preload=(), **kw), port=port, log_level="warning")
+    )
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
@@ -71,9 +73,9 @@ def wait_idle(client: httpx.Client, baseline: int, seconds: float = 60) -> None:
     """Until no run trains and the thread count is back to ``baseline``."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if client.get("/api/live").json()["running"] is None and not live_threads():
-            if threading.active_count() <= baseline:
-                return
+        idle = client.get("/api/live").json()["running"] is None and not live_threads()
+        if idle and threading.active_count() <= baseline:
+            return
         time.sleep(0.05)
     raise AssertionError(f"still running: {live_threads()}, {threading.active_count()} threads")
 
@@ -132,9 +134,9 @@ def test_second_run_is_busy_and_cancel_stops_the_first(client: httpx.Client) -> 
 def test_cancel_of_an_unknown_run_is_404_naming_what_runs(client: httpx.Client) -> None:
     r = client.delete("/api/live/runs/0123456789ab")
     assert r.status_code == 404
-    assert "no run '0123456789ab'" in r.json()["detail"] and "no run is training" in r.json()[
-        "detail"
-    ]
+    assert (
+        "no run '0123456789ab'" in r.json()["detail"] and "no run is training" in r.json()["detail"]
+    )
     assert client.delete("/api/live/runs/not-a-run!").status_code == 422
     assert client.get("/api/health").status_code == 200
 
