@@ -55,7 +55,8 @@ def test_train_draws_the_phase_change_and_ends_with_the_librarys_scores(live_pag
     seen = wait_points(page, 2)
     wait_points(page, seen + 3)  # the curves grow while the run trains
     assert page.locator("#live-scores svg polyline").count() >= 8  # 4 induction + 4 prev-token
-    expect(page.locator("#live-phase")).to_contain_text("Phase change detected", timeout=RUN_SECONDS)
+    phase = page.locator("#live-phase")
+    expect(phase).to_contain_text("Phase change detected", timeout=RUN_SECONDS)
     assert page.locator('#live-losses svg rect[fill="#E69F00"]').count() == 1  # window shaded
     page.wait_for_selector("#live-verdict-text", timeout=RUN_SECONDS)
     expect(page.locator("#live-status")).to_contain_text("finished", timeout=60_000)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from headlab.cli import app
-from headlab.experiments import EXPERIMENTS, describe, finite
+from headlab.experiments import EXPERIMENTS, describe, finite, one_thread
 from headlab.experiments import induction as ind
 from headlab.heads import induction_score
 from headlab.tasks import RepeatTask
@@ -220,22 +220,65 @@ def test_quick_run_finds_the_induction_head_and_its_previous_token_partner(quick
     assert results["induction_heads"] and all(
         h.startswith("1.") for h in results["induction_heads"]
     )
-    assert results["final_induction_score"] >= 0.5 * results["induction_ceiling"]
+    # the live recipe's bar (issue 15): ≥ 0.8 of an ideal head, fed by a ≥ 0.6 previous-token head
+    assert results["final_induction_score"] >= 0.8 * results["induction_ceiling"]
     assert any(h.startswith("0.") for h in results["prev_token_heads"])
-    assert max(f["prev_token_score"] for f in results["feeder_heads"]) >= 0.5
+    assert max(f["prev_token_score"] for f in results["feeder_heads"]) >= 0.6
+    assert results["verdict"]["circuit"] and results["seeds"][0]["circuit"]
 
 
 @pytest.mark.slow
 def test_quick_run_ablation_removes_the_gain_only_for_the_feeders(quick) -> None:
     results, _ = quick
-    clean, unrepeated = results["clean_repeated_loss"], results["unrepeated_loss"]
-    feeders = results["ablate_feeders_repeated_loss"]
-    # most of the way back to the unrepeated level (81-93% in full runs); the other layer-0
-    # heads together much less (7-35% across seeds)
-    assert feeders >= clean + 0.6 * (unrepeated - clean)
-    assert results["ablate_others_effect"] <= 0.5
-    assert results["ablate_feeders_effect"] >= 2 * results["ablate_others_effect"]
+    # the rule: the feeders together remove most of the gain, the other layer-0 heads little
+    assert results["ablate_feeders_effect"] >= ind.MOST
+    assert results["ablate_others_effect"] <= ind.LITTLE
     assert set(results["ablation"]) == {f"{l}.{h}" for l in range(2) for h in range(4)}
+    assert len(results["layer0_subsets"]) == 2**4 - 1
+    feeders = "+".join(sorted(f["head"] for f in results["feeder_heads"]))
+    assert results["layer0_subsets"][feeders] == results["ablate_feeders_effect"]
+
+
+def _zero_heads_in_w_o(model, heads: list[int], tokens: torch.Tensor) -> torch.Tensor:
+    """Per-token losses with layer-0 heads' slices of W_O zeroed: another route to the ablation
+    than the head mask the experiment uses."""
+    import copy
+
+    clone = copy.deepcopy(model)
+    d_k = clone.config.d_model // clone.config.n_heads
+    with torch.no_grad():
+        for i in heads:
+            clone.blocks[0].attn.W_O.weight[:, i * d_k : (i + 1) * d_k] = 0.0
+        logits = clone(tokens[:, :-1])
+    return F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
+
+
+def test_joint_ablations_and_shapley_values_against_zeroed_w_o() -> None:
+    with one_thread():
+        _check_joint_ablations()
+
+
+def _check_joint_ablations() -> None:
+    cfg = ind.QUICK
+    model = ind.make_model(cfg, n_layers=2, seed=1).eval()
+    data = ind.held_out(cfg, seed=1)
+    is_copy = data.copies.source >= 0
+    later = is_copy[:, 1:] & is_copy[:, :-1]
+    clean = float(_zero_heads_in_w_o(model, [], data.copies.tokens)[later].mean())
+    # an untrained model has no gain to lose: give it a span of 1 nat so effects are losses
+    final = {"repeated_loss": clean, "first_copy_loss": clean + 1.0,
+             "prev_token": [[0.0] * 4, [0.0] * 4]}  # fmt: skip
+    study = ind.ablation_study(model, data, final)
+    for name, effect in study["layer0_subsets"].items():
+        heads = [int(x.split(".")[1]) for x in name.split("+")]
+        loss = float(_zero_heads_in_w_o(model, heads, data.copies.tokens)[later].mean())
+        assert effect == pytest.approx(loss - clean, abs=1e-5), name
+    feeders = [int(f["head"][2:]) for f in study["feeder_heads"]]
+    loss = float(_zero_heads_in_w_o(model, feeders, data.copies.tokens)[later].mean())
+    assert study["ablate_feeders_repeated_loss"] == pytest.approx(loss, abs=1e-5)
+    # Shapley values share out exactly the effect of ablating all of layer 0 (efficiency)
+    every = study["layer0_subsets"]["0.0+0.1+0.2+0.3"]
+    assert sum(study["layer0_shapley"].values()) == pytest.approx(every, abs=1e-6)
 
 
 @pytest.mark.slow

@@ -82,6 +82,7 @@ from headlab.heads import THRESHOLDS, induction_pattern, induction_score, previo
 from headlab.measure import (
     Probe,
     copy_losses,
+    copy_targets,
     icl_positions,
     icl_score,
     make_probe,
@@ -295,23 +296,38 @@ def find_phase_change(evals: list[dict[str, Any]], ceiling: float) -> dict[str, 
 
 def ablate(model: Transformer, data: HeldOut, heads: list[tuple[int, int]]) -> float:
     """Repeated-token loss with the outputs of ``heads`` zeroed (Michel et al. 2019's masks)."""
-    mask = full_mask(model.config.n_layers, model.config.n_heads, heads)
-    with torch.no_grad():
-        losses = token_losses(model, data.copies.tokens, head_mask=mask)
-    return copy_losses(losses, data.copies.source)[1]
+    return ablate_many(model, data, [heads])[0]
+
+
+def ablate_many(
+    model: Transformer, data: HeldOut, sets: list[list[tuple[int, int]]], chunk: int = 16
+) -> list[float]:
+    """:func:`ablate` for many head sets, ``chunk`` sets per forward pass: the probe is repeated
+    once per set, each copy with its own (L, h) head mask."""
+    L, h = model.config.n_layers, model.config.n_heads
+    tokens = data.copies.tokens  # (B, n + 1)
+    later = copy_targets(data.copies.source)[1]  # (B, n)
+    out = []
+    for start in range(0, len(sets), chunk):
+        part = sets[start : start + chunk]
+        masks = torch.stack([full_mask(L, h, heads) for heads in part])  # (S, L, h)
+        mask = masks.repeat_interleave(tokens.shape[0], dim=0)  # (S·B, L, h)
+        with torch.no_grad():
+            losses = token_losses(model, tokens.repeat(len(part), 1), head_mask=mask)  # (S·B, n)
+        out += [float(per_set[later].mean()) for per_set in losses.view(len(part), *later.shape)]
+    return out
 
 
 MOST, LITTLE = 0.5, 0.25  # feeders remove at least MOST of the gain, the rest at most LITTLE
 
 
 def layer0_subsets(model: Transformer, data: HeldOut, span: float, clean: float) -> dict:
-    """effect(S) for every subset S of layer 0's heads (frozenset of head indices; 2^h runs)."""
+    """effect(S) for every subset S of layer 0's heads (frozenset of head indices; 2^h sets)."""
     h = model.config.n_heads
+    subsets = [frozenset(c) for r in range(1, h + 1) for c in itertools.combinations(range(h), r)]
+    losses = ablate_many(model, data, [[(0, i) for i in sorted(s)] for s in subsets])
     effects: dict[frozenset[int], float] = {frozenset(): 0.0}
-    for size in range(1, h + 1):
-        for subset in itertools.combinations(range(h), size):
-            loss = ablate(model, data, [(0, i) for i in subset])
-            effects[frozenset(subset)] = (loss - clean) / span
+    effects.update({s: (loss - clean) / span for s, loss in zip(subsets, losses, strict=True)})
     return effects
 
 
@@ -348,7 +364,9 @@ def ablation_study(model: Transformer, data: HeldOut, final: dict[str, Any]) -> 
     clean, unrepeated = final["repeated_loss"], final["first_copy_loss"]
     span = max(unrepeated - clean, 1e-9)
     L, h = model.config.n_layers, model.config.n_heads
-    single = {f"{l}.{i}": ablate(model, data, [(l, i)]) for l in range(L) for i in range(h)}
+    heads = [(l, i) for l in range(L) for i in range(h)]
+    losses = ablate_many(model, data, [[head] for head in heads])
+    single = {f"{l}.{i}": loss for (l, i), loss in zip(heads, losses, strict=True)}
     out: dict[str, Any] = {
         "clean_repeated_loss": clean,
         "unrepeated_loss": unrepeated,
