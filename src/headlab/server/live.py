@@ -18,7 +18,7 @@ from typing import Any
 from headlab.experiments import induction as ind
 from headlab.experiments import one_thread
 
-MAX_SECONDS = 240.0  # a run is stopped after this much wall time (a busy machine is slow)
+MAX_SECONDS = 600.0  # a run is stopped after this much wall time (a busy machine is slow)
 
 
 class Busy(RuntimeError):

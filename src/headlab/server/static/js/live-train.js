@@ -83,7 +83,7 @@ export function initLiveTrain(root) {
       name: `${label} ${layer}.${k}`, dashed: key === "prev_token", points: st.evals.map((e) => [e.step, e[key][layer][k]]),
     }));
     const headSeries = [...perHead("induction", last, "induction"), ...perHead("prev_token", 0, "previous-token")];
-    headSeries.push({ name: "ideal induction head", dashed: true, points: st.evals.map((e) => [e.step, st.ceiling]) });
+    headSeries.push({ name: "ideal induction head", dashed: true, colour: "#9aa3b5", points: st.evals.map((e) => [e.step, st.ceiling]) });
     const sc = lineChart(headSeries, { title: `Induction score of layer ${last}'s heads, previous-token score of layer 0's`, xLabel: "step", yLabel: "score", shade });
     clear(scores, sc.svg, sc.legend);
     scores.dataset.points = String(st.evals.length);
