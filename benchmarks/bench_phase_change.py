@@ -112,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
 def summarise(rows: dict[str, list[dict[str, Any]]]) -> None:
     live = [r["seconds"] for r in rows["live"] if r["seconds"] is not None]
     formed = sum(r["circuit"] for r in rows["live"])
-    print(f"live: circuit formed in {formed} of {len(rows['live'])} seeds; median "
-          f"{statistics.median(live):.1f} s to the end of the window" if live else "live: none")  # fmt: skip
+    median = f"median {statistics.median(live):.1f} s" if live else "no window"
+    print(f"live: circuit formed in {formed} of {len(rows['live'])} seeds; {median} to the end "
+          "of the phase-change window")  # fmt: skip
     if rows["control"]:
         print(f"1-layer control: induction head in {sum(r['circuit'] for r in rows['control'])}"
               f" of {len(rows['control'])} seeds")  # fmt: skip

@@ -533,7 +533,7 @@ def experiment_command(
     err_console.print(f"running {name}{' (quick)' if quick else ''}, {seeds} seed(s) from {seed}")
     run = EXPERIMENTS[name]
     try:
-        results = run(quick=quick, seeds=seeds, seed=seed, out=out_dir, **_progress(run))
+        results = run(quick=quick, seeds=seeds, seed=seed, out=out_dir, **_run_progress(run))
     except KeyboardInterrupt:
         raise fail("interrupted; nothing was written", code=130) from None
     _print_summary(name, results)
@@ -556,12 +556,12 @@ def _shipped_seeds(name: str) -> tuple[int, int]:
     return min(shipped), len(shipped)
 
 
-def _progress(run: Any) -> dict[str, Any]:
+def _run_progress(run: Any) -> dict[str, Any]:
     """A progress bar and progress lines for experiments whose run takes them (the induction
     experiment: the events its live panel on the page draws, printed)."""
     import inspect
 
-    from headlab.train import make_reporter
+    from headlab.cli_support import make_reporter
 
     params = inspect.signature(run).parameters
     kwargs: dict[str, Any] = {}
