@@ -25,7 +25,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -33,7 +33,9 @@ import torch
 from headlab.experiments import induction as ind
 
 # REFERENCES.md, "Measured here for planning the live phase change": idle machine, one thread
-PLANNING = replace(ind.LIVE, min_span=3, max_span=12, steps=1000)
+PLANNING = ind.InductionConfig(
+    seq_len=24, min_span=3, max_span=12, steps=1000, eval_every=50, eval_batch=32, icl_batch=64
+)
 PLANNING_IDLE_SECONDS = (9.7, 9.9, 8.9)
 
 
