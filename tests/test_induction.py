@@ -342,3 +342,19 @@ def test_cli_train_recipe_ctrl_c_then_resume(tmp_path: Path) -> None:
     assert latest_checkpoint(out).name == f"step-{ind.QUICK.steps:06d}"
     model = Transformer.load(out / "model")
     assert model.config.n_layers == 2 and model.config.positional == "rotary"
+
+
+def test_cli_prints_the_live_progress_events(capsys: pytest.CaptureFixture[str]) -> None:
+    from headlab import cli
+
+    scores = {"induction": [[0.1, 0.2], [0.05, 0.38]], "prev_token": [[0.71, 0.02], [0.1, 0.1]]}
+    event = {"event": "eval", "step": 300, "first_copy_loss": 4.2, "repeated_loss": 1.5, **scores}
+    cli._print_event(event)
+    cli._print_event({**event, "step": 350})  # between the hundreds: nothing
+    cli._print_event({"event": "verdict", "n_layers": 2, "verdict": {"text": "It formed."}})
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "step   300  loss first copy 4.200, repeated 1.500  best induction 1.1 0.380  "
+        "best previous-token 0.0 0.710",
+        "2 layer(s): It formed.",
+    ]

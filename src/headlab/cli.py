@@ -573,8 +573,8 @@ def _run_progress(run: Any) -> dict[str, Any]:
 
 
 def _print_event(event: dict[str, Any]) -> None:
-    """One line per evaluation (losses, the best heads) and the verdict of each model."""
-    if event["event"] == "eval":
+    """A line every 100 steps (losses, the best heads) and the verdict of each model."""
+    if event["event"] == "eval" and event["step"] % 100 == 0:
         last = len(event["induction"]) - 1
         ind = max(range(len(event["induction"][last])), key=event["induction"][last].__getitem__)
         prev = max(range(len(event["prev_token"][0])), key=event["prev_token"][0].__getitem__)
@@ -584,10 +584,13 @@ def _print_event(event: dict[str, Any]) -> None:
             f"{event['induction'][last][ind]:.3f}  best previous-token 0.{prev} "
             f"{event['prev_token'][0][prev]:.3f}",
             highlight=False,
+            soft_wrap=True,
         )
     elif event["event"] == "verdict":
         err_console.print(
-            f"{event['n_layers']} layer(s): {event['verdict']['text']}", highlight=False
+            f"{event['n_layers']} layer(s): {event['verdict']['text']}",
+            highlight=False,
+            soft_wrap=True,
         )
 
 
