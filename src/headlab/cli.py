@@ -549,8 +549,9 @@ def experiment_command(
         seed, seeds = _shipped_seeds(name)
     out_dir = Path(out) if out is not None else Path("runs") / name
     err_console.print(f"running {name}{' (quick)' if quick else ''}, {seeds} seed(s) from {seed}")
+    run = EXPERIMENTS[name]
     try:
-        results = EXPERIMENTS[name](quick=quick, seeds=seeds, seed=seed, out=out_dir)
+        results = run(quick=quick, seeds=seeds, seed=seed, out=out_dir, **_run_progress(run))
     except KeyboardInterrupt:
         raise fail("interrupted; nothing was written", code=130) from None
     _print_summary(name, results)
@@ -571,6 +572,44 @@ def _shipped_seeds(name: str) -> tuple[int, int]:
 
     shipped = [s["seed"] for s in json.loads(results_path(name).read_text())["seeds"]]
     return min(shipped), len(shipped)
+
+
+def _run_progress(run: Any) -> dict[str, Any]:
+    """A progress bar and progress lines for experiments whose run takes them (the induction
+    experiment: the events its live panel on the page draws, printed)."""
+    import inspect
+
+    from headlab.cli_support import make_reporter
+
+    params = inspect.signature(run).parameters
+    kwargs: dict[str, Any] = {}
+    if "reporter" in params:
+        kwargs["reporter"] = make_reporter()
+    if "listener" in params:
+        kwargs["listener"] = _print_event
+    return kwargs
+
+
+def _print_event(event: dict[str, Any]) -> None:
+    """A line every 100 steps (losses, the best heads) and the verdict of each model."""
+    if event["event"] == "eval" and event["step"] % 100 == 0:
+        last = len(event["induction"]) - 1
+        ind = max(range(len(event["induction"][last])), key=event["induction"][last].__getitem__)
+        prev = max(range(len(event["prev_token"][0])), key=event["prev_token"][0].__getitem__)
+        err_console.print(
+            f"step {event['step']:>5}  loss first copy {event['first_copy_loss']:.3f}, "
+            f"repeated {event['repeated_loss']:.3f}  best induction {last}.{ind} "
+            f"{event['induction'][last][ind]:.3f}  best previous-token 0.{prev} "
+            f"{event['prev_token'][0][prev]:.3f}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    elif event["event"] == "verdict":
+        err_console.print(
+            f"{event['n_layers']} layer(s): {event['verdict']['text']}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _print_summary(name: str, results: dict) -> None:

@@ -27,16 +27,35 @@ Found automatically
     phase change        the in-context gain g = repeated_loss − first_copy_loss is smoothed over
                         3 evaluation points; its steepest fall per step marks ``phase_change_step``
                         (the middle of that interval) and the window is every adjacent interval
-                        falling at least half as fast. ``found`` needs the repeated tokens' loss
-                        to end below half the unrepeated loss (a gain beyond what predicting
-                        "some token already in the context" gives: ln 64 → about ln 20 here),
-                        with at least a quarter of the gain made inside the window.
+                        falling at least half as fast. ``found`` needs three things: the repeated
+                        tokens' loss ends below half the unrepeated loss (a gain beyond what
+                        predicting "some token already in the context" gives: ln 64 → about
+                        ln 20 here), at least a quarter of that gain is made inside the window,
+                        and an induction head forms with it: the best head's induction score
+                        rises by at least a quarter of the ceiling inside the window and ends at
+                        half the ceiling or more. A fall of the loss without an induction head
+                        (a small model finding another trick) is not reported as a phase change.
     induction heads     heads whose induction score is at least half the ceiling: the score of an
                         ideal head on the same probe (rows without an earlier copy cannot score)
     previous-token heads  heads whose previous-token score is at least 0.5
-    feeder heads        layer-0 heads whose ablation (output zeroed) takes away at least 30% of
-                        the in-context gain: effect = (ablated − clean) / (unrepeated − clean);
-                        they are then ablated together, and so are the other layer-0 heads
+    feeder heads        (2-layer models) every subset S of the layer-0 heads is ablated (outputs
+                        zeroed) on the probe; effect(S) = (ablated − clean) / (unrepeated − clean),
+                        the share of the in-context gain lost. The feeders are the smallest S
+                        whose ablation removes most of the gain (effect ≥ 1/2) while ablating
+                        all the other layer-0 heads removes little (≤ 1/4); among several of that
+                        size, the one with the largest difference. Joint effects, not single
+                        heads' effects, decide: a head that matters only together with another
+                        (two heads sharing one job, or a query-side and a key-side partner) is
+                        found. Each head's exact Shapley value over the same 2^h ablations is
+                        reported beside it (a threshold-free share of the layer-0 effect).
+
+Live runs
+    :func:`study` trains one model and finds all of the above; a ``listener`` receives progress
+    events as it runs (every ``STEP_EVENTS`` steps, every evaluation with the phase change as
+    detected so far, the patterns of the best induction and previous-token heads now and then,
+    and the verdict). ``headlab experiment induction`` prints them; the web page's "train it
+    yourself" panel streams them from the server. A ``stop`` callback that returns a reason
+    ends the run between two steps (:class:`Stopped`).
 
 Papers: Olsson et al. 2022, "In-context Learning and Induction Heads"; Elhage et al. 2021,
 "A Mathematical Framework for Transformer Circuits" (K-composition; attention-only models).
@@ -44,8 +63,11 @@ Papers: Olsson et al. 2022, "In-context Learning and Induction Heads"; Elhage et
 
 from __future__ import annotations
 
+import itertools
+import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -60,6 +82,7 @@ from headlab.heads import THRESHOLDS, induction_pattern, induction_score, previo
 from headlab.measure import (
     Probe,
     copy_losses,
+    copy_targets,
     icl_positions,
     icl_score,
     make_probe,
@@ -94,10 +117,20 @@ class InductionConfig:
 
 
 DEFAULT = InductionConfig()
-FEEDER_EFFECT = 0.3  # a layer-0 head whose ablation removes this share of the gain feeds it
-QUICK = InductionConfig(
-    seq_len=24, min_span=3, max_span=12, steps=1200, eval_every=20, eval_batch=48, icl_batch=128
+# The live recipe: the page's "train it yourself" panel and `--quick` (so the tests assert on it)
+# (benchmarks/bench_phase_change.py; measured against other recipes in the README)
+LIVE = InductionConfig(
+    seq_len=24,
+    min_span=6,
+    max_span=12,
+    batch_size=64,
+    lr=4.5e-3,
+    steps=700,
+    eval_every=50,
+    eval_batch=32,
+    icl_batch=64,
 )
+QUICK = LIVE
 
 
 def make_model(cfg: InductionConfig, n_layers: int, seed: int) -> Transformer:
@@ -193,6 +226,8 @@ def metrics(model: Transformer, data: HeldOut) -> dict[str, Any]:
 # Training one model, and what is found after it
 # ---------------------------------------------------------------------------------------------
 
+Extra = Callable[[Transformer, dict[str, Any]], dict[str, Any]]
+
 
 def train_model(
     cfg: InductionConfig,
@@ -202,14 +237,20 @@ def train_model(
     reporter: Reporter | None = None,
     out_dir: Path | None = None,
     resume: bool = False,
+    extra: Extra | None = None,
 ) -> tuple[Transformer, TrainResult]:
-    """Train one model on the repeat task, measuring it every ``eval_every`` steps."""
+    """Train one model on the repeat task, measuring it every ``eval_every`` steps.
+
+    ``extra(model, record)`` may add keys to an evaluation record (the live run's patterns)."""
     model = make_model(cfg, n_layers, seed)
     task = RepeatTask(cfg.vocab_size, cfg.seq_len, cfg.min_span, cfg.max_span)
     t0 = time.perf_counter()
 
     def evaluate(m: Any, step: int) -> dict[str, Any]:
-        return {**metrics(m, data), "wall": time.perf_counter() - t0}
+        record = metrics(m, data)
+        if extra is not None:
+            record.update(extra(m, record))
+        return {**record, "wall": time.perf_counter() - t0}
 
     result = train(
         model,
@@ -224,8 +265,16 @@ def train_model(
     return model, result
 
 
-def find_phase_change(evals: list[dict[str, Any]]) -> dict[str, Any]:
-    """The steepest fall of the in-context gain (see the module docstring for the rule)."""
+def best_induction(record: dict[str, Any]) -> float:
+    """The highest induction score of any head in an evaluation record."""
+    return max(max(layer) for layer in record["induction"])
+
+
+def find_phase_change(evals: list[dict[str, Any]], ceiling: float) -> dict[str, Any]:
+    """The steepest fall of the in-context gain, and whether an induction head formed with it
+    (the rule is in the module docstring). ``ceiling``: an ideal induction head's score."""
+    if len(evals) < 3:
+        return {"step": None, "window": None, "found": False}
     steps = [r["step"] for r in evals]
     gain = [r["repeated_loss"] - r["first_copy_loss"] for r in evals]
     smooth = [statistics.fmean(gain[max(0, i - 1) : i + 2]) for i in range(len(gain))]
@@ -236,67 +285,129 @@ def find_phase_change(evals: list[dict[str, Any]]) -> dict[str, Any]:
         lo -= 1
     while hi + 1 < len(slopes) and slopes[hi + 1] <= 0.5 * slopes[k]:
         hi += 1
-    final_gain = -gain[-1]
-    window_gain = smooth[lo] - smooth[hi + 1]
+    final_gain, window_gain = -gain[-1], smooth[lo] - smooth[hi + 1]
+    best = [best_induction(r) for r in evals]
+    rise = best[hi + 1] - best[lo]
     return {
         "step": round((steps[k] + steps[k + 1]) / 2),
         "window": [steps[lo], steps[hi + 1]],
         "steepest_fall_per_1k_steps": -1000 * slopes[k],
         "final_gain": final_gain,
         "window_gain": window_gain,
+        "induction_rise": rise,
+        "final_induction": best[-1],
         "found": final_gain >= 0.5 * evals[-1]["first_copy_loss"]
-        and window_gain >= 0.25 * final_gain,
+        and window_gain >= 0.25 * final_gain
+        and rise >= 0.25 * ceiling
+        and best[-1] >= 0.5 * ceiling,
     }
 
 
 def ablate(model: Transformer, data: HeldOut, heads: list[tuple[int, int]]) -> float:
     """Repeated-token loss with the outputs of ``heads`` zeroed (Michel et al. 2019's masks)."""
-    mask = full_mask(model.config.n_layers, model.config.n_heads, heads)
-    with torch.no_grad():
-        losses = token_losses(model, data.copies.tokens, head_mask=mask)
-    return copy_losses(losses, data.copies.source)[1]
+    return ablate_many(model, data, [heads])[0]
+
+
+def ablate_many(
+    model: Transformer, data: HeldOut, sets: list[list[tuple[int, int]]], chunk: int = 16
+) -> list[float]:
+    """:func:`ablate` for many head sets, ``chunk`` sets per forward pass: the probe is repeated
+    once per set, each copy with its own (L, h) head mask."""
+    L, h = model.config.n_layers, model.config.n_heads
+    tokens = data.copies.tokens  # (B, n + 1)
+    later = copy_targets(data.copies.source)[1]  # (B, n)
+    out = []
+    for start in range(0, len(sets), chunk):
+        part = sets[start : start + chunk]
+        masks = torch.stack([full_mask(L, h, heads) for heads in part])  # (S, L, h)
+        mask = masks.repeat_interleave(tokens.shape[0], dim=0)  # (S·B, L, h)
+        with torch.no_grad():
+            losses = token_losses(model, tokens.repeat(len(part), 1), head_mask=mask)  # (S·B, n)
+        out += [float(per_set[later].mean()) for per_set in losses.view(len(part), *later.shape)]
+    return out
+
+
+MOST, LITTLE = 0.5, 0.25  # feeders remove at least MOST of the gain, the rest at most LITTLE
+
+
+def layer0_subsets(model: Transformer, data: HeldOut, span: float, clean: float) -> dict:
+    """effect(S) for every subset S of layer 0's heads (frozenset of head indices; 2^h sets)."""
+    h = model.config.n_heads
+    subsets = [frozenset(c) for r in range(1, h + 1) for c in itertools.combinations(range(h), r)]
+    losses = ablate_many(model, data, [[(0, i) for i in sorted(s)] for s in subsets])
+    effects: dict[frozenset[int], float] = {frozenset(): 0.0}
+    effects.update({s: (loss - clean) / span for s, loss in zip(subsets, losses, strict=True)})
+    return effects
+
+
+def shapley(effects: dict[frozenset[int], float], h: int) -> list[float]:
+    """Each player's exact Shapley value of the game ``effects`` (all 2^h coalitions given):
+    its marginal effect averaged over every order in which the players could be added."""
+    values = []
+    for i in range(h):
+        total = 0.0
+        for subset, effect in effects.items():
+            if i in subset:
+                continue
+            weight = math.factorial(len(subset)) * math.factorial(h - len(subset) - 1)
+            total += weight * (effects[subset | {i}] - effect)
+        values.append(total / math.factorial(h))
+    return values
+
+
+def choose_feeders(effects: dict[frozenset[int], float], h: int) -> frozenset[int]:
+    """The smallest subset removing ≥ MOST of the gain whose complement removes ≤ LITTLE;
+    ties go to the largest difference; all of layer 0 when no smaller set qualifies."""
+    every = frozenset(range(h))
+    for size in range(1, h):
+        fits = [s for s, e in effects.items() if len(s) == size and e >= MOST
+                and effects[every - s] <= LITTLE]  # fmt: skip
+        if fits:
+            return max(fits, key=lambda s: effects[s] - effects[every - s])
+    return every
 
 
 def ablation_study(model: Transformer, data: HeldOut, final: dict[str, Any]) -> dict[str, Any]:
-    """Every head ablated alone; then the layer-0 feeders together and the other layer-0 heads."""
+    """Every head ablated alone; in a model of two layers or more, every subset of layer 0 (the
+    feeder rule and Shapley values of the module docstring)."""
     clean, unrepeated = final["repeated_loss"], final["first_copy_loss"]
     span = max(unrepeated - clean, 1e-9)
     L, h = model.config.n_layers, model.config.n_heads
-    single = {f"{l}.{i}": ablate(model, data, [(l, i)]) for l in range(L) for i in range(h)}
-    effect = {name: (loss - clean) / span for name, loss in single.items()}
-    layer0 = [f"0.{i}" for i in range(h)]
-    feeders = [name for name in layer0 if effect[name] >= FEEDER_EFFECT] or [
-        max(layer0, key=lambda n: effect[n])
-    ]
-    others = [name for name in layer0 if name not in feeders]
-    joint = {
-        "feeders": ablate(model, data, [_parse(n) for n in feeders]),
-        "others": ablate(model, data, [_parse(n) for n in others]) if others else clean,
-    }
-    return {
+    heads = [(l, i) for l in range(L) for i in range(h)]
+    losses = ablate_many(model, data, [[head] for head in heads])
+    single = {f"{l}.{i}": loss for (l, i), loss in zip(heads, losses, strict=True)}
+    out: dict[str, Any] = {
         "clean_repeated_loss": clean,
         "unrepeated_loss": unrepeated,
         "ablation": single,
-        "ablation_effect": effect,
-        "feeder_heads": [
-            {"head": name, "effect": effect[name], "prev_token_score": _score(final, name)}
-            for name in feeders
-        ],
-        "ablate_feeders_repeated_loss": joint["feeders"],
-        "ablate_others_repeated_loss": joint["others"],
-        "ablate_feeders_effect": (joint["feeders"] - clean) / span,
-        "ablate_others_effect": (joint["others"] - clean) / span,
+        "ablation_effect": {name: (loss - clean) / span for name, loss in single.items()},
     }
+    if L < 2:
+        return out
+    effects = layer0_subsets(model, data, span, clean)
+    values = shapley(effects, h)
+    feeders = choose_feeders(effects, h)
+    others = frozenset(range(h)) - feeders
+    out["feeder_heads"] = [
+        {"head": f"0.{i}", "effect": out["ablation_effect"][f"0.{i}"], "shapley": values[i],
+         "prev_token_score": float(final["prev_token"][0][i])}
+        for i in sorted(feeders, key=lambda i: -values[i])
+    ]  # fmt: skip
+    out["layer0_shapley"] = {f"0.{i}": v for i, v in enumerate(values)}
+    out["layer0_subsets"] = {_names(s): e for s, e in effects.items() if s}
+    out["ablate_feeders_effect"], out["ablate_others_effect"] = effects[feeders], effects[others]
+    out["ablate_feeders_repeated_loss"] = clean + effects[feeders] * span
+    out["ablate_others_repeated_loss"] = clean + effects[others] * span
+    return out
+
+
+def _names(subset: frozenset[int]) -> str:
+    return "+".join(f"0.{i}" for i in sorted(subset))
 
 
 def _parse(name: str) -> tuple[int, int]:
     layer, head = name.split(".")
     return int(layer), int(head)
-
-
-def _score(final: dict[str, Any], name: str, kind: str = "prev_token") -> float:
-    layer, head = _parse(name)
-    return float(final[kind][layer][head])
 
 
 def label_heads(final: dict[str, Any], ceiling: float) -> dict[str, list[str]]:
@@ -313,57 +424,231 @@ def label_heads(final: dict[str, Any], ceiling: float) -> dict[str, list[str]]:
     return found
 
 
+def verdict(r: dict[str, Any]) -> dict[str, Any]:
+    """Did the circuit form? A sentence and the facts behind it, from a :func:`study` result."""
+    share = r["final_induction_score"] / r["induction_ceiling"]
+    if not r["phase_change"]["found"]:
+        why = (" A one-layer model cannot: no earlier layer tells a head which token came"
+               " before (Elhage et al. 2021).") if r["n_layers"] == 1 else ""  # fmt: skip
+        text = f"No induction head formed: the best head reached {share:.0%} of an ideal one."
+        return {"circuit": False, "induction_share": share, "text": text + why}
+    head = max(r["induction_heads"], key=lambda n: _score(r["final"], n, "induction"))
+    feeders = r.get("feeder_heads") or [{"head": "none", "prev_token_score": 0.0}]
+    named = ", ".join(f"{f['head']} (previous-token score {f['prev_token_score']:.2f})"
+                      for f in feeders)  # fmt: skip
+    text = (
+        f"Induction head {head} formed at steps {r['phase_change']['window'][0]}–"
+        f"{r['phase_change']['window'][1]} and reaches {share:.0%} of an ideal head's score. "
+        f"Masking layer-0 head(s) {named} removes {r['ablate_feeders_effect']:.0%} of the "
+        f"in-context gain; masking the other layer-0 heads removes "
+        f"{r['ablate_others_effect']:.0%}."
+    )
+    prev = max(f["prev_token_score"] for f in feeders)
+    return {"circuit": True, "induction_head": head, "induction_share": share,
+            "feeder_prev_token": prev, "text": text}  # fmt: skip
+
+
+def _score(final: dict[str, Any], name: str, kind: str = "prev_token") -> float:
+    layer, head = _parse(name)
+    return float(final[kind][layer][head])
+
+
 # ---------------------------------------------------------------------------------------------
-# One seed, several seeds, figures
+# Progress as events: what the CLI prints and the page's live panel draws
+# ---------------------------------------------------------------------------------------------
+
+Listener = Callable[[dict[str, Any]], None]
+StopFn = Callable[[], str | None]
+STEP_EVENTS = 10  # a "step" event (training loss) every this many steps
+PATTERN_EVERY = 2  # the two heads' patterns ride on every this-many-th evaluation
+
+
+class Stopped(RuntimeError):
+    """A run ended early by its ``stop`` callback (cancelled, out of time, nobody listening)."""
+
+
+class Watch:
+    """A :class:`headlab.train.Reporter` that turns a run's progress into events for a listener
+    (and passes everything on to an inner reporter, e.g. a progress bar).
+
+    Events (dicts with an ``event`` key): ``start`` (total steps, the probe's first sequence),
+    ``step`` (step, training loss), ``eval`` (an evaluation record: losses, every head's
+    induction and previous-token score, and the phase change as detected so far; on some, the
+    patterns of the best induction head and the best layer-0 previous-token head), ``verdict``
+    (sent by :func:`study`). ``stop()`` is asked before every step; a reason ends the run.
+    """
+
+    def __init__(
+        self,
+        data: HeldOut,
+        listener: Listener | None,
+        inner: Reporter | None = None,
+        stop: StopFn | None = None,
+    ) -> None:
+        self.data, self.listener, self.inner, self.stop = data, listener, inner, stop
+        self.evals: list[dict[str, Any]] = []
+        self.detected: dict[str, Any] | None = None
+
+    def start(self, total: int, step: int) -> None:
+        self.evals = []
+        self.detected = None
+        if self.inner is not None:
+            self.inner.start(total, step)
+        self._send({"event": "start", "total": total, "tokens": self.data.inputs[0].tolist(),
+                    "ceiling": self.data.ceiling})  # fmt: skip
+
+    def update(self, step: int, loss: float, lr: float) -> None:
+        if self.stop is not None and (reason := self.stop()):
+            raise Stopped(reason)
+        if self.inner is not None:
+            self.inner.update(step, loss, lr)
+        if step % STEP_EVENTS == 0:
+            self._send({"event": "step", "step": step, "loss": loss})
+
+    def record(self, record: dict[str, Any]) -> None:
+        if self.inner is not None:
+            self.inner.record(record)
+        if record.get("kind") != "eval":
+            return
+        self.evals.append(record)
+        phase = find_phase_change(self.evals, self.data.ceiling)
+        if phase["found"] and self.detected is None:
+            self.detected = phase
+            if self.inner is not None:
+                lo, hi = phase["window"]
+                self.inner.message(f"phase change detected at step {record['step']}: "
+                                   f"window {lo}–{hi}")  # fmt: skip
+        self._send({"event": "eval", **record, "phase_change": phase})
+
+    def message(self, text: str) -> None:
+        if self.inner is not None:
+            self.inner.message(text)
+
+    def finish(self) -> None:
+        if self.inner is not None:
+            self.inner.finish()
+
+    def patterns(self, model: Transformer, record: dict[str, Any]) -> dict[str, Any]:
+        """The ``extra`` hook: every PATTERN_EVERY-th evaluation, the patterns (probe sequence 0,
+        rounded to 3 decimals) of the best induction head of the last layer and the best
+        previous-token head of layer 0."""
+        if len(self.evals) % PATTERN_EVERY:
+            return {}
+        weights = run_patterns(model, self.data.inputs[:1])[:, 0]  # (L, h, n, n)
+        last = len(record["induction"]) - 1
+        shown = {
+            "induction": (last, _argmax(record["induction"][last])),
+            "prev_token": (0, _argmax(record["prev_token"][0])),
+        }
+        return {"patterns": {kind: {"head": f"{l}.{i}",
+                                    "weights": weights[l, i].round(decimals=3).tolist()}
+                             for kind, (l, i) in shown.items()}}  # fmt: skip
+
+    def _send(self, event: dict[str, Any]) -> None:
+        if self.listener is not None:
+            self.listener(event)
+
+
+def _argmax(values: list[float]) -> int:
+    return max(range(len(values)), key=values.__getitem__)
+
+
+# ---------------------------------------------------------------------------------------------
+# One model studied, with live progress; one seed, several seeds
 # ---------------------------------------------------------------------------------------------
 
 
-def run_seed(cfg: InductionConfig, seed: int, reporter: Reporter | None = None) -> dict[str, Any]:
-    """Both models for one seed: phase change, heads, ablations, the control."""
-    data = held_out(cfg, seed)
-    model, result = train_model(cfg, 2, seed, data, reporter)
+def study(
+    cfg: InductionConfig,
+    n_layers: int,
+    seed: int,
+    data: HeldOut | None = None,
+    reporter: Reporter | None = None,
+    listener: Listener | None = None,
+    stop: StopFn | None = None,
+) -> dict[str, Any]:
+    """Train one model and find its phase change, heads and ablation effects.
+
+    ``listener`` receives the progress events of :class:`Watch`; ``stop`` can end the run
+    early (raises :class:`Stopped`). The result's ``_model`` is the trained model."""
+    data = held_out(cfg, seed) if data is None else data
+    watch = Watch(data, listener, reporter, stop) if listener or stop else None
+    extra = watch.patterns if watch is not None and listener is not None else None
+    model, result = train_model(cfg, n_layers, seed, data, watch or reporter, extra=extra)
     evals = result.records("eval")
     final = evals[-1]
-    phase = find_phase_change(evals)
+    phase = find_phase_change(evals, data.ceiling)
+    if stop is not None and (reason := stop()):
+        raise Stopped(reason)
     heads = label_heads(final, data.ceiling)
-    _, control_result = train_model(cfg, 1, seed, data, reporter)
-    control_evals = control_result.records("eval")
-    control_final = control_evals[-1]
     walls = {r["step"]: r["wall"] for r in evals}
-    return {
-        "seed": seed,
+    r = {
+        "n_layers": n_layers,
         "phase_change_step": phase["step"],
         "phase_change": phase,
-        "phase_change_seconds": walls[phase["window"][1]],
+        "phase_change_seconds": walls[phase["window"][1]] if phase["found"] else None,
         "induction_heads": heads["induction"],
         "prev_token_heads": heads["prev_token"],
-        "final_induction_score": max(max(layer) for layer in final["induction"]),
+        "final_induction_score": best_induction(final),
+        "max_induction_score": max(best_induction(e) for e in evals),
         "induction_ceiling": data.ceiling,
-        "final": {k: final[k] for k in ("loss", "first_copy_loss", "repeated_loss", "icl_score")},
+        "final": {k: final[k] for k in FINAL_KEYS},
         **ablation_study(model, data, final),
-        "control_max_induction_score": max(max(r["induction"][0]) for r in control_evals),
-        "control_final": {
-            k: control_final[k] for k in ("loss", "first_copy_loss", "repeated_loss", "icl_score")
-        },
-        "control_phase_change": find_phase_change(control_evals),
         "train_seconds": result.wall_seconds,
-        "control_train_seconds": control_result.wall_seconds,
         "history": result.history,
-        "control_history": control_result.history,
         "_model": model,
+    }
+    r["verdict"] = verdict(r)
+    if listener is not None:
+        listener({"event": "verdict", **{k: v for k, v in r.items() if k not in _BULKY}})
+    return r
+
+
+FINAL_KEYS = ("loss", "first_copy_loss", "repeated_loss", "icl_score", "induction", "prev_token")
+_BULKY = ("history", "_model")
+
+
+def run_seed(
+    cfg: InductionConfig,
+    seed: int,
+    reporter: Reporter | None = None,
+    listener: Listener | None = None,
+) -> dict[str, Any]:
+    """Both models for one seed: phase change, heads, ablations, the 1-layer control."""
+    data = held_out(cfg, seed)
+    two = study(cfg, 2, seed, data, reporter, listener)
+    control = study(cfg, 1, seed, data, reporter, listener)
+    return {
+        "seed": seed,
+        **{k: v for k, v in two.items() if k != "n_layers"},
+        "control_max_induction_score": control["max_induction_score"],
+        "control_final": control["final"],
+        "control_phase_change": control["phase_change"],
+        "control_verdict": control["verdict"],
+        "control_train_seconds": control["train_seconds"],
+        "control_history": control["history"],
         "_data": data,
     }
 
 
-def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None = None) -> dict:
+def run(
+    *,
+    quick: bool = False,
+    seeds: int = 1,
+    seed: int = 0,
+    out: Path | None = None,
+    reporter: Reporter | None = None,
+    listener: Listener | None = None,
+) -> dict:
     """Train the 2-layer model and the 1-layer control for each seed; find the phase change, the
-    heads and their ablation effects; write results.json and figures into ``out``."""
+    heads and their ablation effects; write results.json and figures into ``out``.
+    ``reporter`` and ``listener`` receive the progress (see :func:`study`)."""
     if seeds < 1:
         raise ValueError(f"seeds must be at least 1, got {seeds}")
     cfg = QUICK if quick else DEFAULT
     t0 = time.perf_counter()
     with one_thread():
-        runs = [run_seed(cfg, s) for s in range(seed, seed + seeds)]
+        runs = [run_seed(cfg, s, reporter, listener) for s in range(seed, seed + seeds)]
     first = runs[0]
     results = {
         "experiment": "induction",
@@ -391,6 +676,9 @@ def _summary(r: dict[str, Any]) -> dict[str, Any]:
         "window": r["phase_change"]["window"],
         "feeder_heads": [f["head"] for f in r["feeder_heads"]],
         "feeder_prev_token_scores": [f["prev_token_score"] for f in r["feeder_heads"]],
+        "induction_share": r["verdict"]["induction_share"],
+        "circuit": r["verdict"]["circuit"],
+        "control_circuit": r["control_verdict"]["circuit"],
     }
 
 

@@ -19,7 +19,8 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from headlab import __version__
 from headlab.server import settings
-from headlab.server.routes import attention, code, experiments, health, shapes
+from headlab.server.live import MAX_SECONDS, LiveRuns
+from headlab.server.routes import attention, code, experiments, health, live, shapes
 from headlab.server.security import BodyLimit, SecurityHeaders
 from headlab.server.store import ModelStore
 
@@ -31,15 +32,19 @@ def create_app(
     preload: Sequence[str] = ("default",),
     allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
     max_loaded: int = 2,
+    live_seconds: float = MAX_SECONDS,
 ) -> FastAPI:
     """The explainer's app. ``preload`` names models loaded at startup (missing ones are skipped
-    and reported by ``/api/models``); at most ``max_loaded`` models stay in memory at once."""
+    and reported by ``/api/models``); at most ``max_loaded`` models stay in memory at once; a
+    live training run is stopped after ``live_seconds``."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.models = ModelStore(max_loaded=max_loaded)
         app.state.models.preload(preload)
+        app.state.live = LiveRuns(max_seconds=live_seconds)
         yield
+        app.state.live.shutdown()
         app.state.models.clear()
 
     app = FastAPI(
@@ -50,7 +55,7 @@ def create_app(
         docs_url=None,
         redoc_url=None,
     )
-    for router in (health.router, shapes.router, attention.router, experiments.router):
+    for router in (health.router, shapes.router, attention.router, experiments.router, live.router):
         app.include_router(router, prefix="/api")
     app.include_router(code.router, prefix="/api")
     app.add_exception_handler(RequestValidationError, _readable_422)  # type: ignore[arg-type]

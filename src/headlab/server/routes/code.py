@@ -25,6 +25,7 @@ LINKED = (
     "headlab.heads.previous_token_score",
     "headlab.heads.induction_score",
     "headlab.heads.analyse",
+    "headlab.experiments.induction.study",
     "headlab.model.Block",
     "headlab.model.Transformer.forward",
     "headlab.ablation",

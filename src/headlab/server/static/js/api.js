@@ -7,8 +7,8 @@ export class ApiError extends Error {
   }
 }
 
-export async function api(path, body) {
-  const options = body === undefined ? {} : {
+export async function api(path, body, method) {
+  const options = body === undefined ? (method ? { method } : {}) : {
     method: "POST",
     headers: { "content-type": "application/json" },
     body: JSON.stringify(body),

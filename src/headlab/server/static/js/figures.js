@@ -122,7 +122,8 @@ function niceTicks(lo, hi, count = 6) {
   return ticks;
 }
 
-// A line chart: series = [{name, points: [[x, y], ...]}]; shade = [x0, x1] (optional window).
+// A line chart: series = [{name, points: [[x, y], ...], dashed?, colour?}]; shade = [x0, x1]
+// (optional window).
 // Legend entries are buttons that hide or show their series; hovering reads out the nearest point.
 export function lineChart(series, { title = "", xLabel = "", yLabel = "", shade = null, logX = false, readout = null } = {}) {
   const W = 640, H = 300, L = 56, R = 12, T = title ? 26 : 10, B = 42;
@@ -149,8 +150,9 @@ export function lineChart(series, { title = "", xLabel = "", yLabel = "", shade 
   const groups = series.map((sr, k) => {
     const pts = sr.points.filter((p) => Number.isFinite(p[1]));
     const g = s("g", { "data-series": sr.name });
-    g.append(s("polyline", { points: pts.map((p) => `${px(p[0]).toFixed(1)},${py(p[1]).toFixed(1)}`).join(" "), fill: "none", stroke: SERIES[k % SERIES.length], "stroke-width": 2, "stroke-dasharray": sr.dashed ? "5 3" : null }));
-    if (pts.length <= 40) pts.forEach((p) => g.append(s("circle", { cx: px(p[0]), cy: py(p[1]), r: 2.5, fill: SERIES[k % SERIES.length] })));
+    const colour = sr.colour || SERIES[k % SERIES.length];
+    g.append(s("polyline", { points: pts.map((p) => `${px(p[0]).toFixed(1)},${py(p[1]).toFixed(1)}`).join(" "), fill: "none", stroke: colour, "stroke-width": 2, "stroke-dasharray": sr.dashed ? "5 3" : null }));
+    if (pts.length <= 40) pts.forEach((p) => g.append(s("circle", { cx: px(p[0]), cy: py(p[1]), r: 2.5, fill: colour })));
     svg.append(g);
     return g;
   });
@@ -180,7 +182,7 @@ export function lineChart(series, { title = "", xLabel = "", yLabel = "", shade 
         groups[k].setAttribute("visibility", on ? "visible" : "hidden");
       },
     }, h("span", { "aria-hidden": "true", class: "swatch" }, "■ "), sr.name)));
-  legend.querySelectorAll(".swatch").forEach((el, k) => { el.style.color = SERIES[k % SERIES.length]; });
+  legend.querySelectorAll(".swatch").forEach((el, k) => { el.style.color = series[k].colour || SERIES[k % SERIES.length]; });
   return { svg, legend };
 }
 

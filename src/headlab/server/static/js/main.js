@@ -4,6 +4,7 @@ import { h, clear, fmtInt, fmtBytes, fmtCompact, missing } from "./dom.js";
 import { initShapes } from "./shapes-widget.js";
 import { initHeads } from "./heads-widget.js";
 import { renderExperiment } from "./experiments.js";
+import { initLiveTrain } from "./live-train.js";
 
 const status = document.getElementById("server-status");
 
@@ -104,6 +105,7 @@ async function start() {
   }
   initShapes(document.getElementById("shapes-widget"));
   initHeads(document.getElementById("heads-widget"), document.getElementById("label-summary"));
+  initLiveTrain(document.getElementById("live-train-widget"));
   guard(costCompare, document.getElementById("cost-compare"));
   guard(paramsTable, document.getElementById("params-table"));
   guard(kvCompare, document.getElementById("kv-compare"));

@@ -1,0 +1,108 @@
+"""Train an induction model from the page and watch it as server-sent events.
+
+``POST /api/live/induction`` starts a seeded run of the live recipe and answers with an event
+stream (``text/event-stream``) that lasts as long as the run: ``run`` (its id, knobs and
+recipe), ``start``, ``step``, ``eval``, ``verdict``, then ``done``, ``stopped`` or ``error``. One
+run trains at a time: a second request gets 409 with the running run's id. Closing the stream
+(a closed tab, a dropped connection) stops the run; so does ``DELETE /api/live/runs/{id}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from typing import Any, Literal
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi import Path as PathParam
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import Field
+
+from headlab.experiments import finite
+from headlab.experiments import induction as ind
+from headlab.server.live import Busy, Knobs, LiveRun, LiveRuns
+from headlab.server.schemas import Strict
+
+router = APIRouter(tags=["live"])
+RUN_ID = r"^[0-9a-f]{1,32}$"
+POLL_SECONDS = 1.0  # how often a quiet stream checks that its client is still there
+
+
+class LiveRequest(Strict):
+    """The reader's knobs; everything else is the live recipe (``GET /api/live``)."""
+
+    seed: int = Field(0, ge=0, le=9999, description="seeds the weights and the data")
+    n_layers: Literal[1, 2] = Field(2, description="1 cannot form an induction head; 2 can")
+    n_heads: Literal[2, 4, 8] = Field(4, description="heads per layer (d_model stays 64)")
+
+
+def _runs(request: Request) -> LiveRuns:
+    runs: LiveRuns = request.app.state.live
+    return runs
+
+
+@router.get("/live")
+def live_status(request: Request) -> dict[str, Any]:
+    """The running run's id (or null), the live recipe and the knobs a request may set."""
+    runs = _runs(request)
+    return {
+        "running": runs.running(),
+        "recipe": asdict(ind.LIVE),
+        "knobs": {"seed": [0, 9999], "n_layers": [1, 2], "n_heads": [2, 4, 8]},
+        "max_seconds": runs.max_seconds,
+    }
+
+
+@router.post("/live/induction", response_model=None)
+async def train_live(body: LiveRequest, request: Request) -> StreamingResponse | JSONResponse:
+    """Start a run and stream its progress; 409 while another run trains."""
+    runs = _runs(request)
+    try:
+        run = runs.start(Knobs(**body.model_dump()), asyncio.get_running_loop())
+    except Busy as busy:
+        return JSONResponse(
+            status_code=409,
+            content={
+                "detail": f"busy: run {busy.run_id} is training; one run at a time. Wait for "
+                f"it to finish or cancel it with DELETE /api/live/runs/{busy.run_id}",
+                "run_id": busy.run_id,
+            },
+        )
+    headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+    return StreamingResponse(_stream(run, request), media_type="text/event-stream", headers=headers)
+
+
+@router.delete("/live/runs/{run_id}")
+def cancel_live(request: Request, run_id: str = PathParam(pattern=RUN_ID)) -> dict[str, Any]:
+    """Cancel a training run; 404 naming the running run (if any) when ``run_id`` is not it."""
+    runs = _runs(request)
+    if not runs.cancel(run_id):
+        running = runs.running()
+        now = f"run {running} is training" if running else "no run is training"
+        raise HTTPException(404, f"no run {run_id!r} is training ({now})")
+    return {"cancelled": run_id}
+
+
+async def _stream(run: LiveRun, request: Request) -> AsyncIterator[str]:
+    """The run's events as SSE frames; leaving (the client gone) cancels the run."""
+    try:
+        yield _frame("run", run.describe())
+        while True:
+            try:
+                event = await asyncio.wait_for(run.events.get(), POLL_SECONDS)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    return
+                yield ": still training\n\n"  # an SSE comment: keeps the connection honest
+                continue
+            if event is None:
+                return
+            yield _frame(str(event.get("event", "message")), event)
+    finally:
+        run.cancel("the client went away")
+
+
+def _frame(name: str, data: dict[str, Any]) -> str:
+    return f"event: {name}\ndata: {json.dumps(finite(data), default=float)}\n\n"

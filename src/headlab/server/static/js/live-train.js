@@ -1,0 +1,196 @@
+// "Train it yourself": POST /api/live/induction starts a seeded run of the live recipe on the
+// server and answers with server-sent events; the panel draws the losses, every head's scores and
+// the patterns of the two heads that matter as they change, shades the phase change when the
+// server detects it, and ends with the ablation verdict. The run stops if this page goes away.
+import { api } from "./api.js";
+import { h, clear } from "./dom.js";
+import { lineChart, heatmap, colourLegend } from "./figures.js";
+
+const fmt = (v, d = 3) => (Number.isFinite(v) ? v.toFixed(d) : "—");
+
+function field(id, label, control) {
+  return h("label", { for: id }, label, control);
+}
+
+function select(id, options, value) {
+  return h("select", { id, name: id }, options.map(([v, t]) => h("option", { value: v, selected: v === value }, t)));
+}
+
+// Server-sent events from a fetch() body: "event: NAME\ndata: JSON\n\n" frames.
+async function* sseEvents(response) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const frame = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      let name = "message", data = null;
+      for (const line of frame.split("\n")) {
+        if (line.startsWith("event: ")) name = line.slice(7);
+        else if (line.startsWith("data: ")) data = JSON.parse(line.slice(6));
+      }
+      if (data !== null) yield [name, data];
+    }
+  }
+}
+
+export function initLiveTrain(root) {
+  const seed = h("input", { id: "live-seed", name: "seed", type: "number", min: 0, max: 9999, step: 1, value: 0 });
+  const layers = select("live-layers", [["2", "2 layers"], ["1", "1 layer (control)"]], "2");
+  const heads = select("live-heads", [["2", "2"], ["4", "4"], ["8", "8"]], "4");
+  const train = h("button", { type: "submit", id: "live-train" }, "Train");
+  const cancel = h("button", { type: "button", id: "live-cancel", disabled: true }, "Cancel");
+  const form = h("form", { id: "live-form", "aria-label": "train an induction model", novalidate: true },
+    h("div", { class: "controls" }, field("live-seed", "seed", seed), field("live-layers", "layers", layers), field("live-heads", "heads per layer", heads)),
+    h("p", {}, train, " ", cancel));
+  const status = h("p", { class: "note", id: "live-status", role: "status", "aria-live": "polite" }, "Press Train: the server trains a fresh model while you watch.");
+  const phase = h("p", { id: "live-phase", class: "verdict", hidden: true });
+  const losses = h("div", { id: "live-losses", class: "live-chart" });
+  const scores = h("div", { id: "live-scores", class: "live-chart" });
+  const patterns = h("div", { id: "live-patterns" });
+  const verdict = h("div", { id: "live-verdict", "aria-live": "polite" });
+  root.append(h("div", { class: "widget-box" }, form, status, phase, losses, scores, patterns, verdict));
+
+  let state = null;
+  let pending = false;
+
+  const redraw = () => {
+    if (pending) return;
+    pending = true;
+    requestAnimationFrame(() => { pending = false; draw(state); });
+  };
+
+  const draw = (st) => {
+    if (!st || !st.evals.length) return;
+    const shade = st.phase?.found ? st.phase.window : null;
+    const line = (key, name, dashed = false) => ({ name, dashed, points: st.evals.map((e) => [e.step, e[key]]) });
+    const lossSeries = [
+      { name: "training loss", points: st.steps },
+      line("first_copy_loss", "first copy"),
+      line("repeated_loss", "repeated copy", true),
+    ].filter((sr) => sr.points.length);
+    const l = lineChart(lossSeries, { title: "Loss on a probe's first and repeated copy", xLabel: "step", yLabel: "loss (nats)", shade });
+    clear(losses, l.svg, l.legend);
+    losses.dataset.step = String(st.evals.at(-1).step);
+    losses.dataset.points = String(st.evals.length);
+    const last = st.evals.at(-1).induction.length - 1;
+    const perHead = (key, layer, label) => st.evals[0][key][layer].map((_, k) => ({
+      name: `${label} ${layer}.${k}`, dashed: key === "prev_token", points: st.evals.map((e) => [e.step, e[key][layer][k]]),
+    }));
+    const headSeries = [...perHead("induction", last, "induction"), ...perHead("prev_token", 0, "previous-token")];
+    headSeries.push({ name: "ideal induction head", dashed: true, colour: "#9aa3b5", points: st.evals.map((e) => [e.step, st.ceiling]) });
+    const sc = lineChart(headSeries, { title: `Induction score of layer ${last}'s heads, previous-token score of layer 0's`, xLabel: "step", yLabel: "score", shade });
+    clear(scores, sc.svg, sc.legend);
+    scores.dataset.points = String(st.evals.length);
+    if (st.patterns) {
+      const tokens = st.tokens.map(String);
+      const { induction, prev_token: prev } = st.patterns;
+      clear(patterns, colourLegend(), h("div", { class: "pair" },
+        heatmap(induction.weights, tokens, { title: `best induction head ${induction.head}, step ${st.patternStep}` }),
+        heatmap(prev.weights, tokens, { title: `best previous-token head ${prev.head}, step ${st.patternStep}` })));
+    }
+    if (st.phase?.found) {
+      phase.hidden = false;
+      phase.textContent = `Phase change detected: steps ${st.phase.window[0]}–${st.phase.window[1]} (steepest at step ${st.phase.step}).`;
+    }
+  };
+
+  const finish = (text, error = false) => {
+    status.textContent = text;
+    status.classList.toggle("error", error);
+    train.disabled = false;
+    cancel.disabled = true;
+    root.dataset.state = "idle";
+  };
+
+  const showVerdict = (v) => {
+    const final = v.final;
+    const rows = final.induction.flatMap((layer, l) => layer.map((ind, k) => h("tr", { "data-head": `${l}.${k}` },
+      h("td", {}, `${l}.${k}`), h("td", { class: "num" }, fmt(ind)), h("td", { class: "num" }, fmt(final.prev_token[l][k])),
+      h("td", { class: "num" }, fmt(v.ablation_effect[`${l}.${k}`], 2)))));
+    const table = h("div", { class: "table-wrap" }, h("table", { id: "live-final" },
+      h("caption", { class: "note" }, `Final scores (ideal induction head: ${fmt(v.induction_ceiling)}); ablation: share of the in-context gain lost when the head is masked`),
+      h("thead", {}, h("tr", {}, h("th", {}, "head"), h("th", { class: "num" }, "induction"), h("th", { class: "num" }, "previous-token"), h("th", { class: "num" }, "ablation"))),
+      h("tbody", {}, rows)));
+    clear(verdict, h("p", { id: "live-verdict-text", class: v.verdict.circuit ? "verdict" : null }, v.verdict.text), table);
+    verdict.dataset.final = JSON.stringify({ induction: final.induction, prev_token: final.prev_token, phase_change: v.phase_change });
+  };
+
+  const handle = (name, e) => {
+    if (name === "run") {
+      state.runId = e.run_id;
+      root.dataset.run = e.run_id;
+      status.textContent = `Run ${e.run_id}: ${e.n_layers} layer(s), ${e.n_heads} heads, seed ${e.seed}, ${e.recipe.steps} steps on the server…`;
+    } else if (name === "start") {
+      state.tokens = e.tokens;
+      state.ceiling = e.ceiling;
+      state.total = e.total;
+    } else if (name === "step") {
+      state.steps.push([e.step, e.loss]);
+      status.textContent = `Run ${state.runId}: step ${e.step} of ${state.total}, training loss ${fmt(e.loss)}`;
+      redraw();
+    } else if (name === "eval") {
+      state.evals.push(e);
+      state.phase = e.phase_change;
+      if (e.patterns) { state.patterns = e.patterns; state.patternStep = e.step; }
+      redraw();
+    } else if (name === "verdict") {
+      state.phase = e.phase_change;
+      draw(state);
+      showVerdict(e);
+    } else if (name === "done") {
+      finish(`Run ${state.runId} finished: ${state.total} steps.`);
+    } else if (name === "stopped") {
+      finish(`Run ${state.runId} stopped: ${e.reason}.`);
+    } else if (name === "error") {
+      finish(`Run ${state.runId} failed: ${e.detail}`, true);
+    }
+  };
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    state = { runId: null, steps: [], evals: [], phase: null, patterns: null, tokens: [], ceiling: null, total: 0 };
+    clear(losses); clear(scores); clear(patterns); clear(verdict);
+    phase.hidden = true;
+    train.disabled = true;
+    root.dataset.state = "running";
+    status.classList.remove("error");
+    status.textContent = "Starting…";
+    const body = { seed: Number(seed.value), n_layers: Number(layers.value), n_heads: Number(heads.value) };
+    let response;
+    try {
+      response = await fetch("/api/live/induction", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+    } catch (err) {
+      finish(`The server does not answer (${err.message}).`, true);
+      return;
+    }
+    if (!response.ok) {
+      let detail = response.statusText;
+      try { detail = (await response.json()).detail; } catch { /* keep the status text */ }
+      finish(`Not started: ${detail}`, true);
+      return;
+    }
+    cancel.disabled = false;
+    try {
+      for await (const [name, data] of sseEvents(response)) handle(name, data);
+      if (root.dataset.state === "running") finish(`Run ${state.runId} ended without a result.`, true);
+    } catch (err) {
+      finish(`The stream broke off (${err.message}).`, true);
+    }
+  });
+
+  cancel.addEventListener("click", async () => {
+    if (!state?.runId) return;
+    cancel.disabled = true;
+    try {
+      await api(`/api/live/runs/${state.runId}`, undefined, "DELETE");
+    } catch (err) {
+      status.textContent = `Cancel failed: ${err.message}`;
+    }
+  });
+}

@@ -1,0 +1,90 @@
+"""The "train it yourself" panel in a real headless Chromium: Train starts a run on the server,
+the curves grow, the phase change is marked, and the final scores are those of the experiment's
+own library call with the same seed and recipe."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from playwright.sync_api import expect
+
+from test_browser import browser, server  # noqa: F401  (the module's fixtures, shared)
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+RUN_SECONDS = 900_000  # ms: a whole run on a busy shared machine
+
+
+@pytest.fixture
+def live_page(browser, server: str):  # noqa: F811
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    pg.errors = []
+    pg.on("console", lambda m: m.type == "error" and pg.errors.append(f"console: {m.text}"))
+    pg.on("pageerror", lambda e: pg.errors.append(f"pageerror: {e}"))
+    pg.goto(server + "/")
+    pg.wait_for_selector("#live-train")
+    yield pg
+    context.close()
+
+
+def _points(page) -> int:
+    return int(page.get_attribute("#live-losses", "data-points") or 0)
+
+
+def wait_points(page, at_least: int) -> int:
+    """Poll (from Python: the page's CSP forbids evaluated strings) until the loss chart has
+    ``at_least`` evaluation points; returns how many it has."""
+    deadline = time.monotonic() + RUN_SECONDS / 1000
+    while (n := _points(page)) < at_least:
+        assert time.monotonic() < deadline, f"the chart stayed at {n} points"
+        page.wait_for_timeout(100)
+    return n
+
+
+def test_train_draws_the_phase_change_and_ends_with_the_librarys_scores(live_page) -> None:
+    from headlab.experiments import induction as ind
+    from headlab.experiments import one_thread
+
+    page = live_page
+    page.fill("#live-seed", "0")
+    page.click("#live-train")
+    expect(page.locator("#live-status")).to_contain_text("Run ", timeout=60_000)
+    seen = wait_points(page, 2)
+    wait_points(page, seen + 3)  # the curves grow while the run trains
+    assert page.locator("#live-scores svg polyline").count() >= 8  # 4 induction + 4 prev-token
+    phase = page.locator("#live-phase")
+    expect(phase).to_contain_text("Phase change detected", timeout=RUN_SECONDS)
+    assert page.locator('#live-losses svg rect[fill="#E69F00"]').count() == 1  # window shaded
+    page.wait_for_selector("#live-verdict-text", timeout=RUN_SECONDS)
+    expect(page.locator("#live-status")).to_contain_text("finished", timeout=60_000)
+    assert page.locator("#live-patterns svg.heatmap").count() == 2
+    shown = json.loads(page.get_attribute("#live-verdict", "data-final"))
+
+    with one_thread():
+        library = ind.study(ind.LIVE, 2, 0)
+    assert shown["induction"] == library["final"]["induction"]
+    assert shown["prev_token"] == library["final"]["prev_token"]
+    assert shown["phase_change"]["window"] == library["phase_change"]["window"]
+    assert library["verdict"]["circuit"]
+    assert page.inner_text("#live-verdict-text") == library["verdict"]["text"]
+    assert page.errors == []
+    assert not [t for t in threading.enumerate() if t.name.startswith("live-")]
+
+
+def test_bad_knob_and_cancel_from_the_page(live_page) -> None:
+    page = live_page
+    page.fill("#live-seed", "-3")
+    page.click("#live-train")
+    expect(page.locator("#live-status")).to_contain_text("Not started: seed", timeout=30_000)
+    page.fill("#live-seed", "5")
+    page.select_option("#live-layers", "1")
+    page.click("#live-train")
+    wait_points(page, 1)
+    page.click("#live-cancel")
+    expect(page.locator("#live-status")).to_contain_text("stopped: cancelled", timeout=60_000)
+    expect(page.locator("#live-train")).to_be_enabled()
+    # the one error is the browser's own log line for the refused request
+    assert [e for e in page.errors if "status of 422" not in e] == []

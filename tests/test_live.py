@@ -1,0 +1,168 @@
+"""Live training from the page (POST /api/live/induction, server-sent events) through a real
+uvicorn server: bad knobs, a second concurrent run, cancelling, a dropped connection and the time
+limit all get clear answers, the server keeps serving, and no thread outlives its run."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from headlab.server import create_app
+
+pytestmark = pytest.mark.slow
+URL = "/api/live/induction"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(**kw: float) -> Iterator[str]:
+    import uvicorn
+
+    port = _free_port()
+    srv = uvicorn.Server(
+        uvicorn.Config(create_app(preload=(), **kw), port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not srv.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    yield from _serve()
+
+
+@pytest.fixture
+def client(server: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server, timeout=60) as c:
+        c.get("/api/health")  # the thread pool of plain endpoints exists before the baseline
+        yield c
+
+
+def events(response: httpx.Response) -> Iterator[tuple[str, dict]]:
+    """(name, data) of each server-sent event, as they arrive."""
+    name = "message"
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            yield name, json.loads(line[6:])
+
+
+def live_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("live-")]
+
+
+def wait_idle(client: httpx.Client, baseline: int, seconds: float = 60) -> None:
+    """Until no run trains and the thread count is back to ``baseline``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        idle = client.get("/api/live").json()["running"] is None and not live_threads()
+        if idle and threading.active_count() <= baseline:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"still running: {live_threads()}, {threading.active_count()} threads")
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"n_layers": 3}, "n_layers"),
+        ({"n_heads": 5}, "n_heads"),
+        ({"seed": -1}, "seed"),
+        ({"seed": "zero"}, "seed"),
+        ({"lr": 0.1}, "lr"),
+    ],
+)
+def test_unknown_knob_values_get_a_clear_422(client: httpx.Client, body: dict, field: str) -> None:
+    baseline = threading.active_count()
+    r = client.post(URL, json=body)
+    assert r.status_code == 422
+    assert r.json()["detail"].startswith(field)
+    assert client.get("/api/live").json()["running"] is None  # nothing was started
+    assert client.get("/api/health").status_code == 200
+    assert threading.active_count() == baseline
+
+
+def test_the_status_names_the_recipe_and_the_knobs(client: httpx.Client) -> None:
+    from headlab.experiments.induction import LIVE
+
+    body = client.get("/api/live").json()
+    assert body["running"] is None
+    assert body["recipe"]["steps"] == LIVE.steps and body["recipe"]["seq_len"] == LIVE.seq_len
+    assert body["knobs"]["n_layers"] == [1, 2]
+
+
+def test_second_run_is_busy_and_cancel_stops_the_first(client: httpx.Client) -> None:
+    baseline = threading.active_count()
+    with client.stream("POST", URL, json={"seed": 3}) as first:
+        assert first.status_code == 200
+        assert first.headers["content-type"].startswith("text/event-stream")
+        stream = events(first)
+        name, run = next(stream)
+        assert name == "run" and run["seed"] == 3 and run["n_layers"] == 2
+        busy = client.post(URL, json={"seed": 4})
+        assert busy.status_code == 409
+        assert busy.json()["run_id"] == run["run_id"] and "busy" in busy.json()["detail"]
+        assert client.get("/api/live").json()["running"] == run["run_id"]
+        assert client.get("/api/health").status_code == 200  # still serving meanwhile
+        assert next(e for e in stream if e[0] == "step")[1]["step"] > 0
+        r = client.delete(f"/api/live/runs/{run['run_id']}")
+        assert r.status_code == 200 and r.json() == {"cancelled": run["run_id"]}
+        rest = list(stream)
+    assert rest[-1][0] == "stopped" and rest[-1][1]["reason"] == "cancelled"
+    assert "verdict" not in [n for n, _ in rest]
+    wait_idle(client, baseline)
+
+
+def test_cancel_of_an_unknown_run_is_404_naming_what_runs(client: httpx.Client) -> None:
+    r = client.delete("/api/live/runs/0123456789ab")
+    assert r.status_code == 404
+    assert (
+        "no run '0123456789ab'" in r.json()["detail"] and "no run is training" in r.json()["detail"]
+    )
+    assert client.delete("/api/live/runs/not-a-run!").status_code == 422
+    assert client.get("/api/health").status_code == 200
+
+
+def test_a_dropped_connection_stops_its_run(client: httpx.Client) -> None:
+    baseline = threading.active_count()
+    with client.stream("POST", URL, json={"seed": 1}) as r:
+        stream = events(r)
+        run_id = next(stream)[1]["run_id"]
+        next(e for e in stream if e[0] == "step")
+        assert client.get("/api/live").json()["running"] == run_id
+    # the connection is closed here, mid-run, as a closed tab would
+    wait_idle(client, baseline)
+    assert client.get("/api/health").status_code == 200
+    with client.stream("POST", URL, json={"seed": 2, "n_layers": 1}) as again:  # free again
+        name, run = next(events(again))
+        assert name == "run" and run["n_layers"] == 1
+    wait_idle(client, baseline)
+
+
+def test_a_run_is_bounded_in_time() -> None:
+    for base in _serve(live_seconds=0.5):
+        with httpx.Client(base_url=base, timeout=60) as client:
+            client.get("/api/health")
+            baseline = threading.active_count()
+            with client.stream("POST", URL, json={}) as r:
+                last = list(events(r))[-1]
+            assert last[0] == "stopped" and last[1]["reason"].startswith("time limit")
+            wait_idle(client, baseline)
