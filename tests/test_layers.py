@@ -37,7 +37,6 @@ RANKS = {
     "heads_render": 5,
     "scaling": 5,
     "syntax": 5,
-    "scaling": 5,
     "verify": 6,
     "default_model": 6,
     "experiments": 6,
