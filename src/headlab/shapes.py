@@ -46,6 +46,15 @@ LARGE_ELEMENTS = 2**40
 # above this the configuration is refused: byte counts (8 bytes per element) would pass 2**53,
 # where JSON numbers stop being exact in a browser, and nothing could ever run it
 MAX_ELEMENTS = 2**50
+# the sizes a request may ask for (the CLI's options and the API's schema): (least, most)
+LIMITS: dict[str, tuple[int, int]] = {
+    "d_model": (1, 2**20),
+    "n_heads": (1, 2**16),
+    "n_kv_heads": (1, 2**16),
+    "seq_len": (1, 2**24),
+    "batch": (1, 2**16),
+    "cache_len": (0, 2**24),
+}
 # how FLOPs are counted, in the words the CLI, the page and the README use
 FLOP_CONVENTION = (
     "FLOPs count the matrix products, a multiply-add as 2; the bias adds, the 1/√d_k scale "
