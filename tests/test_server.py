@@ -471,15 +471,17 @@ def test_experiment_files_are_found_by_their_command_name(
 
 def test_serve_warns_when_bound_beyond_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
-    import uvicorn
     from typer.testing import CliRunner
 
     from headlab.cli import app
+    from headlab.server import cli as server_cli
 
     started: dict = {}
-    monkeypatch.setattr(
-        uvicorn, "run", lambda application, **kw: started.update(kw, app=application)
-    )
+
+    def record(application, sock) -> None:  # what serve would run, without running it
+        started.update(app=application, host=sock.getsockname()[0])
+
+    monkeypatch.setattr(server_cli, "serve_forever", record)
     # serve runs torch on one thread; record that instead of changing this test process
     monkeypatch.setattr(torch, "set_num_threads", lambda n: started.update(threads=n))
     result = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0", "--port", "0"])
@@ -511,3 +513,148 @@ def test_every_code_link_on_the_page_resolves(client: TestClient) -> None:
         r = client.get(f"/api/code/{name}")
         assert r.status_code == 200, (name, r.text)
         assert r.json()["source"].lstrip().startswith(("def ", "class ", "@")), name
+
+
+# --- issue 18: hostile input gets a clear answer, never a 500 ------------------------------------
+
+
+def _has_security_headers(r) -> bool:
+    from headlab.server.security import HEADERS
+
+    return all(h in r.headers for h in ("content-security-policy", *HEADERS))
+
+
+def test_a_valid_huge_layer_is_a_report_not_a_500(client: TestClient) -> None:
+    """Issue 18, item 1: the FLOP count passed 64 bits and the JSON encoder raised (500). Oracle:
+    the FLOPs by hand, 2·B·n·d²·4 for the projections alone, over 2**64."""
+    body = {"d_model": 1 << 20, "n_heads": 1, "seq_len": 2048, "batch": 2048}
+    assert 2 * 2048 * 2048 * (1 << 40) * 4 > 2**64
+    r = client.post("/api/shapes", json=body)
+    assert r.status_code == 200 and _has_security_headers(r)
+    report = r.json()
+    assert report["valid"] is False
+    assert "FLOPs" in report["problems"][0] and "2**62" in report["problems"][0]
+    # just under the limit a layer is still reported, with its FLOPs as an exact JSON integer
+    body = {"d_model": 1 << 14, "n_heads": 1, "seq_len": 1 << 12, "batch": 1 << 10}
+    ok = client.post("/api/shapes", json=body).json()
+    n, d, B = 1 << 12, 1 << 14, 1 << 10
+    assert ok["valid"] is True
+    assert ok["flops"]["total"] == 2 * B * n * d * d * 4 + 2 * 2 * B * n * n * d
+
+
+def test_an_unhandled_error_is_a_json_500_with_every_security_header() -> None:
+    """Issue 18, item 8: a 500 carried none of the headers (Starlette answers it outside the
+    app's middleware). The failing route is added here: no real route may fail."""
+    app = create_app(preload=())
+
+    def broken() -> None:
+        raise RuntimeError("a bug")
+
+    app.add_api_route("/api/broken", broken)
+    with TestClient(app) as c:
+        r = c.get("/api/broken")
+        assert r.status_code == 500 and _has_security_headers(r)
+        assert r.json()["detail"].startswith("internal error")
+        assert c.get("/api/health").status_code == 200  # the app keeps answering
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs", "status"),
+    [
+        ("get", "/api/health", {}, 200),
+        ("get", "/api/nowhere", {}, 404),
+        ("get", "/api/health", {"headers": {"host": "attacker.example"}}, 400),
+        ("post", "/api/shapes", {"json": {"d_model": 0}}, 422),
+        ("post", "/api/shapes", {"content": b"x" * (MAX_BODY_BYTES + 1)}, 413),
+        ("get", "/docs", {}, 200),
+    ],
+)
+def test_every_kind_of_answer_has_the_security_headers(
+    client: TestClient, method: str, path: str, kwargs: dict, status: int
+) -> None:
+    r = getattr(client, method)(path, **kwargs)
+    assert r.status_code == status
+    assert _has_security_headers(r)
+    assert "camera=()" in r.headers["permissions-policy"]
+    assert "server" not in r.headers
+
+
+def test_a_chunked_body_over_the_limit_is_413(client: TestClient) -> None:
+    """Issue 18, item 7: a body with no Content-Length, streamed in chunks past 64 KiB, got a
+    generic 400; it is 413 like a declared one. Under the limit, a chunked body is read whole."""
+
+    def chunks(total: int):
+        yield b'{"d_model": 512, "pad": "'
+        for _ in range(total // 4096):
+            yield b"x" * 4096
+        yield b'"}'
+
+    r = client.post("/api/shapes", content=chunks(MAX_BODY_BYTES + 8192),
+                    headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 413 and str(MAX_BODY_BYTES) in r.json()["detail"]
+    small = client.post("/api/shapes", content=iter([b'{"d_model"', b": 64}"]),
+                        headers={"content-type": "application/json"})  # fmt: skip
+    assert small.status_code == 200 and small.json()["config"]["d_model"] == 64
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, None),  # over 64 KiB: refused unread
+        (b'{"d_model": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nests"),
+        (b'{"d_model": 64, "dtype": "\xff\xfe"}', "not UTF-8"),
+        (b"\xef\xbb\xbf" + b"\x00" * 10, "not valid JSON"),
+        (b'{"d_model": 64, "dtype": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["}', "dtype"),
+    ],
+    ids=["huge-nesting", "deep-nesting", "latin-1", "nul-bytes", "brackets-in-a-string"],
+)
+def test_unreadable_json_gets_a_readable_422(client: TestClient, body: bytes, needle) -> None:
+    """Issue 18, item 7: deeply nested and non-UTF-8 JSON got "There was an error parsing the
+    body" (400); each is a 422 that says what is wrong. Brackets inside a string are text."""
+    r = client.post("/api/shapes", content=body, headers={"content-type": "application/json"})
+    if needle is None:
+        assert r.status_code == 413
+        return
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert needle in detail and "error parsing the body" not in detail
+
+
+def test_json_numbers_are_not_read_from_other_types(client: TestClient) -> None:
+    """Found by the schema fuzzing: ``false`` was read as 0 and ``"8"`` as 8; 8.0 is 8."""
+    assert client.post("/api/shapes", json={"cache_len": False}).status_code == 422
+    assert client.post("/api/shapes", json={"n_heads": "8"}).status_code == 422
+    assert client.post("/api/shapes", json={"bias": 1}).status_code == 422
+    assert client.post("/api/shapes", json={"n_heads": 8.0}).json()["config"]["n_heads"] == 8
+
+
+def test_the_first_shapes_request_does_not_block_other_requests(monkeypatch) -> None:
+    """Issue 18, item 6: /api/shapes ran its (first, slow) trace on the event loop, so a
+    /api/health sent meanwhile waited. Here the trace is held until /api/health has answered:
+    on the loop, /api/health could not answer and the hold would time out."""
+    import threading
+
+    import headlab.shapes
+    from headlab.server.routes import shapes as shapes_route
+
+    real, release, entered = headlab.shapes.trace_shapes, threading.Event(), threading.Event()
+    released: list[bool] = []
+
+    def held(*args, **kwargs):
+        entered.set()
+        released.append(release.wait(timeout=60))  # False only if nothing else could run
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(headlab.shapes, "trace_shapes", held)
+    shapes_route._report_json.cache_clear()
+    with TestClient(create_app(preload=())) as c:
+        answers: list[int] = []
+        worker = threading.Thread(
+            target=lambda: answers.append(c.post("/api/shapes", json={"d_model": 96}).status_code)
+        )
+        worker.start()
+        assert entered.wait(timeout=60)
+        assert c.get("/api/health").status_code == 200
+        release.set()
+        worker.join(timeout=60)
+    assert released == [True] and answers == [200]

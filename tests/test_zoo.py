@@ -73,6 +73,29 @@ def test_cached_config_without_weights_says_so(tmp_path, monkeypatch):
         zoo.load("tiny/random-lm")
 
 
+def test_pickle_only_weights_are_never_loaded(tmp_path, monkeypatch):
+    """A cached repo with only pytorch_model.bin (a pickle) is refused, and transformers is asked
+    for safetensors only: issue 18's item 8."""
+    hf = fake_cache(tmp_path, monkeypatch, model_type="gpt2")
+    snap = tmp_path / "hub" / "models--tiny--random-lm" / "snapshots" / "abc123"
+    (snap / "model.safetensors").unlink()
+    torch.save(hf.state_dict(), snap / "pytorch_model.bin")  # the pickle format
+    with pytest.raises(zoo.ModelNotAvailable, match="only pickle weights"):
+        zoo.load("tiny/random-lm")
+    seen = {}
+    real = transformers.AutoModelForCausalLM.from_pretrained
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", spy)
+    (snap / "pytorch_model.bin").unlink()
+    hf.save_pretrained(snap)  # safetensors again: loads, and only as safetensors
+    zoo.load("tiny/random-lm")
+    assert seen["use_safetensors"] is True and seen["local_files_only"] is True
+
+
 def test_unsupported_cached_family_is_listed_with_a_reason(tmp_path, monkeypatch):
     fake_cache(tmp_path, monkeypatch, model_type="t5")
     info = {i.name: i for i in zoo.list_models()}["tiny/random-lm"]

@@ -46,6 +46,23 @@ LARGE_ELEMENTS = 2**40
 # above this the configuration is refused: byte counts (8 bytes per element) would pass 2**53,
 # where JSON numbers stop being exact in a browser, and nothing could ever run it
 MAX_ELEMENTS = 2**50
+# the sizes a request may ask for (the CLI's options and the API's schema): (least, most)
+LIMITS: dict[str, tuple[int, int]] = {
+    "d_model": (1, 2**20),
+    "n_heads": (1, 2**16),
+    "n_kv_heads": (1, 2**16),
+    "seq_len": (1, 2**24),
+    "batch": (1, 2**16),
+    "cache_len": (0, 2**24),
+}
+# how FLOPs are counted, in the words the CLI, the page and the README use
+FLOP_CONVENTION = (
+    "FLOPs count the matrix products, a multiply-add as 2; the bias adds, the 1/√d_k scale "
+    "and the softmax are not counted"
+)
+# above this the configuration is refused too: a FLOP count must fit a 64-bit integer (JSON
+# encoders and the page's numbers); 2**62 is about a million times a GPT-3 layer at 131k tokens
+MAX_FLOPS = 2**62
 
 # stage name in the trace → (what it is, symbolic shape for MHA without a cache). The symbolic
 # shape is adjusted in _symbolic: "h_kv" appears for GQA/MQA, "s" when a cache is in use.
@@ -194,7 +211,8 @@ class ShapeReport:
             "parameters: "
             + ", ".join(f"{k} {v:,}" for k, v in p.items())
             + (" (= 4·d_model² + 4·d_model)" if mha else ""),
-            f"FLOPs: {fl['total']:,}; {fl['n2_share']:.1%} of them in QKᵀ and A·V, the n·s part",
+            f"FLOPs: {fl['total']:,}; {fl['n2_share']:.1%} of them in QKᵀ and A·V, the n·s part "
+            "(a multiply-add counts 2; bias, scale and softmax are not counted)",
             f"attention pattern (scores + weights): {format_bytes(mem['n2_bytes'])}; "
             f"all activations {format_bytes(mem['activation_bytes'])}",
             _kv_sentence(self.kv_cache),
@@ -342,7 +360,14 @@ def check_shape_config(cfg: ShapeConfig) -> list[str]:
             f"the largest tensor would hold {largest:,} elements "
             f"(about 2**{math.log2(largest):.0f}), over the limit of 2**50; choose smaller sizes"
         ]
-    return _divisibility_problems(cfg)
+    problems = _divisibility_problems(cfg)
+    flops = sum(_stage_flops(cfg, name) for name in STAGES)
+    if not problems and flops > MAX_FLOPS:
+        problems.append(
+            f"the layer would take {flops:,} FLOPs (about 2**{math.log2(flops):.0f}), over the "
+            "limit of 2**62; choose a smaller batch, sequence or width"
+        )
+    return problems
 
 
 def nearest_divisors(value: int, of: int) -> list[int]:

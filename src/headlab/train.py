@@ -49,7 +49,6 @@ from headlab.checkpoint import (
     load_checkpoint,
     model_config_of,
     replace_atomic,
-    rng_from_json,
     rng_to_json,
     save_checkpoint,
 )
@@ -190,8 +189,8 @@ class _Loop:
         check_compatible(ck, self.model, self.optimizer, asdict(self.config))
         self.model.load_state_dict(ck.model)
         self.optimizer.load_state_dict(ck.optimizer)
-        self.generator.set_state(rng_from_json(ck.state["rng"]["data"]))
-        torch.set_rng_state(rng_from_json(ck.state["rng"]["torch"]))
+        self.generator.set_state(ck.rng["data"])
+        torch.set_rng_state(ck.rng["torch"])
         self.step, self.elapsed = ck.step, float(ck.state["elapsed"])
         self.loss_sum, self.loss_count = float(ck.state["loss_sum"]), int(ck.state["loss_count"])
 

@@ -330,8 +330,15 @@ def load_hf_dir(directory: str | Path, name: str = "") -> tuple[Transformer, Tok
     auto = (
         transformers.AutoModel if config.model_type == "bert" else transformers.AutoModelForCausalLM
     )
-    try:
-        hf = auto.from_pretrained(path, local_files_only=True, attn_implementation="eager")
+    if not any(Path(directory).glob("*.safetensors")) and any(Path(directory).glob("*.bin")):
+        raise ModelNotAvailable(
+            f"{name or path} has only pickle weights (*.bin), which can run code when loaded; "
+            "headlab loads safetensors only: download the model's model.safetensors"
+        )
+    try:  # safetensors only: never unpickle a weights file
+        hf = auto.from_pretrained(
+            path, local_files_only=True, attn_implementation="eager", use_safetensors=True
+        )
     except OSError as exc:  # e.g. only config.json was downloaded, not the weights
         raise ModelNotAvailable(
             f"{name or path}: the weights are not in the local cache ({exc}); download the "

@@ -21,6 +21,7 @@ from headlab import __version__
 from headlab.server import settings
 from headlab.server.live import MAX_SECONDS, LiveRuns
 from headlab.server.routes import attention, code, experiments, health, live, shapes
+from headlab.server.schemas import error_responses
 from headlab.server.security import BodyLimit, SecurityHeaders
 from headlab.server.store import ModelStore
 
@@ -55,9 +56,15 @@ def create_app(
         docs_url=None,
         redoc_url=None,
     )
-    for router in (health.router, shapes.router, attention.router, experiments.router, live.router):
-        app.include_router(router, prefix="/api")
-    app.include_router(code.router, prefix="/api")
+    for router, extra in (
+        (health.router, ()),
+        (shapes.router, ()),
+        (attention.router, (503,)),
+        (experiments.router, (404,)),
+        (live.router, (404, 409)),
+        (code.router, (404,)),
+    ):
+        app.include_router(router, prefix="/api", responses=error_responses(*extra))
     app.add_exception_handler(RequestValidationError, _readable_422)  # type: ignore[arg-type]
     _add_pages(app)
     # the last added runs first: security headers on every answer, then hosts, body size, gzip

@@ -1,15 +1,43 @@
-"""``headlab serve``: run the app on uvicorn, with a warning when it is reachable from outside."""
+"""``headlab serve``: run the app on uvicorn, with a warning when it is reachable from outside.
+
+The socket is bound here, before the app starts, so a bad ``--host`` or a busy port is a one-line
+error, ``--port 0`` prints the port the system picked, and the address printed is the address
+served (IPv6 in brackets). uvicorn runs on that socket with its ``server`` header off and the
+security headers on the 400s its own HTTP parser sends.
+"""
 
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 import threading
 import webbrowser
+from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console
 
 LOOPBACK_NAMES = ("localhost",)
+# a DNS name: dot-separated labels of letters, digits and inner hyphens
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*\.?")
+
+
+def parse_host(host: str) -> str:
+    """``host`` without IPv6 brackets; ValueError unless it is an IP address or a host name."""
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        address = ipaddress.ip_address(bare)
+    except ValueError:
+        if bare == host and _HOSTNAME.fullmatch(host):
+            return host
+        raise ValueError(
+            f"--host {host!r} is not an IP address or a host name; e.g. 127.0.0.1, ::1 or localhost"
+        ) from None
+    if bare != host and address.version != 6:
+        raise ValueError(f"--host {host!r}: only IPv6 addresses go in brackets; use {bare}")
+    return bare
 
 
 def is_loopback(host: str) -> bool:
@@ -22,44 +50,124 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def url_for(host: str, port: int) -> str:
+    """The page's URL for a server bound to ``host:port``: IPv6 in brackets, and the wildcard
+    addresses (which accept every interface) shown as the loopback address."""
+    host = parse_host(host)
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``; ValueError with a clear message when it cannot be
+    bound (a bad address, a busy port, no permission)."""
+    bare = parse_host(host)
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            bare, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except (OSError, UnicodeError) as exc:
+        raise ValueError(
+            f"cannot listen on {host}: {exc}; use an address of this machine"
+        ) from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        hint = "pick another --port (or --port 0 for a free one)"
+        if bare != "127.0.0.1":
+            hint += ", or --host 127.0.0.1"
+        raise ValueError(f"cannot listen on {host}:{port} ({exc.strerror}); {hint}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def check_port(host: str, port: int) -> None:
     """Raise ValueError with a clear message when ``host:port`` cannot be bound."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host.strip("[]"), port))
-        except OSError as exc:
-            raise ValueError(
-                f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port, "
-                "or --host 127.0.0.1"
-            ) from None
+    bind(host, port).close()
 
 
-def run_server(host: str, port: int, open_browser: bool, console: Console) -> None:
-    """Start uvicorn on host:port and block until Ctrl-C."""
+def allowed_hosts(host: str, sock: socket.socket) -> tuple[str, ...]:
+    """The Host headers the app answers: loopback names plus the address bound, or any host
+    when the server is reachable from other machines."""
+    from headlab.server.app import LOOPBACK_HOSTS
+
+    if not is_loopback(parse_host(host)):
+        return ("*",)
+    bound = str(sock.getsockname()[0])
+    names = {parse_host(host), bound}
+    return tuple(dict.fromkeys([*LOOPBACK_HOSTS, *(f"[{n}]" if ":" in n else n for n in names)]))
+
+
+def make_server(app: Any) -> Any:
+    """The ``uvicorn.Server`` for ``app``: no ``server`` header, security headers on the 400s
+    uvicorn sends itself, warnings only in the log."""
     import uvicorn
 
-    from headlab.server.app import LOOPBACK_HOSTS, create_app
+    config = uvicorn.Config(
+        app, log_level="warning", server_header=False, http=_http_protocol(), lifespan="on"
+    )
+    return uvicorn.Server(config)
 
-    check_port(host, port)
+
+def serve_forever(app: Any, sock: socket.socket) -> None:
+    """Run ``app`` on uvicorn on the bound socket until Ctrl-C."""
+    make_server(app).run(sockets=[sock])
+
+
+def run_server(
+    host: str,
+    port: int,
+    open_browser: bool,
+    console: Console,
+    serve: Callable[[Any, socket.socket], None] | None = None,
+) -> None:
+    """Bind host:port, print the URL served, and run the app until Ctrl-C (``serve(app, sock)``,
+    by default :func:`serve_forever`)."""
+    from headlab.server.app import create_app
+
+    sock = bind(host, port)
     # Requests run side by side on a few cores: one intra-op thread each. With torch's default
     # (a thread per core) a loaded 2-core machine answered /api/attention ~20x slower.
     import torch
 
     torch.set_num_threads(1)
-    allowed: tuple[str, ...] = LOOPBACK_HOSTS
-    if not is_loopback(host):
+    if not is_loopback(parse_host(host)):
         console.print(
             f"[bold yellow]warning:[/] binding to {host} makes the explainer reachable from other "
             "machines on your network; it has no authentication. Use --host 127.0.0.1 to keep it "
             "local."
         )
-        allowed = ("*",)
-    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/"
+    url = url_for(host, sock.getsockname()[1])
     console.print(f"headlab explainer on {url}  (API docs: {url}docs; Ctrl-C stops)")
     if open_browser:
         threading.Timer(1.0, webbrowser.open, args=(url,)).start()
-    uvicorn.run(
-        create_app(allowed_hosts=allowed), host=host.strip("[]"), port=port, log_level="warning"
-    )
+    with sock:
+        (serve or serve_forever)(create_app(allowed_hosts=allowed_hosts(host, sock)), sock)
+
+
+def _http_protocol() -> Any:
+    """uvicorn's httptools protocol, with the security headers on the 400s it sends itself (a
+    request it cannot parse never reaches the app and its middleware)."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # httptools missing: uvicorn's pure-Python parser, as it would pick
+        return "auto"
+    from headlab.server.security import static_headers
+
+    extra = static_headers()
+
+    class SecureHttpToolsProtocol(HttpToolsProtocol):
+        def send_400_response(self, msg: str) -> None:
+            state = self.server_state
+            defaults = state.default_headers
+            state.default_headers = defaults + extra  # one event loop: nothing else runs now
+            try:
+                super().send_400_response(msg)
+            finally:
+                state.default_headers = defaults
+
+    return SecureHttpToolsProtocol

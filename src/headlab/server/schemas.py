@@ -6,11 +6,13 @@ model and experiment names are plain identifiers, never file paths.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from headlab.server import settings
+from headlab.shapes import LIMITS
 
 # A name is a short identifier (letters, digits, - _ .), never a path: no "/" or "..".
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
@@ -22,7 +24,48 @@ Dtype = Literal["float32", "float16", "bfloat16", "float64", "fp32", "fp16", "bf
 
 
 class Strict(BaseModel):
+    """A request body: unknown fields are refused."""
+
     model_config = ConfigDict(extra="forbid")
+
+
+def _json_integer(value: Any) -> Any:
+    # lax parsing would read true as 1 and "8" as 8; a JSON integer (8 or 8.0) is what is meant
+    if isinstance(value, bool | str):
+        raise ValueError(f"should be a JSON number, not {json.dumps(value)}")
+    return value
+
+
+class ErrorItem(BaseModel):
+    loc: list[str | int] = Field(description="where the problem is, e.g. ['body', 'd_model']")
+    msg: str
+    type: str
+
+
+class Problem(BaseModel):
+    """Every error answer: one readable sentence, and for a 422 the problems one by one."""
+
+    detail: str = Field(description="what is wrong and what would be valid")
+    errors: list[ErrorItem] = Field(default_factory=list)
+
+
+# the error answers of the API, for the OpenAPI schema: every route may give 400, 413, 422
+ERROR_DESCRIPTIONS = {
+    400: "a Host header this server does not answer",
+    404: "no such name; `detail` lists the valid ones",
+    409: "busy: another live run is training; `run_id` names it",
+    413: "a request body over 64 KiB",
+    422: "an invalid request; `detail` says what is wrong and what would be valid",
+    503: "the model could not be loaded",
+}
+
+
+def error_responses(*extra: int) -> dict[int | str, dict[str, Any]]:
+    """The ``responses`` of a router: 400, 413, 422 and the ``extra`` statuses, as Problems."""
+    return {
+        code: {"model": Problem, "description": ERROR_DESCRIPTIONS[code]}
+        for code in sorted({400, 413, 422, *extra})
+    }
 
 
 class Health(BaseModel):
@@ -39,20 +82,50 @@ class ModelInfo(BaseModel):
     loaded: bool = False
 
 
+def _lo(name: str) -> int:
+    return LIMITS[name][0]
+
+
+def _hi(name: str) -> int:
+    return LIMITS[name][1]
+
+
 class ShapesRequest(Strict):
     """The arguments of ``headlab.shapes.trace_shapes``; shapes are traced on the meta device."""
 
-    d_model: int = Field(512, ge=1, le=1 << 20, description="model width")
-    n_heads: int = Field(8, ge=1, le=1 << 16, description="query heads h")
-    seq_len: int = Field(10, ge=1, le=1 << 24, description="tokens n")
-    batch: int = Field(1, ge=1, le=1 << 16, description="batch B")
-    n_kv_heads: int | None = Field(None, ge=1, le=1 << 16, description="key/value heads h_kv")
-    bias: bool = True
+    d_model: int = Field(512, ge=_lo("d_model"), le=_hi("d_model"), description="model width")
+    n_heads: int = Field(8, ge=_lo("n_heads"), le=_hi("n_heads"), description="query heads h")
+    seq_len: int = Field(10, ge=_lo("seq_len"), le=_hi("seq_len"), description="tokens n")
+    batch: int = Field(1, ge=_lo("batch"), le=_hi("batch"), description="batch B")
+    n_kv_heads: int | None = Field(
+        None, ge=_lo("n_kv_heads"), le=_hi("n_kv_heads"), description="key/value heads h_kv"
+    )
+    bias: StrictBool = True
     dtype: Dtype = "float32"
-    cache_len: int = Field(0, ge=0, le=1 << 24, description="positions already in the KV cache")
+    cache_len: int = Field(
+        0,
+        ge=_lo("cache_len"),
+        le=_hi("cache_len"),
+        description="positions already in the KV cache",
+    )
+
+    @field_validator("d_model", "n_heads", "seq_len", "batch", "n_kv_heads", "cache_len",
+                     mode="before")  # fmt: skip
+    @classmethod
+    def _json_integers(cls, value: Any) -> Any:
+        return _json_integer(value)
 
 
 class TextRequest(Strict):
+    # the schema says what the route enforces: random-repeat takes no text
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "if": {"properties": {"probe": {"const": "random-repeat"}}, "required": ["probe"]},
+            "then": {"properties": {"text": {"type": "null"}}},
+        },
+    )
+
     model: str = Field("default", pattern=NAME_PATTERN, description="a name from /api/models")
     text: str | None = Field(
         None,

@@ -1,14 +1,23 @@
-"""The server's guard rails: a bounded request body, a closed Content-Security-Policy, no CORS.
+"""The server's guard rails: security headers on every answer, a bounded and checked request
+body, a JSON 500 instead of a dropped connection, no CORS.
 
 No ``CORSMiddleware`` is installed, so a page from another origin cannot read any answer. Host
-headers are checked (see ``app.py``) so a DNS-rebinding page cannot reach the API either.
+headers are checked (see ``app.py``) so a DNS-rebinding page cannot reach the API either. The
+400s that uvicorn's HTTP parser sends itself get the same headers (``server/cli.py``).
 """
 
 from __future__ import annotations
 
+import json
+import logging
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MAX_BODY_BYTES = 64 * 1024
+# deeper JSON than this is refused before parsing (the API's bodies are flat objects)
+MAX_JSON_DEPTH = 32
+
+log = logging.getLogger("headlab.server")
 
 # The page loads only its own scripts, styles and images; figures export through blob: URLs.
 PAGE_CSP = (
@@ -28,11 +37,24 @@ HEADERS = {
     "x-frame-options": "DENY",
     "cross-origin-opener-policy": "same-origin",
     "cross-origin-resource-policy": "same-origin",
+    # the page needs none of the powerful browser features
+    "permissions-policy": (
+        "accelerometer=(), camera=(), geolocation=(), gyroscope=(), magnetometer=(), "
+        "microphone=(), payment=(), usb=()"
+    ),
 }
 
 
+def static_headers(csp: str = PAGE_CSP) -> list[tuple[bytes, bytes]]:
+    """Every security header, encoded for an ASGI or raw HTTP response."""
+    pairs = {"content-security-policy": csp, **HEADERS}
+    return [(k.encode(), v.encode()) for k, v in pairs.items()]
+
+
 class SecurityHeaders:
-    """Adds the CSP and the other security headers to every HTTP response."""
+    """Adds the CSP and the other security headers to every HTTP response, drops any
+    ``server`` header, and answers an unhandled exception with a JSON 500 (logged), so that
+    error answers carry the headers too and the connection stays usable."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -42,20 +64,30 @@ class SecurityHeaders:
             await self.app(scope, receive, send)
             return
         csp = DOCS_CSP if scope["path"].startswith(("/docs", "/swagger")) else PAGE_CSP
+        started = False
 
         async def send_with_headers(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                headers.append((b"content-security-policy", csp.encode()))
-                headers += [(k.encode(), v.encode()) for k, v in HEADERS.items()]
-                message["headers"] = headers
+                started = True
+                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"server"]
+                message["headers"] = kept + static_headers(csp)
             await send(message)
 
-        await self.app(scope, receive, send_with_headers)
+        try:
+            await self.app(scope, receive, send_with_headers)
+        except Exception:
+            if started:  # half an answer is out: only closing the connection can end it
+                raise
+            log.exception("unhandled error answering %s %s", scope["method"], scope["path"])
+            await send_json(send_with_headers, 500, "internal error: the server could not "
+                            "answer this request; the server's log has the details")  # fmt: skip
 
 
 class BodyLimit:
-    """Refuses request bodies over ``limit`` bytes with 413, whether declared or streamed."""
+    """Reads the request body before the app does: over ``limit`` bytes, declared or streamed
+    (chunked), is refused with 413; a JSON body that is not UTF-8 or nests deeper than
+    ``MAX_JSON_DEPTH`` gets a readable 422. The app then reads the body from memory."""
 
     def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
         self.app = app
@@ -65,37 +97,89 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        too_large = f"request body is larger than {self.limit} bytes"
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            await _too_large(send, self.limit)
+            await send_json(send, 413, too_large)
             return
-        seen = 0
-
-        async def counted_receive() -> Message:
-            nonlocal seen
+        chunks, size, more = [], 0, True
+        while more:
             message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise _BodyTooLarge
-            return message
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                await send_json(send, 413, too_large)
+                return
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        problem = json_body_problem(scope, body)
+        if problem is not None:
+            await send_json(send, 422, problem, errors=[{"loc": ["body"], "msg": problem,
+                                                          "type": "json_invalid"}])  # fmt: skip
+            return
+        replayed = False
 
-        try:
-            await self.app(scope, counted_receive, send)
-        except _BodyTooLarge:
-            await _too_large(send, self.limit)
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # after the body: a disconnect, when it comes
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
 
 
-class _BodyTooLarge(Exception):
-    pass
+def json_body_problem(scope: Scope, body: bytes) -> str | None:
+    """Why a JSON request body cannot be read (not UTF-8, nested too deep), or None. Malformed
+    JSON is left to the app, whose 422 says where it broke."""
+    content_type = dict(scope.get("headers", [])).get(b"content-type", b"").lower()
+    if not body or b"json" not in content_type:
+        return None
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return (
+            f"body is not UTF-8 text (byte {exc.start} is not valid UTF-8); send JSON encoded "
+            "as UTF-8"
+        )
+    brackets = text.count("[") + text.count("{")  # a bound on the depth, counted in C
+    if brackets > MAX_JSON_DEPTH and json_depth(text) > MAX_JSON_DEPTH:
+        return (
+            f"body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep; send a "
+            "flat JSON object of the fields in /docs"
+        )
+    return None
 
 
-async def _too_large(send: Send, limit: int) -> None:
-    body = f'{{"detail": "request body is larger than {limit} bytes"}}'.encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [(b"content-type", b"application/json")],
-        }
-    )
+def json_depth(text: str) -> int:
+    """The deepest nesting of ``[`` and ``{`` in JSON text, brackets inside strings not counted
+    (a plain scan: no recursion, so no input can exhaust the stack)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+async def send_json(send: Send, status: int, detail: str, errors: list | None = None) -> None:
+    """A complete JSON error answer, ``{"detail": ..., "errors": [...]}`` as the app's own."""
+    content = {"detail": detail, **({"errors": errors} if errors is not None else {})}
+    body = json.dumps(content).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

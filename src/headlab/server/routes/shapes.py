@@ -15,13 +15,15 @@ router = APIRouter(tags=["shapes"])
 
 
 @router.post("/shapes", response_model=dict[str, Any])
-async def shapes(req: ShapesRequest) -> Response:
+def shapes(req: ShapesRequest) -> Response:
     """The ShapeReport of ``headlab.shapes.trace_shapes`` for this configuration.
 
     An invalid configuration (h not dividing d_model, h_kv not dividing h, sizes too large) is
     answered with ``valid: false`` and its ``problems``, plus the head counts that would be valid.
     """
-    # a meta-device trace takes about a millisecond: run it on the event loop, no thread hop
+    # A plain def: FastAPI runs it in a worker thread. A warm trace takes about a millisecond,
+    # but the first one (torch's meta kernels warming up) took 1.4 s, which on the event loop
+    # held every other request back.
     key = tuple(sorted(req.model_dump().items()))
     return Response(_report_json(key), media_type="application/json")
 
