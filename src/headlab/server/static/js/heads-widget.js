@@ -109,7 +109,7 @@ export function initHeads(root, summaryEl) {
   form.addEventListener("submit", (e) => { e.preventDefault(); submit(); });
   text.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); submit(); } });
   model.addEventListener("change", submit);
-  input.addEventListener("change", () => { text.disabled = input.value === "random-repeat"; submit(); });
+  input.addEventListener("change", () => { text.disabled = input.value === "random-repeat"; text.parentElement.hidden = text.disabled; submit(); });
   loadModels(model, status).then((ok) => {
     if (!ok) { clear(view, missing("No model is available to this server, so there are no patterns to show.")); return; }
     submit();

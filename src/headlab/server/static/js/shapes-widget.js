@@ -38,7 +38,8 @@ function problemsBox(report, form, update) {
   const box = h("div", { class: "problems", id: "shapes-problems" }, h("strong", {}, "This configuration does not work:"),
     h("ul", {}, report.problems.map((p) => h("li", {}, p))));
   const counts = report.valid_head_counts || [];
-  if (report.problems.some((p) => p.includes("n_heads")) && counts.length) {
+  // "d_model=… is not divisible by n_heads=…" blames h; a bad h_kv names n_heads too, as the dividend
+  if (report.problems.some((p) => /by n_heads\b|^n_heads must/.test(p)) && counts.length) {
     box.append(h("p", {}, `Valid head counts for d_model = ${fmtInt(report.config.d_model)} (pick one):`),
       h("div", { class: "chips", id: "shapes-valid-heads" }, counts.slice(0, 64).map((c) => h("button", {
         type: "button", class: "chip", "data-heads": c,
@@ -46,7 +47,7 @@ function problemsBox(report, form, update) {
       }, String(c)))));
   }
   const kvCounts = report.valid_kv_head_counts || [];
-  if (report.problems.some((p) => p.includes("n_kv_heads")) && kvCounts.length) {
+  if (report.problems.some((p) => /\bn_kv_heads\b/.test(p)) && kvCounts.length) {
     box.append(h("p", {}, `Valid key/value head counts for h = ${fmtInt(report.config.n_heads)} (pick one):`),
       h("div", { class: "chips", id: "shapes-valid-kv-heads" }, kvCounts.slice(0, 64).map((c) => h("button", {
         type: "button", class: "chip", "data-kv-heads": c,
@@ -56,13 +57,17 @@ function problemsBox(report, form, update) {
   return box;
 }
 
+// "4" for 4.0, "2.67" for 8/3: how many times the MHA cache is larger than this one
+const times = (ratio) => (Number.isInteger(ratio) ? String(ratio) : ratio.toPrecision(3));
+
 function facts(report) {
   const kv = report.kv_cache || {};
   const fact = (value, label, id) => h("div", { class: "fact", id }, h("b", {}, value), h("span", {}, label));
+  const biases = report.config.bias ? "with biases" : "no biases";
   return h("div", { class: "facts" },
-    fact(fmtInt(report.params.total), "parameters in the layer (W_Q, W_K, W_V, W_O with biases)", "shapes-params-total"),
+    fact(fmtInt(report.params.total), `parameters in the layer (W_Q, W_K, W_V, W_O, ${biases})`, "shapes-params-total"),
     fact(`${fmtCompact(report.flops.total)}FLOP`, `per forward pass; ${(100 * report.flops.n2_share).toFixed(1)}% in the n·s products QKᵀ and A·V`, "shapes-flops"),
-    fact(fmtBytes(report.kv_cache_bytes), `KV cache for B·s tokens (${fmtBytes(kv.bytes_per_token ?? 0)} per token${kv.ratio_vs_mha && kv.ratio_vs_mha !== 1 ? `; ${(1 / kv.ratio_vs_mha).toFixed(0)}× smaller than MHA` : ""})`, "shapes-kv"),
+    fact(fmtBytes(report.kv_cache_bytes), `KV cache for B·s tokens (${fmtBytes(kv.bytes_per_token ?? 0)} per token${kv.ratio_vs_mha > 1 ? `; ${times(kv.ratio_vs_mha)}× smaller than MHA` : ""})`, "shapes-kv"),
     fact(fmtBytes(report.memory.n2_bytes), "held by the attention pattern (scores + weights)", "shapes-n2"),
   );
 }
