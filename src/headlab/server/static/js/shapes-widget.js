@@ -4,6 +4,7 @@ import { api } from "./api.js";
 import { h, clear, debounce, fmtInt, fmtBytes, fmtCompact } from "./dom.js";
 import { barChart } from "./figures.js";
 import { figure } from "./export.js";
+import { layerDiagram } from "./layer-diagram.js";
 
 const FIELDS = [
   ["d_model", "d_model (width)", 512],
@@ -90,7 +91,7 @@ function paramTable(report) {
     h("tr", {}, h("th", { colspan: 3 }, "total"), h("th", { class: "num" }, fmtInt(report.params.total))))));
 }
 
-function diagram(report) {
+function scaleChart(report) {
   const items = report.stages.map((st) => ({ label: st.label, value: st.elements, colour: st.n2 ? "#CC79A7" : "#0072B2" }));
   const c = report.config;
   const svg = barChart(items, { title: `Elements per stage, to scale (d_model ${c.d_model}, h ${c.n_heads}, n ${c.seq_len}, B ${c.batch})`, format: fmtCompact });
@@ -105,7 +106,16 @@ export function initShapes(root) {
   form.append(h("label", { for: "shapes-dtype" }, "dtype", h("select", { id: "shapes-dtype", name: "dtype" }, DTYPES.map((d) => h("option", { value: d }, d)))));
   form.append(h("label", { class: "inline", for: "shapes-bias" }, h("input", { id: "shapes-bias", name: "bias", type: "checkbox", checked: true }), "biases"));
   const out = h("div", { id: "shapes-output", "aria-live": "polite" });
-  root.append(h("div", { class: "widget-box" }, form, out));
+  const sources = new Map();  // the code of each linked function, asked for once
+  const fetchCode = (name) => {
+    if (!sources.has(name)) sources.set(name, api(`/api/code/${encodeURIComponent(name)}`));
+    return sources.get(name);
+  };
+  // the diagram marks the shape table's rows of the step it shows
+  const onStep = (stages) => out.querySelectorAll("#shapes-table tr[data-stage]").forEach((tr) => tr.classList.toggle("current", stages.includes(tr.dataset.stage)));
+  const layer = layerDiagram({ fetchCode, onStep });
+  layer.root.hidden = true;
+  root.append(h("div", { class: "widget-box" }, form, layer.root, out));
 
   let seq = 0;
   let presets = {};
@@ -116,10 +126,12 @@ export function initShapes(root) {
     try {
       const report = await api("/api/shapes", body);
       if (mine !== seq) return;
+      layer.root.hidden = !report.valid;
       if (!report.valid) { clear(out, problemsBox(report, form, update)); return; }
       clear(out, h("p", { class: "verdict", id: "shapes-verdict" }, report.verdict),
         report.warnings.length ? h("div", { class: "problems" }, report.warnings.join(" ")) : null,
-        facts(report), stageTable(report), diagram(report), paramTable(report));
+        facts(report), stageTable(report), scaleChart(report), paramTable(report));
+      layer.update(report);
     } catch (err) {
       if (mine === seq) clear(out, h("div", { class: "problems", id: "shapes-problems" }, err.message));
     }
@@ -142,5 +154,5 @@ export function initShapes(root) {
     for (const [name, p] of Object.entries(all)) preset.append(h("option", { value: name }, p.title || name));
   }).catch(() => {});
   update();
-  return { update, form };
+  return { update, form, layer };
 }
