@@ -224,3 +224,174 @@ def test_stepping_marks_the_stage_its_table_rows_and_its_code(learner) -> None:
         "data-step", "residual"
     )
     assert learner.errors == []
+
+
+# --- point 2: a head view a learner can read ----------------------------------------------------
+
+
+def synthetic(n: int, seed: int = 0) -> tuple[list[list[float]], list[str]]:
+    """A causal head on n tokens (rows sum to 1) and token labels of mixed lengths."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0, 3, (n, n))
+    logits[np.triu_indices(n, 1)] = -np.inf
+    w = np.exp(logits - logits.max(axis=1, keepdims=True))
+    w /= w.sum(axis=1, keepdims=True)
+    tokens = [f" word{k}" if k % 3 else f"a_much_longer_token_{k}" for k in range(n)]
+    return w.round(4).tolist(), tokens
+
+
+MOUNT = """async ([weights, tokens, id]) => {
+  const f = await import('/static/js/figures.js');
+  const { figure } = await import('/static/js/export.js');
+  document.getElementById(id)?.remove();
+  const readout = Object.assign(document.createElement('p'), { id: id + '-readout' });
+  const pair = Object.assign(document.createElement('div'), { className: 'pair' });
+  pair.append(figure(f.heatmap(weights, tokens, { title: 'one head', readout }), { name: 'a' }),
+              figure(f.heatmap(weights, tokens, { title: 'its twin', readout }), { name: 'b' }));
+  const two = f.twoColumn(weights, tokens, { title: 'lines', readout });
+  const lines = figure(two, { name: 'c', scroll: true });
+  const box = Object.assign(document.createElement('div'), { id });
+  box.append(readout, pair, lines);
+  document.querySelector('#heads-widget .widget-box').append(box);
+}"""
+
+# every token label of every head-view svg in a box: its drawn font size and its box on screen
+LABELS = """id => [...document.querySelectorAll(`#${id} svg`)].map(svg => {
+  const scale = svg.getScreenCTM().a;
+  return [...svg.querySelectorAll('text.hv-tok')].filter(t => t.textContent).map(t => {
+    const r = t.getBoundingClientRect();
+    const px = parseFloat(t.getAttribute('font-size')) * scale;
+    return { px, box: [r.left, r.top, r.right, r.bottom] };
+  });
+})"""
+
+
+def overlaps(boxes: list[list[float]]) -> list[tuple[int, int]]:
+    """Pairs of label boxes that overlap by more than half a pixel both ways."""
+    found = []
+    for a in range(len(boxes)):
+        for b in range(a + 1, len(boxes)):
+            (l1, t1, r1, b1), (l2, t2, r2, b2) = boxes[a], boxes[b]
+            if min(r1, r2) - max(l1, l2) > 0.5 and min(b1, b2) - max(t1, t2) > 0.5:
+                found.append((a, b))
+    return found
+
+
+@pytest.mark.parametrize("n", [64, 128])
+def test_labels_are_readable_and_never_overlap(learner, n: int) -> None:
+    weights, tokens = synthetic(n)
+    box = f"probe-{n}"
+    learner.evaluate(MOUNT, [weights, tokens, box])
+    per_svg = learner.evaluate(LABELS, box)
+    assert len(per_svg) == 3  # two heatmaps and the two-column view
+    for labels in per_svg:
+        assert labels, "no token labels drawn"
+        assert min(lab["px"] for lab in labels) >= 11
+        assert overlaps([lab["box"] for lab in labels]) == []
+    # the heatmap shows a window of 22 × 22 readable cells, not n × n shrunken ones
+    heat = learner.locator(f"#{box} svg.heatmap").first
+    assert heat.get_attribute("data-n") == str(n)
+    assert heat.locator("rect.hv-cell").count() == 22 * 22
+    # the two-column view keeps every token and scrolls instead
+    assert learner.locator(f"#{box} svg.two-column text.hv-left").count() == n
+    scroller = learner.locator(f"#{box} .hv-scroll")
+    inner, outer = scroller.evaluate("e => [e.scrollHeight, e.clientHeight]")
+    assert inner > outer
+    assert learner.errors == []
+
+
+def test_heatmap_hover_names_both_tokens_and_the_weight(learner) -> None:
+    weights, tokens = synthetic(64, seed=1)
+    learner.evaluate(MOUNT, [weights, tokens, "probe-hover"])
+    heat = learner.locator("#probe-hover svg.heatmap").first
+    i, j = 9, 4
+    heat.locator(f'rect[data-i="{i}"][data-j="{j}"]').hover()
+    readout = learner.locator("#probe-hover-readout")
+    expect(readout).to_have_text(
+        f"query {i} “{tokens[i]}” → key {j} “{tokens[j]}”: {weights[i][j]:.4f}"
+    )
+    on = heat.locator("text.hv-tok.on")
+    assert on.count() == 2  # its row's token and its column's token
+    assert {on.nth(k).get_attribute("data-k") for k in range(2)} == {str(i), str(j)}
+    bands = heat.evaluate(
+        "s => [...s.querySelectorAll('rect.hv-band')].map(r => r.getAttribute('visibility'))"
+    )
+    assert bands == ["visible"] * 3  # row band, column band, the cell's outline
+    heat.locator('text.hv-row[data-k="5"]').hover()  # a token: its row and its column
+    best = max(range(64), key=lambda k: weights[5][k])
+    expect(readout).to_contain_text(f"token 5 “{tokens[5]}”")
+    expect(readout).to_contain_text(f"most at {best} “{tokens[best]}”")
+    assert learner.errors == []
+
+
+def test_brush_moves_both_heatmaps_by_pointer_and_keyboard(learner) -> None:
+    weights, tokens = synthetic(128, seed=2)
+    learner.evaluate(MOUNT, [weights, tokens, "probe-brush"])
+    heats = learner.locator("#probe-brush svg.heatmap")
+    hit = heats.first.locator(".hv-map-hit")
+    hit.scroll_into_view_if_needed()
+    bb = hit.bounding_box()
+    learner.mouse.click(bb["x"] + bb["width"] - 2, bb["y"] + bb["height"] - 2)
+    for k in range(2):  # the twin follows
+        expect(heats.nth(k)).to_contain_text("queries 106–127, keys 106–127 of 128")
+    cell = heats.nth(1).locator('rect[data-i="127"][data-j="106"]')
+    assert cell.get_attribute("fill") == learner.evaluate(
+        "async w => (await import('/static/js/colour.js')).viridis(w)", weights[127][106]
+    )
+    heats.first.focus()  # the keyboard pans the window as the cursor leaves it
+    for _ in range(3):
+        learner.keyboard.press("Shift+ArrowLeft")
+    expect(heats.first).to_contain_text("keys 82–103")
+    expect(heats.nth(1)).to_contain_text("keys 82–103")
+    assert learner.errors == []
+
+
+def test_two_column_hover_shows_only_that_tokens_lines(learner) -> None:
+    weights, tokens = synthetic(40, seed=3)
+    learner.evaluate(MOUNT, [weights, tokens, "probe-two"])
+    two = learner.locator("#probe-two svg.two-column")
+    shown = """s => [...s.querySelectorAll('line.hv-line')]
+        .filter(l => getComputedStyle(l).display !== 'none')
+        .map(l => [+l.dataset.i, +l.dataset.j])"""
+    everything = two.evaluate(shown)
+    assert len(everything) == sum(w >= 0.02 for row in weights for w in row)
+    q = 30
+    two.locator(f'text.hv-left[data-k="{q}"]').hover()
+    lines = two.evaluate(shown)
+    assert sorted(j for i, j in lines if i == q) == [
+        j for j, w in enumerate(weights[q]) if w >= 0.02
+    ]
+    assert all(i == q for i, _ in lines)
+    best = max(range(40), key=lambda k: weights[q][k])
+    expect(learner.locator("#probe-two-readout")).to_contain_text(f"most at {best}")
+    value = two.locator("text.hv-value").nth(best)
+    assert value.text_content() == f"{weights[q][best]:.2f}"
+    key = 12
+    two.locator(f'text.hv-right[data-k="{key}"]').hover()
+    lines = two.evaluate(shown)
+    assert sorted(i for i, _ in lines) == [i for i in range(40) if weights[i][key] >= 0.02]
+    assert all(j == key for _, j in lines)
+    learner.mouse.move(0, 0)  # the pointer leaves: every line again
+    assert len(two.evaluate(shown)) == len(everything)
+    two.focus()  # the keyboard walks the queries; Escape shows every line again
+    learner.keyboard.press("ArrowDown")
+    assert {i for i, _ in two.evaluate(shown)} == {0}
+    learner.keyboard.press("ArrowDown")
+    assert {i for i, _ in two.evaluate(shown)} == {1}
+    learner.keyboard.press("Escape")
+    assert len(two.evaluate(shown)) == len(everything)
+    assert learner.errors == []
+
+
+def test_head_widget_draws_the_two_column_view(learner) -> None:
+    assert learner.locator("#heads-view svg.two-column").count() == 1
+    assert learner.locator("#heads-view path").count() == 0  # the arcs are gone
+    left = learner.locator("#heads-view svg.two-column text.hv-left")
+    assert left.count() == int(
+        learner.locator("#heads-view svg.heatmap").first.get_attribute("data-n")
+    )
+    left.nth(3).hover()
+    expect(learner.locator("#heads-readout")).to_contain_text("token 3")
+    assert learner.errors == []
