@@ -8,6 +8,7 @@ the inputs it reads), so the model runs a few times, not once per test.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -395,3 +396,103 @@ def test_head_widget_draws_the_two_column_view(learner) -> None:
     left.nth(3).hover()
     expect(learner.locator("#heads-readout")).to_contain_text("token 3")
     assert learner.errors == []
+
+
+# --- points 4 and 5: in notebooks, and one offline file -----------------------------------------
+
+
+def offline_page(browser, url: str):
+    """A page that records every request but the file itself and any script error."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    pg.errors = []
+    pg.on("console", lambda m: m.type == "error" and pg.errors.append(f"console: {m.text}"))
+    pg.on("pageerror", lambda e: pg.errors.append(f"pageerror: {e}"))
+    pg.on("request", lambda r: r.url in (url,) or r.url.startswith("data:")
+          or pg.errors.append(f"request: {r.url}"))  # fmt: skip
+    pg.goto(url)
+    return context, pg
+
+
+def test_offline_file_from_the_cli_works_from_file_url(browser, tmp_path) -> None:
+    """headlab heads --html writes one file; opened from file:// it draws the head view and the
+    grid, asks for nothing, and answers hover, clicks and keys."""
+    from typer.testing import CliRunner
+
+    from headlab.cli import app
+
+    test_browser._model_name()  # skips (fails under CI) without a model
+    text = "The cat sat on the mat. The cat sat on the mat."
+    out = tmp_path / "heads.html"
+    result = CliRunner().invoke(app, ["heads", "--text", text, "--html", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    scores = json.loads(result.stdout)
+    n_heads = len(scores["heads"])
+    context, pg = offline_page(browser, out.as_uri())
+    grid = pg.locator(".hv-grid button")
+    expect(grid).to_have_count(n_heads)
+    heat = pg.locator(".hv-detail svg.heatmap")
+    expect(heat).to_have_count(2)
+    assert heat.first.get_attribute("data-n") == str(len(scores["tokens"]))
+    last = scores["heads"][-1]
+    grid.last.click()
+    expect(grid.last).to_have_attribute("aria-pressed", "true")
+    expect(pg.locator(".hv-about")).to_contain_text(
+        f"head {last['layer']}.{last['head']}: {last['label']}"
+    )
+    pg.locator(".hv-detail svg.two-column text.hv-left").nth(2).hover()
+    expect(pg.locator(".hv-readout")).to_contain_text("token 2")
+    pg.locator(".hv-controls select").focus()  # the keyboard picks a head too
+    pg.keyboard.press("Home")
+    first = scores["heads"][0]
+    expect(pg.locator(".hv-about")).to_contain_text(f"head {first['layer']}.{first['head']}:")
+    assert pg.errors == []
+    context.close()
+
+
+def test_notebook_outputs_render_with_no_network(browser, tmp_path) -> None:
+    """A notebook executed by nbclient (an ipykernel) returns HTML outputs for a head view and a
+    shapes report; put in a page as a notebook front end puts them, they draw offline."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    test_browser._model_name()
+    nb = nbformat.v4.new_notebook()
+    setup = """from headlab import zoo
+from headlab.heads import analyse
+from headlab.measure import build_probe
+from headlab.show import show
+from headlab.shapes import trace_shapes
+model, tok = zoo.load("default")
+probe = build_probe("random-repeat", tok, 64, model.config.vocab_size)
+report = analyse(model, probe)
+print(len(report.tokens), len(report.heads))"""
+    nb.cells = [
+        nbformat.v4.new_code_cell(setup),
+        nbformat.v4.new_code_cell("show(report, model='default', grid=True)"),
+        nbformat.v4.new_code_cell(
+            "show(trace_shapes(d_model=512, n_heads=8, n_kv_heads=2, seq_len=10, batch=2))"
+        ),
+    ]
+    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3").execute()
+    n_tokens, n_heads = map(int, nb.cells[0].outputs[0]["text"].split())
+    htmls = []
+    for cell in nb.cells[1:]:
+        outputs = [o for o in cell.outputs if o.get("output_type") == "execute_result"]
+        assert len(outputs) == 1, cell.outputs
+        data = outputs[0]["data"]
+        assert "text/html" in data and 'class="headlab-view"' in data["text/html"]
+        htmls.append(data["text/html"])
+    page = tmp_path / "notebook.html"
+    page.write_text("<!doctype html><meta charset='utf-8'><body>" + "\n".join(htmls), "utf-8")
+    context, pg = offline_page(browser, page.as_uri())
+    expect(pg.locator(".headlab-view")).to_have_count(2)
+    expect(pg.locator(".hv-grid button")).to_have_count(n_heads)
+    expect(pg.locator(".hv-detail svg.heatmap").first).to_have_attribute("data-n", str(n_tokens))
+    diagram = pg.locator(".headlab-view .layer")
+    expect(diagram.locator(".dg-row")).to_have_count(9)
+    expect(diagram).to_contain_text("Q: B×h×n×d_k = (2, 8, 10, 64)")
+    diagram.locator("button", has_text="Next").click()
+    expect(pg.locator(".headlab-view tr.current")).to_have_count(3)  # the projections' rows
+    expect(pg.locator(".headlab-view pre.dg-code .hl").nth(1)).to_contain_text("self.W_Q(x)")
+    assert pg.errors == []
+    context.close()

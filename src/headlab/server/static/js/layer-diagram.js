@@ -195,9 +195,9 @@ export function codeSpan(source, from, to) {
   return [start, end < 0 ? start : end];
 }
 
-function codePanel(fetchCode) {
-  const where = h("p", { class: "note dg-where", id: "layer-code-where" });
-  const pre = h("pre", { class: "dg-code", id: "layer-code", tabindex: "0", "aria-label": "the code of this step" });
+function codePanel(fetchCode, prefix) {
+  const where = h("p", { class: "note dg-where", id: `${prefix}-code-where` });
+  const pre = h("pre", { class: "dg-code", id: `${prefix}-code`, tabindex: "0", "aria-label": "the code of this step" });
   const panel = h("div", { class: "dg-code-panel" }, where, pre);
   let seq = 0;
   const show = async (step) => {
@@ -220,13 +220,14 @@ function codePanel(fetchCode) {
 
 // The diagram with its step controls. fetchCode(name) → {path, line, source} or rejects; onStep(stages)
 // lets the shape widget mark its table rows. Call update(report) with every new valid report.
-export function layerDiagram({ fetchCode = null, onStep = () => {} } = {}) {
+// `prefix` starts every id, so several diagrams can share a document (notebook outputs).
+export function layerDiagram({ fetchCode = null, onStep = () => {}, prefix = "layer" } = {}) {
   const holder = h("div", { class: "dg-figure" });
-  const label = h("p", { class: "dg-step", id: "layer-step", "aria-live": "polite" });
-  const back = h("button", { type: "button", id: "layer-back", "aria-label": "previous step" }, "◀ Back");
-  const next = h("button", { type: "button", id: "layer-next", "aria-label": "next step" }, "Next ▶");
-  const code = fetchCode ? codePanel(fetchCode) : null;
-  const root = h("div", { class: "layer", id: "layer-diagram" }, h("div", { class: "dg-controls" }, back, next, label), holder, code ? code.panel : null);
+  const label = h("p", { class: "dg-step", id: `${prefix}-step`, "aria-live": "polite" });
+  const back = h("button", { type: "button", id: `${prefix}-back`, "aria-label": "previous step" }, "◀ Back");
+  const next = h("button", { type: "button", id: `${prefix}-next`, "aria-label": "next step" }, "Next ▶");
+  const code = fetchCode ? codePanel(fetchCode, prefix) : null;
+  const root = h("div", { class: "layer", id: `${prefix}-diagram` }, h("div", { class: "dg-controls" }, back, next, label), holder, code ? code.panel : null);
   const state = { step: 0, drawn: null, report: null };
   const go = (k) => {
     state.step = Math.max(0, Math.min(STEPS.length - 1, k));
@@ -252,7 +253,7 @@ export function layerDiagram({ fetchCode = null, onStep = () => {} } = {}) {
     state.drawn.rows.forEach((r, k) => r.row.addEventListener("click", () => go(k)));
     const svg = state.drawn.svg;
     svg.setAttribute("tabindex", "0");
-    svg.setAttribute("aria-describedby", "layer-step");
+    svg.setAttribute("aria-describedby", `${prefix}-step`);
     clear(holder, svg);
     go(state.step);
   };

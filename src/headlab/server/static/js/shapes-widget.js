@@ -73,7 +73,7 @@ function facts(report) {
   );
 }
 
-function stageTable(report) {
+export function stageTable(report) {
   return h("div", { class: "table-wrap" }, h("table", { id: "shapes-table" },
     h("caption", { class: "note" }, "Every tensor of the forward pass, in order (shaded rows grow with n·s)"),
     h("thead", {}, h("tr", {}, h("th", {}, "stage"), h("th", {}, "symbolic"), h("th", {}, "shape"), h("th", { class: "num" }, "elements"), h("th", { class: "num" }, "memory"))),
