@@ -41,6 +41,7 @@ RANKS = {
     "default_model": 6,
     "experiments": 6,
     "cli_support": 7,
+    "show": 7,  # notebook views and the offline file: heads, shapes; reads the page's scripts
     "server": 7,
     "cli": 8,
     "__init__": 8,  # the package's own __init__ re-exports the core

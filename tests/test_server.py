@@ -658,3 +658,19 @@ def test_the_first_shapes_request_does_not_block_other_requests(monkeypatch) -> 
         release.set()
         worker.join(timeout=60)
     assert released == [True] and answers == [200]
+
+
+def test_every_code_name_the_scripts_ask_for_resolves(client: TestClient) -> None:
+    """The layer diagram asks /api/code for the functions that run each step; all must answer."""
+    import re
+
+    from headlab.server.app import STATIC
+
+    names = set()
+    for script in (STATIC / "js").glob("*.js"):
+        names |= set(re.findall(r'"(headlab\.[A-Za-z_.]+)"', script.read_text(encoding="utf-8")))
+    assert "headlab.model.Block.forward" in names
+    for name in sorted(names):
+        r = client.get(f"/api/code/{name}")
+        assert r.status_code == 200, (name, r.text)
+        assert r.json()["source"].lstrip().startswith(("def ", "class ", "@")), name

@@ -230,11 +230,21 @@ def heads(
         60.0, "--dist-timeout", help="Under torchrun: seconds the ranks wait to reach each other."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
+    html_out: str | None = typer.Option(
+        None,
+        "--html",
+        help="Also write the interactive head view and grid to one HTML file (opens from "
+        "file://, no server, no network).",
+    ),
 ) -> None:
     """Score every attention head of a model on a probe and label it (see docs/heads.md), or
     average the scores over many prompts (--prompts; shared among torchrun ranks)."""
     if sum(x is not None for x in (text, text_file, prompts)) > 1:
         raise fail("give one of --text, --text-file and --prompts")
+    if html_out is not None and prompts is not None:
+        raise fail("--html draws one probe's patterns; --prompts averages scores only")
+    if html_out is not None and not Path(html_out).parent.is_dir():
+        raise fail(f"--html {html_out}: the folder {Path(html_out).parent} does not exist")
     if out is not None and prompts is None:
         raise fail("--out writes the table of --prompts; for one probe use --json")
     load = _load_options(device, device_map, max_memory, offload_folder)
@@ -243,7 +253,8 @@ def heads(
         _heads_over_prompts(model, Path(prompts), where, seed, content, load, dist_timeout, as_json)
     else:
         file = Path(text_file) if text_file is not None else None
-        _heads_on_probe(model, text, file, probe, show, seed, content, load, as_json)
+        html = Path(html_out) if html_out is not None else None
+        _heads_on_probe(model, text, file, probe, show, seed, content, load, as_json, html)
 
 
 def _load_options(
@@ -280,8 +291,10 @@ def _heads_on_probe(
     content: bool,
     load: dict,
     as_json: bool,
+    html: Path | None = None,
 ) -> None:
-    """One probe: the table (or JSON) of every head, and the pattern of --show's head."""
+    """One probe: the table (or JSON) of every head, the pattern of --show's head, and with
+    ``html`` the interactive view of every head in one offline file."""
     import json
 
     from headlab import zoo
@@ -301,7 +314,8 @@ def _heads_on_probe(
             text = read_text(text_file)
         name = "text" if text is not None else probe
         p = build_probe(name, tokenizer, m.config.max_len, m.config.vocab_size, text, seed)
-        keep = {target} if target is not None else ()  # the patterns of the other heads go
+        # the patterns of the other heads go, unless the HTML file draws them all
+        keep = None if html is not None else {target} if target is not None else ()
         with _progress(f"{p.n} tokens, layer", L) as progress:
             report = analyse(m, p, seed, content, keep=keep, progress=progress)
     except ValueError as exc:
@@ -318,6 +332,21 @@ def _heads_on_probe(
         out = err_console if as_json else console  # keep stdout pure JSON
         out.print(heatmap(report.pattern(layer, head), report.tokens, title))
         out.print(key_legend(report.tokens), highlight=False)
+    if html is not None:
+        _write_head_page(report, model, html, err_console if as_json else console)
+
+
+def _write_head_page(report: Any, model: str, path: Path, out: Console) -> None:
+    """The head view and grid of ``report`` as one self-contained HTML file (headlab.show)."""
+    from headlab.show import head_view
+
+    title = f"headlab: {model}, {report.probe} probe, {len(report.tokens)} tokens"
+    try:
+        written = head_view(report, model, grid=True).save(path, title)
+    except (ValueError, OSError) as exc:
+        raise fail(f"--html {path}: {exc}") from None
+    size = written.stat().st_size / 1024
+    out.print(f"wrote {written} ({size:.0f} KiB): open it in a browser; it needs no server")
 
 
 def _heads_over_prompts(

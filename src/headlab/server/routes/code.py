@@ -27,6 +27,7 @@ LINKED = (
     "headlab.heads.analyse",
     "headlab.experiments.induction.study",
     "headlab.model.Block",
+    "headlab.model.Block.forward",
     "headlab.model.Transformer.forward",
     "headlab.ablation",
 )

@@ -4,11 +4,15 @@ const VIRIDIS = [
   [34, 168, 132], [68, 191, 112], [122, 209, 81], [189, 223, 38], [253, 231, 37],
 ];
 
-export function viridis(t) {
+export function viridisRGB(t) {
   const x = Math.min(1, Math.max(0, Number.isFinite(t) ? t : 0)) * (VIRIDIS.length - 1);
   const i = Math.min(Math.floor(x), VIRIDIS.length - 2);
   const f = x - i;
-  const c = VIRIDIS[i].map((a, k) => Math.round(a + (VIRIDIS[i + 1][k] - a) * f));
+  return VIRIDIS[i].map((a, k) => Math.round(a + (VIRIDIS[i + 1][k] - a) * f));
+}
+
+export function viridis(t) {
+  const c = viridisRGB(t);
   return `rgb(${c[0]},${c[1]},${c[2]})`;
 }
 

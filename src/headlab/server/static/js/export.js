@@ -45,13 +45,15 @@ export function exportJSON(data, name) {
   download(new Blob([JSON.stringify(data, null, 1)], { type: "application/json" }), `${name}.json`);
 }
 
-// A <figure> with its caption and the three export buttons.
-export function figure(svg, { name, caption, data, extra }) {
+// A <figure> with its caption and the three export buttons; `scroll` puts a tall svg in a box
+// that scrolls (keyboard-focusable, as the svg itself is) rather than shrinking it.
+export function figure(svg, { name, caption, data, extra, scroll = false }) {
   const label = (kind) => `Export ${caption ? `“${caption}”` : "figure"} as ${kind}`;
   const tools = h("div", { class: "figure-tools" },
     h("button", { type: "button", "aria-label": label("SVG"), "data-export": "svg", onclick: () => exportSVG(svg, name) }, "SVG"),
     h("button", { type: "button", "aria-label": label("PNG"), "data-export": "png", onclick: () => exportPNG(svg, name) }, "PNG"),
     h("button", { type: "button", "aria-label": label("JSON data"), "data-export": "json", onclick: () => exportJSON(data, name) }, "JSON"),
   );
-  return h("figure", { "data-figure": name }, svg, caption ? h("figcaption", {}, caption) : null, extra || null, tools);
+  const body = scroll ? h("div", { class: "hv-scroll" }, svg) : svg;
+  return h("figure", { "data-figure": name }, body, caption ? h("figcaption", {}, caption) : null, extra || null, tools);
 }

@@ -1,38 +1,169 @@
-// SVG figures drawn from API data: attention heatmaps, arcs, line and bar charts.
-import { viridis, SERIES } from "./colour.js";
+// SVG figures drawn from API data: attention heatmaps, the two-column view, line and bar charts.
+import { viridis, viridisRGB, SERIES } from "./colour.js";
 import { h, s, showTip, hideTip } from "./dom.js";
 
 const FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'DejaVu Sans', sans-serif";
 const short = (t, k = 10) => (t.length > k ? `${t.slice(0, k - 1)}…` : t);
 
 // A heatmap of one head's weights: rows are queries i, columns keys j. `readout` (optional) is an
-// element that receives the exact weight under the pointer or the keyboard cursor.
+// element that receives the exact weight under the pointer or the keyboard cursor. Labels are
+// drawn at LABEL px, one per CELL px, so they never shrink or overlap: a long input shows a
+// window of WINDOW × WINDOW cells, and a map of the whole pattern in the top-left corner holds a
+// box to drag (or the arrow keys) that moves it. Heatmaps of the same tokens move together.
+const CELL = 16, LABEL = 12, WINDOW = 22, PAD = 84;
+
 export function heatmap(weights, tokens, { title = "", small = false, readout = null } = {}) {
-  const n = weights.length;
-  const cell = small ? Math.max(2, Math.floor(96 / n)) : Math.max(6, Math.min(22, Math.floor(440 / n)));
-  const pad = small ? 0 : 78;
-  const top = small ? 0 : 78 + (title ? 18 : 0);
-  const size = n * cell;
-  const svg = s("svg", {
-    viewBox: `0 0 ${pad + size + 4} ${top + size + 4}`, role: "img",
-    "aria-label": title || "attention pattern", "font-family": FONT, class: "heatmap", "shape-rendering": "crispEdges",
-    width: small ? null : pad + size + 4,
-  });
-  svg.append(s("rect", { width: pad + size + 4, height: top + size + 4, fill: "#ffffff" }));
-  if (title && !small) svg.append(s("text", { x: 0, y: 13, "font-size": 13, "font-weight": 600, fill: "#1d2330", text: title }));
-  const fontSize = Math.min(11, Math.max(6, cell - 2));
-  for (let i = 0; i < n; i += 1) {
-    const row = weights[i];
-    for (let j = 0; j < n; j += 1) {
-      svg.append(s("rect", { x: pad + j * cell, y: top + i * cell, width: cell, height: cell, fill: viridis(row[j]), "data-i": i, "data-j": j }));
-    }
-    if (!small) {
-      svg.append(s("text", { x: pad - 4, y: top + i * cell + cell / 2 + fontSize / 3, "text-anchor": "end", "font-size": fontSize, fill: "#1d2330", text: short(tokens[i]) }));
-      const x = pad + i * cell + cell / 2 + fontSize / 3;
-      svg.append(s("text", { x, y: top - 4, transform: `rotate(-90 ${x} ${top - 4})`, "font-size": fontSize, fill: "#1d2330", text: short(tokens[i]) }));
+  if (small) return thumbnail(weights, title);
+  const n = weights.length, m = weights[0]?.length ?? 0;
+  const k = Math.min(WINDOW, Math.max(n, m));
+  const cell = Math.max(n, m) <= WINDOW ? Math.max(CELL, Math.min(22, Math.floor((WINDOW * CELL) / Math.max(n, m, 1)))) : CELL;
+  const rows = Math.min(n, k), cols = Math.min(m, k);
+  const windowed = n > rows || m > cols;
+  const head = 18 + (windowed ? 16 : 0);
+  const top = head + PAD, width = PAD + cols * cell + 4, height = top + rows * cell + 4;
+  const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, width, height, role: "img", "aria-label": title || "attention pattern",
+    "font-family": FONT, class: "heatmap readable", "shape-rendering": "crispEdges", "data-n": n });
+  svg.append(s("rect", { width, height, fill: "#ffffff" }));
+  if (title) svg.append(s("text", { x: 0, y: 13, "font-size": 13, "font-weight": 600, fill: "#1d2330", text: title }));
+  const hint = windowed ? s("text", { x: 0, y: 30, "font-size": 11, fill: "#3d4555" }) : null;
+  if (hint) svg.append(hint);
+  const view = { weights, tokens, svg, cell, top, rows, cols, hint, readout, cells: [], rowLabels: [], colLabels: [], n, m };
+  drawCells(view);
+  drawBands(view);
+  drawLabels(view);
+  if (windowed) view.brush = drawMap(view, head);
+  const shared = windowOf(tokens);
+  shared.views.add(view);
+  view.place = (i0, j0) => placeWindow(view, i0, j0);
+  view.place(shared.i0, shared.j0);
+  attachCursor(view);
+  return svg;
+}
+
+// Heatmaps of one token list share where their window is.
+const WINDOWS = new WeakMap();
+function windowOf(tokens) {
+  if (!WINDOWS.has(tokens)) WINDOWS.set(tokens, { i0: 0, j0: 0, views: new Set() });
+  return WINDOWS.get(tokens);
+}
+
+function moveShared(view, i0, j0) {
+  const shared = windowOf(view.tokens);
+  shared.i0 = i0;
+  shared.j0 = j0;
+  for (const other of shared.views) {
+    if (other !== view && !other.svg.isConnected) shared.views.delete(other);
+    else other.place(i0, j0);
+  }
+}
+
+function drawCells(view) {
+  const { svg, cell, top, rows, cols } = view;
+  for (let r = 0; r < rows; r += 1) {
+    for (let c = 0; c < cols; c += 1) {
+      const rect = s("rect", { x: PAD + c * cell, y: top + r * cell, width: cell, height: cell, class: "hv-cell" });
+      svg.append(rect);
+      view.cells.push(rect);
     }
   }
-  if (!small) attachCursor(svg, weights, tokens, { pad, top, cell, readout });
+}
+
+// Translucent bands over the hovered row and column, and the cursor's outline.
+function drawBands(view) {
+  const { svg, cell, top, rows, cols } = view;
+  view.rowBand = s("rect", { class: "hv-band", x: PAD, width: cols * cell, height: cell, fill: "#ffffff", "fill-opacity": 0.28, stroke: "#ff8c00", "stroke-width": 1, visibility: "hidden", "pointer-events": "none" });
+  view.colBand = s("rect", { class: "hv-band", y: top, width: cell, height: rows * cell, fill: "#ffffff", "fill-opacity": 0.28, stroke: "#ff8c00", "stroke-width": 1, visibility: "hidden", "pointer-events": "none" });
+  view.marker = s("rect", { class: "hv-band", width: cell, height: cell, fill: "none", stroke: "#ff8c00", "stroke-width": 2.5, visibility: "hidden", "pointer-events": "none" });
+  svg.append(view.rowBand, view.colBand, view.marker);
+}
+
+function drawLabels(view) {
+  const { svg, cell, top, rows, cols } = view;
+  const mid = cell / 2 + LABEL / 3;
+  for (let r = 0; r < rows; r += 1) {
+    const t = s("text", { x: PAD - 5, y: top + r * cell + mid, "text-anchor": "end", "font-size": LABEL, fill: "#1d2330", class: "hv-tok hv-row" });
+    svg.append(t);
+    view.rowLabels.push(t);
+  }
+  for (let c = 0; c < cols; c += 1) {
+    const x = PAD + c * cell + mid, y = top - 5;
+    const t = s("text", { x, y, transform: `rotate(-90 ${x} ${y})`, "font-size": LABEL, fill: "#1d2330", class: "hv-tok hv-col" });
+    svg.append(t);
+    view.colLabels.push(t);
+  }
+}
+
+// Show the window whose top-left cell is (query i0, key j0): recolour the cells, relabel the axes.
+function placeWindow(view, i0, j0) {
+  const { weights, tokens, rows, cols, n, m } = view;
+  view.i0 = Math.max(0, Math.min(n - rows, i0));
+  view.j0 = Math.max(0, Math.min(m - cols, j0));
+  view.cells.forEach((rect, q) => {
+    const i = view.i0 + Math.floor(q / cols), j = view.j0 + (q % cols);
+    rect.setAttribute("fill", viridis(weights[i][j]));
+    rect.dataset.i = i;
+    rect.dataset.j = j;
+  });
+  view.rowLabels.forEach((t, r) => label(t, view.i0 + r, tokens));
+  view.colLabels.forEach((t, c) => label(t, view.j0 + c, tokens));
+  if (view.hint) view.hint.textContent = `queries ${view.i0}–${view.i0 + rows - 1}, keys ${view.j0}–${view.j0 + cols - 1} of ${n}: drag the box, or use the arrow keys`;
+  if (view.brush) view.brush.place(view.i0, view.j0);
+}
+
+function label(t, k, tokens) {
+  t.textContent = short(tokens[k] ?? "");
+  t.dataset.k = k;
+  t.classList.remove("on");
+}
+
+// The whole pattern, small, in the corner above the row labels, with the window's box on it.
+function drawMap(view, head) {
+  const { svg, n, m, rows, cols } = view;
+  const size = PAD - 12, x0 = 0, y0 = head + 4;
+  const sx = size / m, sy = size / n;
+  svg.append(s("image", { x: x0, y: y0, width: size, height: size, href: patternImage(view.weights), preserveAspectRatio: "none", class: "hv-map" }));
+  const box = s("rect", { width: cols * sx, height: rows * sy, fill: "none", stroke: "#ff8c00", "stroke-width": 2, class: "hv-brush" });
+  const hit = s("rect", { x: x0, y: y0, width: size, height: size, fill: "transparent", class: "hv-map-hit" });
+  svg.append(s("rect", { x: x0, y: y0, width: size, height: size, fill: "none", stroke: "#5a6273" }), box, hit);
+  let dragging = false;
+  const centre = (e) => {
+    const p = svgPoint(svg, e);
+    moveShared(view, Math.round((p.y - y0) / sy - rows / 2), Math.round((p.x - x0) / sx - cols / 2));
+  };
+  hit.addEventListener("pointerdown", (e) => { dragging = true; hit.setPointerCapture?.(e.pointerId); centre(e); });
+  hit.addEventListener("pointermove", (e) => { if (dragging) centre(e); });
+  hit.addEventListener("pointerup", () => { dragging = false; });
+  return { place: (i0, j0) => { box.setAttribute("x", x0 + j0 * sx); box.setAttribute("y", y0 + i0 * sy); } };
+}
+
+function svgPoint(svg, e) {
+  const box = svg.getBoundingClientRect();
+  const vb = svg.viewBox.baseVal;
+  return { x: ((e.clientX - box.left) * vb.width) / box.width, y: ((e.clientY - box.top) * vb.height) / box.height };
+}
+
+// One pixel per weight, as a data: URL (a few hundred bytes instead of n² SVG rects).
+function patternImage(weights) {
+  const n = weights.length, m = weights[0]?.length ?? 0;
+  const canvas = document.createElement("canvas");
+  canvas.width = Math.max(m, 1);
+  canvas.height = Math.max(n, 1);
+  const ctx = canvas.getContext("2d");
+  const img = ctx.createImageData(canvas.width, canvas.height);
+  for (let i = 0; i < n; i += 1) {
+    for (let j = 0; j < m; j += 1) {
+      const [r, g, b] = viridisRGB(weights[i][j]);
+      img.data.set([r, g, b, 255], 4 * (i * m + j));
+    }
+  }
+  ctx.putImageData(img, 0, 0);
+  return canvas.toDataURL("image/png");
+}
+
+// The all-heads grid's thumbnails: the pattern as one image.
+function thumbnail(weights, title) {
+  const svg = s("svg", { viewBox: "0 0 96 96", role: "img", "aria-label": title || "attention pattern", class: "heatmap thumb" });
+  svg.append(s("image", { width: 96, height: 96, href: patternImage(weights), preserveAspectRatio: "none", class: "hv-map" }));
   return svg;
 }
 
@@ -40,70 +171,135 @@ function describe(weights, tokens, i, j) {
   return `query ${i} “${tokens[i]}” → key ${j} “${tokens[j]}”: ${Number(weights[i][j]).toFixed(4)}`;
 }
 
-function attachCursor(svg, weights, tokens, { pad, top, cell, readout }) {
-  const n = weights.length;
-  const marker = s("rect", { width: cell, height: cell, fill: "none", stroke: "#ff8c00", "stroke-width": 2, visibility: "hidden" });
-  svg.append(marker);
-  let cursor = [n - 1, 0];
-  const show = (i, j, event) => {
+// Hover or keyboard: the cell's row and column light up, their tokens turn bold, and the readout
+// names both tokens and the weight. A token label lights its row and its column.
+function attachCursor(view) {
+  const { svg, weights, tokens, readout, rows, cols } = view;
+  let cursor = [view.i0 + rows - 1, view.j0];
+  const show = (i, j, event, text) => {
     cursor = [i, j];
-    marker.setAttribute("x", pad + j * cell);
-    marker.setAttribute("y", top + i * cell);
-    marker.setAttribute("visibility", "visible");
-    const text = describe(weights, tokens, i, j);
-    if (readout) readout.textContent = text;
-    if (event) showTip(event, text);
+    highlight(view, i, j);
+    const line = text || describe(weights, tokens, i, j);
+    if (readout) readout.textContent = line;
+    if (event) showTip(event, line);
   };
   svg.addEventListener("mousemove", (e) => {
-    const t = e.target;
-    if (t.dataset && t.dataset.i !== undefined) show(Number(t.dataset.i), Number(t.dataset.j), e);
+    const d = e.target.dataset || {};
+    if (d.i !== undefined) show(Number(d.i), Number(d.j), e);
+    else if (d.k !== undefined) show(Number(d.k), Number(d.k), e, tokenLine(weights, tokens, Number(d.k)));
   });
-  svg.addEventListener("mouseleave", hideTip);
+  svg.addEventListener("mouseleave", () => { hideTip(); highlight(view, null, null); });
   svg.setAttribute("tabindex", "0");
-  svg.addEventListener("focus", () => show(...cursor));
-  svg.addEventListener("blur", () => marker.setAttribute("visibility", "hidden"));
+  svg.addEventListener("focus", () => {
+    const inside = cursor[0] >= view.i0 && cursor[0] < view.i0 + rows && cursor[1] >= view.j0 && cursor[1] < view.j0 + cols;
+    show(...(inside ? cursor : [view.i0 + rows - 1, view.j0]));  // the brush may have moved the window
+  });
+  svg.addEventListener("blur", () => highlight(view, null, null));
   svg.addEventListener("keydown", (e) => {
-    const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
+    const step = e.shiftKey ? 8 : 1;
+    const moves = { ArrowUp: [-step, 0], ArrowDown: [step, 0], ArrowLeft: [0, -step], ArrowRight: [0, step] };
     if (!moves[e.key]) return;
     e.preventDefault();
-    const [di, dj] = moves[e.key];
-    show(Math.min(n - 1, Math.max(0, cursor[0] + di)), Math.min(n - 1, Math.max(0, cursor[1] + dj)));
+    const i = Math.min(view.n - 1, Math.max(0, cursor[0] + moves[e.key][0]));
+    const j = Math.min(view.m - 1, Math.max(0, cursor[1] + moves[e.key][1]));
+    follow(view, i, j);
+    show(i, j);
   });
 }
 
-// Arcs from each query down to the keys it attends to; width and opacity follow the weight.
-export function arcs(weights, tokens, { title = "", minWeight = 0.05, readout = null } = {}) {
-  const n = weights.length;
-  const step = Math.max(14, Math.min(40, Math.floor(620 / n)));
-  const width = n * step + 60;  // room for the last rotated label
-  let reach = 1;
-  for (let i = 0; i < n; i += 1) for (let j = 0; j < n; j += 1) if (weights[i][j] >= minWeight && i !== j) reach = Math.max(reach, Math.abs(i - j));
-  const base = 16 + Math.min((reach * step) / 2, 200);
-  const svg = s("svg", { viewBox: `0 0 ${width} ${base + 70}`, width, role: "img", "aria-label": title || "attention arcs", "font-family": FONT });
-  svg.append(s("rect", { width, height: base + 70, fill: "#ffffff" }));
-  const x = (k) => 10 + k * step + step / 2;
+// Keep the keyboard cursor inside the window, moving the window (and its twins) when it leaves.
+function follow(view, i, j) {
+  const i0 = i < view.i0 ? i : i >= view.i0 + view.rows ? i - view.rows + 1 : view.i0;
+  const j0 = j < view.j0 ? j : j >= view.j0 + view.cols ? j - view.cols + 1 : view.j0;
+  if (i0 !== view.i0 || j0 !== view.j0) moveShared(view, i0, j0);
+}
+
+function tokenLine(weights, tokens, k) {
+  const row = weights[k] || [];
+  const best = row.reduce((b, w, j) => (w > row[b] ? j : b), 0);
+  return `token ${k} “${tokens[k]}”: its row is where it looks (most at ${best} “${tokens[best]}”, ${Number(row[best] ?? 0).toFixed(4)}); its column is who looks at it`;
+}
+
+function highlight(view, i, j) {
+  const { cell, top, rows, cols } = view;
+  const r = i === null ? -1 : i - view.i0, c = j === null ? -1 : j - view.j0;
+  const rowOn = r >= 0 && r < rows, colOn = c >= 0 && c < cols;
+  view.rowBand.setAttribute("y", top + r * cell);
+  view.rowBand.setAttribute("visibility", rowOn ? "visible" : "hidden");
+  view.colBand.setAttribute("x", PAD + c * cell);
+  view.colBand.setAttribute("visibility", colOn ? "visible" : "hidden");
+  view.marker.setAttribute("x", PAD + c * cell);
+  view.marker.setAttribute("y", top + r * cell);
+  view.marker.setAttribute("visibility", rowOn && colOn ? "visible" : "hidden");
+  view.rowLabels.forEach((t, k) => t.classList.toggle("on", k === r));
+  view.colLabels.forEach((t, k) => t.classList.toggle("on", k === c));
+}
+
+// BertViz's view: queries on the left, keys on the right, one line per weight (its opacity and
+// width follow the weight). Hover or arrow to a token to see only its lines; Escape shows all.
+const ROW = 20, SIDE = 170, TWO_W = 640;
+
+export function twoColumn(weights, tokens, { title = "", minWeight = 0.02, readout = null } = {}) {
+  const n = weights.length, m = weights[0]?.length ?? 0;
+  const top = title ? 44 : 26, height = top + Math.max(n, m) * ROW + 6;
+  const svg = s("svg", { viewBox: `0 0 ${TWO_W} ${height}`, width: TWO_W, height, role: "img", "aria-label": title || "attention lines", "font-family": FONT, class: "two-column readable", tabindex: "0" });
+  svg.append(s("rect", { width: TWO_W, height, fill: "#ffffff" }));
+  if (title) svg.append(s("text", { x: 0, y: 14, "font-size": 13, "font-weight": 600, fill: "#1d2330", text: title }));
+  svg.append(s("text", { x: SIDE - 6, y: top - 10, "text-anchor": "end", "font-size": 12, fill: "#3d4555", text: "query (looks)" }),
+    s("text", { x: TWO_W - SIDE + 6, y: top - 10, "font-size": 12, fill: "#3d4555", text: "key (looked at)" }));
+  const y = (k) => top + k * ROW + ROW / 2;
+  const lines = s("g", { class: "hv-lines" });
+  const byQuery = Array.from({ length: n }, () => []), byKey = Array.from({ length: m }, () => []);
   for (let i = 0; i < n; i += 1) {
-    for (let j = 0; j < n; j += 1) {
-      const w = weights[i][j];
-      if (w < minWeight || i === j) continue;
-      const [a, b] = [x(Math.min(i, j)), x(Math.max(i, j))];
-      const r = (b - a) / 2;
-      const path = s("path", {
-        d: `M ${x(i)} ${base} A ${r} ${Math.min(r, base - 10)} 0 0 ${i > j ? 0 : 1} ${x(j)} ${base}`,
-        fill: "none", stroke: viridis(0.15 + 0.7 * w), "stroke-width": (0.5 + 4 * w).toFixed(2), "stroke-opacity": (0.25 + 0.75 * w).toFixed(2),
-      });
-      const text = describe(weights, tokens, i, j);
-      path.addEventListener("mousemove", (e) => { showTip(e, text); if (readout) readout.textContent = text; });
-      path.addEventListener("mouseleave", hideTip);
-      svg.append(path);
+    for (let j = 0; j < m; j += 1) {
+      const w = Number(weights[i][j]);
+      if (!(w >= minWeight)) continue;
+      const line = s("line", { x1: SIDE, y1: y(i), x2: TWO_W - SIDE, y2: y(j), stroke: "#0072B2", "stroke-opacity": (0.1 + 0.9 * w).toFixed(3), "stroke-width": (0.6 + 3.4 * w).toFixed(2), class: "hv-line", "data-i": i, "data-j": j });
+      lines.append(line);
+      byQuery[i].push(line);
+      byKey[j].push(line);
     }
   }
-  const fontSize = Math.min(12, step - 3);
-  tokens.forEach((t, k) => {
-    svg.append(s("circle", { cx: x(k), cy: base, r: 2.5, fill: "#1d2330" }));
-    svg.append(s("text", { x: x(k), y: base + 12, transform: `rotate(50 ${x(k)} ${base + 12})`, "font-size": fontSize, fill: "#1d2330", text: short(t) }));
-  });
+  svg.append(lines);
+  const left = tokens.slice(0, n).map((t, k) => s("text", { x: SIDE - 6, y: y(k) + LABEL / 3, "text-anchor": "end", "font-size": LABEL, fill: "#1d2330", class: "hv-tok hv-left", "data-k": k, text: short(t, 18) }));
+  const right = tokens.slice(0, m).map((t, k) => s("text", { x: TWO_W - SIDE + 6, y: y(k) + LABEL / 3, "font-size": LABEL, fill: "#1d2330", class: "hv-tok hv-right", "data-k": k, text: short(t, 14) }));
+  const values = tokens.slice(0, m).map((_, k) => s("text", { x: TWO_W - 4, y: y(k) + LABEL / 3, "text-anchor": "end", "font-size": 11, fill: "#3d4555", class: "hv-value" }));
+  svg.append(...left, ...right, ...values);
+  attachTwoColumn({ svg, weights, tokens, readout, left, right, values, byQuery, byKey, n });
   return svg;
+}
+
+function attachTwoColumn(v) {
+  const { svg, weights, tokens, readout, left, right, values, byQuery, byKey } = v;
+  let on = [];
+  let query = null;
+  const select = (side, k) => {
+    on.forEach((el) => el.classList.remove("on"));
+    values.forEach((t) => { t.textContent = ""; });
+    svg.classList.toggle("hv-selected", side !== null);
+    if (side === null) { on = []; if (readout) readout.textContent = "Hover a token (or focus here and use ↑ ↓) to see only its lines."; return; }
+    const lines = side === "query" ? byQuery[k] : byKey[k];
+    const ends = lines.map((l) => (side === "query" ? right : left)[Number(l.dataset[side === "query" ? "j" : "i"])]);
+    on = [...lines, ...ends, (side === "query" ? left : right)[k]];
+    on.forEach((el) => el.classList.add("on"));
+    if (side === "query") lines.forEach((l) => { values[Number(l.dataset.j)].textContent = Number(weights[k][Number(l.dataset.j)]).toFixed(2); });
+    if (readout) readout.textContent = side === "query" ? tokenLine(weights, tokens, k) : `key ${k} “${tokens[k]}”: looked at by ${lines.length} quer${lines.length === 1 ? "y" : "ies"} with weight ≥ 0.02`;
+  };
+  for (const [side, labels] of [["query", left], ["key", right]]) {
+    labels.forEach((t, k) => {
+      t.addEventListener("mouseenter", () => { query = side === "query" ? k : query; select(side, k); });
+    });
+  }
+  svg.addEventListener("mouseleave", () => { query = null; select(null); });
+  svg.addEventListener("keydown", (e) => {
+    const moves = { ArrowDown: 1, ArrowUp: -1 };
+    if (e.key === "Escape") { query = null; select(null); return; }
+    if (!(e.key in moves)) return;
+    e.preventDefault();
+    query = Math.max(0, Math.min(v.n - 1, (query ?? -moves[e.key]) + moves[e.key]));
+    select("query", query);
+    left[query].scrollIntoView?.({ block: "nearest" });
+  });
 }
 
 export function colourLegend() {

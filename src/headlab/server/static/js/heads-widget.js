@@ -2,7 +2,7 @@
 // and label (headlab.heads.analyse on the chosen model); every view is drawn from that answer.
 import { api } from "./api.js";
 import { h, clear, debounce, missing } from "./dom.js";
-import { heatmap, arcs, colourLegend } from "./figures.js";
+import { heatmap, twoColumn, colourLegend } from "./figures.js";
 import { figure } from "./export.js";
 
 export const HEAD_TYPES = [
@@ -47,8 +47,8 @@ export function initHeads(root, summaryEl) {
     const left = figure(heatmap(chosenW, a.tokens, { title: chosenTitle, readout }), { name: `head-${layer}-${state.averaged ? "avg" : head}`, caption: chosenTitle, data: { model: a.model, tokens: a.tokens, layer, head: state.averaged ? null : head, weights: chosenW } });
     const avgTitle = `layer ${layer}: mean of its ${a.n_heads} heads`;
     const right = figure(heatmap(a.averaged_weights[layer], a.tokens, { title: avgTitle, readout }), { name: `head-${layer}-avg`, caption: avgTitle, data: { model: a.model, tokens: a.tokens, layer, weights: a.averaged_weights[layer] } });
-    const arcTitle = `${chosenTitle}: where each token looks (weights ≥ 0.05)`;
-    const arc = figure(arcs(chosenW, a.tokens, { title: arcTitle, readout }), { name: `arcs-${layer}-${state.averaged ? "avg" : head}`, caption: arcTitle, data: { tokens: a.tokens, weights: chosenW } });
+    const arcTitle = `${chosenTitle}: query → key lines (weights ≥ 0.02)`;
+    const arc = figure(twoColumn(chosenW, a.tokens, { title: arcTitle, readout }), { name: `lines-${layer}-${state.averaged ? "avg" : head}`, caption: arcTitle, data: { tokens: a.tokens, weights: chosenW }, scroll: true });
     clear(view, colourLegend(), readout, h("div", { class: "pair" }, left, right), arc);
     drawGrid();
   };
@@ -109,7 +109,7 @@ export function initHeads(root, summaryEl) {
   form.addEventListener("submit", (e) => { e.preventDefault(); submit(); });
   text.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); submit(); } });
   model.addEventListener("change", submit);
-  input.addEventListener("change", () => { text.disabled = input.value === "random-repeat"; submit(); });
+  input.addEventListener("change", () => { text.disabled = input.value === "random-repeat"; text.parentElement.hidden = text.disabled; submit(); });
   loadModels(model, status).then((ok) => {
     if (!ok) { clear(view, missing("No model is available to this server, so there are no patterns to show.")); return; }
     submit();

@@ -4,6 +4,7 @@ import { api } from "./api.js";
 import { h, clear, debounce, fmtInt, fmtBytes, fmtCompact } from "./dom.js";
 import { barChart } from "./figures.js";
 import { figure } from "./export.js";
+import { layerDiagram } from "./layer-diagram.js";
 
 const FIELDS = [
   ["d_model", "d_model (width)", 512],
@@ -38,7 +39,8 @@ function problemsBox(report, form, update) {
   const box = h("div", { class: "problems", id: "shapes-problems" }, h("strong", {}, "This configuration does not work:"),
     h("ul", {}, report.problems.map((p) => h("li", {}, p))));
   const counts = report.valid_head_counts || [];
-  if (report.problems.some((p) => p.includes("n_heads")) && counts.length) {
+  // "d_model=… is not divisible by n_heads=…" blames h; a bad h_kv names n_heads too, as the dividend
+  if (report.problems.some((p) => /by n_heads\b|^n_heads must/.test(p)) && counts.length) {
     box.append(h("p", {}, `Valid head counts for d_model = ${fmtInt(report.config.d_model)} (pick one):`),
       h("div", { class: "chips", id: "shapes-valid-heads" }, counts.slice(0, 64).map((c) => h("button", {
         type: "button", class: "chip", "data-heads": c,
@@ -46,7 +48,7 @@ function problemsBox(report, form, update) {
       }, String(c)))));
   }
   const kvCounts = report.valid_kv_head_counts || [];
-  if (report.problems.some((p) => p.includes("n_kv_heads")) && kvCounts.length) {
+  if (report.problems.some((p) => /\bn_kv_heads\b/.test(p)) && kvCounts.length) {
     box.append(h("p", {}, `Valid key/value head counts for h = ${fmtInt(report.config.n_heads)} (pick one):`),
       h("div", { class: "chips", id: "shapes-valid-kv-heads" }, kvCounts.slice(0, 64).map((c) => h("button", {
         type: "button", class: "chip", "data-kv-heads": c,
@@ -56,18 +58,22 @@ function problemsBox(report, form, update) {
   return box;
 }
 
+// "4" for 4.0, "2.67" for 8/3: how many times the MHA cache is larger than this one
+const times = (ratio) => (Number.isInteger(ratio) ? String(ratio) : ratio.toPrecision(3));
+
 function facts(report) {
   const kv = report.kv_cache || {};
   const fact = (value, label, id) => h("div", { class: "fact", id }, h("b", {}, value), h("span", {}, label));
+  const biases = report.config.bias ? "with biases" : "no biases";
   return h("div", { class: "facts" },
-    fact(fmtInt(report.params.total), "parameters in the layer (W_Q, W_K, W_V, W_O with biases)", "shapes-params-total"),
+    fact(fmtInt(report.params.total), `parameters in the layer (W_Q, W_K, W_V, W_O, ${biases})`, "shapes-params-total"),
     fact(`${fmtCompact(report.flops.total)}FLOP`, `per forward pass; ${(100 * report.flops.n2_share).toFixed(1)}% in the n·s products QKᵀ and A·V`, "shapes-flops"),
-    fact(fmtBytes(report.kv_cache_bytes), `KV cache for B·s tokens (${fmtBytes(kv.bytes_per_token ?? 0)} per token${kv.ratio_vs_mha && kv.ratio_vs_mha !== 1 ? `; ${(1 / kv.ratio_vs_mha).toFixed(0)}× smaller than MHA` : ""})`, "shapes-kv"),
+    fact(fmtBytes(report.kv_cache_bytes), `KV cache for B·s tokens (${fmtBytes(kv.bytes_per_token ?? 0)} per token${kv.ratio_vs_mha > 1 ? `; ${times(kv.ratio_vs_mha)}× smaller than MHA` : ""})`, "shapes-kv"),
     fact(fmtBytes(report.memory.n2_bytes), "held by the attention pattern (scores + weights)", "shapes-n2"),
   );
 }
 
-function stageTable(report) {
+export function stageTable(report) {
   return h("div", { class: "table-wrap" }, h("table", { id: "shapes-table" },
     h("caption", { class: "note" }, "Every tensor of the forward pass, in order (shaded rows grow with n·s)"),
     h("thead", {}, h("tr", {}, h("th", {}, "stage"), h("th", {}, "symbolic"), h("th", {}, "shape"), h("th", { class: "num" }, "elements"), h("th", { class: "num" }, "memory"))),
@@ -85,7 +91,7 @@ function paramTable(report) {
     h("tr", {}, h("th", { colspan: 3 }, "total"), h("th", { class: "num" }, fmtInt(report.params.total))))));
 }
 
-function diagram(report) {
+function scaleChart(report) {
   const items = report.stages.map((st) => ({ label: st.label, value: st.elements, colour: st.n2 ? "#CC79A7" : "#0072B2" }));
   const c = report.config;
   const svg = barChart(items, { title: `Elements per stage, to scale (d_model ${c.d_model}, h ${c.n_heads}, n ${c.seq_len}, B ${c.batch})`, format: fmtCompact });
@@ -100,7 +106,16 @@ export function initShapes(root) {
   form.append(h("label", { for: "shapes-dtype" }, "dtype", h("select", { id: "shapes-dtype", name: "dtype" }, DTYPES.map((d) => h("option", { value: d }, d)))));
   form.append(h("label", { class: "inline", for: "shapes-bias" }, h("input", { id: "shapes-bias", name: "bias", type: "checkbox", checked: true }), "biases"));
   const out = h("div", { id: "shapes-output", "aria-live": "polite" });
-  root.append(h("div", { class: "widget-box" }, form, out));
+  const sources = new Map();  // the code of each linked function, asked for once
+  const fetchCode = (name) => {
+    if (!sources.has(name)) sources.set(name, api(`/api/code/${encodeURIComponent(name)}`));
+    return sources.get(name);
+  };
+  // the diagram marks the shape table's rows of the step it shows
+  const onStep = (stages) => out.querySelectorAll("#shapes-table tr[data-stage]").forEach((tr) => tr.classList.toggle("current", stages.includes(tr.dataset.stage)));
+  const layer = layerDiagram({ fetchCode, onStep });
+  layer.root.hidden = true;
+  root.append(h("div", { class: "widget-box" }, form, layer.root, out));
 
   let seq = 0;
   let presets = {};
@@ -111,10 +126,12 @@ export function initShapes(root) {
     try {
       const report = await api("/api/shapes", body);
       if (mine !== seq) return;
+      layer.root.hidden = !report.valid;
       if (!report.valid) { clear(out, problemsBox(report, form, update)); return; }
       clear(out, h("p", { class: "verdict", id: "shapes-verdict" }, report.verdict),
         report.warnings.length ? h("div", { class: "problems" }, report.warnings.join(" ")) : null,
-        facts(report), stageTable(report), diagram(report), paramTable(report));
+        facts(report), stageTable(report), scaleChart(report), paramTable(report));
+      layer.update(report);
     } catch (err) {
       if (mine === seq) clear(out, h("div", { class: "problems", id: "shapes-problems" }, err.message));
     }
@@ -137,5 +154,5 @@ export function initShapes(root) {
     for (const [name, p] of Object.entries(all)) preset.append(h("option", { value: name }, p.title || name));
   }).catch(() => {});
   update();
-  return { update, form };
+  return { update, form, layer };
 }

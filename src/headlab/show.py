@@ -1,0 +1,234 @@
+"""Views for notebooks and for one offline file: a head view, the all-heads grid and a shapes
+report, each as self-contained HTML and JavaScript (no CDN, no server, no network).
+
+In Jupyter or VS Code the value of a cell's last line draws itself::
+
+    from headlab.show import show
+    show(report, model="default")               # report = headlab.heads.analyse(model, probe)
+    show(report, grid=True)                     # the grid of every head, with its label
+    show(trace_shapes(d_model=512, n_heads=8))  # the layer, drawn, with every shape
+
+:func:`write_html` writes one page that works from ``file://`` (``headlab heads --html out.html``).
+The drawing code is the explainer page's own (``server/static/js``), bundled here into one script
+whose ES modules become functions; the data travels as JSON beside it, the weights as base64.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import html
+import inspect
+import json
+import os
+import re
+import tempfile
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+STATIC = Path(__file__).parent / "server" / "static"
+IMPORT = re.compile(r'^import\s*\{([^}]*)\}\s*from\s*"\./([\w-]+)\.js";?[ \t]*$', re.M)
+EXPORT = re.compile(
+    r"^export\s+((?:async\s+)?function\*?|const|let|class)\s+([A-Za-z_$][\w$]*)", re.M
+)
+
+
+def _read(name: str) -> str:
+    return (STATIC / "js" / f"{name}.js").read_text(encoding="utf-8")
+
+
+def _module_order(entry: str) -> list[str]:
+    """The modules ``entry`` needs, each after the modules it imports (depth first)."""
+    order: list[str] = []
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in order:
+            return
+        if name in path:
+            raise ValueError(f"the page's scripts import each other in a circle: {(*path, name)}")
+        for _, dep in IMPORT.findall(_read(name)):
+            visit(dep, (*path, name))
+        order.append(name)
+
+    visit(entry, ())
+    return order
+
+
+def _as_function(name: str) -> str:
+    """One ES module as a function of the modules before it: imports read ``__m``, the exported
+    names are returned. Fails on a module form this small converter does not know."""
+
+    def imported(match: re.Match[str]) -> str:
+        names = [n.strip() for n in match.group(1).split(",") if n.strip()]
+        pattern = ", ".join(n.replace(" as ", ": ") for n in names)
+        return f'const {{ {pattern} }} = __m["{match.group(2)}"];'
+
+    source = IMPORT.sub(imported, _read(name))
+    exported = [m.group(2) for m in EXPORT.finditer(source)]
+    source = EXPORT.sub(r"\1 \2", source)
+    leftover = re.search(r"^\s*(import|export)\b.*$", source, re.M)
+    if leftover:
+        raise ValueError(f"{name}.js: cannot bundle {leftover.group(0).strip()!r}")
+    return f'__m["{name}"] = (function () {{\n{source}\nreturn {{ {", ".join(exported)} }};\n}})();'
+
+
+@functools.lru_cache(maxsize=1)
+def bundle() -> str:
+    """The standalone views' script: every module that ``standalone.js`` needs, as one script.
+
+    Its last line leaves ``window.headlabStandalone.mount(id)`` to draw a view."""
+    parts = [_as_function(name) for name in _module_order("standalone")]
+    text = "\n".join(['"use strict";', "const __m = {};", *parts])
+    text = f"(function () {{\n{text}\nwindow.headlabStandalone = __m.standalone;\n}})();"
+    if re.search(r"</script|<!--", text, re.I):
+        raise ValueError("the bundled script holds '</script' or '<!--' and cannot sit inline")
+    return text
+
+
+@functools.lru_cache(maxsize=1)
+def style() -> str:
+    """The figures' stylesheet (class selectors only), inlined into every view."""
+    return (STATIC / "css" / "figures.css").read_text(encoding="utf-8")
+
+
+def encode_weights(weights: Any) -> dict[str, Any]:
+    """Weights in [0, 1] as little-endian uint16 (w · 65535) in base64, with their shape: a
+    quarter of the JSON digits, exact to the 4 decimals the views print."""
+    w = np.clip(np.asarray(weights, dtype=np.float64), 0.0, 1.0)
+    q = np.rint(w * 65535).astype("<u2")
+    return {"shape": list(q.shape), "b64": base64.b64encode(q.tobytes()).decode("ascii")}
+
+
+def diagram_code() -> dict[str, dict[str, Any]]:
+    """The source of the functions the layer diagram's steps point to, by the names it uses."""
+    from headlab.attention import MultiHeadAttention, attention
+    from headlab.model import Block
+
+    functions: dict[str, Callable[..., Any]] = {
+        "headlab.attention.MultiHeadAttention.forward": MultiHeadAttention.forward,
+        "headlab.attention.attention": attention,
+        "headlab.model.Block.forward": Block.forward,
+    }
+    root = Path(__file__).parent.parent
+    out = {}
+    for name, fn in functions.items():
+        lines, first = inspect.getsourcelines(fn)
+        path = Path(inspect.getsourcefile(fn) or "")
+        shown = path.relative_to(root) if path.is_relative_to(root) else Path(path.name)
+        out[name] = {"path": shown.as_posix(), "line": first, "source": "".join(lines)}
+    return out
+
+
+@dataclass
+class View:
+    """Parts to draw (head views, grids, shape reports); renders itself in a notebook."""
+
+    parts: list[dict[str, Any]] = field(default_factory=list)
+
+    def __add__(self, other: View) -> View:
+        return View([*self.parts, *other.parts])
+
+    def to_html(self) -> str:
+        """A self-contained HTML fragment: stylesheet, data, script; unique ids per call."""
+        uid = f"headlab-{uuid.uuid4().hex[:12]}"
+        data = json.dumps({"parts": self.parts}, separators=(",", ":"))
+        data = data.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+        return (
+            f'<div class="headlab-view" id="{uid}"><style>{style()}</style>'
+            f'<script type="application/json" id="{uid}-data">{data}</script>'
+            f"<script>{bundle()}\nwindow.headlabStandalone.mount({json.dumps(uid)});</script></div>"
+        )
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+    def page(self, title: str = "headlab") -> str:
+        """A whole HTML document holding this view: it works from file:// with no network."""
+        return (
+            '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{html.escape(title)}</title>"
+            f"<style>body {{ margin: 1rem; font-family: system-ui, sans-serif; }}</style>"
+            "</head>\n<body><main>"
+            f'<h1 class="hv-page-title">{html.escape(title)}</h1>\n{self.to_html()}\n'
+            "</main></body></html>\n"
+        )
+
+    def save(self, path: str | os.PathLike[str], title: str = "headlab") -> Path:
+        """Write :meth:`page` to ``path`` atomically (a temporary file, then a rename)."""
+        return write_html(path, self.page(title))
+
+
+def write_html(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` whole or not at all: nothing half-written if anything fails."""
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise ValueError(f"cannot write {target}: the folder {target.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def head_view(report: Any, model: str = "", grid: bool = False, detail: bool = True) -> View:
+    """One head at a time (a heatmap beside its layer's mean, the two-column view), and with
+    ``grid`` every head as a thumbnail with its label; ``detail=False`` leaves the grid alone.
+
+    report: a :class:`headlab.heads.HeadReport` (:func:`headlab.heads.analyse`) or its
+    ``to_dict(patterns=True)`` form: weights (L, h, n, n), averaged_weights (L, n, n).
+    """
+    d = report.to_dict(patterns=True) if hasattr(report, "to_dict") else dict(report)
+    weights = np.asarray(d["weights"])
+    body = {
+        "model": model or d.get("model", ""),
+        "probe": d.get("probe", ""),
+        "tokens": list(d["tokens"]),
+        "n_layers": int(weights.shape[0]),
+        "n_heads": int(weights.shape[1]),
+        "heads": d["heads"],
+        "best": d.get("best", {}),
+        "weights": encode_weights(weights),
+        "averaged_weights": encode_weights(d["averaged_weights"]),
+    }
+    return View([{"kind": "heads", "grid": grid, "detail": detail, "report": body}])
+
+
+def head_grid(report: Any, model: str = "") -> View:
+    """Every head of the report as a thumbnail with its label (click one for its scores)."""
+    return head_view(report, model, grid=True, detail=False)
+
+
+def shapes_view(report: Any) -> View:
+    """The layer, drawn from a :class:`headlab.shapes.ShapeReport` (or its ``to_dict()``), step
+    by step with its code, and the table of every tensor's shape."""
+    d = report.to_dict() if hasattr(report, "to_dict") else dict(report)
+    if not d.get("valid", False):
+        raise ValueError(f"this configuration does not work: {'; '.join(d.get('problems', []))}")
+    return View([{"kind": "shapes", "report": d, "code": diagram_code()}])
+
+
+def show(obj: Any, model: str = "", grid: bool = False) -> View:
+    """The view of ``obj``: a HeadReport (or its dict) → :func:`head_view`; a ShapeReport (or
+    its dict) → :func:`shapes_view`. The returned :class:`View` renders in a notebook."""
+    from headlab.heads import HeadReport
+    from headlab.shapes import ShapeReport
+
+    is_dict = isinstance(obj, dict)
+    if isinstance(obj, HeadReport) or (is_dict and {"weights", "heads"} <= obj.keys()):
+        return head_view(obj, model, grid=grid)
+    if isinstance(obj, ShapeReport) or (is_dict and {"config", "problems"} <= obj.keys()):
+        return shapes_view(obj)
+    raise TypeError(
+        f"headlab.show draws a HeadReport (headlab.heads.analyse) or a ShapeReport "
+        f"(headlab.shapes.trace_shapes), or their to_dict() forms; got {type(obj).__name__}"
+    )
