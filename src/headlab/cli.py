@@ -286,7 +286,7 @@ def _heads_on_probe(
 
     from headlab import zoo
     from headlab.heads import analyse
-    from headlab.heads_render import heads_table, heatmap, key_legend
+    from headlab.heads_render import heads_table, heatmap, key_legend, sink_lines
     from headlab.measure import build_probe
     from headlab.scaling import read_text
 
@@ -311,6 +311,8 @@ def _heads_on_probe(
     else:
         title = f"{model}: {report.probe} probe, {len(report.tokens)} tokens"
         console.print(heads_table(report, title))
+        for line in sink_lines(report):
+            console.print(line, highlight=False)
     if target is not None:
         layer, head = target
         label = report.averaged[layer].label if head < 0 else report.head(layer, head).label
