@@ -114,15 +114,20 @@ WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]")  # a run of letters/digits (with
 
 
 def token_words(
-    text: str, offsets: Sequence[tuple[int, int]], special: Sequence[bool]
+    text: str,
+    offsets: Sequence[tuple[int, int]],
+    special: Sequence[bool],
+    spans: Sequence[tuple[int, int]] | None = None,
 ) -> tuple[list[int], list[str]]:
     """Which word of ``text`` each token belongs to: ``(index per token, words)``.
 
-    Words are runs of letters and digits (an inner apostrophe kept: "keeper's") or single
-    punctuation marks; a token belongs to the word holding its first non-space character
-    (``offsets`` are the tokenizer's character spans), −1 for special tokens.
+    Words are ``spans`` (character ranges, e.g. a parser's tokens) or, by default, runs of
+    letters and digits (an inner apostrophe kept: "keeper's") and single punctuation marks; a
+    token belongs to the word holding its first non-space character (``offsets`` are the
+    tokenizer's character spans), −1 for special tokens and tokens outside every word.
     """
-    spans = [(m.start(), m.end()) for m in WORD.finditer(text)]
+    if spans is None:
+        spans = [(m.start(), m.end()) for m in WORD.finditer(text)]
     starts = [a for a, _ in spans]
     index = []
     for (a, b), is_special in zip(offsets, special, strict=True):
