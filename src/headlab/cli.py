@@ -428,7 +428,7 @@ def _syntax_margins(model: object, tokenizer: object, name: str) -> dict:
 @app.command("syntax")
 def syntax_command(
     model: str = typer.Option("default", "--model", help="A name from `headlab models`."),
-    text_file: Path | None = typer.Option(
+    text_file: str | None = typer.Option(
         None, "--text-file", help="English text to parse (default: the shipped evaluation text)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
@@ -441,7 +441,7 @@ def syntax_command(
     from headlab.syntax import ParserUnavailable, syntax_report
 
     try:
-        text = None if text_file is None else text_file.read_text(encoding="utf-8")
+        text = None if text_file is None else Path(text_file).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise fail(f"--text-file {text_file}: cannot read it as UTF-8 text ({exc})") from None
     try:

@@ -26,7 +26,6 @@ Dependency labels are spaCy's English ones (ClearNLP style: ``dobj``, ``pobj``, 
 from __future__ import annotations
 
 import base64
-import hashlib
 import importlib.metadata
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,8 +182,7 @@ class SyntaxReport:
         for rel, acc in self.accuracy.items():
             if self.counts[rel] < MIN_ARCS:
                 continue
-            direction, layer, head = torch.unravel_index(acc.argmax(), acc.shape)
-            direction, layer, head = int(direction), int(layer), int(head)
+            direction, layer, head = (int(i) for i in torch.unravel_index(acc.argmax(), acc.shape))
             offset, base = self.baselines[rel]
             rows.append({"relation": rel, "layer": layer, "head": head,
                          "accuracy": round(float(acc.max()), 4),
@@ -252,22 +250,54 @@ def analyse_syntax(
     model: Any, tokenizer: Any, sentences: list[Sentence], name: str = ""
 ) -> SyntaxReport:
     """Clark et al. 2019's syntactic-head accuracies of every head of ``model`` on parsed
-    ``sentences``: one forward pass per sentence, word-level attention, each head's most
-    attended word per word, scored per relation (:func:`score_arcs`). Sentences longer than
-    the model's context are skipped (the report's ``note`` says how many)."""
-    kept, predicted, skipped = [], [], 0
-    for s in sentences:
-        ids, index = _sentence_tokens(tokenizer, s, model.config.max_len)
-        if not ids:
-            skipped += 1
-            continue
-        weights = run_patterns(model, torch.tensor([ids]))[:, 0]  # (L, h, n, n)
-        predicted.append(predictions(word_attention(weights, index, len(s.words))))
-        kept.append(s)
+    ``sentences``: word-level attention, each head's most attended word per word, scored per
+    relation (:func:`score_arcs`); sentences of the same token length run as one batch (no
+    padding, so nothing changes the attention). Sentences longer than the model's context are
+    skipped (the report's ``note`` says how many)."""
+    encoded = [(s, *_sentence_tokens(tokenizer, s, model.config.max_len)) for s in sentences]
+    runs = [(s, ids, index) for s, ids, index in encoded if ids]
+    by_length: dict[int, list[int]] = {}  # sentences of one token length run as one batch
+    for k, (_, ids, _) in enumerate(runs):
+        by_length.setdefault(len(ids), []).append(k)
+    predicted: list[Tensor] = [torch.empty(0)] * len(runs)
+    for members in by_length.values():
+        weights = run_patterns(
+            model, torch.tensor([runs[k][1] for k in members])
+        )  # (L, B, h, n, n)
+        for b, k in enumerate(members):
+            s, _, index = runs[k]
+            predicted[k] = predictions(word_attention(weights[:, b], index, len(s.words)))
+    kept = [s for s, _, _ in runs]
     accuracy, counts, baselines = score_arcs(predicted, kept)
+    skipped = len(sentences) - len(kept)
     note = f"{skipped} sentence(s) longer than the model's context were skipped" if skipped else ""
     words = sum(len(s.words) for s in kept)
     return SyntaxReport(name, len(kept), words, accuracy, counts, baselines, note)
+
+
+def text_view(nlp: Any, tokenizer: Any, text: str, patterns: Tensor) -> dict[str, Any]:
+    """What the page draws for one text: its words (the parser's tokens, over the whole text),
+    the parser's arcs and each head's most attended word per word.
+
+    patterns (L, h, n, n): the model's weights on ``tokenizer.encode(text)``. Returns
+    ``{"words", "arcs": [{"dependent", "head", "relation"}], "links": [L][h][W]}``, −1 where a
+    word attends to no other word.
+    """
+    doc = nlp(text)
+    tokens = [t for t in doc if not t.is_space]
+    index = {t.i: k for k, t in enumerate(tokens)}
+    spans = [(t.idx, t.idx + len(t.text)) for t in tokens]
+    ids = tokenizer.encode(text)
+    specials = special_ids(tokenizer)
+    word_index, _ = token_words(text, tokenizer.offsets(text), [i in specials for i in ids],
+                                spans=spans)  # fmt: skip
+    links = predictions(word_attention(patterns, word_index, len(tokens)))  # (L, h, W)
+    arcs = [
+        {"dependent": index[t.i], "head": index[t.head.i], "relation": t.dep_}
+        for t in tokens
+        if t.head.i != t.i and t.dep_ not in SKIPPED and t.head.i in index
+    ]
+    return {"words": [t.text for t in tokens], "arcs": arcs, "links": links.tolist()}  # fmt: skip
 
 
 def evaluation_text() -> str:
@@ -275,7 +305,9 @@ def evaluation_text() -> str:
     return EVAL_TEXT.read_text(encoding="utf-8")
 
 
-def syntax_report(model: Any, tokenizer: Any, text: str | None = None, name: str = "") -> SyntaxReport:
+def syntax_report(
+    model: Any, tokenizer: Any, text: str | None = None, name: str = ""
+) -> SyntaxReport:
     """Parse ``text`` (default: :func:`evaluation_text`) and analyse ``model`` on it; raises
     ParserUnavailable without the pinned spaCy pipeline."""
     nlp = load_parser()
