@@ -7,6 +7,7 @@ import importlib.metadata
 import importlib.util
 import json
 
+import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -186,7 +187,7 @@ def test_minilm_syntactic_heads_beat_the_offset_baseline(nlp):
 def test_the_api_answers_syntactic_heads_with_the_texts_parse(nlp):
     """POST /api/heads with syntax=true: the evaluation text's table, the text's parser words
     and arcs, each head's top link per word (recomputed here from the answer's own weights),
-    and syntactic scores in the labels."""
+    and syntactic scores in the labels. The links come from the model's unrounded weights."""
     from fastapi.testclient import TestClient
 
     from headlab import zoo
@@ -204,13 +205,16 @@ def test_the_api_answers_syntactic_heads_with_the_texts_parse(nlp):
     assert syn["words"] == [w for s in sents for w in s.words]
     assert {"dependent": 0, "head": 1, "relation": "poss"} not in syn["arcs"]
     assert {"dependent": 7, "head": 8, "relation": "poss"} in syn["arcs"]  # His → dog
-    _, tokenizer = zoo.load("default")
+    from headlab.measure import run_patterns
+
+    model, tokenizer = zoo.load("default")
     spans = [(s.text and text.index(s.text)) for s in sents]
     flat = [(a + start, b + start) for s, start in zip(sents, spans, strict=True)
             for a, b in s.spans]  # fmt: skip
     ids = tokenizer.encode(text)
     index, _ = token_words(text, tokenizer.offsets(text), [i == 0 for i in ids], spans=flat)
-    weights = torch.tensor(body["weights"])
+    weights = run_patterns(model, torch.tensor([ids]))[:, 0]  # (L, h, n, n)
+    np.testing.assert_allclose(weights.numpy(), np.array(body["weights"]), atol=1e-4)
     links = predictions(word_attention(weights, index, len(flat)))
     assert links.tolist() == syn["links"]
     assert all("syntactic" in h["scores"] for h in body["heads"])
