@@ -104,7 +104,9 @@ def syntax_table(request: Request, name: str) -> dict[str, Any]:
     ``{"report", "nlp"}``, or ``{"note"}`` saying why they are unavailable."""
     from headlab import syntax
 
-    cache = request.app.state.__dict__.setdefault("syntax_tables", {})
+    cache = getattr(request.app.state, "syntax_tables", None)
+    if cache is None:
+        cache = request.app.state.syntax_tables = {}
     if name not in cache:
         try:
             nlp = syntax.load_parser()
