@@ -15,6 +15,7 @@ from headlab.heads import (
     HeadReport,
     HeadScore,
     duplicate_where_possible,
+    induction_where_possible,
     label_head,
     offset_mass,
     pattern_scores,
@@ -155,13 +156,32 @@ def loop_prefix_matching(A: np.ndarray, tokens: np.ndarray) -> float:
     return float(np.mean(vals)) if vals else 0.0
 
 
+def after_earlier_copy(tokens: np.ndarray, i: int, j: int) -> bool:
+    return 1 <= j <= i and tokens[j - 1] == tokens[i]
+
+
 def loop_duplicate(A: np.ndarray, tokens: np.ndarray, causal: bool) -> float:
+    """Other copies of the query's token (earlier ones when causal), except keys that are also
+    the token after an earlier copy; over the queries that have such a key."""
     vals = []
     for i in range(len(tokens)):
         copies = [j for j in range(len(tokens)) if j != i and tokens[j] == tokens[i]]
-        copies = [j for j in copies if j < i] if causal else copies
+        copies = [
+            j for j in copies if (j < i or not causal) and not after_earlier_copy(tokens, i, j)
+        ]
         if copies:
             vals.append(sum(A[i, j] for j in copies))
+    return float(np.mean(vals)) if vals else 0.0
+
+
+def loop_induction(A: np.ndarray, tokens: np.ndarray) -> float:
+    """The token after an earlier copy, except keys holding the query's own token."""
+    vals = []
+    for i in range(len(tokens)):
+        after = [j for j in range(len(tokens))
+                 if after_earlier_copy(tokens, i, j) and tokens[j] != tokens[i]]  # fmt: skip
+        if after:
+            vals.append(sum(A[i, j] for j in after))
     return float(np.mean(vals)) if vals else 0.0
 
 
@@ -196,6 +216,32 @@ def test_where_possible_scores_match_plain_loops(seed, causal):
         assert prefix_matching(A, tokens).tolist() == pytest.approx(
             expect(loop_prefix_matching), abs=1e-6
         )
+        assert induction_where_possible(A, tokens).tolist() == pytest.approx(
+            expect(loop_induction), abs=1e-6
+        )
+
+
+def test_induction_equals_prefix_matching_on_distinct_repeated_tokens():
+    """On Olsson et al.'s probe (distinct tokens, repeated) no key is both a copy and the token
+    after a copy, so the label's induction score is their prefix-matching score exactly."""
+    g = torch.Generator().manual_seed(0)
+    from headlab.measure import repeated_random_tokens
+
+    tokens, _ = repeated_random_tokens(torch.arange(50), 7, 3, 2, g, prefix=(99,))
+    logits = torch.randn(2, 3, 22, 22, generator=g)
+    A = logits.masked_fill(~torch.ones(22, 22, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
+    torch.testing.assert_close(induction_where_possible(A, tokens), prefix_matching(A, tokens))
+
+
+def test_a_run_of_one_token_is_no_evidence_for_induction():
+    """In "x x x x" the token after an earlier x is an x: attending there is copying, self or
+    induction alike, so no row of the run can judge an induction head."""
+    tokens = torch.tensor([[0, 7, 7, 7, 7]])
+    A = torch.tril(torch.ones(5, 5))
+    A = (A / A.sum(-1, keepdim=True))[None, None]
+    assert induction_where_possible(A, tokens).item() == 0.0  # no row has a target left
+    # Olsson's score counts the run: rows 2, 3, 4 put 1/3, 2/4 and 3/5 on keys after an x
+    assert prefix_matching(A, tokens).item() == pytest.approx((1 / 3 + 2 / 4 + 3 / 5) / 3)
 
 
 @pytest.mark.parametrize("seed", range(2))
