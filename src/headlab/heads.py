@@ -550,7 +550,6 @@ class HeadReport:
         kept = ", ".join(f"{l}.{h}" for l, h in self.selected) or "none"
         raise KeyError(f"the pattern of head {layer}.{head} was not kept; kept: {kept}")
 
-
     def head(self, layer: int, head: int) -> HeadScore:
         return next(s for s in self.heads if s.layer == layer and s.head == head)
 
