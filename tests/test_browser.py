@@ -3,6 +3,7 @@ stays on localhost, and its widgets answer the learner's inputs."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import socket
@@ -27,7 +28,16 @@ ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-HEAD_TYPES = ("previous-token", "positional", "induction", "content", "averaged")
+HEAD_TYPES = (
+    "previous-token",
+    "positional",
+    "current-token",
+    "induction",
+    "content",
+    "rare-word",
+    "sink",
+    "averaged",
+)
 
 
 def _free_port() -> int:
@@ -156,6 +166,38 @@ def test_each_head_type_draws_a_pattern(page) -> None:
         if kind == "averaged":
             assert "averaged" in title
     assert len(titles) >= 2  # different types select different heads
+    assert page.errors == []
+
+
+def test_the_averaged_view_shows_the_layer_mean_beside_the_head(page) -> None:
+    """The averaged head and the chosen head side by side, each titled, with their own status."""
+    page.select_option("#heads-type", "induction")
+    head_status = page.inner_text("#heads-status")
+    page.select_option("#heads-type", "averaged")
+    status = page.locator("#heads-status")
+    expect(status).to_contain_text("averaged head")
+    assert page.inner_text("#heads-status") != head_status
+    titles = page.locator("#heads-view .pair").first.locator("figcaption").all_inner_texts()
+    assert len(titles) == 2 and "averaged" in titles[0] and titles[1].startswith("head ")
+    layer = titles[0].split(",")[0]  # "layer L"
+    assert titles[1].startswith(f"head {layer.split()[1]}.")
+    assert page.errors == []
+
+
+def test_syntactic_heads_draw_links_beside_the_parse(page) -> None:
+    """Picking syntactic heads asks for them once; a relation picker lists the evaluation text's
+    relations, and the chosen head's top link per word is drawn beside the parser's arcs."""
+    require(importlib.util.find_spec("spacy") is not None, "spaCy: pip install 'headlab[syntax]'")
+    page.select_option("#heads-type", "syntactic")
+    options = page.locator("#heads-relation option")
+    expect(options.first).to_be_attached(timeout=120_000)
+    assert "det" in options.all_inner_texts()[0] or options.count() > 1
+    expect(page.locator("#heads-syntax figure")).to_have_count(2)
+    expect(page.locator("#heads-status")).to_contain_text("evaluation text")
+    page.select_option("#heads-relation", index=1)
+    expect(page.locator("#heads-status")).to_contain_text(
+        page.locator("#heads-relation").input_value()
+    )
     assert page.errors == []
 
 

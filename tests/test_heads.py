@@ -8,14 +8,17 @@ import torch
 
 from headlab import Trace
 from headlab.heads import (
+    MUL_TYPES,
     SCORE_TYPES,
     THRESHOLDS,
     analyse,
     averaged_pattern,
     content_score,
+    copies_pattern,
     diffuse_score,
     duplicate_token_score,
     first_token_score,
+    induction_pattern,
     induction_score,
     key_mass_score,
     label_head,
@@ -162,15 +165,67 @@ def test_next_token_head():
     assert next_token_score(causal_uniform(n)[None]).item() == 0.0
 
 
+def loop_positional(A: np.ndarray, causal: bool) -> tuple[float, int]:
+    """Voita et al.'s positional score over the queries that can reach each offset, as loops:
+    (score, δ) for the offset most queries' argmax falls on, among offsets reachable from at
+    least half the queries that have a choice."""
+    n, s = A.shape
+    rows = [i for i in range(n) if (i + 1 if causal else s) >= 2]
+    best = None
+    for d in range(-(n - 1), s):
+        reach = [i for i in rows if 0 <= i + d < (i + 1 if causal else s)]
+        if len(reach) < max(1, len(rows) / 2):
+            continue
+        hits = sum(int(np.argmax(A[i])) == i + d for i in reach)
+        if best is None or hits > best[0]:
+            best = (hits, len(reach), d)
+    assert best is not None
+    return best[0] / best[1], best[2]
+
+
 def test_positional_score_finds_the_offset_voita():
     n = 10
     plus2 = one_hot_rows([min(i + 2, n - 1) if i < n - 2 else 0 for i in range(n)])
     scores, offsets = positional_score(torch.stack([plus2, perfect_previous(n)]))
-    assert scores.tolist() == pytest.approx([(n - 2) / n, (n - 1) / n])
+    assert scores.tolist() == pytest.approx([1.0, 1.0])  # every query that has i ± δ uses it
     assert offsets.tolist() == [2, -1]
     sink = one_hot_rows([0] * n)  # always key 0: the offset differs for every query
-    s, _ = positional_score(sink[None])
-    assert s.item() == pytest.approx(1 / n)
+    s, d = positional_score(sink[None])
+    assert (s.item(), d.item()) == pytest.approx(loop_positional(sink.numpy(), causal=True))
+    assert s.item() < 0.25
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_positional_score_matches_a_plain_loop(seed):
+    g = torch.Generator().manual_seed(seed)
+    n = 12
+    logits = torch.randn(3, n, n, generator=g) * 3
+    for causal in (True, False):
+        masked = logits.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+        A = (masked if causal else logits).softmax(-1)
+        scores, offsets = positional_score(A)
+        for h in range(3):
+            want = loop_positional(A[h].numpy(), causal)
+            assert (scores[h].item(), offsets[h].item()) == pytest.approx(want)
+
+
+def test_positional_score_leaves_out_keys_a_token_rule_predicts():
+    """Olsson et al.'s trap: on a sequence repeated with period T, an induction head's argmax
+    sits at offset −(T − 1) on every second-copy query; without the rows a token rule explains
+    it would pass as a positional head."""
+    T = 6
+    tokens = torch.cat([torch.tensor([0]), torch.arange(1, T + 1).repeat(4)])[None]
+    n = tokens.shape[1]
+    A = torch.zeros(n, n)
+    A[:, 0] = 1.0  # resting on the first token until there is something to copy
+    for i in range(T + 1, n):
+        A[i] = 0
+        A[i, i - T + 1] = 1.0
+    plain, delta = positional_score(A[None])
+    assert delta.item() == -(T - 1) and plain.item() > 0.9
+    rules = (copies_pattern(tokens) + induction_pattern(tokens)) > 0
+    judged, _ = positional_score(A[None], confounded=rules)
+    assert judged.item() < 0.5
 
 
 def test_first_token_and_delimiter_mass():
@@ -221,9 +276,15 @@ def test_labels_follow_thresholds():
     assert label_head(base) == "mixed"
     assert label_head({**base, "previous": 0.9, "positional": 0.95}, offset=-1) == "previous-token"
     assert label_head({**base, "positional": 0.95}, offset=3) == "positional"
+    assert label_head({**base, "positional": 0.95}, offset=0) == "current-token"
     assert label_head({**base, "induction": 0.6, "previous": 0.52}) == "induction"
     assert label_head({**base, "delimiter": THRESHOLDS["delimiter"]}) == "delimiter"
     assert label_head({**base, "diffuse": 0.95, "content": 0.1}) == "diffuse"
+    # what a head does where it acts outranks where it rests, and a named rule outranks content
+    assert label_head({**base, "induction": 0.55, "first_token": 0.99}) == "induction"
+    assert label_head({**base, "content": 0.35, "first_token": 0.99}) == "content"
+    assert label_head({**base, "content": 0.9, "duplicate": 0.55}) == "duplicate-token"
+    assert label_head({**base, "first_token": 0.6, "diffuse": 0.95}) == "diffuse"  # margin .5 vs .2
 
 
 def test_averaged_head_blurs_distinct_heads():
@@ -266,12 +327,16 @@ def test_analyse_scores_the_models_own_weights():
     model(tokens, trace=trace)
     w1 = trace["blocks.1.attn.weights"]
     expected = induction_score(w1, tokens)
-    got = [report.head(1, h).scores["induction"] for h in range(4)]
+    got = [report.head(1, h).scores["induction_mul"] for h in range(4)]
     assert got == pytest.approx(expected.tolist(), abs=1e-6)
+    # prefix matching averages over the second copy only: twice the "mul" score on two copies
+    got = [report.head(1, h).scores["induction"] for h in range(4)]
+    assert got == pytest.approx((2 * expected).tolist(), abs=1e-6)
     torch.testing.assert_close(report.patterns[1], w1[0])
     for s in report.heads:
         assert all(0.0 <= v <= 1.0 + 1e-6 for v in s.scores.values())
         assert s.label == label_head(s.scores, s.offset)
+        assert set(s.scores) >= set(MUL_TYPES)
 
 
 def positionless_model(causal: bool) -> Transformer:
@@ -304,7 +369,8 @@ def test_without_positions_attention_is_permutation_equivariant_and_content_is_e
 def test_causal_content_compares_the_keys_seen_in_both_orders_exactly():
     """With no position information a causal head scores (query token, key token) alone, so on
     the keys a query sees in both orders its renormalised rows agree exactly: content is
-    Σ w_i (1 − overlap(A_i, S_i)) / Σ w_i, w_i the smaller share of the two rows on those keys.
+    Σ w_i (1 − overlap(Â_i, Ŝ_i)) / Σ w_i, w_i the smaller share of the two rows on those keys,
+    the start token (never moved) left out and the rows renormalised on the other keys.
     The oracle below walks the queries one by one in NumPy."""
     torch.manual_seed(0)
     model = positionless_model(causal=True)
@@ -321,10 +387,11 @@ def test_causal_content_compares_the_keys_seen_in_both_orders_exactly():
     n = tokens.shape[1]
     for h in range(4):
         num = den = 0.0
-        for i in range(n):
-            both = [j for j in range(i + 1) if new[j] <= new[i]]
+        for i in range(1, n):  # key 0 never moves: it is left out, so query 0 has no keys
+            both = [j for j in range(1, i + 1) if new[j] <= new[i]]
             w = min(A[h, i, both].sum(), S[h, new[i], [new[j] for j in both]].sum())
-            num += w * (1 - np.minimum(A[h, i], S[h, i]).sum())
+            a, b = A[h, i, 1 : i + 1], S[h, i, 1 : i + 1]  # the same positions, renormalised
+            num += w * (1 - np.minimum(a / a.sum(), b / b.sum()).sum())
             den += w
         assert report.head(0, h).scores["content"] == pytest.approx(num / den, abs=1e-5)
 

@@ -357,12 +357,34 @@ def test_heads_scores_follow_the_published_definition(tiny) -> None:
         a = w[row["layer"], row["head"]]
         # TransformerLens "mul": attention mass on i-1, over the total mass n
         previous = sum(a[i, i - 1] for i in range(1, n)) / n
-        assert row["scores"]["previous"] == pytest.approx(previous, abs=1e-3)
+        assert row["scores"]["previous_mul"] == pytest.approx(previous, abs=1e-3)
+        # where a previous-token head can act: the queries that have a previous token
+        assert row["scores"]["previous"] == pytest.approx(previous * n / (n - 1), abs=1e-3)
         assert row["label"]
     best = heads["best"]["previous-token"]
-    top = max(heads["heads"], key=lambda r: r["scores"]["previous"])
+    labelled = [r for r in heads["heads"] if r["label"] == "previous-token"] or heads["heads"]
+    top = max(labelled, key=lambda r: r["scores"]["previous"])
     assert (best["layer"], best["head"]) == (top["layer"], top["head"])
-    assert set(heads["best"]) == {"previous-token", "positional", "induction", "content"}
+    assert set(heads["best"]) >= {"previous-token", "positional", "induction", "content", "sink"}
+    assert [r["layer"] for r in heads["sinks"]["layers"]] == [0, 1]
+    assert "syntax" not in heads or heads["syntax"] is None
+
+
+def test_heads_with_syntax_say_whether_it_is_available(tiny, monkeypatch) -> None:
+    """syntax=true without the spaCy pipeline answers a field saying so, never an error."""
+    import importlib.metadata
+
+    from headlab import syntax
+
+    def missing(name: str):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(syntax.importlib.metadata, "distribution", missing)
+    client, _ = tiny
+    r = client.post("/api/heads", json={"model": "tiny", "text": "a b c", "syntax": True})
+    assert r.status_code == 200, r.text
+    body = r.json()["syntax"]
+    assert body["available"] is False and "headlab[syntax]" in body["note"]
 
 
 def test_random_repeat_probe_shows_the_default_models_induction_heads(client: TestClient) -> None:
@@ -389,7 +411,7 @@ def test_random_repeat_probe_shows_the_default_models_induction_heads(client: Te
         want = trace[f"blocks.{layer}.attn.weights"][0].numpy()
         np.testing.assert_allclose(np.array(attention["weights"][layer]), want, atol=1e-4)
     best = heads["best"]["induction"]
-    assert best["passes_threshold"] and best["score"] >= 0.4
+    assert best["passes_threshold"] and best["score"] >= 0.5 and best["labelled"]
     labels = {(r["layer"], r["head"]): r["label"] for r in heads["heads"]}
     assert labels[best["layer"], best["head"]] == "induction"
 

@@ -45,7 +45,9 @@ def keep_everything_oracle(model, probe, seed):
     L, h = w.shape[1], w.shape[2]
     avg = averaged_pattern(w.flatten(0, 1)).view(w.shape[0], L, n, n)
     flat = torch.cat([w.reshape(-1, L * h, n, n), avg], dim=1)  # (2B, L·h + L, n, n)
-    scores, offsets = pattern_scores(flat[:B], tokens, probe.delimiters, flat[B:], order)
+    scores, offsets, _ = pattern_scores(
+        flat[:B], tokens, probe.delimiters, flat[B:], order, ~probe.movable
+    )
     return scores, offsets, w[0], avg[0]
 
 

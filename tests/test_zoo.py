@@ -153,4 +153,4 @@ def test_minilm_head_labels(minilm):
     assert prev.label == "previous-token" and prev.scores["previous"] > 0.9 and prev.offset == -1
     assert by_label.get("next-token"), "no next-token head found"
     assert by_label.get("delimiter"), "no delimiter head found"
-    assert len(by_label.get("first-token", [])) >= 10  # [CLS] is MiniLM's main attention sink
+    assert len(by_label.get("sink", [])) >= 10  # [CLS] is MiniLM's main attention sink

@@ -26,7 +26,9 @@ err_console = Console(stderr=True)
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print a user-facing error (no traceback) and return the Exit to raise."""
-    err_console.print(f"[bold red]error:[/] {message}")
+    from rich.markup import escape
+
+    err_console.print(f"[bold red]error:[/] {escape(message)}")  # "[syntax]" is no markup
     return typer.Exit(code)
 
 
@@ -229,6 +231,9 @@ def heads(
     dist_timeout: float = typer.Option(
         60.0, "--dist-timeout", help="Under torchrun: seconds the ranks wait to reach each other."
     ),
+    syntax: bool = typer.Option(
+        False, "--syntax", help="Also score syntactic heads on the evaluation text (spaCy)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
     html_out: str | None = typer.Option(
         None,
@@ -247,6 +252,8 @@ def heads(
         raise fail(f"--html {html_out}: the folder {Path(html_out).parent} does not exist")
     if out is not None and prompts is None:
         raise fail("--out writes the table of --prompts; for one probe use --json")
+    if syntax and prompts is not None:
+        raise fail("--syntax labels the heads of one probe; leave it out with --prompts")
     load = _load_options(device, device_map, max_memory, offload_folder)
     if prompts is not None:
         where = Path(out) if out is not None else None
@@ -254,7 +261,7 @@ def heads(
     else:
         file = Path(text_file) if text_file is not None else None
         html = Path(html_out) if html_out is not None else None
-        _heads_on_probe(model, text, file, probe, show, seed, content, load, as_json, html)
+        _heads_on_probe(model, text, file, probe, show, seed, content, load, as_json, syntax, html)
 
 
 def _load_options(
@@ -291,15 +298,17 @@ def _heads_on_probe(
     content: bool,
     load: dict,
     as_json: bool,
+    syntax: bool = False,
     html: Path | None = None,
 ) -> None:
-    """One probe: the table (or JSON) of every head, the pattern of --show's head, and with
+    """One probe: the table (or JSON) of every head, and the pattern of --show's head; with
+    ``syntax`` the syntactic scores from the evaluation text too (headlab.syntax), and with
     ``html`` the interactive view of every head in one offline file."""
     import json
 
     from headlab import zoo
     from headlab.heads import analyse
-    from headlab.heads_render import heads_table, heatmap, key_legend
+    from headlab.heads_render import heads_table, heatmap, key_legend, sink_lines
     from headlab.measure import build_probe
     from headlab.scaling import read_text
 
@@ -316,8 +325,10 @@ def _heads_on_probe(
         p = build_probe(name, tokenizer, m.config.max_len, m.config.vocab_size, text, seed)
         # the patterns of the other heads go, unless the HTML file draws them all
         keep = None if html is not None else {target} if target is not None else ()
+        margins = _syntax_margins(m, tokenizer, model) if syntax else None
         with _progress(f"{p.n} tokens, layer", L) as progress:
-            report = analyse(m, p, seed, content, keep=keep, progress=progress)
+            report = analyse(m, p, seed, content, keep=keep, progress=progress,
+                             syntactic=margins)  # fmt: skip
     except ValueError as exc:
         raise fail(str(exc)) from None
     if as_json:
@@ -325,6 +336,8 @@ def _heads_on_probe(
     else:
         title = f"{model}: {report.probe} probe, {len(report.tokens)} tokens"
         console.print(heads_table(report, title))
+        for line in sink_lines(report):
+            console.print(line, highlight=False)
     if target is not None:
         layer, head = target
         label = report.averaged[layer].label if head < 0 else report.head(layer, head).label
@@ -432,6 +445,58 @@ def _progress(what: str, total: int, show: bool = True) -> Iterator[Callable[[in
     with Progress(*columns, console=err_console, transient=True) as bar:
         task = bar.add_task(what, total=total)
         yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def _syntax_margins(model: object, tokenizer: object, name: str) -> dict:
+    """Each head's margin over the offset baseline on the evaluation text (headlab.syntax)."""
+    from headlab.syntax import syntax_report
+
+    return syntax_report(model, tokenizer, name=name).margins()
+
+
+@app.command("syntax")
+def syntax_command(
+    model: str = typer.Option("default", "--model", help="A name from `headlab models`."),
+    text_file: str | None = typer.Option(
+        None, "--text-file", help="English text to parse (default: the shipped evaluation text)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
+) -> None:
+    """Syntactic heads (Clark et al. 2019): per dependency relation, the head whose most
+    attended word is most often the parser's arc, against the best fixed-offset baseline."""
+    import json
+
+    from headlab import zoo
+    from headlab.syntax import ParserUnavailable, syntax_report
+
+    try:
+        text = None if text_file is None else Path(text_file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise fail(f"--text-file {text_file}: cannot read it as UTF-8 text ({exc})") from None
+    try:
+        m, tokenizer = zoo.load(model)
+        report = syntax_report(m, tokenizer, text, name=model).to_dict()
+    except ParserUnavailable as exc:
+        raise fail(str(exc)) from None
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        typer.echo(json.dumps(report, ensure_ascii=False))
+        return
+    table = Table("relation", "arcs", "head", "Clark L-H", "direction", "accuracy",
+                  "offset baseline", "margin",
+                  title=f"{model}: {report['sentences']} sentences, {report['words']} words",
+                  box=None, padding=(0, 1, 0, 0), header_style="bold underline")  # fmt: skip
+    for r in report["relations"]:
+        margin = r["accuracy"] - r["baseline_accuracy"]
+        table.add_row(r["relation"], str(r["count"]), f"{r['layer']}.{r['head']}",
+                      f"{r['layer'] + 1}-{r['head'] + 1}",
+                      r["direction"].replace("dependent", "dep"), f"{r['accuracy']:.1%}",
+                      f"{r['baseline_accuracy']:.1%} (δ {r['baseline_offset']:+d})",
+                      f"{margin:+.1%}")  # fmt: skip
+    console.print(table)
+    if report.get("note"):
+        console.print(f"note: {report['note']}", highlight=False)
 
 
 def _parse_head(spec: str) -> tuple[int, int]:

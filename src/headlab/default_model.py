@@ -482,6 +482,15 @@ def head_tables(directory: Path) -> tuple[dict[str, str], dict[str, list]]:
     return tables, labels
 
 
+def refresh_heads(directory: Path) -> None:
+    """Rewrite the card's head tables and labels (``card.json`` and ``README.md``) from the
+    model as it is, with the classifier as it is now: no retraining, every other figure kept."""
+    card = json.loads((directory / "card.json").read_text())
+    tables, card["heads"] = head_tables(directory)
+    (directory / "card.json").write_text(json.dumps(card, indent=1) + "\n")
+    (directory / "README.md").write_text(model_card(card, tables))
+
+
 def heads_summary(card: dict[str, Any]) -> str:
     """What the classifier found, in a sentence per probe, computed from the card's labels."""
     lines = []

@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 from torch import Tensor
 
-from headlab.heads import SCORE_TYPES, THRESHOLDS, HeadScore
+from headlab.heads import SCORE_TYPES, SINK_THRESHOLD, THRESHOLDS, HeadReport, HeadScore
 
 
 class Scored(Protocol):
@@ -23,38 +23,62 @@ class Scored(Protocol):
 SHORT = {
     "previous": "prev",
     "next": "next",
+    "self": "self",
     "positional": "pos",
-    "first_token": "first",
-    "delimiter": "delim",
     "duplicate": "dup",
-    "induction": "induc",
+    "induction": "ind",
     "content": "cont",
+    "rare_word": "rare",
+    "syntactic": "syn",
+    "first_token": "sink",
+    "delimiter": "del",
     "diffuse": "diff",
 }
 RAMP = " .:-=+*#%@"  # light to heavy, so the heatmap reads without colour too
 
 
 def heads_table(report: Scored, title: str = "") -> Table:
-    """One row per head: layer, head, label, every score (bold when it passes its threshold).
-
-    δ is the positional score's relative offset; the "avg" rows score each layer's averaged head.
-    """
-    columns = ["L", "H", "label", *(SHORT[k] for k in SCORE_TYPES), "δ"]
+    """One row per head: layer, head, label, every measured score (bold when it passes its
+    threshold), δ (the positional score's relative offset) and where the head rests on the
+    rows its label's score leaves out; the "avg" rows score each layer's averaged head.
+    A head labelled syntactic shows its relation. Columns never measured are left out."""
+    rows = [*report.heads, *report.averaged]
+    kinds = [k for k in SCORE_TYPES if any(k in s.scores for s in rows)]
+    columns = ["L", "H", "label", *(SHORT[k] for k in kinds), "δ", "rest"]
     table = Table(
         *columns, title=title, box=None, padding=(0, 1, 0, 0), header_style="bold underline"
     )
-    for s in [*report.heads, *report.averaged]:
+    table.columns[2].no_wrap = True
+    for s in rows:
         cells = []
-        for k in SCORE_TYPES:
-            if k not in s.scores:  # e.g. content, when it was not measured
+        for k in kinds:
+            if k not in s.scores:  # e.g. syntactic, for the averaged heads
                 cells.append(Text("–", style="dim"))
                 continue
             passed = s.scores[k] >= THRESHOLDS[k]
-            cells.append(Text(f"{s.scores[k]:.2f}", style="bold green" if passed else "dim"))
+            cells.append(Text(_short(s.scores[k]), style="bold green" if passed else "dim"))
         head = "avg" if s.head < 0 else str(s.head)
-        label = Text(s.label, style="italic" if s.head < 0 else "bold")
-        table.add_row(str(s.layer), head, label, *cells, f"{s.offset:+d}")
+        name = f"{s.label} ({s.relation})" if s.label == "syntactic" else s.label
+        label = Text(name, style="italic" if s.head < 0 else "bold")
+        rest = "" if s.rest is None else _short(s.rest)
+        table.add_row(str(s.layer), head, label, *cells, f"{s.offset:+d}", rest)
     return table
+
+
+def _short(value: float) -> str:
+    """A score in [0, 1] in three characters: ".97", "1.0"."""
+    return "1.0" if value >= 0.995 else f"{value:.2f}"[1:]
+
+
+def sink_lines(report: HeadReport) -> list[str]:
+    """Per layer, Gu et al. 2024's share of sink heads (mean weight on the first token above
+    the threshold), one line each."""
+    out = []
+    for r in report.sinks:
+        heads = ", ".join(f"{r['layer']}.{h}" for h in r["heads"]) or "none"
+        out.append(f"layer {r['layer']}: {r['share']:.0%} of heads put more than "
+                   f"{SINK_THRESHOLD} of their attention on the first token ({heads})")  # fmt: skip
+    return out
 
 
 def heatmap(pattern: Tensor, labels: list[str], title: str = "") -> Text:

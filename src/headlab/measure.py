@@ -24,6 +24,8 @@ Losses and in-context scores:
     copy_losses            loss on the first copy against the same tokens in a later copy
     icl_score              Olsson et al. 2022's in-context-learning score: loss late in the
                            context minus loss early in it
+    mass_where_possible    a head's attention on its target keys, averaged over the rows that
+                           have a target: every head type judged where it can act
     prefix_matching        Olsson et al.'s prefix-matching score of each head: attention from a
                            token seen before to the token after its earlier occurrence, averaged
                            over those rows only
@@ -36,6 +38,8 @@ Papers: Olsson et al. 2022, "In-context Learning and Induction Heads".
 
 from __future__ import annotations
 
+import bisect
+import re
 import string
 import unicodedata
 from collections.abc import Callable, Sequence
@@ -79,6 +83,10 @@ class Probe:
     movable: Tensor  # (B, n) bool: ordinary tokens a position shuffle may move (content score)
     source: Tensor  # (B, n) int64: the position each token copies, −1 where it copies nothing
     text: str = ""  # the text the probe was made from ("" for token probes)
+    # the word each token is part of (−1: a special token), and each sequence's words: a text's
+    # words from the tokenizer's character offsets, else one word per ordinary token
+    word_index: Tensor | None = None  # (B, n) int64
+    words: tuple[tuple[str, ...], ...] = ()  # per sequence, the text of word 0, 1, …
 
     @property
     def n(self) -> int:
@@ -102,6 +110,46 @@ def special_ids(tokenizer: Any) -> set[int]:
     return {int(i) for i, tok in decoder().items() if getattr(tok, "special", False)}
 
 
+WORD = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]")  # a run of letters/digits (with "'s"), or one mark
+
+
+def token_words(
+    text: str,
+    offsets: Sequence[tuple[int, int]],
+    special: Sequence[bool],
+    spans: Sequence[tuple[int, int]] | None = None,
+) -> tuple[list[int], list[str]]:
+    """Which word of ``text`` each token belongs to: ``(index per token, words)``.
+
+    Words are ``spans`` (character ranges, e.g. a parser's tokens) or, by default, runs of
+    letters and digits (an inner apostrophe kept: "keeper's") and single punctuation marks; a
+    token belongs to the word holding its first non-space character (``offsets`` are the
+    tokenizer's character spans), −1 for special tokens and tokens outside every word.
+    """
+    if spans is None:
+        spans = [(m.start(), m.end()) for m in WORD.finditer(text)]
+    starts = [a for a, _ in spans]
+    index = []
+    for (a, b), is_special in zip(offsets, special, strict=True):
+        while a < b and text[a].isspace():
+            a += 1
+        k = bisect.bisect_right(starts, a) - 1
+        index.append(k if not is_special and a < b and k >= 0 and a < spans[k][1] else -1)
+    return index, [text[a:b] for a, b in spans]
+
+
+def word_zipf(words: Sequence[str]) -> list[float]:
+    """Each word's English frequency on the Zipf scale (log10 of its count per billion words)
+    from the ``wordfreq`` package's table (``headlab[syntax]``); 0 for a word it has never
+    seen, NaN for punctuation (not a word). Raises ModuleNotFoundError without wordfreq."""
+    import wordfreq
+
+    return [
+        float("nan") if is_punctuation(w) else float(wordfreq.zipf_frequency(w, "en"))
+        for w in words
+    ]
+
+
 def earlier_occurrence(tokens: Tensor) -> Tensor:
     """(B, n) → (B, n): the latest earlier position holding the same token, −1 if none.
 
@@ -119,9 +167,11 @@ def make_probe(
     tokenizer: TokenizerLike | None,
     source: Tensor | None = None,
     text: str = "",
+    words: tuple[list[int], list[str]] | None = None,
 ) -> Probe:
     """Wrap ids (B, n) into a Probe: delimiters and movable positions from the token labels,
-    ``source`` as given (a generator knows its copies) or each token's earlier occurrence."""
+    ``source`` as given (a generator knows its copies) or each token's earlier occurrence;
+    ``words`` (one sequence: :func:`token_words`) or one word per ordinary token."""
     if tokens.dim() == 1:
         tokens = tokens.unsqueeze(0)
     tokens = tokens.long()
@@ -130,6 +180,8 @@ def make_probe(
     delimiters = torch.zeros(B, n, dtype=torch.bool)
     movable = torch.ones(B, n, dtype=torch.bool)
     labels0: list[str] = []
+    word_index = torch.full((B, n), -1, dtype=torch.long)
+    word_text = []
     for b in range(B):
         ids = tokens[b].tolist()
         labels = tokenizer.token_strings(ids) if tokenizer is not None else [str(i) for i in ids]
@@ -137,8 +189,14 @@ def make_probe(
         for j, (i, label) in enumerate(zip(ids, labels, strict=True)):
             movable[b, j] = i not in specials
             delimiters[b, j] = j > 0 and (i in specials or is_punctuation(label))
+        ordinary = movable[b].nonzero()[:, 0]
+        word_index[b, ordinary] = torch.arange(ordinary.numel())
+        word_text.append(tuple(labels[j].strip() for j in ordinary.tolist()))
+    if words is not None:
+        word_index, word_text = torch.tensor([words[0]]), [tuple(words[1])]
     source = earlier_occurrence(tokens) if source is None else source.long()
-    return Probe(name, tokens, labels0, delimiters, movable, source, text)
+    return Probe(name, tokens, labels0, delimiters, movable, source, text, word_index,
+                 tuple(word_text))  # fmt: skip
 
 
 def check_length(n: int, max_len: int) -> None:
@@ -157,7 +215,12 @@ def text_probe(tokenizer: TokenizerLike, text: str, max_len: int, name: str = "t
         raise ValueError("the text is empty: give at least one word")
     ids = tokenizer.encode(text)
     check_length(len(ids), max_len)
-    return make_probe(name, torch.tensor([ids]), tokenizer, text=text)
+    words = None
+    offsets = getattr(tokenizer, "offsets", None)
+    if offsets is not None:
+        specials = special_ids(tokenizer)
+        words = token_words(text, offsets(text), [i in specials for i in ids])
+    return make_probe(name, torch.tensor([ids]), tokenizer, text=text, words=words)
 
 
 def sentence_probe(tokenizer: TokenizerLike, max_len: int) -> Probe:
@@ -425,19 +488,16 @@ def icl_positions(n: int, window: int = 1) -> tuple[slice, slice]:
     return slice(early - window + 1, early + 1), slice(n - window, n)
 
 
-def prefix_matching(weights: Tensor, tokens: Tensor) -> Tensor:
-    """Olsson et al. 2022's prefix-matching score of each head: weights (B, h, n, n), tokens
-    (B, n) → (h,).
+def mass_where_possible(weights: Tensor, target: Tensor) -> Tensor:
+    """The attention each head puts on its target keys, averaged over the rows that have one:
+    weights (B, h, n, s), target (B, n, s) 0/1 → (h,).
 
-    For every query whose token occurred before, the attention it gives to the tokens right
-    after those earlier occurrences; averaged over such queries only (rows where an induction
-    head can act), then over the batch. 0 for a head with no such query. Unlike the
-    TransformerLens "mul" induction score (:func:`headlab.heads.induction_score`), rows with
-    nothing to copy do not dilute it, so an ideal induction head scores 1.
+    A head type is judged where its behaviour is possible: a row with no target key (the first
+    token for a previous-token head, a token never seen before for an induction head) does not
+    count. Per sequence the mean over its rows with a target, then the mean over the sequences
+    that have any; 0 for a head with no such row at all.
     """
-    same = torch.tril(tokens[:, :, None] == tokens[:, None, :], diagonal=-1).to(weights.dtype)
-    target = torch.zeros_like(same)
-    target[:, :, 1:] = same[:, :, :-1]  # (B, n, n): the token after each earlier occurrence
+    target = target.to(weights.dtype)
     rows = target.sum(-1) > 0  # (B, n)
     hit = (weights * target[:, None]).sum(-1)  # (B, h, n)
     count = rows.sum(-1)  # (B,)
@@ -446,3 +506,19 @@ def prefix_matching(weights: Tensor, tokens: Tensor) -> Tensor:
     if not valid.any():
         return torch.zeros(weights.shape[1])
     return per_seq[valid].double().mean(dim=0).float()
+
+
+def prefix_matching(weights: Tensor, tokens: Tensor) -> Tensor:
+    """Olsson et al. 2022's prefix-matching score of each head: weights (B, h, n, n), tokens
+    (B, n) → (h,).
+
+    For every query whose token occurred before, the attention it gives to the tokens right
+    after those earlier occurrences; averaged over such queries only (rows where an induction
+    head can act, :func:`mass_where_possible`), then over the batch. Unlike the
+    TransformerLens "mul" induction score (:func:`headlab.heads.induction_score`), rows with
+    nothing to copy do not dilute it, so an ideal induction head scores 1.
+    """
+    same = torch.tril(tokens[:, :, None] == tokens[:, None, :], diagonal=-1).to(weights.dtype)
+    target = torch.zeros_like(same)
+    target[:, :, 1:] = same[:, :, :-1]  # (B, n, n): the token after each earlier occurrence
+    return mass_where_possible(weights, target)

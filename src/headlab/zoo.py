@@ -93,6 +93,11 @@ class Tokenizer:
         """Token ids of ``text``, special tokens included."""
         return list(self.backend.encode(text).ids)
 
+    def offsets(self, text: str) -> list[tuple[int, int]]:
+        """The character span of each token of ``encode(text)`` in ``text`` ((0, 0) for the
+        special tokens the tokenizer adds)."""
+        return [(int(a), int(b)) for a, b in self.backend.encode(text).offsets]
+
     def token_strings(self, ids: list[int]) -> list[str]:
         """A short display label per id (byte-level 'Ġ' shown as a space)."""
         out = []

@@ -142,6 +142,15 @@ class TextRequest(Strict):
     )
 
 
+class HeadsRequest(TextRequest):
+    syntax: bool = Field(
+        False,
+        description="also score syntactic heads on the shipped evaluation text and parse the "
+        "text (headlab.syntax; needs headlab[syntax]); the answer's 'syntax' field says when "
+        "that is unavailable",
+    )
+
+
 class AttentionResponse(BaseModel):
     model: str
     text: str
@@ -164,6 +173,10 @@ class HeadInfo(BaseModel):
     label: str
     offset: int = Field(0, description="relative offset of the positional score")
     scores: dict[str, float]
+    rest: float | None = Field(
+        None, description="where the head rests on the rows its label's score leaves out"
+    )
+    relation: str | None = Field(None, description="the relation of the syntactic score")
 
 
 class HeadsResponse(BaseModel):
@@ -179,6 +192,16 @@ class HeadsResponse(BaseModel):
     averaged: list[HeadInfo] = Field(description="per layer, the mean of its heads, scored alike")
     best: dict[str, Any] = Field(description="per head type, the model's best head and its score")
     thresholds: dict[str, float] = Field(default_factory=dict)
+    sinks: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Gu et al. 2024: per layer, the share of heads whose mean weight on the "
+        "first token exceeds the threshold",
+    )
+    syntax: dict[str, Any] | None = Field(
+        None,
+        description="with syntax=true: 'available', 'note', the best head per relation on the "
+        "evaluation text, and the text's words, parser arcs and each head's top link per word",
+    )
     weights: list[list[list[list[float]]]] = Field(
         description="[layer][head][query i][key j] on the probe's first sequence"
     )

@@ -13,7 +13,13 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request, Response
 
 from headlab.server.fastjson import json_response
-from headlab.server.schemas import MAX_TOKENS, AttentionResponse, HeadsResponse, TextRequest
+from headlab.server.schemas import (
+    MAX_TOKENS,
+    AttentionResponse,
+    HeadsRequest,
+    HeadsResponse,
+    TextRequest,
+)
 from headlab.server.settings import MAX_WEIGHTS
 
 router = APIRouter(tags=["heads"])
@@ -67,14 +73,20 @@ def attention(req: TextRequest, request: Request) -> Response:
 
 
 @router.post("/heads", response_model=HeadsResponse)
-def heads_endpoint(req: TextRequest, request: Request) -> Response:
-    """Every head's pattern, scores and label, each layer's averaged head, and the best head
-    of each type the page offers: :func:`headlab.heads.analyse` on the probe, in one answer."""
+def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
+    """Every head's pattern, scores and label, each layer's averaged head, the best head of
+    each type the page offers and each layer's sink share: :func:`headlab.heads.analyse` on
+    the probe, in one answer; with ``syntax`` also the syntactic heads (:mod:`headlab.syntax`)
+    and, for a text, its parse and each head's top link per word."""
     from headlab import heads
 
     model, probe = load_probe(request, req)
-    report = heads.analyse(model, probe)
+    found = syntax_table(request, req.model) if req.syntax else None
+    margins = found["report"].margins() if found and found.get("report") else None
+    report = heads.analyse(model, probe, syntactic=margins)
     body = report.to_dict(patterns=True)
+    if found is not None:
+        body["syntax"] = syntax_body(request, req.model, found, probe, report.patterns)
     return json_response(
         {
             "model": req.model,
@@ -85,3 +97,40 @@ def heads_endpoint(req: TextRequest, request: Request) -> Response:
             **body,
         }
     )
+
+
+def syntax_table(request: Request, name: str) -> dict[str, Any]:
+    """The model's syntactic heads on the evaluation text, computed once per model and kept:
+    ``{"report", "nlp"}``, or ``{"note"}`` saying why they are unavailable."""
+    from headlab import syntax
+
+    cache = getattr(request.app.state, "syntax_tables", None)
+    if cache is None:
+        cache = request.app.state.syntax_tables = {}
+    if name not in cache:
+        try:
+            nlp = syntax.load_parser()
+        except syntax.ParserUnavailable as exc:
+            return {"note": str(exc)}
+        model, tokenizer = request.app.state.models.get(name)
+        sentences = syntax.parse_sentences(nlp, syntax.evaluation_text())
+        cache[name] = {
+            "nlp": nlp,
+            "report": syntax.analyse_syntax(model, tokenizer, sentences, name),
+        }
+    return cache[name]
+
+
+def syntax_body(request: Request, name: str, found: dict, probe: Any, patterns: Any) -> dict:
+    """The answer's ``syntax`` field: the table, and the probe text's parse and top links."""
+    from headlab import syntax
+
+    if "report" not in found:
+        return {"available": False, "note": found["note"], "relations": []}
+    body = {"available": True, "relations": found["report"].best(), "note": ""}
+    if not probe.text:
+        body["note"] = "repeated random tokens are no sentence: there is nothing to parse"
+        return body
+    _, tokenizer = request.app.state.models.get(name)
+    body.update(syntax.text_view(found["nlp"], tokenizer, probe.text, patterns))
+    return body

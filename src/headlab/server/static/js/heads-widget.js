@@ -7,9 +7,13 @@ import { figure } from "./export.js";
 
 export const HEAD_TYPES = [
   ["previous-token", "previous-token head"],
-  ["positional", "positional head"],
+  ["positional", "positional head (a fixed offset other than 0 and ±1)"],
+  ["current-token", "self / current-token head"],
   ["induction", "induction head"],
   ["content", "content head"],
+  ["syntactic", "syntactic head (pick a relation)"],
+  ["rare-word", "rare-word head"],
+  ["sink", "attention sink (first token)"],
   ["averaged", "one averaged head (mean of a layer)"],
 ];
 
@@ -21,20 +25,23 @@ export function initHeads(root, summaryEl) {
   const model = h("select", { id: "heads-model", name: "model" });
   const kind = h("select", { id: "heads-type", name: "type" }, HEAD_TYPES.map(([v, t]) => h("option", { value: v }, t)));
   const which = h("select", { id: "heads-which", name: "head" });
+  const relation = h("select", { id: "heads-relation", name: "relation" });
+  const relationField = field("heads-relation", "relation", relation);
+  relationField.hidden = true;
   const input = h("select", { id: "heads-probe", name: "probe" },
     h("option", { value: "text" }, "the text below"),
     h("option", { value: "random-repeat" }, "random tokens, repeated 4 times"));
   const text = h("textarea", { id: "heads-text", name: "text", rows: 3, spellcheck: "false" });
   const run = h("button", { type: "submit", id: "heads-run" }, "Run the model");
   const form = h("form", { id: "heads-form", "aria-label": "head viewer" },
-    h("div", { class: "controls" }, field("heads-model", "model", model), field("heads-type", "head type", kind), field("heads-which", "or any head (layer.head)", which), field("heads-probe", "run the model on", input)),
+    h("div", { class: "controls" }, field("heads-model", "model", model), field("heads-type", "head type", kind), relationField, field("heads-which", "or any head (layer.head)", which), field("heads-probe", "run the model on", input)),
     field("heads-text", "text (a repeated phrase shows induction)", text), h("p", {}, run, " ", h("span", { class: "note" }, "Ctrl+Enter runs it too")));
   const status = h("p", { class: "note", id: "heads-status", role: "status", "aria-live": "polite" });
   const view = h("div", { id: "heads-view" });
   const grid = h("div", { id: "heads-grid" });
   root.append(h("div", { class: "widget-box" }, form, status, view, grid));
 
-  const state = { attention: null, heads: null, layer: 0, head: 0, averaged: false };
+  const state = { attention: null, heads: null, layer: 0, head: 0, averaged: false, syntactic: null };
 
   const draw = () => {
     const a = state.attention;
@@ -42,14 +49,20 @@ export function initHeads(root, summaryEl) {
     const { layer, head } = state;
     const label = labelOf(state, layer, head);
     const readout = h("p", { class: "note", id: "heads-readout", "aria-live": "polite" }, "Hover a cell, or focus the heatmap and use the arrow keys, to read the exact weight.");
-    const chosenW = state.averaged ? a.averaged_weights[layer] : a.weights[layer][head];
-    const chosenTitle = state.averaged ? `layer ${layer}, all ${a.n_heads} heads averaged` : `head ${layer}.${head}${label ? ` — ${label}` : ""}`;
-    const left = figure(heatmap(chosenW, a.tokens, { title: chosenTitle, readout }), { name: `head-${layer}-${state.averaged ? "avg" : head}`, caption: chosenTitle, data: { model: a.model, tokens: a.tokens, layer, head: state.averaged ? null : head, weights: chosenW } });
-    const avgTitle = `layer ${layer}: mean of its ${a.n_heads} heads`;
+    const headW = a.weights[layer][head];
+    const headTitle = `head ${layer}.${head}${label ? ` — ${label}` : ""}`;
+    const avgLabel = a.averaged?.[layer]?.label;
+    const avgTitle = `layer ${layer}, all ${a.n_heads} heads averaged${avgLabel ? ` — ${avgLabel}` : ""}`;
+    const left = figure(heatmap(headW, a.tokens, { title: headTitle, readout }), { name: `head-${layer}-${head}`, caption: headTitle, data: { model: a.model, tokens: a.tokens, layer, head, weights: headW } });
     const right = figure(heatmap(a.averaged_weights[layer], a.tokens, { title: avgTitle, readout }), { name: `head-${layer}-avg`, caption: avgTitle, data: { model: a.model, tokens: a.tokens, layer, weights: a.averaged_weights[layer] } });
+    // the averaged view puts the layer's mean first, the chosen head beside it
+    const pair = state.averaged ? [right, left] : [left, right];
+    const chosenW = state.averaged ? a.averaged_weights[layer] : headW;
+    const chosenTitle = state.averaged ? avgTitle : headTitle;
     const arcTitle = `${chosenTitle}: query → key lines (weights ≥ 0.02)`;
     const arc = figure(twoColumn(chosenW, a.tokens, { title: arcTitle, readout }), { name: `lines-${layer}-${state.averaged ? "avg" : head}`, caption: arcTitle, data: { tokens: a.tokens, weights: chosenW }, scroll: true });
-    clear(view, colourLegend(), readout, h("div", { class: "pair" }, left, right), arc);
+    const extra = state.syntactic ? syntaxFigures(a.syntax, layer, head, state.syntactic, readout) : [];
+    clear(view, colourLegend(), readout, h("div", { class: "pair" }, ...pair), ...extra, arc);
     drawGrid();
   };
 
@@ -70,14 +83,27 @@ export function initHeads(root, summaryEl) {
     clear(grid, h("h3", {}, "All heads, with their labels"), h("div", { class: "grid-heads" }, buttons));
   };
 
-  const select = (layer, head, averaged) => {
-    Object.assign(state, { layer, head, averaged });
+  const select = (layer, head, averaged, syntactic = null) => {
+    Object.assign(state, { layer, head, averaged, syntactic });
     which.value = `${layer}.${head}`;
     draw();
   };
 
-  kind.addEventListener("change", () => pickType(state, kind.value, select, status));
-  which.addEventListener("change", () => { const [l, k] = which.value.split(".").map(Number); kind.value = kind.value === "averaged" ? "previous-token" : kind.value; select(l, k, false); });
+  // syntactic heads cost a parse of the evaluation text (once per model on the server): the
+  // page asks for them from the first time the type is picked, in the same one answer
+  let wantSyntax = false;
+  const choose = () => {
+    relationField.hidden = kind.value !== "syntactic";
+    if (kind.value === "syntactic" && !wantSyntax) { wantSyntax = true; status.textContent = "Scoring syntactic heads on the evaluation text (the first time takes a while)…"; submit(); return; }
+    pickType(state, kind.value, select, status, relation.value);
+  };
+  kind.addEventListener("change", choose);
+  relation.addEventListener("change", choose);
+  which.addEventListener("change", () => {
+    const [l, k] = which.value.split(".").map(Number);
+    if (kind.value === "averaged") { select(l, k, true); status.textContent = averagedStatus(state); return; }
+    select(l, k, false);
+  });
   let runs = 0;
   const submit = async () => {
     const mine = ++runs;  // a newer run (another model, new text) wins over a slower older one
@@ -88,7 +114,7 @@ export function initHeads(root, summaryEl) {
       const name = model.value || "default";
       const body = random ? { model: name, probe: "random-repeat" }
         : text.value.trim() ? { model: name, probe: "text", text: text.value } : { model: name, probe: "repeat" };
-      const heads = await api("/api/heads", body);
+      const heads = await api("/api/heads", wantSyntax ? { ...body, syntax: true } : body);
       if (mine !== runs) return;
       const attention = heads;
       state.attention = attention;
@@ -96,7 +122,8 @@ export function initHeads(root, summaryEl) {
       state.heads = heads;
       clear(which, attention.weights.flatMap((heads_, l) => heads_.map((_, k) => h("option", { value: `${l}.${k}` }, `${l}.${k}${labelOf(state, l, k) ? ` ${labelOf(state, l, k)}` : ""}`))));
       status.textContent = `${attention.model}: ${attention.tokens.length} tokens, ${attention.n_layers} layers × ${attention.n_heads} heads.`;
-      pickType(state, kind.value, select, status);
+      fillRelations(relation, heads.syntax);
+      choose();
       summarise(summaryEl, state);
     } catch (err) {
       if (mine !== runs) return;
@@ -122,16 +149,74 @@ function labelOf(state, layer, head) {
   return row ? row.label : "";
 }
 
-function pickType(state, type, select, status) {
+const pct = (v) => `${(100 * Number(v)).toFixed(1)}%`;
+
+function fillRelations(select, syntax) {
+  const before = select.value;
+  const rows = syntax?.relations || [];
+  clear(select, rows.map((r) => h("option", { value: r.relation }, `${r.relation}: head ${r.layer}.${r.head}, ${pct(r.accuracy)} vs offset ${pct(r.baseline_accuracy)}`)));
+  if (rows.some((r) => r.relation === before)) select.value = before;
+}
+
+function averagedStatus(state) {
+  const a = state.attention;
+  const avg = a.averaged?.[state.layer];
+  return `Layer ${state.layer}'s averaged head (the mean of its ${a.n_heads} heads) is labelled ${avg ? avg.label : "—"}; beside it head ${state.layer}.${state.head} (${labelOf(state, state.layer, state.head) || "—"}). Pick another layer with the layer.head menu.`;
+}
+
+function sinkStatus(state) {
+  const layers = state.heads?.sinks?.layers || [];
+  const shares = layers.map((r) => `layer ${r.layer} ${Math.round(100 * r.share)}%`).join(", ");
+  return shares ? ` Heads with more than ${state.heads.sinks.threshold} of their attention on the first token, per layer: ${shares}.` : "";
+}
+
+function pickType(state, type, select, status, relation) {
   if (!state.attention) return;
-  if (type === "averaged") { select(state.layer, state.head, true); return; }
+  if (type === "averaged") { select(state.layer, state.head, true); status.textContent = averagedStatus(state); return; }
+  if (type === "syntactic") { pickSyntactic(state, select, status, relation); return; }
   const best = state.heads?.best?.[type];
-  if (best) {
-    select(best.layer, best.head, false);
-    status.textContent = `Best ${type} head: ${best.layer}.${best.head} (score ${Number(best.score).toFixed(3)}${best.passes_threshold === false ? "; below the threshold for that label" : ""}).`;
-  } else {
+  if (!best) {
     select(state.layer, state.head, false);
+    status.textContent = type === "rare-word" ? "Rare-word heads are scored on a text (with wordfreq installed: pip install 'headlab[syntax]'); random tokens have no word frequencies." : `No ${type} score on this input.`;
+    return;
   }
+  select(best.layer, best.head, false);
+  const score = Number(best.score).toFixed(3);
+  const rest = state.heads.heads.find((r) => r.layer === best.layer && r.head === best.head)?.rest;
+  const resting = rest === null || rest === undefined ? "" : `; where it has nothing to do it rests on the first token (${Number(rest).toFixed(2)})`;
+  status.textContent = best.labelled
+    ? `Best ${type} head: ${best.layer}.${best.head} (score ${score}${resting}).`
+    : `No head is labelled ${type} on this input; the highest ${type} score is head ${best.layer}.${best.head} (${score}${best.passes_threshold === false ? "; below the threshold for that label" : ""}), labelled ${best.label}.`;
+  if (type === "sink") status.textContent += sinkStatus(state);
+}
+
+function pickSyntactic(state, select, status, relation) {
+  const syntax = state.attention.syntax;
+  const row = syntax?.relations?.find((r) => r.relation === relation) || syntax?.relations?.[0];
+  if (!syntax?.available || !row) {
+    select(state.layer, state.head, false);
+    status.textContent = syntax?.note || "Syntactic heads are not available from this server.";
+    return;
+  }
+  select(row.layer, row.head, false, row.relation);
+  status.textContent = `Best ${row.relation} head on the evaluation text (${syntax.relations.length} relations, Clark et al. 2019): ${row.layer}.${row.head}, ${pct(row.accuracy)} of ${row.count} arcs (${row.direction}) against ${pct(row.baseline_accuracy)} for the best fixed offset (${row.baseline_offset > 0 ? "+" : ""}${row.baseline_offset}).${syntax.note ? ` ${syntax.note}` : ""}`;
+}
+
+// Word-level arcs for a syntactic pick: the head's most attended word per word, and beside it
+// the parser's arcs (dependent → head), both drawn from the one /api/heads answer.
+function syntaxFigures(syntax, layer, head, relation, readout) {
+  if (!syntax?.words?.length) return [];
+  const W = syntax.words.length;
+  const grid = () => Array.from({ length: W }, () => new Array(W).fill(0));
+  const top = grid();
+  syntax.links[layer][head].forEach((j, i) => { if (j >= 0) top[i][j] = 1; });
+  const parsed = grid();
+  for (const arc of syntax.arcs) parsed[arc.dependent][arc.head] = arc.relation === relation ? 1 : 0.35;
+  const headTitle = `head ${layer}.${head}: each word's most attended word`;
+  const parseTitle = `parser: each word's syntactic head (${relation} arcs dark)`;
+  return [h("div", { class: "pair", id: "heads-syntax" },
+    figure(arcs(top, syntax.words, { title: headTitle, readout, minWeight: 0.5 }), { name: `syntax-${layer}-${head}`, caption: headTitle, data: { words: syntax.words, links: syntax.links[layer][head] } }),
+    figure(arcs(parsed, syntax.words, { title: parseTitle, readout, minWeight: 0.3 }), { name: "syntax-parse", caption: parseTitle, data: { words: syntax.words, arcs: syntax.arcs } }))];
 }
 
 async function loadModels(select, status) {
