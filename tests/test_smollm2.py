@@ -318,3 +318,16 @@ def test_server_offers_it_once_fetched_and_answers_with_its_weights(ours):
         served = torch.tensor(body["weights"][layer])  # (9, n, n), rounded for JSON
         torch.testing.assert_close(served, trace[f"blocks.{layer}.attn.weights"][0], atol=1e-3,
                                    rtol=0)  # fmt: skip
+
+
+def test_cli_fetch_of_a_fetched_model_is_instant_and_lists_it(fetched):
+    from typer.testing import CliRunner
+
+    from headlab.cli import app
+
+    result = CliRunner().invoke(app, ["models", "--fetch", "smollm2"])
+    assert result.exit_code == 0, result.output
+    flat = "".join(result.stderr.split())  # rich may wrap a long path
+    assert "smollm2isreadyin" + "".join(str(fetched).split()) in flat
+    row = next(line for line in result.stdout.splitlines() if "smollm2" in line)
+    assert "yes" in row
