@@ -1,4 +1,4 @@
-"""Induction heads and their phase change (Olsson et al. 2022), reproduced in about a minute on CPU.
+"""Induction heads and their phase change (Olsson et al. 2022), reproduced in seconds on CPU.
 
 Shape legend
     B   sequences in a batch or probe
