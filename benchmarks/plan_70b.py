@@ -40,10 +40,23 @@ from headlab.model import ModelConfig, Transformer
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_streaming import SMOLLM2_SHAPE
 
-LLAMA_70B = ModelConfig(vocab_size=128256, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8,
-                        d_ff=28672, max_len=8192, positional="rotary", rope_theta=500000.0,
-                        norm_kind="rmsnorm", activation="silu", mlp="gated", bias=False,
-                        mlp_bias=False, tie_embeddings=False)  # fmt: skip
+LLAMA_70B = ModelConfig(
+    vocab_size=128256,
+    d_model=8192,
+    n_layers=80,
+    n_heads=64,
+    n_kv_heads=8,
+    d_ff=28672,
+    max_len=8192,
+    positional="rotary",
+    rope_theta=500000.0,
+    norm_kind="rmsnorm",
+    activation="silu",
+    mlp="gated",
+    bias=False,
+    mlp_bias=False,
+    tie_embeddings=False,
+)
 N_PROMPTS, N_TOKENS = 10_000, 4096
 
 
@@ -88,10 +101,14 @@ def rates(n: int, repeats: int) -> dict[str, float]:
         analyse(model, probe, keep=())
         runs["analyse"].append(time.process_time() - t0)
     fwd, total = statistics.median(runs["forward"]), statistics.median(runs["analyse"])
-    return {"n": n, "forward_s": fwd, "analyse_s": total,
-            "forward_flops_per_s": forward_flops(SMOLLM2_SHAPE, n, 2) / fwd,
-            "scored_weights_per_s": scored_weights(SMOLLM2_SHAPE, n, 2) / (total - fwd),
-            "tokens_per_s": 2 * n / total}  # fmt: skip
+    return {
+        "n": n,
+        "forward_s": fwd,
+        "analyse_s": total,
+        "forward_flops_per_s": forward_flops(SMOLLM2_SHAPE, n, 2) / fwd,
+        "scored_weights_per_s": scored_weights(SMOLLM2_SHAPE, n, 2) / (total - fwd),
+        "tokens_per_s": 2 * n / total,
+    }
 
 
 def attention_peak_child(n: int) -> float:
@@ -135,16 +152,21 @@ def plan(measured: dict[str, float], peak_bytes: float, gpu_tflops: float, link_
     cpu_s = flops / measured["forward_flops_per_s"] + scored / measured["scored_weights_per_s"]
     score_s = scored / measured["scored_weights_per_s"]
     gpu_fwd_s = flops / (gpu_tflops * 1e12)
-    return {"params": params, "weights_bf16_GB": params * 2 / 1e9,
-            "block_bf16_GB": per_block * 2 / 1e9,
-            "layer_patterns_bf16_GB": one_layer * 2 / 1e9,
-            "layer_patterns_fp32_GB": one_layer * 4 / 1e9,
-            "attention_peak_GB": one_layer * peak_bytes / 1e9,
-            "forward_PFLOP_per_prompt": flops / 1e15, "scored_G_per_prompt": scored / 1e9,
-            "host_copy_GB_per_prompt": copied / 1e9,
-            "cpu_one_thread_s_per_prompt": cpu_s, "cpu_scoring_s_per_prompt": score_s,
-            "gpu_forward_s_per_prompt": gpu_fwd_s,
-            "copy_s_per_prompt": copied / (link_gbs * 1e9)}  # fmt: skip
+    return {
+        "params": params,
+        "weights_bf16_GB": params * 2 / 1e9,
+        "block_bf16_GB": per_block * 2 / 1e9,
+        "layer_patterns_bf16_GB": one_layer * 2 / 1e9,
+        "layer_patterns_fp32_GB": one_layer * 4 / 1e9,
+        "attention_peak_GB": one_layer * peak_bytes / 1e9,
+        "forward_PFLOP_per_prompt": flops / 1e15,
+        "scored_G_per_prompt": scored / 1e9,
+        "host_copy_GB_per_prompt": copied / 1e9,
+        "cpu_one_thread_s_per_prompt": cpu_s,
+        "cpu_scoring_s_per_prompt": score_s,
+        "gpu_forward_s_per_prompt": gpu_fwd_s,
+        "copy_s_per_prompt": copied / (link_gbs * 1e9),
+    }
 
 
 def main() -> int:
@@ -152,10 +174,18 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--n", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--gpu-tflops", type=float, default=400.0,
-                        help="assumed sustained bf16 TFLOP/s of a GPU on these matmuls")  # fmt: skip
-    parser.add_argument("--link-gbs", type=float, default=25.0,
-                        help="assumed GB/s of the copy from a GPU to the host")  # fmt: skip
+    parser.add_argument(
+        "--gpu-tflops",
+        type=float,
+        default=400.0,
+        help="assumed sustained bf16 TFLOP/s of a GPU on these matmuls",
+    )
+    parser.add_argument(
+        "--link-gbs",
+        type=float,
+        default=25.0,
+        help="assumed GB/s of the copy from a GPU to the host",
+    )
     parser.add_argument("--json", type=str, default=None)
     parser.add_argument("--peak-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -167,17 +197,19 @@ def main() -> int:
     peak = attention_peak(1024, args.threads)
     p = plan(measured, peak, args.gpu_tflops, args.link_gbs)
     print(f"measured here ({args.threads} thread(s), SmolLM2's shape, n = {args.n}, batch 2):")
-    print(f"  forward {measured['forward_s']:.1f} CPU s = {measured['forward_flops_per_s'] / 1e9:.1f} "
-          f"GFLOP/s; analysis {measured['analyse_s']:.1f} s; scoring "
-          f"{measured['scored_weights_per_s'] / 1e6:.0f} M weights/s; "
-          f"{measured['tokens_per_s']:.0f} tokens/s in all")  # fmt: skip
+    m = measured
+    print(f"  forward {m['forward_s']:.1f} CPU s = {m['forward_flops_per_s'] / 1e9:.1f} GFLOP/s")
+    print(f"  analysis {m['analyse_s']:.1f} CPU s: scoring {m['scored_weights_per_s'] / 1e6:.0f} M")
+    print(f"  weights/s; {m['tokens_per_s']:.0f} tokens/s in all")
     print(f"  one bf16 attention layer at its peak: {peak:.1f} bytes per (B, h, n, n) weight")
     print(f"Llama-3-70B's shape at {N_TOKENS} tokens, content score on (batch 2):")
     for key, value in p.items():
         print(f"  {key:28s} {value:,.2f}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"measured": measured, "peak_bytes_per_weight":
-                                               peak, "plan": p}, indent=2) + "\n")  # fmt: skip
+        Path(args.json).write_text(
+            json.dumps({"measured": measured, "peak_bytes_per_weight": peak, "plan": p}, indent=2)
+            + "\n"
+        )
     return 0
 
 
