@@ -199,8 +199,8 @@ def main() -> int:
     print(f"measured here ({args.threads} thread(s), SmolLM2's shape, n = {args.n}, batch 2):")
     m = measured
     print(f"  forward {m['forward_s']:.1f} CPU s = {m['forward_flops_per_s'] / 1e9:.1f} GFLOP/s")
-    print(f"  analysis {m['analyse_s']:.1f} CPU s: scoring {m['scored_weights_per_s'] / 1e6:.0f} M")
-    print(f"  weights/s; {m['tokens_per_s']:.0f} tokens/s in all")
+    print(f"  analysis {m['analyse_s']:.1f} CPU s, {m['tokens_per_s']:.0f} tokens/s in all")
+    print(f"  scoring (analysis − forward) {m['scored_weights_per_s'] / 1e6:.0f} M weights/s")
     print(f"  one bf16 attention layer at its peak: {peak:.1f} bytes per (B, h, n, n) weight")
     print(f"Llama-3-70B's shape at {N_TOKENS} tokens, content score on (batch 2):")
     for key, value in p.items():
