@@ -228,6 +228,7 @@ def test_write_atomic_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatc
         (["--text-file", "none.txt"], "text file none.txt does not exist"),
         (["--device", "tpu"], "unknown device 'tpu'; valid devices: cpu, cuda, mps"),
         (["--max-memory", "lots"], "--max-memory takes DEVICE=SIZE pairs"),
+        (["--dtype", "int8"], "valid dtypes are float32, bfloat16, float16"),
         (["--max-memory", "cpu=1KB"], "too small for even one layer"),
     ],
 )

@@ -217,13 +217,16 @@ def heads(
         True, "--content/--no-content", help="Score content heads (runs a shuffled copy too)."
     ),
     device: str = typer.Option("cpu", help="Where the model runs: cpu, cuda or mps."),
+    dtype: str = typer.Option("float32", help="Weights as float32, bfloat16 or float16."),
     device_map: str | None = typer.Option(
         None,
         "--device-map",
         help="Spread a model larger than memory with accelerate: auto, balanced, sequential.",
     ),
     max_memory: str | None = typer.Option(
-        None, "--max-memory", help="Memory per device, e.g. cpu=8GiB,0=20GiB (implies auto)."
+        None,
+        "--max-memory",
+        help="Memory per device, e.g. cpu=8GiB,0=20GiB; gpu=SIZE for every GPU (implies auto).",
     ),
     offload_folder: str | None = typer.Option(
         None, "--offload-folder", help="Where the layers that do not fit in --max-memory go."
@@ -254,7 +257,7 @@ def heads(
         raise fail("--out writes the table of --prompts; for one probe use --json")
     if syntax and prompts is not None:
         raise fail("--syntax labels the heads of one probe; leave it out with --prompts")
-    load = _load_options(device, device_map, max_memory, offload_folder)
+    load = _load_options(device, dtype, device_map, max_memory, offload_folder)
     if prompts is not None:
         where = Path(out) if out is not None else None
         _heads_over_prompts(model, Path(prompts), where, seed, content, load, dist_timeout, as_json)
@@ -264,28 +267,48 @@ def heads(
         _heads_on_probe(model, text, file, probe, show, seed, content, load, as_json, syntax, html)
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
 def _load_options(
-    device: str, device_map: str | None, max_memory: str | None, offload: str | None
+    device: str, dtype: str, device_map: str | None, max_memory: str | None, offload: str | None
 ) -> dict:
     """zoo.load's keywords from the CLI's (exit 2 with a sentence for a bad one)."""
+    import torch
+
     from headlab.devices import check_device
 
+    if dtype not in DTYPES:
+        raise fail(f"--dtype {dtype!r}: valid dtypes are {', '.join(DTYPES)}")
     try:
         dev = check_device(device)
     except ValueError as exc:
         raise fail(str(exc)) from None
+    kinds = {"dtype": getattr(torch, dtype)}
     if device_map is None and max_memory is None and offload is None:
-        return {"device": dev}
-    budget = None
-    if max_memory is not None:
-        try:
-            pairs = [item.split("=", 1) for item in max_memory.split(",") if item.strip()]
-            budget = {(int(k) if k.strip().isdigit() else k.strip()): v.strip() for k, v in pairs}
-        except ValueError:
-            raise fail(
-                f"--max-memory takes DEVICE=SIZE pairs, e.g. cpu=8GiB,0=20GiB; got {max_memory!r}"
-            ) from None
-    return {"device_map": device_map or "auto", "max_memory": budget, "offload_folder": offload}
+        return {**kinds, "device": dev}
+    budget = _parse_max_memory(max_memory) if max_memory is not None else None
+    return {**kinds, "device_map": device_map or "auto", "max_memory": budget,
+            "offload_folder": offload}  # fmt: skip
+
+
+def _parse_max_memory(spec: str) -> dict:
+    """'cpu=8GiB,0=20GiB' → {"cpu": "8GiB", 0: "20GiB"}; "gpu=SIZE" sets every GPU here."""
+    import torch
+
+    try:
+        pairs = [item.split("=", 1) for item in spec.split(",") if item.strip()]
+        budget = {(int(k) if k.strip().isdigit() else k.strip()): v.strip() for k, v in pairs}
+    except ValueError:
+        raise fail(
+            f"--max-memory takes DEVICE=SIZE pairs, e.g. cpu=8GiB,0=20GiB; got {spec!r}"
+        ) from None
+    if "gpu" in budget:
+        size = budget.pop("gpu")
+        if not torch.cuda.is_available():
+            raise fail("--max-memory gpu=…: there is no GPU here; give cpu=SIZE")
+        budget.update({i: size for i in range(torch.cuda.device_count()) if i not in budget})
+    return budget
 
 
 def _heads_on_probe(
