@@ -61,8 +61,8 @@ def create_app(
         (shapes.router, ()),
         (attention.router, (503,)),
         (experiments.router, (404,)),
-        (live.router, (404, 409)),
         (code.router, (404,)),
+        (live.router, (404, 409)),
     ):
         app.include_router(router, prefix="/api", responses=error_responses(*extra))
     app.add_exception_handler(RequestValidationError, _readable_422)  # type: ignore[arg-type]

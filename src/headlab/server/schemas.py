@@ -53,8 +53,8 @@ class Problem(BaseModel):
 ERROR_DESCRIPTIONS = {
     400: "a Host header this server does not answer",
     404: "no such name; `detail` lists the valid ones",
-    409: "busy: another live run is training; `run_id` names it",
-    413: "a request body over 64 KiB",
+    409: "another live training run is in progress; `detail` says which",
+    413: "a request body over the server's limit (64 KiB by default)",
     422: "an invalid request; `detail` says what is wrong and what would be valid",
     503: "the model could not be loaded",
 }
