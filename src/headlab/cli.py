@@ -23,6 +23,23 @@ app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True)
 
+# every seed option: what torch and NumPy both accept, with room for the seeds derived from it
+SEED_MAX = 2**63 - 1
+# --seeds: each seed is a full training run
+SEEDS_MAX = 64
+
+
+def _seed_option(help_text: str) -> Any:
+    return typer.Option(0, "--seed", min=0, max=SEED_MAX, help=help_text + " 0..2**63-1.")
+
+
+def _size_option(name: str, help_text: str) -> Any:
+    """An optional size of ``headlab shapes``, bounded as the API's schema bounds it."""
+    from headlab.shapes import LIMITS
+
+    low, high = LIMITS[name]
+    return typer.Option(None, min=low, max=high, help=f"{help_text} ({low}..{high:,}).")
+
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print a user-facing error (no traceback) and return the Exit to raise."""
@@ -61,14 +78,22 @@ def info() -> None:
 
 @app.command()
 def serve(
-    host: str = typer.Option("127.0.0.1", help="Address to bind; anything but loopback warns."),
-    port: int = typer.Option(8000, min=0, max=65535, help="TCP port."),
+    host: str = typer.Option(
+        "127.0.0.1", help="Address to bind (IPv6 with or without brackets); beyond loopback warns."
+    ),
+    port: int = typer.Option(8000, min=0, max=65535, help="TCP port; 0 picks a free one."),
     open_browser: bool = typer.Option(False, "--open", help="Open the page in a browser."),
     max_tokens: int | None = typer.Option(
-        None, help="Tokens one request may run (default 128, or $HEADLAB_MAX_TOKENS; ≤ 4096)."
+        None,
+        min=1,
+        max=4096,
+        help="Tokens one request may run (default 128, or $HEADLAB_MAX_TOKENS; ≤ 4096).",
     ),
     max_text_chars: int | None = typer.Option(
-        None, help="Characters in a request's text (default 2000, or $HEADLAB_MAX_TEXT_CHARS)."
+        None,
+        min=1,
+        max=100_000,
+        help="Characters in a request's text (default 2000, or $HEADLAB_MAX_TEXT_CHARS).",
     ),
 ) -> None:
     """Serve the explainer page and its API (FastAPI on uvicorn) on http://HOST:PORT."""
@@ -92,18 +117,23 @@ def serve(
 
 @app.command()
 def shapes(
-    d_model: int | None = typer.Option(None, help="Model width (default 512, or the preset's)."),
-    heads: int | None = typer.Option(None, help="Query heads h (default 8, or the preset's)."),
-    kv_heads: int | None = typer.Option(None, help="Key/value heads h_kv (GQA/MQA); default h."),
-    seq: int | None = typer.Option(None, help="Tokens n (default 10, or the preset's context)."),
-    batch: int = typer.Option(1, help="Sequences B."),
+    d_model: int | None = _size_option("d_model", "Model width (default 512, or the preset's)"),
+    heads: int | None = _size_option("n_heads", "Query heads h (default 8, or the preset's)"),
+    kv_heads: int | None = _size_option("n_kv_heads", "Key/value heads h_kv (GQA/MQA); default h"),
+    seq: int | None = _size_option("seq_len", "Tokens n (default 10, or the preset's context)"),
+    batch: int | None = _size_option("batch", "Sequences B (default 1)"),
     dtype: str = typer.Option("float32", help="float32, float16/fp16, bfloat16/bf16, float64."),
-    cache_len: int = typer.Option(0, help="Positions already in the KV cache."),
+    cache_len: int | None = _size_option(
+        "cache_len", "Positions already in the KV cache (default 0)"
+    ),
     bias: bool | None = typer.Option(None, "--bias/--no-bias", help="Projection biases."),
     preset: str | None = typer.Option(None, help="A published model, e.g. gpt2-small."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Every tensor's shape, the parameters, FLOPs and KV cache of one attention layer."""
+    """Every tensor's shape, the parameters, FLOPs and KV cache of one attention layer.
+
+    FLOPs: a multiply-add counts 2; bias adds, the 1/√d_k scale and softmax are not counted.
+    """
     import json
 
     from rich.table import Table
@@ -117,11 +147,11 @@ def shapes(
         p.d_model if d_model is None else d_model,
         p.n_heads if heads is None else heads,
         p.context if seq is None else seq,
-        batch,
+        1 if batch is None else batch,
         p.n_kv_heads if kv_heads is None else kv_heads,
         p.bias if bias is None else bias,
         dtype,
-        cache_len,
+        0 if cache_len is None else cache_len,
     )
     if as_json:
         typer.echo(json.dumps(r.to_dict(), indent=2, ensure_ascii=False))
@@ -212,7 +242,7 @@ def heads(
     show: str | None = typer.Option(
         None, help="Draw head L.H's pattern, e.g. --show 0.2; L.avg draws layer L's mean head."
     ),
-    seed: int = typer.Option(0, help="Seed of the random probe and the position shuffle."),
+    seed: int = _seed_option("Seed of the random probe and the position shuffle:"),
     content: bool = typer.Option(
         True, "--content/--no-content", help="Score content heads (runs a shuffled copy too)."
     ),
@@ -232,7 +262,11 @@ def heads(
         None, "--offload-folder", help="Where the layers that do not fit in --max-memory go."
     ),
     dist_timeout: float = typer.Option(
-        60.0, "--dist-timeout", help="Under torchrun: seconds the ranks wait to reach each other."
+        60.0,
+        "--dist-timeout",
+        min=1.0,
+        max=86_400.0,
+        help="Under torchrun: seconds the ranks wait to reach each other.",
     ),
     syntax: bool = typer.Option(
         False, "--syntax", help="Also score syntactic heads on the evaluation text (spaCy)."
@@ -253,6 +287,8 @@ def heads(
         raise fail("--html draws one probe's patterns; --prompts averages scores only")
     if html_out is not None and not Path(html_out).parent.is_dir():
         raise fail(f"--html {html_out}: the folder {Path(html_out).parent} does not exist")
+    if not 1 <= dist_timeout <= 86_400:  # NaN passes click's range check, not this one
+        raise fail(f"--dist-timeout must be 1 to 86400 seconds, got {dist_timeout}")
     if out is not None and prompts is None:
         raise fail("--out writes the table of --prompts; for one probe use --json")
     if syntax and prompts is not None:
@@ -535,10 +571,18 @@ def _parse_head(spec: str) -> tuple[int, int]:
 def generate(
     model: str = typer.Option("default", "--model", help="A name from `headlab models`."),
     prompt: str = typer.Option(..., "--prompt", help="The text to continue."),
-    max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="Most tokens to add."),
-    temperature: float = typer.Option(0.0, help="0 picks the likeliest token; above 0 samples."),
-    top_k: int | None = typer.Option(None, "--top-k", help="Sample from the k likeliest only."),
-    seed: int | None = typer.Option(None, help="Seed of the sampling (with --temperature)."),
+    max_new_tokens: int = typer.Option(
+        32, "--max-new-tokens", min=1, max=2**20, help="Most tokens to add."
+    ),
+    temperature: float = typer.Option(
+        0.0, min=0.0, max=1000.0, help="0 picks the likeliest token; above 0 samples."
+    ),
+    top_k: int | None = typer.Option(
+        None, "--top-k", min=1, max=2**31, help="Sample from the k likeliest only."
+    ),
+    seed: int | None = typer.Option(
+        None, min=0, max=SEED_MAX, help="Seed of the sampling (with --temperature), 0..2**63-1."
+    ),
     show_heads: bool = typer.Option(
         False, "--heads", help="Also score and label every head on the prompt and its continuation."
     ),
@@ -546,6 +590,10 @@ def generate(
 ) -> None:
     """Continue a prompt with a model (KV-cached decoding), optionally labelling its heads."""
     import json
+    import math
+
+    if not math.isfinite(temperature):
+        raise fail(f"--temperature must be a number from 0 to 1000, got {temperature}")
 
     import torch
 
@@ -583,7 +631,7 @@ def train_command(
     quick: bool = typer.Option(False, "--quick", help="A short run (tests, a first look)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --out exactly."),
     out: str | None = typer.Option(None, "--out", help="Run directory (default runs/RECIPE)."),
-    seed: int = typer.Option(0, "--seed", help="Seed for the weights and the data."),
+    seed: int = _seed_option("Seed for the weights and the data:"),
     verify: bool = typer.Option(
         False, "--verify", help="default only: compare the rebuild with the shipped model."
     ),
@@ -599,7 +647,7 @@ def train_command(
         raise fail(
             "--verify rebuilds the shipped model: use it as `headlab train default --verify`"
         )
-    run_dir = Path(out) if out is not None else Path("runs") / recipe
+    run_dir = _out_dir(out, recipe)
     try:
         result = run_recipe(recipe, RecipeArgs(run_dir, quick, seed, resume, make_reporter()))
     except (CheckpointError, FloatingPointError, CorpusUnavailable) as e:
@@ -635,8 +683,14 @@ def _report_verification(v: Any) -> None:
 def experiment_command(
     name: str = typer.Argument(..., help="Experiment name, or 'list' to see them all."),
     quick: bool = typer.Option(False, "--quick", help="A smaller version (for tests)."),
-    seeds: int = typer.Option(1, "--seeds", help="How many seeds to run (seed, seed+1, ...)."),
-    seed: int = typer.Option(0, "--seed", help="The first seed."),
+    seeds: int = typer.Option(
+        1,
+        "--seeds",
+        min=1,
+        max=SEEDS_MAX,
+        help=f"How many seeds (seed, seed+1, ...), 1..{SEEDS_MAX}.",
+    ),
+    seed: int = _seed_option("The first seed:"),
     out: str | None = typer.Option(None, "--out", help="Output directory (default runs/NAME)."),
     ship: bool = typer.Option(False, "--ship", help="Also store the results for the web page."),
     verify: bool = typer.Option(
@@ -654,8 +708,8 @@ def experiment_command(
         return
     if name not in EXPERIMENTS:
         raise fail(f"unknown experiment {name!r}; valid: {', '.join(EXPERIMENTS)} (or 'list')")
-    if seeds < 1:
-        raise fail(f"--seeds must be at least 1, got {seeds}")
+    if seed + seeds - 1 > SEED_MAX:
+        raise fail(f"--seed {seed} with --seeds {seeds} runs seeds past 2**63-1; lower --seed")
     if ship and quick:
         raise fail("--ship stores a full run for the web page; run it without --quick")
     if verify:
@@ -664,7 +718,7 @@ def experiment_command(
                 "--verify reruns the shipped induction run: `headlab experiment induction --verify`"
             )
         seed, seeds = _shipped_seeds(name)
-    out_dir = Path(out) if out is not None else Path("runs") / name
+    out_dir = _out_dir(out, name)
     err_console.print(f"running {name}{' (quick)' if quick else ''}, {seeds} seed(s) from {seed}")
     run = EXPERIMENTS[name]
     try:
@@ -727,6 +781,16 @@ def _print_event(event: dict[str, Any]) -> None:
             highlight=False,
             soft_wrap=True,
         )
+
+
+def _out_dir(out: str | None, name: str) -> Path:
+    """``--out``, or runs/NAME, checked before any work (exit 2 with the reason)."""
+    from headlab.cli_support import out_dir_problem
+
+    problem = out_dir_problem(out if out is not None else Path("runs") / name)
+    if problem is not None:
+        raise fail(problem)
+    return Path(out) if out is not None else Path("runs") / name
 
 
 def _print_summary(name: str, results: dict) -> None:

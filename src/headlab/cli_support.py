@@ -1,5 +1,6 @@
-"""What only the command line needs: terminal progress reporters and the registry of training
-recipes. Nothing in the library imports this module; ``headlab.cli`` does.
+"""What only the command line needs: terminal progress reporters, the registry of training
+recipes, and the checks on ``--out`` made before any work. Nothing in the library imports this
+module; ``headlab.cli`` does.
 
 A recipe is a named training run for ``headlab train NAME``: a library function
 ``train_recipe(out, *, quick, seed, resume, reporter) -> TrainResult`` that lives with what it
@@ -9,8 +10,12 @@ so the rooms below never have to import a room above them.
 
 from __future__ import annotations
 
+import errno
 import math
+import os
+import stat
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -173,3 +178,75 @@ def run_recipe(name: str, args: RecipeArgs) -> TrainResult:
     return recipe(
         args.out, quick=args.quick, seed=args.seed, resume=args.resume, reporter=args.reporter
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# --out: checked before any work, so a run never trains for minutes and then cannot write
+# ---------------------------------------------------------------------------------------------
+
+
+def out_dir_problem(path: str | Path, option: str = "--out") -> str | None:
+    """Why ``path`` cannot be the output directory (a sentence), or None. Nothing is created:
+    an existing directory must be writable; a new one must be creatable inside the nearest
+    existing folder above it. Null device, file, a file as parent, an unwritable folder and
+    over-long names are all caught here."""
+    text = os.fspath(path)
+    if not text.strip() or "\0" in text:
+        return f"{option} {text!r} is not a path; name a directory, e.g. runs/mine"
+    limit = _name_max(Path(text))
+    for part in Path(text).parts:
+        if len(os.fsencode(part)) > limit:
+            return (
+                f"{option}: the name {part[:24]!r}... is {len(os.fsencode(part))} bytes long; "
+                f"this file system allows {limit}"
+            )
+    if len(os.fsencode(os.path.abspath(text))) >= 4096:
+        return f"{option}: the path is over 4096 bytes long; choose a shorter one"
+    try:
+        existing = _nearest_existing(Path(text))
+    except OSError as exc:
+        return f"{option} {text}: {exc.strerror}; choose another directory"
+    if existing != Path(text) and not existing.is_dir():
+        return f"{option} {text}: {existing} is a file, so no directory can be made under it"
+    if existing == Path(text) and not existing.is_dir():
+        if not existing.exists():
+            return f"{option} {text} is a link to nothing; name a directory"
+        mode = existing.stat().st_mode
+        kind = "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a file"
+        return f"{option} {text} is {kind}, not a directory; name a new or existing directory"
+    return _unwritable(existing, option)
+
+
+def _nearest_existing(path: Path) -> Path:
+    """``path`` itself if it exists (a dangling link counts), else its nearest existing parent."""
+    absolute = Path(os.path.abspath(path))
+    candidate = absolute
+    while not (candidate.exists() or candidate.is_symlink()) and candidate != candidate.parent:
+        candidate = candidate.parent
+    if candidate == absolute:
+        return path
+    return candidate
+
+
+def _name_max(path: Path) -> int:
+    """The longest file name the file system under ``path`` allows (255 on most)."""
+    probe = Path(os.path.abspath(path))
+    while True:
+        try:
+            return os.pathconf(probe, "PC_NAME_MAX")
+        except (OSError, ValueError):
+            if probe == probe.parent:
+                return 255
+            probe = probe.parent
+
+
+def _unwritable(directory: Path, option: str) -> str | None:
+    """A sentence if no file can be created in ``directory`` (tried, not guessed from modes:
+    root, read-only mounts and ACLs all answer truthfully), else None."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        why = exc.strerror or errno.errorcode.get(exc.errno or 0, "error")
+        return f"{option}: cannot write in {directory} ({why}); choose a folder you can write to"
+    return None

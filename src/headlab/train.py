@@ -87,6 +87,8 @@ class TrainConfig:
         for name in ("warmup_steps", "eval_every", "checkpoint_every", "grad_clip"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be 0 or more, got {getattr(self, name)}")
+        if not 0 <= self.seed < 2**64:
+            problems.append(f"seed must be in 0..2**64-1 (torch's seeds), got {self.seed}")
         if not self.lr > 0:
             problems.append(f"lr must be positive, got {self.lr}")
         if not 0 <= self.min_lr_ratio <= 1:

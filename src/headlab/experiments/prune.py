@@ -283,7 +283,8 @@ def prune_model(
     importance = head_importance(loss_fn, imp, L, h)  # (L, h)
     by_importance = pruning_curve(loss_fn, ev, importance_order(importance), L, h, every)
     randoms = [
-        pruning_curve(loss_fn, ev, random_order(L, h, seed * 1000 + r), L, h, every)
+        # torch seeds are 64-bit: wrap, so a seed near 2**63 still gives a valid one
+        pruning_curve(loss_fn, ev, random_order(L, h, (seed * 1000 + r) % 2**64), L, h, every)
         for r in range(random_orders)
     ]
     points = len(by_importance.losses)

@@ -1,0 +1,286 @@
+"""The command line under fuzzing (issue 18): hypothesis draws every command's options, valid,
+at their edges and garbage, and runs them through typer's runner. Whatever the input: no
+traceback reaches the user, the exit status is 0 or 2, and an exit 2 says what was wrong.
+
+The work behind `train`, `experiment` and `serve` (minutes of training, a server that never
+returns) is replaced by a recorder: what is checked there is that the input is validated before
+any work, and that only valid input reaches the work. `shapes`, `heads`, `models`, `info` and the
+top level run for real. Each run is tallied by command and exit status and printed (``-s``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from conftest import IN_CI
+from headlab.cli import SEED_MAX, SEEDS_MAX, app
+from headlab.cli_support import out_dir_problem
+from headlab.train import TrainResult
+
+TALLY: Counter[tuple[str, int]] = Counter()
+COMMANDS = ("info", "serve", "shapes", "models", "heads", "train", "experiment")
+
+
+def fuzz(runs: int) -> settings:
+    """Hypothesis settings for ``runs`` CLI runs."""
+    return settings(
+        max_examples=runs,
+        deadline=None,
+        derandomize=IN_CI,  # CI replays the same runs; a local run explores new ones
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+
+
+# what an exit-2 message looks like: our "error: ..." or click's usage error box; `headlab`
+# alone shows its usage (click's exit 2 for no command)
+SENTENCE = re.compile(r"error:|Error|Invalid value|No such (option|command)|Missing", re.I)
+BARE_USAGE = "Usage: headlab [OPTIONS] COMMAND"
+
+
+def run(*args: str):
+    """Invoke the CLI and check the properties every run must have."""
+    result = CliRunner().invoke(app, list(args))
+    known = args and (args[0] in COMMANDS or args[0].startswith("-"))
+    TALLY[(args[0] if known else "(none)" if not args else "(junk)", result.exit_code)] += 1
+    shown = f"headlab {' '.join(map(repr, args))}\n{result.output}"
+    assert "Traceback" not in result.output, shown
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        f"{shown}\n{result.exception!r}"
+    )
+    assert result.exit_code in (0, 2), shown
+    if result.exit_code == 2:
+        assert SENTENCE.search(result.output) or (not args and BARE_USAGE in result.output), shown
+    return result
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report() -> Iterator[None]:
+    yield
+    print(f"\nCLI fuzz: {sum(TALLY.values())} runs; by command and exit status:")
+    for (command, code), n in sorted(TALLY.items()):
+        print(f"  {command}: exit {code} x{n}")
+
+
+# --- value strategies ------------------------------------------------------------------------
+
+# argv can hold any text but NUL
+text = st.text(st.characters(blacklist_characters="\x00"), max_size=12)
+edge_ints = st.sampled_from([0, 1, -1, 2, 63, 64, 65, 2**31, 2**63 - 1, 2**63, 2**64, 10**30])
+int_like = st.one_of(
+    st.integers(1, 4096).map(str),  # mostly fine values, so the commands get past parsing
+    st.integers(1, 64).map(str),
+    edge_ints.map(str),
+    st.integers(-(2**70), 2**70).map(str),
+    st.sampled_from(["1.5", "1e3", "nan", "", " 7", "0x10", "٣", "-0"]),
+    text,
+)
+
+
+def _paths(tmp: Path) -> st.SearchStrategy[str]:
+    """--out values: fine ones and each kind the issue found failing."""
+    (tmp / "file").write_text("x")
+    (tmp / "dir").mkdir(exist_ok=True)
+    return st.sampled_from(
+        [
+            str(tmp / "new" / "run"),
+            str(tmp / "dir"),
+            str(tmp / "file"),
+            str(tmp / "file" / "below"),
+            "/dev/null",
+            "/proc/headlab-cannot-write-here",
+            str(tmp / ("n" * 300)),
+            str(tmp / ("n" * 255)),
+            "",
+            " ",
+        ]
+    )
+
+
+def options(pairs: dict[str, st.SearchStrategy]) -> st.SearchStrategy[list[str]]:
+    """Some of the options, each once, in any order, sometimes with a stray token."""
+    chosen = st.lists(st.sampled_from(sorted(pairs)), unique=True, max_size=len(pairs))
+
+    def build(names: list[str]) -> st.SearchStrategy[list[str]]:
+        flat = [st.tuples(st.just(n), v) if v is not None else st.tuples(st.just(n))
+                for n, v in ((n, pairs[n]) for n in names)]  # fmt: skip
+        stray = st.lists(st.sampled_from(["--nope", "extra", "-x", "--", "--seed"]), max_size=1)
+        return st.tuples(st.tuples(*flat), stray).map(
+            lambda t: [tok for group in t[0] for tok in group] + list(t[1])
+        )
+
+    return chosen.flatmap(build)
+
+
+# --- commands that run for real ---------------------------------------------------------------
+
+
+@fuzz(80)
+@given(
+    args=options(
+        {
+            "--d-model": int_like,
+            "--heads": int_like,
+            "--kv-heads": int_like,
+            "--seq": int_like,
+            "--batch": int_like,
+            "--cache-len": int_like,
+            "--dtype": st.one_of(st.sampled_from(["bf16", "float64", "int8", ""]), text),
+            "--preset": st.one_of(st.sampled_from(["gpt2-small", "gpt3-175b", "nope"]), text),
+            "--bias": None,
+            "--no-bias": None,
+            "--json": None,
+        }
+    )
+)
+def test_shapes_never_shows_a_traceback(args: list[str]) -> None:
+    run("shapes", *args)
+
+
+@fuzz(30)
+@given(
+    args=options(
+        {
+            "--model": st.one_of(st.just("default"), st.sampled_from(["nope", "../x", ""]), text),
+            "--text": st.one_of(text, st.just(" "), st.just("the cat sat. the cat sat." * 40)),
+            "--probe": st.one_of(st.sampled_from(["repeat", "random-repeat", "text"]), text),
+            "--show": st.one_of(st.sampled_from(["0.0", "1.avg", "9.9", "0.-2", "x"]), text),
+            "--seed": int_like,
+            "--json": None,
+        }
+    )
+)
+def test_heads_never_shows_a_traceback(args: list[str]) -> None:
+    run("heads", *args)
+
+
+@fuzz(30)
+@given(
+    args=st.one_of(
+        st.lists(
+            st.sampled_from(["--version", "--help", "info", "models", "nope", "-h"]),
+            min_size=1,
+            max_size=2,
+        ),
+        st.lists(text, max_size=2),
+    )
+)
+def test_the_top_level_never_shows_a_traceback(args: list[str]) -> None:
+    run(*args)
+
+
+# --- commands whose work is replaced by a recorder -----------------------------------------------
+
+
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """Stand-ins for the work: each records what reached it, and does nothing else."""
+    import torch
+
+    import headlab.cli_support
+    import headlab.experiments
+    from headlab.server import cli as server_cli
+
+    calls: list[tuple] = []
+
+    def recipe(name, args) -> TrainResult:
+        calls.append(("train", name, args.seed, str(args.out)))
+        return TrainResult(step=0, interrupted=False)
+
+    def experiment(name):
+        def run_experiment(*, quick, seeds, seed, out):
+            calls.append(("experiment", name, seed, seeds, str(out)))
+            return {"recorded": 1.0}
+
+        return run_experiment
+
+    monkeypatch.setattr(headlab.cli_support, "run_recipe", recipe)
+    monkeypatch.setattr(
+        headlab.experiments,
+        "EXPERIMENTS",
+        {n: experiment(n) for n in headlab.experiments._REGISTRY},
+    )
+    monkeypatch.setattr(headlab.experiments, "ship_results", lambda name, r: Path("(not shipped)"))
+    monkeypatch.setattr(server_cli, "serve_forever", lambda app, sock: calls.append(("serve",)))
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # serve's, not this process's
+    return calls
+
+
+def _check_reached(calls: list[tuple], before: int) -> None:
+    """Only valid input may reach the work."""
+    for call in calls[before:]:
+        if call[0] in ("train", "experiment"):
+            seed, out = call[2], call[-1]
+            assert 0 <= seed <= SEED_MAX and out_dir_problem(out) is None, call
+        if call[0] == "experiment":
+            assert 1 <= call[3] <= SEEDS_MAX and call[2] + call[3] - 1 <= SEED_MAX, call
+
+
+@fuzz(60)
+@given(data=st.data())
+def test_train_validates_before_any_work(recorded, tmp_path_factory, data) -> None:
+    paths = _paths(tmp_path_factory.mktemp("out"))
+    recipe = data.draw(st.one_of(st.sampled_from(["induction", "default"]), text), label="recipe")
+    args = data.draw(
+        options({"--out": paths, "--seed": int_like, "--quick": None, "--resume": None}), "args"
+    )
+    before = len(recorded)
+    run("train", recipe, *args)
+    _check_reached(recorded, before)
+
+
+@fuzz(60)
+@given(data=st.data())
+def test_experiment_validates_before_any_work(recorded, tmp_path_factory, data) -> None:
+    paths = _paths(tmp_path_factory.mktemp("out"))
+    name = data.draw(st.one_of(st.sampled_from(["induction", "prune", "list"]), text), "name")
+    args = data.draw(
+        options(
+            {
+                "--out": paths,
+                "--seed": int_like,
+                "--seeds": int_like,
+                "--quick": None,
+                "--ship": None,
+            }
+        ),
+        "args",
+    )
+    before = len(recorded)
+    run("experiment", name, *args)
+    _check_reached(recorded, before)
+
+
+hosts = st.one_of(
+    st.sampled_from(
+        [
+            "127.0.0.1",
+            "127.0.0.2",
+            "::1",
+            "[::1]",
+            "[::1",
+            "::1]",
+            "0.0.0.0",
+            "192.0.2.1",
+            "localhost",
+            "[127.0.0.1]",
+            "999.1.1.1",
+            "",
+        ]
+    ),
+    # random text, but never a host name that would need a DNS lookup
+    text.map(lambda t: t if not re.fullmatch(r"[A-Za-z0-9.\-]+", t) else "localhost"),
+)
+
+
+@fuzz(40)
+@given(args=options({"--host": hosts, "--port": st.one_of(st.just("0"), int_like)}))
+def test_serve_validates_before_serving(recorded, args: list[str]) -> None:
+    run("serve", *args)
