@@ -496,3 +496,113 @@ print(len(report.tokens), len(report.heads))"""
     expect(pg.locator(".headlab-view pre.dg-code .hl").nth(1)).to_contain_text("self.W_Q(x)")
     assert pg.errors == []
     context.close()
+
+
+# --- point 6: accessible --------------------------------------------------------------------
+
+OKABE_ITO = {"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442"}
+
+
+def serious(results: dict) -> list[str]:
+    """axe-core's serious and critical violations, one line each."""
+    return [
+        f"{v['impact']} {v['id']}: {v['help']} at {[n['target'] for n in v['nodes'][:3]]}"
+        for v in results["violations"]
+        if v["impact"] in ("serious", "critical")
+    ]
+
+
+def test_axe_finds_nothing_serious_on_the_page(learner) -> None:
+    from axe_playwright_python.sync_playwright import Axe
+
+    learner.wait_for_selector("#params-presets")
+    learner.wait_for_selector('[data-experiment="induction"] figure, [data-experiment] .missing')
+    results = Axe().run(learner).response
+    assert results["passes"], "axe ran no checks"
+    assert serious(results) == []
+    assert learner.errors == []
+
+
+def test_axe_finds_nothing_serious_in_the_offline_views(browser, tmp_path) -> None:
+    from axe_playwright_python.sync_playwright import Axe
+
+    from headlab import show
+    from headlab.shapes import trace_shapes
+
+    report = trace_shapes(d_model=256, n_heads=8, n_kv_heads=4, seq_len=6, batch=1)
+    path = show.show(report).save(tmp_path / "shapes.html", "shapes")
+    context, pg = offline_page(browser, path.as_uri())
+    pg.wait_for_selector(".headlab-view .dg-row")
+    assert serious(Axe().run(pg).response) == []
+    assert pg.errors == []
+    context.close()
+
+
+def tab_order(pg, start: str, stop: str, limit: int = 40) -> list[str]:
+    """Ids (or tag.class) of what Tab focuses, from ``start`` until ``stop`` is reached."""
+    pg.focus(start)
+    seen = []
+    for _ in range(limit):
+        pg.keyboard.press("Tab")
+        here = pg.evaluate(
+            "() => { const e = document.activeElement;"
+            " return e.id || `${e.tagName.toLowerCase()}.${e.getAttribute('class') || ''}`; }"
+        )
+        seen.append(here)
+        if here == stop:
+            break
+    return seen
+
+
+def test_every_control_works_from_the_keyboard(learner) -> None:
+    shapes(learner, d_model="512", n_kv_heads="", seq_len="10", batch="2", n_heads="8")
+    order = tab_order(learner, "#shapes-preset", "layer-code")
+    for control in ("shapes-d_model", "shapes-n_heads", "shapes-bias", "layer-next", "layer-code"):
+        assert control in order, order
+    assert "svg.layer-diagram readable" in order  # the diagram itself takes the arrow keys
+    learner.focus("#layer-next")
+    learner.keyboard.press("Enter")
+    step = learner.inner_text("#layer-step")
+    learner.keyboard.press("Enter")
+    assert learner.inner_text("#layer-step") != step
+    order = tab_order(learner, "#heads-model", "heads-run")
+    for control in ("heads-type", "heads-which", "heads-probe", "heads-text", "heads-run"):
+        assert control in order, order
+    # the figures: a heatmap, the two-column view and a grid button answer keys
+    heat = learner.locator("#heads-view svg.heatmap").first
+    heat.focus()
+    learner.keyboard.press("ArrowRight")
+    before = learner.inner_text("#heads-readout")
+    learner.keyboard.press("ArrowUp")
+    assert learner.inner_text("#heads-readout") != before
+    two = learner.locator("#heads-view svg.two-column")
+    two.focus()
+    learner.keyboard.press("ArrowDown")
+    expect(learner.locator("#heads-readout")).to_contain_text("token 0")
+    button = learner.locator("#heads-grid button").nth(1)
+    button.focus()
+    learner.keyboard.press("Enter")
+    expect(learner.locator("#heads-grid button").nth(1)).to_have_attribute("aria-pressed", "true")
+    code = learner.locator("button[data-code]").first  # the code dialog opens and closes by key
+    code.focus()
+    learner.keyboard.press("Enter")
+    expect(learner.locator("#code-dialog")).to_be_visible()
+    learner.keyboard.press("Escape")
+    expect(learner.locator("#code-dialog")).to_be_hidden()
+    assert learner.errors == []
+
+
+def test_colour_scales_are_colour_blind_safe(learner) -> None:
+    """Weights in viridis (its published end points), heads in Okabe–Ito's eight colours."""
+    weights = [[1.0, 0.0], [0.0, 1.0]]
+    fills = learner.evaluate(
+        """async w => { const f = await import('/static/js/figures.js');
+           return [...f.heatmap(w, ['a', 'b']).querySelectorAll('rect.hv-cell')]
+             .map(r => r.getAttribute('fill')); }""",
+        weights,
+    )
+    assert fills == ["rgb(253,231,37)", "rgb(68,1,84)", "rgb(68,1,84)", "rgb(253,231,37)"]
+    shapes(learner, d_model="512", n_kv_heads="2", seq_len="10", batch="2", n_heads="8")
+    heads = learner.locator('#layer-diagram .dg-row[data-step="split"] rect[data-head]')
+    colours = {heads.nth(k).get_attribute("fill") for k in range(heads.count())}
+    assert colours == OKABE_ITO

@@ -197,7 +197,7 @@ export function codeSpan(source, from, to) {
 
 function codePanel(fetchCode, prefix) {
   const where = h("p", { class: "note dg-where", id: `${prefix}-code-where` });
-  const pre = h("pre", { class: "dg-code", id: `${prefix}-code`, tabindex: "0", "aria-label": "the code of this step" });
+  const pre = h("pre", { class: "dg-code", id: `${prefix}-code`, tabindex: "0", role: "region", "aria-label": "the code of this step" });
   const panel = h("div", { class: "dg-code-panel" }, where, pre);
   let seq = 0;
   const show = async (step) => {

@@ -88,7 +88,7 @@ function paramTable(report) {
     h("thead", {}, h("tr", {}, h("th", {}, "tensor"), h("th", {}, "symbolic"), h("th", {}, "shape"), h("th", { class: "num" }, "count"))),
     h("tbody", {}, report.param_tensors.map((p) => h("tr", {}, h("td", {}, p.name), h("td", { class: "shape" }, p.symbolic),
       h("td", { class: "shape" }, `(${p.shape.join(", ")})`), h("td", { class: "num" }, fmtInt(p.count)))),
-    h("tr", {}, h("th", { colspan: 3 }, "total"), h("th", { class: "num" }, fmtInt(report.params.total))))));
+    h("tr", { class: "total" }, h("td", { colspan: 3 }, h("strong", {}, "total")), h("td", { class: "num" }, h("strong", {}, fmtInt(report.params.total)))))));
 }
 
 function scaleChart(report) {
