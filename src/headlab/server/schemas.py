@@ -143,7 +143,7 @@ class TextRequest(Strict):
 
 
 class HeadsRequest(TextRequest):
-    syntax: bool = Field(
+    syntax: StrictBool = Field(
         False,
         description="also score syntactic heads on the shipped evaluation text and parse the "
         "text (headlab.syntax; needs headlab[syntax]); the answer's 'syntax' field says when "
