@@ -202,8 +202,9 @@ function pickSyntactic(state, select, status, relation) {
   status.textContent = `Best ${row.relation} head on the evaluation text (${syntax.relations.length} relations, Clark et al. 2019): ${row.layer}.${row.head}, ${pct(row.accuracy)} of ${row.count} arcs (${row.direction}) against ${pct(row.baseline_accuracy)} for the best fixed offset (${row.baseline_offset > 0 ? "+" : ""}${row.baseline_offset}).${syntax.note ? ` ${syntax.note}` : ""}`;
 }
 
-// Word-level arcs for a syntactic pick: the head's most attended word per word, and beside it
-// the parser's arcs (dependent → head), both drawn from the one /api/heads answer.
+// Word-level lines for a syntactic pick: the head's most attended word per word, and beside it
+// the parser's arcs (dependent → head), both drawn from the one /api/heads answer in the page's
+// two-column view (word on the left, the word it points to on the right).
 function syntaxFigures(syntax, layer, head, relation, readout) {
   if (!syntax?.words?.length) return [];
   const W = syntax.words.length;
@@ -215,8 +216,8 @@ function syntaxFigures(syntax, layer, head, relation, readout) {
   const headTitle = `head ${layer}.${head}: each word's most attended word`;
   const parseTitle = `parser: each word's syntactic head (${relation} arcs dark)`;
   return [h("div", { class: "pair", id: "heads-syntax" },
-    figure(arcs(top, syntax.words, { title: headTitle, readout, minWeight: 0.5 }), { name: `syntax-${layer}-${head}`, caption: headTitle, data: { words: syntax.words, links: syntax.links[layer][head] } }),
-    figure(arcs(parsed, syntax.words, { title: parseTitle, readout, minWeight: 0.3 }), { name: "syntax-parse", caption: parseTitle, data: { words: syntax.words, arcs: syntax.arcs } }))];
+    figure(twoColumn(top, syntax.words, { title: headTitle, readout, minWeight: 0.5 }), { name: `syntax-${layer}-${head}`, caption: headTitle, data: { words: syntax.words, links: syntax.links[layer][head] }, scroll: true }),
+    figure(twoColumn(parsed, syntax.words, { title: parseTitle, readout, minWeight: 0.3 }), { name: "syntax-parse", caption: parseTitle, data: { words: syntax.words, arcs: syntax.arcs }, scroll: true }))];
 }
 
 async function loadModels(select, status) {
