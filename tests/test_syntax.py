@@ -152,7 +152,7 @@ def test_the_evaluation_text_has_300_sentences(nlp):
     assert len(sents) >= 300
 
 
-@pytest.mark.parametrize("text", ["Hello.", "", "   \n  "])
+@pytest.mark.parametrize("text", ["Hello.", "", "   \n  ", "<|endoftext|><|endoftext|>"])
 def test_texts_without_relations_give_an_empty_table_with_a_note(nlp, tmp_path, text):
     path = tmp_path / "t.txt"
     path.write_text(text)
