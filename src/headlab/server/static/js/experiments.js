@@ -154,6 +154,7 @@ function induction(name, r) {
     fact(list(r.induction_heads), `induction heads (best score ${num3(r.final_induction_score)}${isNum(r.induction_ceiling) ? ` of at most ${num3(r.induction_ceiling)}` : ""})`, "induction_heads"),
     fact(list(r.prev_token_heads), "previous-token heads in the 2-layer model", "prev_token_heads"),
     fact(num3(r.control_max_induction_score), "1-layer control: its best induction score ever", "control_max_induction_score")));
+  if (typeof r.verdict?.text === "string") out.push(h("p", { id: "induction-verdict", class: r.verdict.circuit ? "verdict" : null }, r.verdict.text));
   if (isNum(r.clean_repeated_loss) && isNum(r.ablate_feeders_repeated_loss)) {
     const feeders = (r.feeder_heads || []).map((f) => `${f.head} (previous-token score ${num3(f.prev_token_score)})`).join(", ");
     out.push(h("p", { id: "induction-ablation-summary" }, `Loss on the repeated half: ${num3(r.clean_repeated_loss)} (first half: ${num3(r.unrepeated_loss)}). `,
