@@ -137,3 +137,9 @@ def test_zoo_load_by_name_spreads_the_default_model(cache):
     assert "disk" in big.hf_device_map.values()
     probe = random_repeat_probe(tok, in_memory.config.vocab_size, 40, batch=1)
     assert_same_scores(analyse(in_memory, probe), analyse(big, probe))
+
+
+def test_pickle_weights_are_never_read(tmp_path):
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not read")
+    with pytest.raises(ValueError, match="headlab loads no pickle files"):
+        CheckpointState(tmp_path)

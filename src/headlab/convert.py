@@ -301,15 +301,14 @@ DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 class CheckpointState(Mapping[str, Tensor]):
     """The tensors of a checkpoint directory, each read from its file when asked for.
 
-    Reads ``model.safetensors``, sharded safetensors with ``model.safetensors.index.json``, or
-    ``pytorch_model.bin`` (memory-mapped): no more than the tensors in use are in memory.
+    Reads ``model.safetensors`` or shards listed in ``model.safetensors.index.json`` (never a
+    pickle): no more than the tensors in use are in memory.
     """
 
     def __init__(self, directory: str | Path) -> None:
         from safetensors import safe_open
 
         d = Path(directory)
-        self._bin: dict[str, Tensor] = {}
         self._files: dict[str, Path] = {}
         if (d / "model.safetensors.index.json").is_file():
             weight_map = json.loads((d / "model.safetensors.index.json").read_text())["weight_map"]
@@ -317,16 +316,14 @@ class CheckpointState(Mapping[str, Tensor]):
         elif (d / "model.safetensors").is_file():
             with safe_open(str(d / "model.safetensors"), "pt") as f:
                 self._files = dict.fromkeys(f.keys(), d / "model.safetensors")
-        elif (d / "pytorch_model.bin").is_file():
-            self._bin = torch.load(d / "pytorch_model.bin", mmap=True, weights_only=True)
-        else:
-            raise ValueError(f"no weights in {d}: expected model.safetensors (or an index) or "
-                             "pytorch_model.bin")  # fmt: skip
+        else:  # never a pickle (*.bin): unpickling a weights file can run code
+            raise ValueError(
+                f"no safetensors weights in {d}: expected model.safetensors or "
+                "model.safetensors.index.json (headlab loads no pickle files)"
+            )
         self._open: dict[Path, Any] = {}
 
     def __getitem__(self, key: str) -> Tensor:
-        if self._bin:
-            return self._bin[key]
         from safetensors import safe_open
 
         path = self._files[key]
@@ -335,13 +332,13 @@ class CheckpointState(Mapping[str, Tensor]):
         return self._open[path].get_tensor(key)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._bin or self._files)
+        return iter(self._files)
 
     def __len__(self) -> int:
-        return len(self._bin or self._files)
+        return len(self._files)
 
     def __contains__(self, key: object) -> bool:
-        return key in (self._bin or self._files)
+        return key in self._files
 
 
 def _native_tensors(

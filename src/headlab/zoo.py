@@ -365,7 +365,7 @@ def converted_checkpoint(directory: str | Path, name: str = "") -> Path:
     src = Path(directory)
     digest = hashlib.sha256()
     for f in sorted(src.iterdir()):
-        if f.name == "config.json" or f.suffix in (".safetensors", ".bin", ".json"):
+        if f.name == "config.json" or f.suffix in (".safetensors", ".json"):
             st = f.stat()
             digest.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns};".encode())
     digest.update((src / "config.json").read_bytes())
