@@ -556,6 +556,8 @@ def tab_order(pg, start: str, stop: str, limit: int = 40) -> list[str]:
 
 def test_every_control_works_from_the_keyboard(learner) -> None:
     shapes(learner, d_model="512", n_kv_heads="", seq_len="10", batch="2", n_heads="8")
+    learner.locator("#layer-diagram svg").focus()
+    learner.keyboard.press("Home")  # step 1, where "Next" is enabled
     order = tab_order(learner, "#shapes-preset", "layer-code")
     for control in ("shapes-d_model", "shapes-n_heads", "shapes-bias", "layer-next", "layer-code"):
         assert control in order, order
@@ -576,6 +578,7 @@ def test_every_control_works_from_the_keyboard(learner) -> None:
     learner.keyboard.press("ArrowUp")
     assert learner.inner_text("#heads-readout") != before
     two = learner.locator("#heads-view svg.two-column")
+    learner.mouse.move(0, 0)  # a pointer resting on a token would pick it as the page scrolls
     two.focus()
     learner.keyboard.press("ArrowDown")
     expect(learner.locator("#heads-readout")).to_contain_text("token 0")
