@@ -176,7 +176,7 @@ def test_cli_rejects_bad_input_without_a_traceback() -> None:
     runner = CliRunner()
     for args, expect in [
         (["experiment", "nope"], "unknown experiment"),
-        (["experiment", "induction", "--seeds", "0"], "--seeds must be at least 1"),
+        (["experiment", "induction", "--seeds", "0"], "'--seeds': Input should be greater"),
         (["experiment", "induction", "--quick", "--ship"], "without --quick"),
         (["train", "nope"], "valid recipes: "),
     ]:
