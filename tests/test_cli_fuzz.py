@@ -10,9 +10,11 @@ top level run for real. Each run is tallied by command and exit status and print
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -26,7 +28,7 @@ from headlab.cli_support import out_dir_problem
 from headlab.train import TrainResult
 
 TALLY: Counter[tuple[str, int]] = Counter()
-COMMANDS = ("info", "serve", "shapes", "models", "heads", "train", "experiment")
+COMMANDS = ("info", "serve", "shapes", "models", "heads", "generate", "train", "experiment")
 
 
 def fuzz(runs: int) -> settings:
@@ -43,6 +45,16 @@ def fuzz(runs: int) -> settings:
 # alone shows its usage (click's exit 2 for no command)
 SENTENCE = re.compile(r"error:|Error|Invalid value|No such (option|command)|Missing", re.I)
 BARE_USAGE = "Usage: headlab [OPTIONS] COMMAND"
+
+
+@contextmanager
+def _in(directory: str) -> Iterator[None]:
+    before = os.getcwd()
+    os.chdir(directory)
+    try:
+        yield
+    finally:
+        os.chdir(before)
 
 
 def run(*args: str):
@@ -104,9 +116,9 @@ def _paths(tmp: Path) -> st.SearchStrategy[str]:
     )
 
 
-def options(pairs: dict[str, st.SearchStrategy]) -> st.SearchStrategy[list[str]]:
-    """Some of the options, each once, in any order, sometimes with a stray token."""
-    chosen = st.lists(st.sampled_from(sorted(pairs)), unique=True, max_size=len(pairs))
+def options(pairs: dict[str, st.SearchStrategy], most: int = 99) -> st.SearchStrategy[list[str]]:
+    """Up to ``most`` of the options, each once, in any order, sometimes with a stray token."""
+    chosen = st.lists(st.sampled_from(sorted(pairs)), unique=True, max_size=min(most, len(pairs)))
 
     def build(names: list[str]) -> st.SearchStrategy[list[str]]:
         flat = [st.tuples(st.just(n), v) if v is not None else st.tuples(st.just(n))
@@ -144,21 +156,70 @@ def test_shapes_never_shows_a_traceback(args: list[str]) -> None:
     run("shapes", *args)
 
 
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, str]:
+    """Paths for --text-file and --prompts: fine ones, and each kind of wrong one."""
+    tmp = tmp_path_factory.mktemp("inputs")
+    (tmp / "text.txt").write_text("The cat sat on the mat. The cat sat on the mat.\n")
+    (tmp / "prompts.txt").write_text("the cat sat\nthe dog ran\n\n")
+    (tmp / "prompts.jsonl").write_text('{"text": "a b"}\n{"nope": 1}\n[1]\n')
+    (tmp / "binary.bin").write_bytes(bytes(range(256)))
+    (tmp / "empty.txt").write_text("")
+    paths = {name: str(tmp / name) for name in ("text.txt", "prompts.txt", "prompts.jsonl",
+                                                 "binary.bin", "empty.txt")}  # fmt: skip
+    return {**paths, "missing": str(tmp / "missing.txt"), "dir": str(tmp), "null": "/dev/null"}
+
+
+# --device-map, --max-memory and --offload-folder are left out: they convert the model into a
+# cache on disk (main's own tests cover them); so is `models --fetch`, which downloads.
+@fuzz(40)
+@given(data=st.data())
+def test_heads_never_shows_a_traceback(files, data) -> None:
+    paths = st.one_of(st.sampled_from(sorted(files.values())), text)
+    args = data.draw(
+        options(
+            {
+                "--model": st.one_of(
+                    st.just("default"), st.sampled_from(["nope", "../x", ""]), text
+                ),
+                "--text": st.one_of(text, st.just(" "), st.just("the cat sat. the cat sat." * 40)),
+                "--text-file": paths,
+                "--prompts": paths,
+                "--out": st.one_of(st.sampled_from(["x.json", "x.csv", "x.txt"]), paths),
+                "--probe": st.one_of(st.sampled_from(["repeat", "random-repeat", "text"]), text),
+                "--show": st.one_of(st.sampled_from(["0.0", "1.avg", "9.9", "0.-2", "x"]), text),
+                "--seed": int_like,
+                "--device": st.one_of(st.sampled_from(["cpu", "cuda", "mps", "cuda:7"]), text),
+                "--dist-timeout": st.one_of(int_like, st.sampled_from(["nan", "inf", "0.5"])),
+                "--no-content": None,
+                "--json": None,
+            },
+            most=4,  # more, and nearly every run is two inputs at once
+        ),
+        "args",
+    )
+    with _in(files["dir"]):  # --out files land in a scratch folder
+        run("heads", *args)
+
+
 @fuzz(30)
 @given(
+    prompt=st.one_of(st.just("The cat sat on the"), st.just(" "), text),
     args=options(
         {
-            "--model": st.one_of(st.just("default"), st.sampled_from(["nope", "../x", ""]), text),
-            "--text": st.one_of(text, st.just(" "), st.just("the cat sat. the cat sat." * 40)),
-            "--probe": st.one_of(st.sampled_from(["repeat", "random-repeat", "text"]), text),
-            "--show": st.one_of(st.sampled_from(["0.0", "1.avg", "9.9", "0.-2", "x"]), text),
+            "--model": st.one_of(st.just("default"), st.sampled_from(["nope", ""]), text),
+            "--max-new-tokens": st.one_of(st.integers(1, 8).map(str), int_like),
+            "--temperature": st.one_of(st.sampled_from(["0", "0.7", "-1", "nan", "inf"]), int_like),
+            "--top-k": int_like,
             "--seed": int_like,
+            "--heads": None,
             "--json": None,
-        }
-    )
+        },
+        most=4,
+    ),
 )
-def test_heads_never_shows_a_traceback(args: list[str]) -> None:
-    run("heads", *args)
+def test_generate_never_shows_a_traceback(prompt: str, args: list[str]) -> None:
+    run("generate", "--prompt", prompt, *args)
 
 
 @fuzz(30)
@@ -195,7 +256,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
         return TrainResult(step=0, interrupted=False)
 
     def experiment(name):
-        def run_experiment(*, quick, seeds, seed, out):
+        def run_experiment(*, quick, seeds, seed, out):  # no reporter/listener: none is passed
             calls.append(("experiment", name, seed, seeds, str(out)))
             return {"recorded": 1.0}
 

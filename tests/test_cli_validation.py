@@ -111,7 +111,7 @@ def test_an_integer_out_of_range_is_refused_with_its_range(work, tmp_path, args)
 def test_the_largest_seed_is_accepted_and_works_in_the_library(work, tmp_path) -> None:
     """2**63-1 passes the CLI, and the seeds derived from it (seed + 1, seed + 1,000,003,
     seed · 1000 + r) still seed torch."""
-    from headlab import probes, zoo
+    from headlab import measure, zoo
     from headlab.ablation import random_order
     from headlab.train import TrainConfig, train
     from test_train import _config, batches, make_model
@@ -126,7 +126,7 @@ def test_the_largest_seed_is_accepted_and_works_in_the_library(work, tmp_path) -
     with pytest.raises(ValueError, match=r"seed must be in 0\.\.2\*\*64-1"):
         TrainConfig(seed=2**64)
     _, tokenizer = zoo.load("default")
-    probe = probes.random_repeat_probe(tokenizer, 1024, 64, seed=SEED_MAX)
+    probe = measure.random_repeat_probe(tokenizer, 1024, 64, seed=SEED_MAX)
     assert probe.tokens.shape[-1] <= 64
 
 

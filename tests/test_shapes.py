@@ -347,12 +347,18 @@ def test_cli_preset_defaults_and_overrides():
     [
         (["--heads", "7"], "nearest valid head counts: 4 or 8"),
         (["--kv-heads", "3"], "n_heads=8 is not divisible by n_kv_heads=3"),
-        (["--d-model", "0"], "d_model must be a positive integer, got 0"),
-        (["--seq", "-3"], "seq_len must be a positive integer, got -3"),
-        (["--batch", "0"], "batch must be a positive integer, got 0"),
-        (["--cache-len", "-1"], "cache_len must be an integer >= 0"),
+        # sizes out of the options' ranges (the API schema's) are refused before any tracing
+        (["--d-model", "0"], "'--d-model': Input should be greater than or equal to 1"),
+        (["--seq", "-3"], "'--seq': Input should be greater than or equal to 1"),
+        (["--batch", "0"], "'--batch': Input should be greater than or equal to 1"),
+        (["--cache-len", "-1"], "'--cache-len': Input should be greater than or equal to 0"),
+        (["--seq", "100000000"], "'--seq': Input should be less than or equal to 16777216"),
         (["--dtype", "int4"], "unknown dtype 'int4'"),
-        (["--seq", "100000000", "--batch", "100000"], "over the limit of 2**50"),
+        (["--seq", "16777216", "--batch", "65536"], "over the limit of 2**50"),
+        (
+            ["--d-model", "1048576", "--heads", "1", "--seq", "2048", "--batch", "2048"],
+            "over the limit of 2**62",
+        ),
         (["--preset", "gpt5"], "unknown preset 'gpt5'; valid presets: transformer-base"),
         (["--heads", "many"], "Invalid value"),
     ],

@@ -116,13 +116,26 @@ class ShapesRequest(Strict):
         return _json_integer(value)
 
 
+def _probe_is(*names: str) -> dict[str, Any]:
+    return {"properties": {"probe": {"enum": list(names)}}, "required": ["probe"]}
+
+
 class TextRequest(Strict):
-    # the schema says what the route enforces: random-repeat takes no text
+    # the schema says what headlab.measure.build_probe enforces: "repeat" and "random-repeat"
+    # take no text, "text" needs one
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
-            "if": {"properties": {"probe": {"const": "random-repeat"}}, "required": ["probe"]},
-            "then": {"properties": {"text": {"type": "null"}}},
+            "allOf": [
+                {
+                    "if": _probe_is("repeat", "random-repeat"),
+                    "then": {"properties": {"text": {"type": "null"}}},
+                },
+                {
+                    "if": _probe_is("text"),
+                    "then": {"required": ["text"], "properties": {"text": {"type": "string"}}},
+                },
+            ]
         },
     )
 
