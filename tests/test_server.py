@@ -647,6 +647,7 @@ def test_json_numbers_are_not_read_from_other_types(client: TestClient) -> None:
     assert client.post("/api/shapes", json={"cache_len": False}).status_code == 422
     assert client.post("/api/shapes", json={"n_heads": "8"}).status_code == 422
     assert client.post("/api/shapes", json={"bias": 1}).status_code == 422
+    assert client.post("/api/heads", json={"syntax": 0}).status_code == 422  # found after merge
     assert client.post("/api/shapes", json={"n_heads": 8.0}).json()["config"]["n_heads"] == 8
 
 
