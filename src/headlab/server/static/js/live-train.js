@@ -6,7 +6,8 @@ import { api } from "./api.js";
 import { h, clear } from "./dom.js";
 import { lineChart, heatmap, colourLegend } from "./figures.js";
 
-const fmt = (v, d = 3) => (Number.isFinite(v) ? v.toFixed(d) : "—");
+// no "-0.00": a value that rounds to zero prints as 0
+const fmt = (v, d = 3) => (Number.isFinite(v) ? (Math.abs(v) < 0.5 * 10 ** -d ? 0 : v).toFixed(d) : "—");
 
 function field(id, label, control) {
   return h("label", { for: id }, label, control);
