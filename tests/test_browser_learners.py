@@ -9,6 +9,7 @@ the inputs it reads), so the model runs a few times, not once per test.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -609,3 +610,77 @@ def test_colour_scales_are_colour_blind_safe(learner) -> None:
     heads = learner.locator('#layer-diagram .dg-row[data-step="split"] rect[data-head]')
     colours = {heads.nth(k).get_attribute("fill") for k in range(heads.count())}
     assert colours == OKABE_ITO
+
+
+# --- point 3: the story first ---------------------------------------------------------------
+
+LIVE = ("shapes-widget", "cost-compare", "params-table", "heads-widget", "live-train-widget",
+        "kv-compare", "label-summary")  # fmt: skip
+
+
+def test_each_section_opens_with_one_claim_then_its_figure(learner) -> None:
+    sections = learner.evaluate(
+        """() => [...document.querySelectorAll('main > section')].map(sec => {
+             const kids = [...sec.children];
+             const claim = kids[1];
+             const next = kids.slice(2).find(e => !e.matches('.provenance, p.note'));
+             return { id: sec.id, first: claim.className, claim: claim.textContent.trim(),
+                      next: next ? (next.id || next.className || next.tagName) : '' };
+           })"""
+    )
+    assert len(sections) == 11
+    for sec in sections:
+        assert sec["first"] == "claim", sec
+        claim = " ".join(sec["claim"].split())
+        assert claim.endswith(".") and not re.search(r"[.!?;:]\s+[A-Z]", claim[:-1]), claim
+        if sec["id"] not in ("caveats", "next"):  # caveats pair each figure with its own h3
+            assert sec["next"] in ("experiment", "live", "math", *LIVE), sec
+
+
+def test_figures_say_whether_they_are_live_or_stored(learner) -> None:
+    from headlab.server.routes.experiments import shipped
+
+    lede = learner.inner_text(".lede")
+    assert "stored" in lede and "Every figure" not in lede
+    assert "computed now" in learner.inner_text("#server-status")
+    for name in LIVE:
+        # the marker is the nearest thing before the figure, bar a line on how to use it
+        marker = learner.locator(f"#{name}").locator(
+            "xpath=preceding-sibling::*[not(contains(@class, 'note'))][1]"
+        )
+        assert marker.get_attribute("data-provenance") == "live", name
+        assert "computed now by headlab" in marker.inner_text()
+    files = shipped()
+    experiments = learner.locator(".experiment[data-experiment]")
+    assert experiments.count() == 5
+    for k in range(experiments.count()):
+        el = experiments.nth(k)
+        name = el.get_attribute("data-experiment")
+        if name not in files:
+            expect(el.locator(".missing")).to_contain_text("no shipped results")
+            continue
+        data = json.loads(files[name].read_text())
+        n = len(data["seeds"]) if isinstance(data.get("seeds"), list) else 1
+        marker = el.locator('.provenance[data-provenance="stored"]')
+        command = f"headlab experiment {name}{' --quick' if data.get('quick') else ''}"
+        seeds = f"{n} seed{'s' if n > 1 else ''}"
+        expect(marker).to_have_text(f"stored stored run of {command}, {seeds}, {data['date']}")
+    assert learner.errors == []
+
+
+def test_details_fold_and_open_by_click_and_key(learner) -> None:
+    more = learner.locator('details.more[data-more="one-vs-many"]')
+    table = more.locator("#one-vs-many-table")
+    assert more.get_attribute("open") is None
+    expect(table).to_be_hidden()  # seeds, tables and verdicts wait behind the summary
+    expect(learner.locator('[data-experiment="one-vs-many"] figure').first).to_be_visible()
+    more.locator("summary").click()
+    expect(table).to_be_visible()
+    expect(more).to_contain_text("seeds")
+    more.locator("summary").focus()
+    learner.keyboard.press("Enter")  # and closes from the keyboard
+    expect(table).to_be_hidden()
+    folded = learner.locator("main details.more")
+    assert folded.count() >= 8  # every shipped experiment, the widgets' extras, the head types
+    assert learner.locator("main details.more[open]").count() == 0
+    assert learner.errors == []

@@ -288,3 +288,19 @@ def test_text_batches_cut_overlapping_next_token_windows() -> None:
     assert "".join(map(chr, inputs[1].tolist())) == "efghijkl"  # windows start every seq_len/2
     with pytest.raises(ValueError, match="shorter"):
         prune.text_batches(CharTokenizer(), "abc", seq_len=8, batch=2)
+
+
+def test_shipped_results_carry_the_date_they_were_shipped(tmp_path, monkeypatch) -> None:
+    """The page says "stored run of headlab experiment NAME, N seeds, DATE"; the date is the
+    day the run was shipped, and every shipped file has one."""
+    import datetime
+    import json
+
+    import headlab.experiments as ex
+
+    for path in sorted(ex.RESULTS_DIR.glob("*.json")):
+        datetime.date.fromisoformat(json.loads(path.read_text())["date"])
+    monkeypatch.setattr(ex, "RESULTS_DIR", tmp_path)
+    path = ex.ship_results("toy", {"experiment": "toy", "seeds": [0, 1]})
+    data = json.loads(path.read_text())
+    assert data == {"date": datetime.date.today().isoformat(), "experiment": "toy", "seeds": [0, 1]}

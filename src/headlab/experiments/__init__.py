@@ -91,8 +91,12 @@ def write_results(out: Path | None, results: dict[str, Any]) -> Path | None:
 
 
 def ship_results(name: str, results: dict[str, Any]) -> Path:
-    """Copy a full run's results into the package, where the web page reads them."""
-    return write_json_atomic(results_path(name), results)
+    """Copy a full run's results into the package, where the web page reads them, with the date
+    they were shipped (the page says which stored run it draws)."""
+    import datetime
+
+    dated = {"date": datetime.date.today().isoformat(), **results}
+    return write_json_atomic(results_path(name), dated)
 
 
 def finite(value: Any) -> Any:

@@ -37,7 +37,7 @@ function oneVsMany(name, r) {
   const rows = r.summary || [];
   const kinds = new Set(rows.map((row) => row.model));
   const legend = ["heads", "one", "wide"].every((k) => kinds.has(k))
-    ? h("p", { class: "note" }, "heads: h heads of width d_model/h; one: a single head of width d_model (same parameters); wide: a single head wider than d_model (more parameters). The verb must agree in number with its subject; an attractor is a noun of the other number in between.")
+    ? h("p", { class: "note keep" }, "heads: h heads of width d_model/h; one: a single head of width d_model (same parameters); wide: a single head wider than d_model (more parameters). The verb must agree in number with its subject; an attractor is a noun of the other number in between.")
     : null;
   const out = [legend, verdictList(r, "one-vs-many-verdict"), table("one-vs-many-table", ["model", "layers", "parameters", "accuracy, no attractor", "accuracy, attractor between"],
     rows.map((row) => [row.model, String(row.depth), fmtInt(row.params), pm(row.plain), pm(row.attractor)]))];
@@ -238,5 +238,19 @@ export function renderExperiment(el, name, results) {
   } catch (err) {
     parts = [h("p", { class: "error" }, `These results have a shape this page does not know (${err.message}); the raw numbers follow.`), ...generic(name, results)];
   }
-  clear(el, h("p", { class: "note" }, `From headlab experiment ${name}. ${seedsNote(results)}`), parts);
+  const shown = parts.flat().filter(Boolean);
+  const lead = shown.find((p) => p.tagName === "FIGURE") || null;  // the section's one figure
+  const keep = shown.filter((p) => p.classList?.contains("keep"));  // what the figure needs to be read
+  const rest = shown.filter((p) => p !== lead && !keep.includes(p));
+  clear(el, stored(name, results), lead, keep,
+    h("details", { class: "more", "data-more": name }, h("summary", {}, "The numbers behind it: verdicts, tables, seeds and thresholds"),
+      h("p", { class: "note" }, `From headlab experiment ${name}. ${seedsNote(results)}`), rest));
+}
+
+// "stored run of `headlab experiment NAME`, N seeds, DATE": what made the figure, in plain words.
+function stored(name, r) {
+  const n = Array.isArray(r.seeds) ? r.seeds.length : 1;
+  const date = typeof r.date === "string" ? r.date : "date not recorded";
+  return h("p", { class: "provenance", "data-provenance": "stored" }, h("span", { class: "badge" }, "stored"),
+    " stored run of ", h("code", {}, `headlab experiment ${name}${r.quick ? " --quick" : ""}`), `, ${n} seed${n > 1 ? "s" : ""}, ${date}`);
 }

@@ -98,7 +98,7 @@ async function start() {
   codeDialog();
   try {
     const health = await api("/api/health");
-    setStatus(`Connected to headlab ${health.version}. Figures are computed live.`);
+    setStatus(`Connected to headlab ${health.version}: live figures are computed now; stored ones name the run that made them.`);
   } catch (err) {
     setStatus(`The headlab server does not answer (${err.message}). Start it with: headlab serve`, true);
     return;

@@ -130,7 +130,8 @@ export function initShapes(root) {
       if (!report.valid) { clear(out, problemsBox(report, form, update)); return; }
       clear(out, h("p", { class: "verdict", id: "shapes-verdict" }, report.verdict),
         report.warnings.length ? h("div", { class: "problems" }, report.warnings.join(" ")) : null,
-        facts(report), stageTable(report), scaleChart(report), paramTable(report));
+        facts(report), stageTable(report),
+        h("details", { class: "more" }, h("summary", {}, "Each tensor to scale, and each parameter matrix"), scaleChart(report), paramTable(report)));
       layer.update(report);
     } catch (err) {
       if (mine === seq) clear(out, h("div", { class: "problems", id: "shapes-problems" }, err.message));
