@@ -102,6 +102,18 @@ def page(browser, server: str) -> Iterator[object]:
     context.close()
 
 
+def reveal(page, name: str) -> None:
+    """Scroll to an experiment's section until it is drawn: a stored run loads as its section
+    comes near, and sections above it may grow meanwhile and push it away again."""
+    section = page.locator(f'[data-experiment="{name}"]')
+    for _ in range(120):
+        section.scroll_into_view_if_needed()
+        if section.locator(":scope > :is(.provenance, .missing, .error)").count():
+            return
+        page.wait_for_timeout(250)
+    raise AssertionError(f"the {name} section was never drawn")
+
+
 def shape_cell(page, name: str):
     """The concrete-shape cell of one stage in the shape widget's table."""
     return page.locator(f'#shapes-table tr[data-stage="{name}"] td.shape').nth(1)
@@ -307,12 +319,14 @@ def test_experiment_sections_draw_shipped_results_and_name_missing_ones(
     errors: list[str] = []
     pg.on("console", lambda m: m.type == "error" and errors.append(m.text))
     pg.goto(server + "/")
+    for name in ("head-count", "prune"):
+        reveal(pg, name)
     rows = pg.locator("#head-count-table tbody tr")
     expect(rows).to_have_count(3)
     for k, row in enumerate(summary):
         loss = row["val_loss"]
         shown = f"{loss['mean']:.3f} ± {loss['std']:.3f}"
-        assert rows.nth(k).locator("td").all_inner_texts() == [
+        assert rows.nth(k).locator("td").all_text_contents() == [  # folded in <details>
             str(row["h"]),
             str(row["d_k"]),
             shown,

@@ -517,7 +517,8 @@ def test_axe_finds_nothing_serious_on_the_page(learner) -> None:
     from axe_playwright_python.sync_playwright import Axe
 
     learner.wait_for_selector("#params-presets")
-    learner.wait_for_selector('[data-experiment="induction"] figure, [data-experiment] .missing')
+    for name in ("one-vs-many", "induction", "prune", "gqa", "head-count"):
+        test_browser.reveal(learner, name)
     results = Axe().run(learner).response
     assert results["passes"], "axe ran no checks"
     assert serious(results) == []
@@ -656,6 +657,7 @@ def test_figures_say_whether_they_are_live_or_stored(learner) -> None:
     for k in range(experiments.count()):
         el = experiments.nth(k)
         name = el.get_attribute("data-experiment")
+        test_browser.reveal(learner, name)
         if name not in files:
             expect(el.locator(".missing")).to_contain_text("no shipped results")
             continue
@@ -669,6 +671,7 @@ def test_figures_say_whether_they_are_live_or_stored(learner) -> None:
 
 
 def test_details_fold_and_open_by_click_and_key(learner) -> None:
+    test_browser.reveal(learner, "one-vs-many")
     more = learner.locator('details.more[data-more="one-vs-many"]')
     table = more.locator("#one-vs-many-table")
     assert more.get_attribute("open") is None
@@ -680,7 +683,27 @@ def test_details_fold_and_open_by_click_and_key(learner) -> None:
     more.locator("summary").focus()
     learner.keyboard.press("Enter")  # and closes from the keyboard
     expect(table).to_be_hidden()
+    for name in ("induction", "prune", "gqa", "head-count"):  # load every stored run
+        test_browser.reveal(learner, name)
     folded = learner.locator("main details.more")
     assert folded.count() >= 8  # every shipped experiment, the widgets' extras, the head types
     assert learner.locator("main details.more[open]").count() == 0
     assert learner.errors == []
+
+
+def test_first_load_fetches_no_stored_run_below_the_fold(browser, server: str) -> None:
+    """A full run's results can weigh megabytes: they load as their section comes near."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    runs: list[str] = []
+    pg.on(
+        "request", lambda r: "/api/experiments/" in r.url and runs.append(r.url.rsplit("/", 1)[1])
+    )
+    pg.goto(server + "/")
+    pg.wait_for_selector("#heads-grid button", timeout=60_000)
+    pg.wait_for_load_state("networkidle")
+    assert "induction" not in runs and "head-count" not in runs
+    with pg.expect_response(lambda r: r.url.endswith("/api/experiments/induction")):
+        pg.locator('[data-experiment="induction"]').scroll_into_view_if_needed()
+    expect(pg.locator('[data-experiment="induction"] .provenance')).to_contain_text("stored run")
+    context.close()

@@ -73,20 +73,31 @@ function codeDialog() {
   });
 }
 
+// A stored run is fetched when its section comes within a screen or two of view: a full run's
+// results can weigh megabytes, and the first load should not carry the ones nobody scrolls to.
 async function experiments() {
   let listing = { available: [] };
   try { listing = await api("/api/experiments"); } catch { /* shown per section below */ }
+  const show = async (el, name) => {
+    try {
+      renderExperiment(el, name, await api(`/api/experiments/${name}`));
+    } catch (err) {
+      clear(el, h("p", { class: "error" }, `Could not show ${name}: ${err.message}`));
+    }
+  };
+  const near = new IntersectionObserver((entries) => entries.forEach((entry) => {
+    if (!entry.isIntersecting) return;
+    near.unobserve(entry.target);
+    show(entry.target, entry.target.dataset.experiment);
+  }), { rootMargin: "1200px 0px" });
   for (const el of document.querySelectorAll("[data-experiment]")) {
     const name = el.dataset.experiment;
     if (!listing.available.includes(name)) {
       clear(el, missing(`The ${name} experiment has no shipped results in this version yet, so nothing is shown here. Run: headlab experiment ${name} --ship`));
       continue;
     }
-    try {
-      renderExperiment(el, name, await api(`/api/experiments/${name}`));
-    } catch (err) {
-      clear(el, h("p", { class: "error" }, `Could not show ${name}: ${err.message}`));
-    }
+    clear(el, h("p", { class: "note" }, `The stored run of headlab experiment ${name} loads as you scroll to it.`));
+    near.observe(el);
   }
 }
 
