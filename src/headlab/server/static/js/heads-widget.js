@@ -4,6 +4,7 @@ import { api } from "./api.js";
 import { h, clear, debounce, missing } from "./dom.js";
 import { heatmap, twoColumn, colourLegend } from "./figures.js";
 import { figure } from "./export.js";
+import { headButtons } from "./headview.js";
 
 export const HEAD_TYPES = [
   ["previous-token", "previous-token head"],
@@ -67,19 +68,11 @@ export function initHeads(root, summaryEl) {
   };
 
   const drawGrid = () => {
-    const a = state.attention;
-    const buttons = [];
-    for (let l = 0; l < a.n_layers; l += 1) {
-      for (let k = 0; k < a.n_heads; k += 1) {
-        const label = labelOf(state, l, k);
-        const active = !state.averaged && l === state.layer && k === state.head;
-        buttons.push(h("button", {
-          type: "button", "data-head": `${l}.${k}`, "aria-pressed": String(active),
-          "aria-label": `head ${l}.${k}${label ? `, ${label}` : ""}`,
-          onclick: () => select(l, k, false),
-        }, heatmap(a.weights[l][k], a.tokens, { small: true }), `${l}.${k} ${label || ""}`));
-      }
-    }
+    const buttons = headButtons(state.attention, {
+      labelOf: (l, k) => labelOf(state, l, k),
+      active: (l, k) => !state.averaged && l === state.layer && k === state.head,
+      onSelect: (l, k) => select(l, k, false),
+    });
     clear(grid, h("h3", {}, "All heads, with their labels"), h("div", { class: "grid-heads" }, buttons));
   };
 

@@ -4,6 +4,24 @@
 import { h, clear } from "./dom.js";
 import { heatmap, twoColumn, colourLegend } from "./figures.js";
 
+// One button per head (layer-major): its pattern as a thumbnail and its label; the page's head
+// widget and the standalone view both draw their grid with it. a: {n_layers, n_heads, weights,
+// tokens}; labelOf(l, k) → label; active(l, k) → pressed?; onSelect(l, k); title(l, k) → tooltip.
+export function headButtons(a, { labelOf, active, onSelect, title = () => null }) {
+  const buttons = [];
+  for (let l = 0; l < a.n_layers; l += 1) {
+    for (let k = 0; k < a.n_heads; k += 1) {
+      const label = labelOf(l, k);
+      buttons.push(h("button", {
+        type: "button", "data-head": `${l}.${k}`, "aria-pressed": String(active(l, k)),
+        "aria-label": `head ${l}.${k}${label ? `, ${label}` : ""}`, title: title(l, k),
+        onclick: () => onSelect(l, k),
+      }, heatmap(a.weights[l][k], a.tokens, { small: true }), `${l}.${k} ${label || ""}`));
+    }
+  }
+  return buttons;
+}
+
 const scoreLine = (row) => Object.entries(row.scores || {}).map(([k, v]) => `${k.replace(/_/g, " ")} ${Number(v).toFixed(2)}`).join(" · ");
 
 // data: {model, probe, tokens, n_layers, n_heads, heads: [{layer, head, label, scores}], weights
@@ -41,10 +59,9 @@ export function mountHeadView(root, data, { grid = true, detail = true, uid = "h
   const select = (layer, head) => { Object.assign(state, { layer, head }); draw(); };
   choose.addEventListener("change", () => select(...choose.value.split(".").map(Number)));
   if (grid) {
-    gridBox.append(...data.heads.map((r) => h("button", {
-      type: "button", "data-head": `${r.layer}.${r.head}`, "aria-pressed": "false", "aria-label": `head ${r.layer}.${r.head}, ${r.label}`,
-      title: scoreLine(r), onclick: () => select(r.layer, r.head),
-    }, heatmap(data.weights[r.layer][r.head], data.tokens, { small: true }), h("span", {}, `${r.layer}.${r.head} ${r.label}`))));
+    const row = (l, k) => rows.get(`${l}.${k}`) || {};
+    gridBox.append(...headButtons(data, { labelOf: (l, k) => row(l, k).label || "", active: () => false,
+      onSelect: select, title: (l, k) => scoreLine(row(l, k)) }));
   }
   draw();
   return { select, state };
