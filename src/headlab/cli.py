@@ -45,7 +45,9 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     """Print a user-facing error (no traceback) and return the Exit to raise."""
     from rich.markup import escape
 
-    err_console.print(f"[bold red]error:[/] {escape(message)}")  # "[syntax]" is no markup
+    # "[syntax]" is no markup; soft_wrap leaves line breaks to the terminal, so a long path
+    # in the message stays one string a user can copy
+    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
 
 
