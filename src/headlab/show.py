@@ -195,6 +195,7 @@ def head_view(report: Any, model: str = "", grid: bool = False, detail: bool = T
         "tokens": list(d["tokens"]),
         "n_layers": int(weights.shape[0]),
         "n_heads": int(weights.shape[1]),
+        "n_kv_heads": int(d.get("n_kv_heads") or weights.shape[1]),
         "heads": d["heads"],
         "best": d.get("best", {}),
         "weights": encode_weights(weights),

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from headlab.devices import check_device
-from headlab.model import Transformer
+from headlab.model import ModelConfig, Transformer
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 SUPPORTED_FAMILIES = ("bert", "gpt2", "llama")
@@ -284,6 +284,26 @@ def load(
     if device is not None:
         model = model.to(check_device(str(device)))
     return model, tokenizer
+
+
+def model_config(name: str) -> ModelConfig:
+    """The config of an available model, read from its files without loading any weight.
+
+    Never fetches: an unfetched SmolLM2 raises :class:`ModelNotAvailable` like any model
+    that is not here. The page's shape calculator offers these sizes as "this model's".
+    """
+    if name in FETCHABLE and not is_fetched(name):
+        raise ModelNotAvailable(f"model {name!r} is not fetched: headlab models --fetch {name}")
+    directory, _ = model_dir(name)
+    if name in NATIVE:
+        return ModelConfig.from_dict(json.loads((Path(directory) / "config.json").read_text()))
+    try:
+        from transformers import AutoConfig
+    except ImportError as exc:
+        raise ModelNotAvailable(f"reading {name!r} needs transformers: {exc}") from exc
+    from headlab import convert
+
+    return convert.hf_config(AutoConfig.from_pretrained(str(directory), local_files_only=True))
 
 
 def model_dir(name: str) -> tuple[Path, str]:

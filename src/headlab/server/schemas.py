@@ -80,6 +80,11 @@ class ModelInfo(BaseModel):
     description: str = ""
     reason: str = ""
     loaded: bool = False
+    sizes: dict[str, Any] | None = Field(
+        None,
+        description="an available model's attention sizes (d_model, n_heads, n_kv_heads, "
+        "n_layers, context, bias), read from its config",
+    )
 
 
 def _lo(name: str) -> int:
@@ -172,6 +177,7 @@ class AttentionResponse(BaseModel):
     causal: bool
     n_layers: int
     n_heads: int
+    n_kv_heads: int = Field(description="key/value heads, each read by n_heads / n_kv_heads")
     weights: list[list[list[list[float]]]] = Field(
         description="[layer][head][query i][key j], each row sums to 1"
     )
@@ -201,6 +207,7 @@ class HeadsResponse(BaseModel):
     causal: bool
     n_layers: int
     n_heads: int
+    n_kv_heads: int = Field(description="key/value heads, each read by n_heads / n_kv_heads")
     heads: list[HeadInfo]
     averaged: list[HeadInfo] = Field(description="per layer, the mean of its heads, scored alike")
     best: dict[str, Any] = Field(description="per head type, the model's best head and its score")

@@ -17,6 +17,23 @@ def _field(entry: Any, name: str, default: Any = "") -> Any:
     return getattr(entry, name, default)
 
 
+def _sizes(zoo: Any, name: str) -> dict[str, Any] | None:
+    """One attention layer's sizes for the shape calculator, read from the model's config
+    (no weights loaded); None when the config cannot be read."""
+    try:
+        c = zoo.model_config(name)
+    except (ValueError, OSError, ImportError):
+        return None
+    return {
+        "d_model": c.d_model,
+        "n_heads": c.n_heads,
+        "n_kv_heads": c.n_kv_heads,
+        "n_layers": c.n_layers,
+        "context": c.max_len,
+        "bias": c.bias,
+    }
+
+
 class ModelStore:
     """Loads zoo models on first use and keeps the ``max_loaded`` most recently used.
 
@@ -46,6 +63,7 @@ class ModelStore:
                     "description": str(_field(entry, "description", "") or ""),
                     "reason": str(_field(entry, "reason", "") or ""),
                     "loaded": name in self._loaded,
+                    "sizes": _sizes(zoo, name) if _field(entry, "available", True) else None,
                 }
             )
         return rows

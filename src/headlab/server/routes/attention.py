@@ -66,6 +66,7 @@ def attention(req: TextRequest, request: Request) -> Response:
             "causal": bool(getattr(model.config, "causal", True)),
             "n_layers": weights.shape[0],
             "n_heads": weights.shape[1],
+            "n_kv_heads": int(model.config.n_kv_heads or model.config.n_heads),
             "weights": weights.numpy().round(4),
             "averaged": averaged_pattern(weights).numpy().round(4),  # (L, n, n)
         }

@@ -4,7 +4,7 @@ import { api } from "./api.js";
 import { h, clear, debounce, missing } from "./dom.js";
 import { heatmap, twoColumn, colourLegend } from "./figures.js";
 import { figure } from "./export.js";
-import { headButtons } from "./headview.js";
+import { headGrid } from "./headview.js";
 
 export const HEAD_TYPES = [
   ["previous-token", "previous-token head"],
@@ -64,16 +64,25 @@ export function initHeads(root, summaryEl) {
     const arc = figure(twoColumn(chosenW, a.tokens, { title: arcTitle, readout }), { name: `lines-${layer}-${state.averaged ? "avg" : head}`, caption: arcTitle, data: { tokens: a.tokens, weights: chosenW }, scroll: true });
     const extra = state.syntactic ? syntaxFigures(a.syntax, layer, head, state.syntactic, readout) : [];
     clear(view, colourLegend(), readout, h("div", { class: "pair" }, ...pair), ...extra, arc);
-    drawGrid();
+    // the grid is drawn once per answer; a pick presses its button and opens its layer
+    grid.querySelectorAll("button[data-head]").forEach((b) => b.setAttribute("aria-pressed", String(!state.averaged && b.dataset.head === `${layer}.${head}`)));
+    const box = grid.querySelector(`details[data-layer="${layer}"]`);
+    if (box) box.open = true;
   };
 
   const drawGrid = () => {
-    const buttons = headButtons(state.attention, {
+    const a = state.attention;
+    const kv = a.n_kv_heads || a.n_heads;
+    const shared = kv < a.n_heads
+      ? h("p", { class: "note", id: "heads-kv-note" }, `${a.model} shares each key/value head among ${a.n_heads / kv} query heads (grouped-query attention): each layer's heads are grouped by the K/V head they read. `,
+        h("button", { type: "button", class: "chip", id: "heads-to-shapes", onclick: () => showSizes(a.model) }, "this model's layer in the shape calculator"))
+      : null;
+    clear(grid, h("h3", {}, "All heads, with their labels"), shared, headGrid(a, {
       labelOf: (l, k) => labelOf(state, l, k),
       active: (l, k) => !state.averaged && l === state.layer && k === state.head,
       onSelect: (l, k) => select(l, k, false),
-    });
-    clear(grid, h("h3", {}, "All heads, with their labels"), h("div", { class: "grid-heads" }, buttons));
+      focus: [state.layer, state.head],
+    }));
   };
 
   const select = (layer, head, averaged, syntactic = null) => {
@@ -116,6 +125,7 @@ export function initHeads(root, summaryEl) {
       clear(which, attention.weights.flatMap((heads_, l) => heads_.map((_, k) => h("option", { value: `${l}.${k}` }, `${l}.${k}${labelOf(state, l, k) ? ` ${labelOf(state, l, k)}` : ""}`))));
       status.textContent = `${attention.model}: ${attention.tokens.length} tokens, ${attention.n_layers} layers × ${attention.n_heads} heads.`;
       fillRelations(relation, heads.syntax);
+      drawGrid();
       choose();
       summarise(summaryEl, state);
     } catch (err) {
@@ -135,6 +145,16 @@ export function initHeads(root, summaryEl) {
     submit();
   });
   return { submit, state };
+}
+
+// The shape calculator (widget 1) loads the model's own sizes: its preset "model:NAME".
+function showSizes(name) {
+  const preset = document.getElementById("shapes-preset");
+  if (!preset || ![...preset.options].some((o) => o.value === `model:${name}`)) return;
+  preset.value = `model:${name}`;
+  preset.dispatchEvent(new Event("change"));
+  preset.scrollIntoView({ behavior: "smooth", block: "center" });
+  preset.focus({ preventScroll: true });
 }
 
 function labelOf(state, layer, head) {

@@ -4,22 +4,62 @@
 import { h, clear } from "./dom.js";
 import { heatmap, twoColumn, colourLegend } from "./figures.js";
 
-// One button per head (layer-major): its pattern as a thumbnail and its label; the page's head
-// widget and the standalone view both draw their grid with it. a: {n_layers, n_heads, weights,
-// tokens}; labelOf(l, k) → label; active(l, k) → pressed?; onSelect(l, k); title(l, k) → tooltip.
-export function headButtons(a, { labelOf, active, onSelect, title = () => null }) {
-  const buttons = [];
+// The grid of every head, layer by layer. a: {n_layers, n_heads, n_kv_heads, weights, tokens};
+// labelOf(l, k) → label; active(l, k) → pressed?; onSelect(l, k); title(l, k) → tooltip;
+// focus: [layer, head] whose layer opens first. Each layer is a <details> whose summary counts
+// its labels; inside it the query heads are grouped by the key/value head they share (GQA:
+// query head k reads K/V head floor(k / (h / h_kv))). Labels come first; a head's pattern is
+// drawn as a thumbnail once its layer is opened (SmolLM2's 270 heads at 64 tokens would be a
+// million cells drawn at once). Small models (≤ 4 layers) open every layer.
+export function headGrid(a, { labelOf, active, onSelect, title = () => null, focus = null }) {
+  const kv = a.n_kv_heads || a.n_heads;
+  const per = a.n_heads / kv;
+  const small = a.n_layers <= 4;
+  const layers = [];
   for (let l = 0; l < a.n_layers; l += 1) {
-    for (let k = 0; k < a.n_heads; k += 1) {
-      const label = labelOf(l, k);
-      buttons.push(h("button", {
-        type: "button", "data-head": `${l}.${k}`, "aria-pressed": String(active(l, k)),
-        "aria-label": `head ${l}.${k}${label ? `, ${label}` : ""}`, title: title(l, k),
-        onclick: () => onSelect(l, k),
-      }, heatmap(a.weights[l][k], a.tokens, { small: true }), `${l}.${k} ${label || ""}`));
+    const counts = {};
+    for (let k = 0; k < a.n_heads; k += 1) { const lab = labelOf(l, k) || "?"; counts[lab] = (counts[lab] || 0) + 1; }
+    const tally = Object.entries(counts).sort((x, y) => y[1] - x[1]).map(([lab, c]) => `${lab} ${c}`).join(", ");
+    const groups = [];
+    const buttons = [];
+    for (let g = 0; g < kv; g += 1) {
+      const mine = [];
+      for (let k = g * per; k < (g + 1) * per; k += 1) {
+        const label = labelOf(l, k);
+        const b = h("button", {
+          type: "button", "data-head": `${l}.${k}`, "data-kv": String(g), "aria-pressed": String(active(l, k)),
+          "aria-label": `head ${l}.${k}${label ? `, ${label}` : ""}${kv < a.n_heads ? `, shares K/V head ${g}` : ""}`,
+          title: title(l, k), onclick: () => onSelect(l, k),
+        }, h("span", { class: "head-name" }, `${l}.${k} ${label || ""}`));
+        mine.push(b);
+        buttons.push([b, k]);
+      }
+      groups.push(kv < a.n_heads
+        ? h("div", { class: "kv-group", role: "group", "aria-label": `layer ${l}: query heads ${g * per}–${(g + 1) * per - 1} share K/V head ${g}` },
+          h("span", { class: "kv-tag" }, `K/V head ${g}`), h("div", { class: "kv-heads" }, mine))
+        : mine);
     }
+    const open = small || (focus ? focus[0] === l : l === 0);
+    const box = h("details", { class: "grid-layer", "data-layer": String(l), open: open ? "" : null },
+      h("summary", {}, `layer ${l}: `, h("span", { class: "note" }, tally)),
+      h("div", { class: kv < a.n_heads ? "grid-kv" : "grid-heads" }, groups.flat()));
+    // patterns on demand: a layer's thumbnails are drawn the first time it is open
+    let drawn = false;
+    const draw = () => {
+      if (drawn || !box.open) return;
+      drawn = true;
+      for (const [b, k] of buttons) b.prepend(heatmap(a.weights[l][k], a.tokens, { small: true }));
+    };
+    box.addEventListener("toggle", draw);
+    draw();
+    layers.push(box);
   }
-  return buttons;
+  const all = (open) => () => layers.forEach((d) => { d.open = open; });
+  const tools = small ? null : h("p", { class: "grid-tools" },
+    `${a.n_layers} layers × ${a.n_heads} heads${kv < a.n_heads ? `, ${per} query heads per K/V head` : ""}: open a layer to draw its patterns. `,
+    h("button", { type: "button", class: "chip", onclick: all(true) }, "open every layer"), " ",
+    h("button", { type: "button", class: "chip", onclick: all(false) }, "close every layer"));
+  return [tools, ...layers];
 }
 
 const scoreLine = (row) => Object.entries(row.scores || {}).map(([k, v]) => `${k.replace(/_/g, " ")} ${Number(v).toFixed(2)}`).join(" · ");
@@ -46,7 +86,9 @@ export function mountHeadView(root, data, { grid = true, detail = true, uid = "h
     const row = rows.get(`${layer}.${head}`) || {};
     choose.value = `${layer}.${head}`;
     about.textContent = `head ${layer}.${head}: ${row.label || "?"}${row.scores ? ` — ${scoreLine(row)}` : ""}`;
-    gridBox.querySelectorAll("button").forEach((b) => b.setAttribute("aria-pressed", String(b.dataset.head === `${layer}.${head}`)));
+    gridBox.querySelectorAll("button[data-head]").forEach((b) => b.setAttribute("aria-pressed", String(b.dataset.head === `${layer}.${head}`)));
+    const open = gridBox.querySelector(`details[data-layer="${layer}"]`);
+    if (open) open.open = true;
     if (!detail) return;
     const w = data.weights[layer][head];
     const title = `head ${layer}.${head} — ${row.label || ""}`;
@@ -60,8 +102,8 @@ export function mountHeadView(root, data, { grid = true, detail = true, uid = "h
   choose.addEventListener("change", () => select(...choose.value.split(".").map(Number)));
   if (grid) {
     const row = (l, k) => rows.get(`${l}.${k}`) || {};
-    gridBox.append(...headButtons(data, { labelOf: (l, k) => row(l, k).label || "", active: () => false,
-      onSelect: select, title: (l, k) => scoreLine(row(l, k)) }));
+    gridBox.append(...headGrid(data, { labelOf: (l, k) => row(l, k).label || "", active: () => false,
+      onSelect: select, title: (l, k) => scoreLine(row(l, k)), focus: [state.layer, state.head] }).filter(Boolean));
   }
   draw();
   return { select, state };

@@ -151,8 +151,17 @@ export function initShapes(root) {
     update();
   });
   api("/api/shapes/presets").then((all) => {
-    presets = all;
-    for (const [name, p] of Object.entries(all)) preset.append(h("option", { value: name }, p.title || name));
+    presets = { ...presets, ...all };
+    preset.append(h("optgroup", { label: "published models" }, Object.entries(all).map(([name, p]) => h("option", { value: name }, p.title || name))));
+  }).catch(() => {});
+  // the models this server runs: their sizes read from each model's config
+  api("/api/models").then((models) => {
+    const mine = models.filter((m) => m.available && m.sizes);
+    if (!mine.length) return;
+    for (const m of mine) presets[`model:${m.name}`] = { ...m.sizes, title: m.name };
+    const kvText = (z) => (z.n_kv_heads && z.n_kv_heads < z.n_heads ? `, GQA h_kv ${z.n_kv_heads}` : "");
+    preset.append(h("optgroup", { label: "models on this server (their own sizes)" }, mine.map((m) => h("option", { value: `model:${m.name}` },
+      `${m.name}: d_model ${m.sizes.d_model}, h ${m.sizes.n_heads}${kvText(m.sizes)}, ${m.sizes.n_layers} layers`))));
   }).catch(() => {});
   update();
   return { update, form, layer };
