@@ -87,6 +87,10 @@ def wait_idle(client: httpx.Client, baseline: int, seconds: float = 60) -> None:
         ({"n_heads": 5}, "n_heads"),
         ({"seed": -1}, "seed"),
         ({"seed": "zero"}, "seed"),
+        ({"seed": "3"}, "seed"),  # a JSON number, not a string that reads as one
+        ({"seed": True}, "seed"),  # true is not 1
+        ({"n_layers": True}, "n_layers"),
+        ({"n_heads": "4"}, "n_heads"),
         ({"lr": 0.1}, "lr"),
     ],
 )

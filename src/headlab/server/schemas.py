@@ -29,7 +29,7 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def _json_integer(value: Any) -> Any:
+def json_integer(value: Any) -> Any:
     # lax parsing would read true as 1 and "8" as 8; a JSON integer (8 or 8.0) is what is meant
     if isinstance(value, bool | str):
         raise ValueError(f"should be a JSON number, not {json.dumps(value)}")
@@ -118,7 +118,7 @@ class ShapesRequest(Strict):
                      mode="before")  # fmt: skip
     @classmethod
     def _json_integers(cls, value: Any) -> Any:
-        return _json_integer(value)
+        return json_integer(value)
 
 
 def _probe_is(*names: str) -> dict[str, Any]:

@@ -18,12 +18,12 @@ from typing import Any, Literal
 from fastapi import APIRouter, HTTPException, Request
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from headlab.experiments import finite
 from headlab.experiments import induction as ind
 from headlab.server.live import Busy, Knobs, LiveRun, LiveRuns
-from headlab.server.schemas import Strict
+from headlab.server.schemas import Strict, json_integer
 
 router = APIRouter(tags=["live"])
 RUN_ID = r"^[0-9a-f]{1,32}$"
@@ -36,6 +36,11 @@ class LiveRequest(Strict):
     seed: int = Field(0, ge=0, le=9999, description="seeds the weights and the data")
     n_layers: Literal[1, 2] = Field(2, description="1 cannot form an induction head; 2 can")
     n_heads: Literal[2, 4, 8] = Field(4, description="heads per layer (d_model stays 64)")
+
+    @field_validator("seed", "n_layers", "n_heads", mode="before")
+    @classmethod
+    def _json_integers(cls, value: Any) -> Any:
+        return json_integer(value)  # true is not 1, "3" is not 3
 
 
 def _runs(request: Request) -> LiveRuns:
