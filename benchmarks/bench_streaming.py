@@ -15,11 +15,11 @@ the analysis minus its resident size just before: the extra memory the analysis 
 (Linux only; glibc's mmap threshold is fixed at 64 KiB so that freed tensors leave the
 resident set at once); the largest of the ``--repeats`` runs is shown. Time: the median of
 ``--repeats`` runs, the two paths alternating run by run; the ratio is keep-everything /
-streaming. A keep-everything run that would need more than half of the
-memory available is skipped and says so.
+streaming. A keep-everything run that would need more than ``--max-fraction`` (default half) of
+the memory available is skipped and says so.
 
 Run: ``python benchmarks/bench_streaming.py [--n 512 1024 2048] [--repeats 3] [--threads 1]
-[--json out.json]``
+[--max-fraction 0.5] [--json out.json]``
 """
 
 from __future__ import annotations
@@ -119,6 +119,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--json", type=str, default=None, help="also write the results here")
+    parser.add_argument("--max-fraction", type=float, default=0.5,
+                        help="skip keep-everything when its estimate exceeds this share of the "
+                             "available memory")  # fmt: skip
     parser.add_argument("--child", choices=PATHS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -135,7 +138,7 @@ def main() -> int:
     for n in args.n:
         layer = 2 * c.n_heads * n * n * 4  # one layer's (2, h, n, n) float32
         paths = list(PATHS)
-        if 1.5 * c.n_layers * layer > available_bytes() / 2:
+        if 1.5 * c.n_layers * layer > available_bytes() * args.max_fraction:
             paths.remove("keep-everything")
             print(f"{n:>6} {'keep-everything':>16}  skipped: needs about "
                   f"{1.5 * c.n_layers * layer / (1 << 30):.1f} GiB")  # fmt: skip

@@ -170,3 +170,34 @@ def test_a_run_is_bounded_in_time() -> None:
                 last = list(events(r))[-1]
             assert last[0] == "stopped" and last[1]["reason"].startswith("time limit")
             wait_idle(client, baseline)
+
+
+def test_a_live_run_trains_on_the_threads_set_and_restores_them(monkeypatch) -> None:
+    """HEADLAB_LIVE_THREADS (headlab serve --live-threads) sets the torch threads of a run's
+    training; the process's own count is back when the run ends; a bad value is refused."""
+    import asyncio
+
+    import torch
+
+    from headlab.experiments import induction as ind
+    from headlab.server import settings
+    from headlab.server.live import Knobs, LiveRuns
+
+    seen: list[int] = []
+
+    def fake_study(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        raise ind.Stopped("enough")
+
+    monkeypatch.setattr(ind, "study", fake_study)
+    before = torch.get_num_threads()
+    monkeypatch.setenv("HEADLAB_LIVE_THREADS", "3")
+    runs = LiveRuns(threads=settings.live_threads())
+    run = runs.start(Knobs(), asyncio.new_event_loop())
+    assert run.thread is not None
+    run.thread.join(timeout=30)
+    assert seen == [3] and torch.get_num_threads() == before
+    for bad in ("0", "two", "999"):
+        monkeypatch.setenv("HEADLAB_LIVE_THREADS", bad)
+        with pytest.raises(ValueError, match="HEADLAB_LIVE_THREADS"):
+            settings.live_threads()

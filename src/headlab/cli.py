@@ -97,19 +97,26 @@ def serve(
         max=100_000,
         help="Characters in a request's text (default 2000, or $HEADLAB_MAX_TEXT_CHARS).",
     ),
+    live_threads: int | None = typer.Option(
+        None,
+        min=1,
+        max=256,
+        help="Torch threads of a live training run (default 2, or $HEADLAB_LIVE_THREADS).",
+    ),
 ) -> None:
     """Serve the explainer page and its API (FastAPI on uvicorn) on http://HOST:PORT."""
     import os
 
     # the limits are settings the server reads from the environment when it is imported
     for name, value in (("HEADLAB_MAX_TOKENS", max_tokens),
-                        ("HEADLAB_MAX_TEXT_CHARS", max_text_chars)):  # fmt: skip
+                        ("HEADLAB_MAX_TEXT_CHARS", max_text_chars),
+                        ("HEADLAB_LIVE_THREADS", live_threads)):  # fmt: skip
         if value is not None:
             os.environ[name] = str(value)
     try:
         from headlab.server import settings
 
-        settings.max_tokens(), settings.max_text_chars()
+        settings.max_tokens(), settings.max_text_chars(), settings.live_threads()
         from headlab.server.cli import run_server
 
         run_server(host, port, open_browser, console=err_console)

@@ -141,10 +141,17 @@ def one_thread() -> Iterator[None]:
     times slower than one-thread ones (threads wait on each other); one thread keeps timings
     comparable between variants and runs.
     """
+    with torch_threads(1):
+        yield
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run torch on ``n`` CPU threads, then restore the previous count."""
     import torch
 
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(n)
     try:
         yield
     finally:

@@ -34,16 +34,23 @@ def create_app(
     allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
     max_loaded: int = 2,
     live_seconds: float = MAX_SECONDS,
+    live_threads: int | None = None,
 ) -> FastAPI:
     """The explainer's app. ``preload`` names models loaded at startup (missing ones are skipped
     and reported by ``/api/models``); at most ``max_loaded`` models stay in memory at once; a
-    live training run is stopped after ``live_seconds``."""
+    live training run is stopped after ``live_seconds`` and trains on ``live_threads`` torch
+    threads (default :func:`settings.live_threads`)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.models = ModelStore(max_loaded=max_loaded)
         app.state.models.preload(preload)
-        app.state.live = LiveRuns(max_seconds=live_seconds)
+        threads = settings.live_threads() if live_threads is None else live_threads
+        app.state.live = LiveRuns(max_seconds=live_seconds, threads=threads)
+        # torch's optimizers import torch._dynamo when first built (about 3 s on a 2-core
+        # machine): import it at startup, so the first live run starts at once
+        import torch._dynamo  # noqa: F401
+
         yield
         app.state.live.shutdown()
         app.state.models.clear()

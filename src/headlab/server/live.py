@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from headlab.experiments import induction as ind
-from headlab.experiments import one_thread
+from headlab.experiments import torch_threads
 
 MAX_SECONDS = 600.0  # a run is stopped after this much wall time (a busy machine is slow)
 
@@ -85,8 +85,9 @@ class LiveRun:
 class LiveRuns:
     """The server's live runs: at most one trains at a time."""
 
-    def __init__(self, max_seconds: float = MAX_SECONDS) -> None:
+    def __init__(self, max_seconds: float = MAX_SECONDS, threads: int = 1) -> None:
         self.max_seconds = max_seconds
+        self.threads = threads  # torch threads of a run (settings.live_threads)
         self._lock = threading.Lock()
         self.current: LiveRun | None = None
 
@@ -126,7 +127,7 @@ class LiveRuns:
     def _work(self, run: LiveRun) -> None:
         knobs = run.knobs
         try:
-            with one_thread():
+            with torch_threads(self.threads):
                 ind.study(knobs.config(), knobs.n_layers, knobs.seed,
                           listener=run.push, stop=run.stop_reason)  # fmt: skip
             run.push({"event": "done", "run_id": run.id})
