@@ -46,7 +46,8 @@ def wait_points(page, at_least: int) -> int:
 
 def test_train_draws_the_phase_change_and_ends_with_the_librarys_scores(live_page) -> None:
     from headlab.experiments import induction as ind
-    from headlab.experiments import one_thread
+    from headlab.experiments import torch_threads
+    from headlab.server import settings
 
     page = live_page
     page.fill("#live-seed", "0")
@@ -63,7 +64,7 @@ def test_train_draws_the_phase_change_and_ends_with_the_librarys_scores(live_pag
     assert page.locator("#live-patterns svg.heatmap").count() == 2
     shown = json.loads(page.get_attribute("#live-verdict", "data-final"))
 
-    with one_thread():
+    with torch_threads(settings.live_threads()):  # as the server's run trains
         library = ind.study(ind.LIVE, 2, 0)
     assert shown["induction"] == library["final"]["induction"]
     assert shown["prev_token"] == library["final"]["prev_token"]
