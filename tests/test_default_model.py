@@ -347,3 +347,21 @@ def test_quick_training_run_end_to_end(corpus_archive, tmp_path):
     logits = model(torch.tensor([ids]))
     assert logits.shape == (1, len(ids), model.config.vocab_size)
     assert "## Heads" in (out / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_rerun_in_the_same_environment_is_bit_identical(corpus_archive, tmp_path):
+    """What the card calls bit for bit: the same machine, torch build and recipe give the same
+    weights file, whatever thread count the caller had (the recipe sets one thread itself)."""
+    before = torch.get_num_threads()
+    digests = []
+    try:
+        for i, threads in enumerate((1, 2)):
+            torch.set_num_threads(threads)
+            out = tmp_path / f"run{i}"
+            result = CliRunner().invoke(app, ["train", "default", "--quick", "--out", str(out)])
+            assert result.exit_code == 0, result.output
+            digests.append(hashlib.sha256((out / "model/model.safetensors").read_bytes()).digest())
+    finally:
+        torch.set_num_threads(before)
+    assert digests[0] == digests[1]
