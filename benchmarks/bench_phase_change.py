@@ -20,6 +20,7 @@ Run: ``python benchmarks/bench_phase_change.py [--threads 1] [--seeds 0 1 2] [--
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -89,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the measurements to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    importlib.import_module(
+        "torch._dynamo"
+    )  # the optimizer's first import; the server does it at startup
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs,"
           f" load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
     print(f"live recipe: {asdict(ind.LIVE)}")
