@@ -1,5 +1,6 @@
-"""Time to score every head of all-MiniLM-L6-v2 on a 64-token probe, as a ratio against one plain
-Hugging Face forward pass with ``output_attentions=True`` on the same tokens, measured in one run.
+"""Time to score every head of all-MiniLM-L6-v2 on its repeated random probe (126 tokens), as a
+ratio against one plain Hugging Face forward pass with ``output_attentions=True`` on the same
+tokens, measured in one run.
 
 ``analyse`` runs the probe and a position-shuffled copy in one batch of two (the content
 score needs both), then computes all nine scores for all 72 heads; it is also timed without the
@@ -35,7 +36,7 @@ def contenders() -> tuple[dict[str, Callable[[], object]], int]:
     hf = transformers.AutoModel.from_pretrained(
         path, local_files_only=True, attn_implementation="eager"
     ).eval()
-    # [CLS] + 31 random words twice + [SEP] = 64 tokens
+    # [CLS] + 31 random words 4 times + [SEP] = 126 tokens (the probe repeats 4 times)
     probe = random_repeat_probe(tok, model.config.vocab_size, 512, length=31, batch=1)
     x = probe.tokens
 
