@@ -22,7 +22,6 @@ import inspect
 import json
 import os
 import re
-import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -166,18 +165,12 @@ class View:
 
 def write_html(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` to ``path`` whole or not at all: nothing half-written if anything fails."""
+    from headlab.scaling import write_atomic
+
     target = Path(path)
     if not target.parent.is_dir():
         raise ValueError(f"cannot write {target}: the folder {target.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return write_atomic(target, text)
 
 
 def head_view(report: Any, model: str = "", grid: bool = False, detail: bool = True) -> View:
