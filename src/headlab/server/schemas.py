@@ -80,11 +80,17 @@ class ModelInfo(BaseModel):
     description: str = ""
     reason: str = ""
     loaded: bool = False
-    sizes: dict[str, Any] | None = Field(
-        None,
-        description="an available model's attention sizes (d_model, n_heads, n_kv_heads, "
-        "n_layers, context, bias), read from its config",
-    )
+
+
+class ModelSizes(BaseModel):
+    """One model's attention sizes, read from its config (the shape calculator's presets)."""
+
+    d_model: int
+    n_heads: int
+    n_kv_heads: int | None = Field(description="null: one per query head (MHA)")
+    n_layers: int
+    context: int = Field(description="the longest input the model takes")
+    bias: bool
 
 
 def _lo(name: str) -> int:

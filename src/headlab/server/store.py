@@ -46,6 +46,7 @@ class ModelStore:
         self._loaded: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
         self._lock = threading.Lock()
         self.preload_errors: dict[str, str] = {}
+        self._sizes: dict[str, dict[str, Any]] = {}
 
     def catalogue(self) -> list[dict[str, Any]]:
         """Every model the zoo knows: name, whether it is available here, and why not."""
@@ -63,10 +64,21 @@ class ModelStore:
                     "description": str(_field(entry, "description", "") or ""),
                     "reason": str(_field(entry, "reason", "") or ""),
                     "loaded": name in self._loaded,
-                    "sizes": _sizes(zoo, name) if _field(entry, "available", True) else None,
                 }
             )
         return rows
+
+    def sizes(self) -> dict[str, dict[str, Any]]:
+        """Each available model's attention sizes, read from its config once and kept (an HF
+        model's config needs transformers, whose import is kept off the model list's path)."""
+        from headlab import zoo
+
+        for row in self.catalogue():
+            if row["available"] and row["name"] not in self._sizes:
+                found = _sizes(zoo, row["name"])
+                if found is not None:
+                    self._sizes[row["name"]] = found
+        return dict(self._sizes)
 
     def preload(self, names: Iterable[str]) -> None:
         """Load ``names`` now (at startup); a failure is recorded, not raised."""

@@ -155,13 +155,13 @@ export function initShapes(root) {
     preset.append(h("optgroup", { label: "published models" }, Object.entries(all).map(([name, p]) => h("option", { value: name }, p.title || name))));
   }).catch(() => {});
   // the models this server runs: their sizes read from each model's config
-  api("/api/models").then((models) => {
-    const mine = models.filter((m) => m.available && m.sizes);
+  api("/api/models/sizes").then((sizes) => {
+    const mine = Object.entries(sizes);
     if (!mine.length) return;
-    for (const m of mine) presets[`model:${m.name}`] = { ...m.sizes, title: m.name };
+    for (const [name, z] of mine) presets[`model:${name}`] = { ...z, title: name };
     const kvText = (z) => (z.n_kv_heads && z.n_kv_heads < z.n_heads ? `, GQA h_kv ${z.n_kv_heads}` : "");
-    preset.append(h("optgroup", { label: "models on this server (their own sizes)" }, mine.map((m) => h("option", { value: `model:${m.name}` },
-      `${m.name}: d_model ${m.sizes.d_model}, h ${m.sizes.n_heads}${kvText(m.sizes)}, ${m.sizes.n_layers} layers`))));
+    preset.append(h("optgroup", { label: "models on this server (their own sizes)" }, mine.map(([name, z]) => h("option", { value: `model:${name}` },
+      `${name}: d_model ${z.d_model}, h ${z.n_heads}${kvText(z)}, ${z.n_layers} layers`))));
   }).catch(() => {});
   update();
   return { update, form, layer };
