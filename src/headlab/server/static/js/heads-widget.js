@@ -157,8 +157,17 @@ function showSizes(name) {
   preset.focus({ preventScroll: true });
 }
 
+// each answer's rows by "layer.head", built once per answer (SmolLM2 has 270 heads to look up)
+const ROWS = new WeakMap();
+function rowOf(state, layer, head) {
+  const heads = state.heads?.heads;
+  if (!heads) return undefined;
+  if (!ROWS.has(heads)) ROWS.set(heads, new Map(heads.map((r) => [`${r.layer}.${r.head}`, r])));
+  return ROWS.get(heads).get(`${layer}.${head}`);
+}
+
 function labelOf(state, layer, head) {
-  const row = state.heads?.heads.find((r) => r.layer === layer && r.head === head);
+  const row = rowOf(state, layer, head);
   return row ? row.label : "";
 }
 
@@ -195,7 +204,7 @@ function pickType(state, type, select, status, relation) {
   }
   select(best.layer, best.head, false);
   const score = Number(best.score).toFixed(3);
-  const rest = state.heads.heads.find((r) => r.layer === best.layer && r.head === best.head)?.rest;
+  const rest = rowOf(state, best.layer, best.head)?.rest;
   const resting = rest === null || rest === undefined ? "" : `; where it has nothing to do it rests on the first token (${Number(rest).toFixed(2)})`;
   status.textContent = best.labelled
     ? `Best ${type} head: ${best.layer}.${best.head} (score ${score}${resting}).`
