@@ -13,8 +13,11 @@ between, the recipe measured on an idle machine for planning (REFERENCES.md: con
 medians, measured under the same load, carries over to an idle machine. ``--control`` adds the
 1-layer model of each seed (it must form no induction head).
 
+``--set name=value`` changes a field of the live recipe for this run (``--set vocab_size=64
+lr=4.5e-3``), to time the recipes the README compares it with.
+
 Run: ``python benchmarks/bench_phase_change.py [--threads 1] [--seeds 0 1 2] [--reference]
-[--control] [--json out.json]``
+[--control] [--set name=value ...] [--json out.json]``
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields, replace
 from typing import Any
 
 import torch
@@ -38,6 +41,23 @@ PLANNING = ind.InductionConfig(
     seq_len=24, min_span=3, max_span=12, steps=1000, eval_every=50, eval_batch=32, icl_batch=64
 )
 PLANNING_IDLE_SECONDS = (9.7, 9.9, 8.9)
+
+
+def recipe(changes: list[str]) -> ind.InductionConfig:
+    """The live recipe with ``name=value`` changes (each value of the field's own type)."""
+    kinds = {f.name: type(getattr(ind.LIVE, f.name)) for f in fields(ind.LIVE)}
+    updates: dict[str, Any] = {}
+    for change in changes:
+        name, sep, value = change.partition("=")
+        if not sep or name not in kinds:
+            raise SystemExit(f"--set takes name=value with a field of the live recipe "
+                             f"({', '.join(kinds)}), got {change!r}")  # fmt: skip
+        try:
+            updates[name] = kinds[name](value)
+        except ValueError:
+            kind = kinds[name].__name__
+            raise SystemExit(f"--set {name} needs a {kind}, got {value!r}") from None
+    return replace(ind.LIVE, **updates)
 
 
 def one(cfg: ind.InductionConfig, n_layers: int, seed: int) -> dict[str, Any]:
@@ -87,23 +107,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--reference", action="store_true", help="also run the planning recipe")
     parser.add_argument("--control", action="store_true", help="also run the 1-layer model")
+    parser.add_argument("--set", nargs="+", default=[], metavar="NAME=VALUE",
+                        help="change fields of the live recipe for this run")  # fmt: skip
     parser.add_argument("--json", help="write the measurements to this file")
     args = parser.parse_args(argv)
+    live = recipe(args.set)
     torch.set_num_threads(args.threads)
     importlib.import_module(
         "torch._dynamo"
     )  # the optimizer's first import; the server does it at startup
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs,"
           f" load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
-    print(f"live recipe: {asdict(ind.LIVE)}")
+    print(f"live recipe{' (changed: ' + ' '.join(args.set) + ')' if args.set else ''}: "
+          f"{asdict(live)}")  # fmt: skip
     print("recipe     seed  L     window  to window end   (CPU)  ind/ideal  prev feeders    "
           "circuit load")  # fmt: skip
     rows: dict[str, list[dict[str, Any]]] = {"live": [], "control": [], "planning": []}
     for seed in args.seeds:
-        rows["live"].append(one(ind.LIVE, 2, seed))
+        rows["live"].append(one(live, 2, seed))
         print(row("live", rows["live"][-1]), flush=True)
         if args.control:
-            rows["control"].append(one(ind.LIVE, 1, seed))
+            rows["control"].append(one(live, 1, seed))
             print(row("control", rows["control"][-1]), flush=True)
         if args.reference:
             rows["planning"].append(one(PLANNING, 2, seed))
@@ -111,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     summarise(rows)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"threads": args.threads, **rows}, f, indent=1)
+            json.dump({"threads": args.threads, "recipe": asdict(live), **rows}, f, indent=1)
     return 0
 
 

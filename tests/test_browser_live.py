@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import asdict
 
 import pytest
 from playwright.sync_api import expect
@@ -46,7 +47,6 @@ def wait_points(page, at_least: int) -> int:
 
 def test_train_draws_the_phase_change_and_ends_with_the_librarys_scores(live_page) -> None:
     from headlab.experiments import induction as ind
-    from headlab.experiments import torch_threads
     from headlab.server import settings
 
     page = live_page
@@ -64,8 +64,9 @@ def test_train_draws_the_phase_change_and_ends_with_the_librarys_scores(live_pag
     assert page.locator("#live-patterns svg.heatmap").count() == 2
     shown = json.loads(page.get_attribute("#live-verdict", "data-final"))
 
-    with torch_threads(settings.live_threads()):  # as the server's run trains
-        library = ind.study(ind.LIVE, 2, 0)
+    # `headlab experiment induction --quick --seed 0 --threads N`, N as the server's runs train
+    library = ind.run(quick=True, seed=0, threads=settings.live_threads())
+    assert library["config"] == asdict(ind.LIVE) and library["threads"] == settings.live_threads()
     assert shown["induction"] == library["final"]["induction"]
     assert shown["prev_token"] == library["final"]["prev_token"]
     assert shown["phase_change"]["window"] == library["phase_change"]["window"]

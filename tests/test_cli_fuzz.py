@@ -256,8 +256,8 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
         return TrainResult(step=0, interrupted=False)
 
     def experiment(name):
-        def run_experiment(*, quick, seeds, seed, out):  # no reporter/listener: none is passed
-            calls.append(("experiment", name, seed, seeds, str(out)))
+        def run_experiment(*, quick, seeds, seed, out, threads=1):  # no reporter/listener
+            calls.append(("experiment", name, seed, seeds, threads, str(out)))
             return {"recorded": 1.0}
 
         return run_experiment
@@ -282,6 +282,7 @@ def _check_reached(calls: list[tuple], before: int) -> None:
             assert 0 <= seed <= SEED_MAX and out_dir_problem(out) is None, call
         if call[0] == "experiment":
             assert 1 <= call[3] <= SEEDS_MAX and call[2] + call[3] - 1 <= SEED_MAX, call
+            assert 1 <= call[4] <= 256 and (call[4] == 1 or call[1] == "induction"), call
 
 
 @fuzz(60)
@@ -310,6 +311,7 @@ def test_experiment_validates_before_any_work(recorded, tmp_path_factory, data) 
                 "--seeds": int_like,
                 "--quick": None,
                 "--ship": None,
+                "--threads": int_like,
             }
         ),
         "args",

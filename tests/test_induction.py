@@ -179,10 +179,33 @@ def test_cli_rejects_bad_input_without_a_traceback() -> None:
         (["experiment", "induction", "--seeds", "0"], "'--seeds': Input should be greater"),
         (["experiment", "induction", "--quick", "--ship"], "without --quick"),
         (["train", "nope"], "valid recipes: "),
+        (["experiment", "induction", "--threads", "0"], "'--threads': Input should be greater"),
+        (["experiment", "prune", "--quick", "--threads", "2"], "--threads is for the induction"),
+        (["experiment", "induction", "--verify", "--threads", "2"], "drop --threads"),
     ]:
         result = runner.invoke(app, args)
         assert result.exit_code == 2, args
-        assert expect in result.output and "Traceback" not in result.output
+        assert expect in " ".join(result.output.split()) and "Traceback" not in result.output
+
+
+def test_run_trains_on_the_threads_asked_for_and_restores_the_count(monkeypatch) -> None:
+    """`headlab experiment induction --threads N` trains on N torch threads (the page's runs use
+    the server's count), and gives the caller's count back, also when the run fails."""
+    seen = []
+
+    def study(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        raise RuntimeError("recorded")
+
+    monkeypatch.setattr(ind, "study", study)
+    before = torch.get_num_threads()
+    for threads in (2, 1):
+        with pytest.raises(RuntimeError, match="recorded"):
+            ind.run(quick=True, threads=threads)
+        assert torch.get_num_threads() == before
+    assert seen == [2, 1]
+    with pytest.raises(ValueError, match="threads must be at least 1"):
+        ind.run(quick=True, threads=0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -700,6 +700,15 @@ def experiment_command(
     verify: bool = typer.Option(
         False, "--verify", help="induction only: rerun the shipped seeds and compare."
     ),
+    threads: int | None = typer.Option(
+        None,
+        "--threads",
+        min=1,
+        max=256,
+        help="induction only: torch CPU threads (default 1; a run repeats bit for bit only on "
+        "the same count, and the page's live runs use `headlab serve --live-threads`, 2 on two "
+        "cores).",
+    ),
 ) -> None:
     """Run an experiment: results.json and PNG figures in --out, a summary here."""
     from headlab.experiments import EXPERIMENTS, describe, ship_results
@@ -721,12 +730,18 @@ def experiment_command(
             raise fail(
                 "--verify reruns the shipped induction run: `headlab experiment induction --verify`"
             )
+        if threads not in (None, 1):
+            raise fail("--verify reruns the shipped run on one thread, as it was made; "
+                       "drop --threads")  # fmt: skip
         seed, seeds = _shipped_seeds(name)
+    if threads is not None and name != "induction":
+        raise fail(f"--threads is for the induction experiment; {name} runs on one thread")
     out_dir = _out_dir(out, name)
     err_console.print(f"running {name}{' (quick)' if quick else ''}, {seeds} seed(s) from {seed}")
     run = EXPERIMENTS[name]
+    extra = _run_progress(run) | ({} if threads is None else {"threads": threads})
     try:
-        results = run(quick=quick, seeds=seeds, seed=seed, out=out_dir, **_run_progress(run))
+        results = run(quick=quick, seeds=seeds, seed=seed, out=out_dir, **extra)
     except KeyboardInterrupt:
         raise fail("interrupted; nothing was written", code=130) from None
     _print_summary(name, results)
