@@ -173,7 +173,8 @@ def test_each_head_type_draws_a_pattern(page) -> None:
         title = figure.locator("figcaption").inner_text()
         titles.add(title)
         cells = figure.locator("svg rect[data-i]").count()
-        tokens = figure.locator('svg rect[data-i="0"]').count()
+        first = figure.locator("svg rect[data-i]").first.get_attribute("data-i")
+        tokens = figure.locator(f'svg rect[data-i="{first}"]').count()
         assert tokens > 1 and cells == tokens * tokens, kind
         if kind == "averaged":
             assert "averaged" in title
@@ -236,6 +237,51 @@ def test_repeated_random_tokens_show_labelled_induction_heads(page) -> None:
     page.select_option("#heads-probe", "text")  # back to the text, which is still there
     expect(page.locator("#heads-text")).to_be_enabled()
     expect(heatmap).to_have_attribute("data-n", str(sentence_n), timeout=30_000)
+    assert page.errors == []
+
+
+def _window(page) -> tuple[int, int, int, int]:
+    """(first query, last query, first key, last key) of the first heatmap's window."""
+    import re
+
+    hint = page.locator("#heads-view figure svg.heatmap").first.locator("text", has_text="drag")
+    text = hint.text_content() or ""
+    match = re.search(r"queries (\d+)–(\d+), keys (\d+)–(\d+)", text)
+    assert match, text
+    return tuple(int(g) for g in match.groups())  # type: ignore[return-value]
+
+
+def test_an_induction_pick_opens_the_window_where_the_head_copies(page) -> None:
+    """The built-in sentence is longer than the heatmap's window. Picking the induction type
+    places the window on the second copy's queries against the first copy's keys, where the head
+    acts, and it holds most of the head's weight on induction cells (headlab.heads'
+    induction_pattern, the model run here); another type's pick puts it back on the diagonal."""
+    import torch
+
+    from headlab import measure, zoo
+    from headlab.heads import induction_pattern
+
+    require(_model_name() == "default", "the default model is not built")
+    model, tokenizer = zoo.load("default")
+    probe = measure.sentence_probe(tokenizer, model.config.max_len)
+    assert len(probe.labels) > 22  # longer than the window, or there is nothing to place
+    page.select_option("#heads-type", "induction")
+    title = page.locator("#heads-view figure figcaption").first.inner_text()
+    assert title.startswith("head ") and "induction" in title, title
+    layer, head = (int(x) for x in title.split()[1].split("."))
+    q0, q1, k0, k1 = _window(page)
+    with torch.no_grad():
+        weights = measure.run_patterns(model, probe.tokens)[layer, 0, head]  # (n, n)
+    cells = induction_pattern(probe.tokens)[0] * weights  # the head's weight on induction cells
+    shown = float(cells[q0 : q1 + 1, k0 : k1 + 1].sum())
+    top_left = float(cells[: q1 - q0 + 1, : k1 - k0 + 1].sum())
+    copies = (probe.source[0] >= 0).tolist()
+    copied = len(copies) - copies[::-1].index(False)  # where the repeat's unbroken copy starts
+    assert copied > 22 and q0 >= copied - 1 and k1 < q1, (q0, q1, k0, k1, copied)
+    assert shown >= 0.6 * float(cells.sum()) and shown > 5 * top_left, (shown, top_left)
+    page.select_option("#heads-type", "previous-token")
+    a0, a1, b0, b1 = _window(page)
+    assert (a0, a1) == (b0, b1)  # the diagonal, where a previous-token head acts
     assert page.errors == []
 
 

@@ -47,6 +47,38 @@ function windowOf(tokens) {
   return WINDOWS.get(tokens);
 }
 
+// Place the shared window of heatmaps of `tokens` where a head's action is. An induction head
+// acts on a repeat: query i attends to key j whose previous token equals token i (j - 1 < i),
+// so the window goes where the head puts the most weight on such cells (the second copy's
+// queries against the first copy's keys), not on the first copy, where it only rests. Any other
+// head gets a window on the diagonal at the current rows, where previous-token, positional and
+// self patterns show. Nothing moves when every token fits.
+export function focusWindow(weights, tokens, kind) {
+  const n = weights.length, m = weights[0]?.length ?? 0;
+  const rows = Math.min(n, WINDOW), cols = Math.min(m, WINDOW);
+  if (n <= rows && m <= cols) return;
+  const shared = windowOf(tokens);
+  let [i0, j0] = [shared.i0, Math.max(0, Math.min(m - cols, shared.i0))];
+  if (kind === "induction") {
+    // P[i][j]: the head's weight on induction cells of queries < i and keys < j
+    const P = Array.from({ length: n + 1 }, () => new Float64Array(m + 1));
+    for (let i = 0; i < n; i += 1) {
+      for (let j = 0; j < m; j += 1) {
+        const hit = j >= 1 && j <= i && tokens[j - 1] === tokens[i] ? weights[i][j] : 0;
+        P[i + 1][j + 1] = hit + P[i][j + 1] + P[i + 1][j] - P[i][j];
+      }
+    }
+    let best = 0;
+    for (let a = 0; a + rows <= n; a += 1) {
+      for (let b = 0; b + cols <= m; b += 1) {
+        const v = P[a + rows][b + cols] - P[a][b + cols] - P[a + rows][b] + P[a][b];
+        if (v > best + 1e-9) [best, i0, j0] = [v, a, b];
+      }
+    }
+  }
+  moveShared({ tokens }, i0, j0);
+}
+
 function moveShared(view, i0, j0) {
   const shared = windowOf(view.tokens);
   shared.i0 = i0;

@@ -2,7 +2,7 @@
 // and label (headlab.heads.analyse on the chosen model); every view is drawn from that answer.
 import { api } from "./api.js";
 import { h, clear, debounce, missing } from "./dom.js";
-import { heatmap, twoColumn, colourLegend } from "./figures.js";
+import { heatmap, twoColumn, colourLegend, focusWindow } from "./figures.js";
 import { figure } from "./export.js";
 import { headGrid } from "./headview.js";
 
@@ -42,7 +42,7 @@ export function initHeads(root, summaryEl) {
   const grid = h("div", { id: "heads-grid" });
   root.append(h("div", { class: "widget-box" }, form, status, view, grid));
 
-  const state = { attention: null, heads: null, layer: 0, head: 0, averaged: false, syntactic: null };
+  const state = { attention: null, heads: null, layer: 0, head: 0, averaged: false, syntactic: null, pickedAs: "" };
 
   const draw = () => {
     const a = state.attention;
@@ -51,6 +51,9 @@ export function initHeads(root, summaryEl) {
     const label = labelOf(state, layer, head);
     const readout = h("p", { class: "note", id: "heads-readout", "aria-live": "polite" }, "Hover a cell, or focus the heatmap and use the arrow keys, to read the exact weight.");
     const headW = a.weights[layer][head];
+    // a long input shows a window of the pattern: put it where the chosen head acts
+    const acts = !state.averaged && (label === "induction" || state.pickedAs === "induction") ? "induction" : "";
+    focusWindow(state.averaged ? a.averaged_weights[layer] : headW, a.tokens, acts);
     const headTitle = `head ${layer}.${head}${label ? ` — ${label}` : ""}`;
     const avgLabel = a.averaged?.[layer]?.label;
     const avgTitle = `layer ${layer}, all ${a.n_heads} heads averaged${avgLabel ? ` — ${avgLabel}` : ""}`;
@@ -80,7 +83,7 @@ export function initHeads(root, summaryEl) {
     clear(grid, h("h3", {}, "All heads, with their labels"), shared, headGrid(a, {
       labelOf: (l, k) => labelOf(state, l, k),
       active: (l, k) => !state.averaged && l === state.layer && k === state.head,
-      onSelect: (l, k) => select(l, k, false),
+      onSelect: (l, k) => { state.pickedAs = ""; select(l, k, false); },
       focus: [state.layer, state.head],
     }));
   };
@@ -97,12 +100,14 @@ export function initHeads(root, summaryEl) {
   const choose = () => {
     relationField.hidden = kind.value !== "syntactic";
     if (kind.value === "syntactic" && !wantSyntax) { wantSyntax = true; status.textContent = "Scoring syntactic heads on the evaluation text (the first time takes a while)…"; submit(); return; }
+    state.pickedAs = kind.value;  // the head the type picks is shown where that type acts
     pickType(state, kind.value, select, status, relation.value);
   };
   kind.addEventListener("change", choose);
   relation.addEventListener("change", choose);
   which.addEventListener("change", () => {
     const [l, k] = which.value.split(".").map(Number);
+    state.pickedAs = "";
     if (kind.value === "averaged") { select(l, k, true); status.textContent = averagedStatus(state); return; }
     select(l, k, false);
   });

@@ -2,7 +2,7 @@
 // its layer's mean, the two-column view, and the grid of every head with its label, all drawn from
 // one HeadReport dict that headlab.show embeds. Nothing here talks to a server.
 import { h, clear } from "./dom.js";
-import { heatmap, twoColumn, colourLegend } from "./figures.js";
+import { heatmap, twoColumn, colourLegend, focusWindow } from "./figures.js";
 
 // The grid of every head, layer by layer. a: {n_layers, n_heads, n_kv_heads, weights, tokens};
 // labelOf(l, k) → label; active(l, k) → pressed?; onSelect(l, k); title(l, k) → tooltip;
@@ -91,6 +91,7 @@ export function mountHeadView(root, data, { grid = true, detail = true, uid = "h
     if (open) open.open = true;
     if (!detail) return;
     const w = data.weights[layer][head];
+    focusWindow(w, data.tokens, row.label === "induction" ? "induction" : "");  // where it acts
     const title = `head ${layer}.${head} — ${row.label || ""}`;
     clear(view, colourLegend(),
       h("div", { class: "hv-pair" },
