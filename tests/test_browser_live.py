@@ -72,6 +72,9 @@ def test_train_draws_the_phase_change_and_ends_with_the_librarys_scores(live_pag
     assert shown["phase_change"]["window"] == library["phase_change"]["window"]
     assert library["verdict"]["circuit"]
     assert page.inner_text("#live-verdict-text") == library["verdict"]["text"]
+    # the wall time to the window's end, as the server measured it for this run
+    assert shown["seconds"] > 0
+    assert f"over {shown['seconds']:.1f} s after training started" in phase.inner_text()
     assert page.errors == []
     assert not [t for t in threading.enumerate() if t.name.startswith("live-")]
 

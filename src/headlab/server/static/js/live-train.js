@@ -97,7 +97,10 @@ export function initLiveTrain(root) {
     }
     if (st.phase?.found) {
       phase.hidden = false;
-      phase.textContent = `Phase change detected: steps ${st.phase.window[0]}–${st.phase.window[1]} (steepest at step ${st.phase.step}).`;
+      // seconds of training (the server's clock) to the evaluation that ends the window
+      const end = st.evals.find((r) => r.step === st.phase.window[1]);
+      const when = end && Number.isFinite(end.wall) ? `, over ${end.wall.toFixed(1)} s after training started` : "";
+      phase.textContent = `Phase change detected: steps ${st.phase.window[0]}–${st.phase.window[1]} (steepest at step ${st.phase.step})${when}.`;
     }
   };
 
@@ -119,7 +122,7 @@ export function initLiveTrain(root) {
       h("thead", {}, h("tr", {}, h("th", {}, "head"), h("th", { class: "num" }, "induction"), h("th", { class: "num" }, "previous-token"), h("th", { class: "num" }, "ablation"))),
       h("tbody", {}, rows)));
     clear(verdict, h("p", { id: "live-verdict-text", class: v.verdict.circuit ? "verdict" : null }, v.verdict.text), table);
-    verdict.dataset.final = JSON.stringify({ induction: final.induction, prev_token: final.prev_token, phase_change: v.phase_change });
+    verdict.dataset.final = JSON.stringify({ induction: final.induction, prev_token: final.prev_token, phase_change: v.phase_change, seconds: v.phase_change_seconds });
   };
 
   const handle = (name, e) => {
