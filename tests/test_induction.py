@@ -381,3 +381,34 @@ def test_cli_prints_the_live_progress_events(capsys: pytest.CaptureFixture[str])
         "best previous-token 0.0 0.710",
         "2 layer(s): It formed.",
     ]
+
+
+def test_live_events_carry_the_patterns_and_the_history_keeps_only_scores() -> None:
+    """The two heads' patterns ride on every PATTERN_EVERY-th eval event (the page draws them)
+    and equal the model's own at that step; the training history, which results.json keeps, has
+    the scores alone (the shipped run's file too)."""
+    from dataclasses import replace
+
+    from headlab.experiments import results_path
+    from headlab.measure import run_patterns
+
+    cfg = replace(ind.LIVE, steps=50, eval_every=25)
+    events: list[dict] = []
+    with one_thread():
+        r = ind.study(cfg, 2, seed=3, listener=events.append)
+    evals = [e for e in events if e["event"] == "eval"]
+    history = [x for x in r["history"] if x["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [x["step"] for x in history]
+    assert all("patterns" not in x for x in r["history"])
+    carried = [i for i, e in enumerate(evals) if "patterns" in e]
+    assert carried == [i for i in range(len(evals)) if i % ind.PATTERN_EVERY == 0]
+    last = evals[-1]
+    assert "patterns" in last, "the run's length leaves the last evaluation without patterns"
+    data = ind.held_out(cfg, seed=3)
+    want = run_patterns(r["_model"], data.inputs[:1])[:, 0]  # (L, h, n, n), the final model
+    for shown in last["patterns"].values():
+        layer, head = (int(x) for x in shown["head"].split("."))
+        got = torch.tensor(shown["weights"])
+        torch.testing.assert_close(got, want[layer, head], atol=5e-4, rtol=0)
+    shipped = json.loads(results_path("induction").read_text())
+    assert all("patterns" not in x for x in shipped["history"] + shipped["control_history"])

@@ -163,7 +163,9 @@ TIMING_KEYS = ("wall", "elapsed")  # wall-clock fields of training records: neve
 
 
 def _timeless(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in history]
+    """The records without their wall-clock fields, and without the display patterns that
+    histories written before they moved to the live events alone carried."""
+    return [{k: v for k, v in r.items() if k not in (*TIMING_KEYS, "patterns")} for r in history]
 
 
 def _seed_checks(tag: str, s: dict[str, Any], r: dict[str, Any]) -> list[Check]:

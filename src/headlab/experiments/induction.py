@@ -492,6 +492,7 @@ class Watch:
         self.data, self.listener, self.inner, self.stop = data, listener, inner, stop
         self.evals: list[dict[str, Any]] = []
         self.detected: dict[str, Any] | None = None
+        self.shown: dict[str, Any] = {}  # patterns for the next eval event (not for the history)
 
     def start(self, total: int, step: int) -> None:
         self.evals = []
@@ -522,7 +523,9 @@ class Watch:
                 lo, hi = phase["window"]
                 self.inner.message(f"phase change detected at step {record['step']}: "
                                    f"window {lo}–{hi}")  # fmt: skip
-        self._send({"event": "eval", **record, "phase_change": phase})
+        event = {"event": "eval", **record, **self.shown, "phase_change": phase}
+        self.shown = {}
+        self._send(event)
 
     def message(self, text: str) -> None:
         if self.inner is not None:
@@ -535,7 +538,8 @@ class Watch:
     def patterns(self, model: Transformer, record: dict[str, Any]) -> dict[str, Any]:
         """The ``extra`` hook: every PATTERN_EVERY-th evaluation, the patterns (probe sequence 0,
         rounded to 3 decimals) of the best induction head of the last layer and the best
-        previous-token head of layer 0."""
+        previous-token head of layer 0. They ride on the eval event only: the training history
+        (and results.json) keeps the scores, not 17 KB of patterns per evaluation."""
         if len(self.evals) % PATTERN_EVERY:
             return {}
         weights = run_patterns(model, self.data.inputs[:1])[:, 0]  # (L, h, n, n)
@@ -544,9 +548,10 @@ class Watch:
             "induction": (last, _argmax(record["induction"][last])),
             "prev_token": (0, _argmax(record["prev_token"][0])),
         }
-        return {"patterns": {kind: {"head": f"{l}.{i}",
-                                    "weights": weights[l, i].round(decimals=3).tolist()}
-                             for kind, (l, i) in shown.items()}}  # fmt: skip
+        self.shown = {"patterns": {kind: {"head": f"{l}.{i}",
+                                          "weights": weights[l, i].round(decimals=3).tolist()}
+                                   for kind, (l, i) in shown.items()}}  # fmt: skip
+        return {}
 
     def _send(self, event: dict[str, Any]) -> None:
         if self.listener is not None:
