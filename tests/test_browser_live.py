@@ -62,6 +62,11 @@ def test_train_draws_the_phase_change_and_ends_with_the_librarys_scores(live_pag
     page.wait_for_selector("#live-verdict-text", timeout=RUN_SECONDS)
     expect(page.locator("#live-status")).to_contain_text("finished", timeout=60_000)
     assert page.locator("#live-patterns svg.heatmap").count() == 2
+    n = ind.LIVE.seq_len  # the whole context in view: every query against every key, no window
+    for heat in page.locator("#live-patterns svg.heatmap").all():
+        assert heat.get_attribute("data-n") == str(n)
+        assert heat.locator("rect[data-i]").count() == n * n
+        assert heat.locator(".hv-map").count() == 0
     shown = json.loads(page.get_attribute("#live-verdict", "data-final"))
 
     # `headlab experiment induction --quick --seed 0 --threads N`, N as the server's runs train

@@ -12,11 +12,15 @@ const short = (t, k = 10) => (t.length > k ? `${t.slice(0, k - 1)}…` : t);
 // box to drag (or the arrow keys) that moves it. Heatmaps of the same tokens move together.
 const CELL = 16, LABEL = 12, WINDOW = 22, PAD = 84;
 
-export function heatmap(weights, tokens, { title = "", small = false, readout = null } = {}) {
+// `window` widens the window for a figure that must show a whole short pattern at once.
+export function heatmap(weights, tokens, { title = "", small = false, readout = null, window: win = WINDOW } = {}) {
   if (small) return thumbnail(weights, title);
   const n = weights.length, m = weights[0]?.length ?? 0;
-  const k = Math.min(WINDOW, Math.max(n, m));
-  const cell = Math.max(n, m) <= WINDOW ? Math.max(CELL, Math.min(22, Math.floor((WINDOW * CELL) / Math.max(n, m, 1)))) : CELL;
+  const k = Math.min(win, Math.max(n, m));
+  // a pattern that fits gets the window's width in pixels: larger cells when short, and when a
+  // wider window was asked for, smaller ones (down to LABEL px, where labels still fit)
+  const fit = Math.floor((WINDOW * CELL) / Math.max(n, m, 1));
+  const cell = Math.max(n, m) <= win ? Math.max(win > WINDOW ? LABEL : CELL, Math.min(22, fit)) : CELL;
   const rows = Math.min(n, k), cols = Math.min(m, k);
   const windowed = n > rows || m > cols;
   const head = 18 + (windowed ? 16 : 0);

@@ -8,6 +8,7 @@ import { lineChart, heatmap, colourLegend } from "./figures.js";
 
 // no "-0.00": a value that rounds to zero prints as 0
 const fmt = (v, d = 3) => (Number.isFinite(v) ? (Math.abs(v) < 0.5 * 10 ** -d ? 0 : v).toFixed(d) : "—");
+const DRAW_MS = 400;  // the live charts redraw at most this often
 
 function field(id, label, control) {
   return h("label", { for: id }, label, control);
@@ -59,11 +60,15 @@ export function initLiveTrain(root) {
 
   let state = null;
   let pending = false;
+  let drawnAt = 0;
 
+  // evaluations redraw, at most one drawing per DRAW_MS: the browser shares the CPU with the
+  // server's training run (on two cores, redrawing every chart on every event cost the run 2-3 s)
   const redraw = () => {
     if (pending) return;
     pending = true;
-    requestAnimationFrame(() => { pending = false; draw(state); });
+    const wait = Math.max(0, DRAW_MS - (performance.now() - drawnAt));
+    setTimeout(() => requestAnimationFrame(() => { pending = false; drawnAt = performance.now(); draw(state); }), wait);
   };
 
   const draw = (st) => {
@@ -79,6 +84,22 @@ export function initLiveTrain(root) {
     clear(losses, l.svg, l.legend);
     losses.dataset.step = String(st.evals.at(-1).step);
     losses.dataset.points = String(st.evals.length);
+    // the server trains on the same machine: redraw the scores and the patterns only when an
+    // evaluation brought new ones (a step event changes the training loss alone)
+    if (st.drawn.evals !== st.evals.length || st.drawn.phase !== shade?.join()) drawScores(st, shade);
+    if (st.patterns && st.drawn.patternStep !== st.patternStep) drawPatterns(st);
+    if (st.phase?.found) {
+      phase.hidden = false;
+      // seconds of training (the server's clock) to the evaluation that ends the window
+      const end = st.evals.find((r) => r.step === st.phase.window[1]);
+      const when = end && Number.isFinite(end.wall) ? `, over ${end.wall.toFixed(1)} s after training started` : "";
+      phase.textContent = `Phase change detected: steps ${st.phase.window[0]}–${st.phase.window[1]} (steepest at step ${st.phase.step})${when}.`;
+    }
+  };
+
+  const drawScores = (st, shade) => {
+    st.drawn.evals = st.evals.length;
+    st.drawn.phase = shade?.join();
     const last = st.evals.at(-1).induction.length - 1;
     const perHead = (key, layer, label) => st.evals[0][key][layer].map((_, k) => ({
       name: `${label} ${layer}.${k}`, dashed: key === "prev_token", points: st.evals.map((e) => [e.step, e[key][layer][k]]),
@@ -88,20 +109,16 @@ export function initLiveTrain(root) {
     const sc = lineChart(headSeries, { title: `Induction score of layer ${last}'s heads, previous-token score of layer 0's`, xLabel: "step", yLabel: "score", shade });
     clear(scores, sc.svg, sc.legend);
     scores.dataset.points = String(st.evals.length);
-    if (st.patterns) {
-      const tokens = st.tokens.map(String);
-      const { induction, prev_token: prev } = st.patterns;
-      clear(patterns, colourLegend(), h("div", { class: "pair" },
-        heatmap(induction.weights, tokens, { title: `best induction head ${induction.head}, step ${st.patternStep}` }),
-        heatmap(prev.weights, tokens, { title: `best previous-token head ${prev.head}, step ${st.patternStep}` })));
-    }
-    if (st.phase?.found) {
-      phase.hidden = false;
-      // seconds of training (the server's clock) to the evaluation that ends the window
-      const end = st.evals.find((r) => r.step === st.phase.window[1]);
-      const when = end && Number.isFinite(end.wall) ? `, over ${end.wall.toFixed(1)} s after training started` : "";
-      phase.textContent = `Phase change detected: steps ${st.phase.window[0]}–${st.phase.window[1]} (steepest at step ${st.phase.step})${when}.`;
-    }
+  };
+
+  const drawPatterns = (st) => {
+    st.drawn.patternStep = st.patternStep;
+    const tokens = st.tokens.map(String);
+    const { induction, prev_token: prev } = st.patterns;
+    clear(patterns, colourLegend(), h("div", { class: "pair" },
+      // the whole context at once: the copy and its source are both in view
+      heatmap(induction.weights, tokens, { title: `best induction head ${induction.head}, step ${st.patternStep}`, window: tokens.length }),
+      heatmap(prev.weights, tokens, { title: `best previous-token head ${prev.head}, step ${st.patternStep}`, window: tokens.length })));
   };
 
   const finish = (text, error = false) => {
@@ -136,8 +153,7 @@ export function initLiveTrain(root) {
       state.total = e.total;
     } else if (name === "step") {
       state.steps.push([e.step, e.loss]);
-      status.textContent = `Run ${state.runId}: step ${e.step} of ${state.total}, training loss ${fmt(e.loss)}`;
-      redraw();
+      status.textContent = `Run ${state.runId}: step ${e.step} of ${state.total}, training loss ${fmt(e.loss)}`;  // drawn with the next evaluation
     } else if (name === "eval") {
       state.evals.push(e);
       state.phase = e.phase_change;
@@ -158,7 +174,8 @@ export function initLiveTrain(root) {
 
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
-    state = { runId: null, steps: [], evals: [], phase: null, patterns: null, tokens: [], ceiling: null, total: 0 };
+    state = { runId: null, steps: [], evals: [], phase: null, patterns: null, tokens: [], ceiling: null, total: 0,
+      drawn: { evals: 0, phase: undefined, patternStep: null } };
     clear(losses); clear(scores); clear(patterns); clear(verdict);
     phase.hidden = true;
     train.disabled = true;
