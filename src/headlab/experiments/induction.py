@@ -63,6 +63,7 @@ Papers: Olsson et al. 2022, "In-context Learning and Induction Heads"; Elhage et
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import math
 import statistics
@@ -248,6 +249,10 @@ def train_model(
     ``extra(model, record)`` may add keys to an evaluation record (the live run's patterns)."""
     model = make_model(cfg, n_layers, seed)
     task = RepeatTask(cfg.vocab_size, cfg.seq_len, cfg.min_span, cfg.max_span)
+    # torch's AdamW imports torch._dynamo when first built (about 2 s here): import it before
+    # the clock starts, so a run's seconds measure training, as on the page, whose server
+    # imports it at startup
+    importlib.import_module("torch._dynamo")
     t0 = time.perf_counter()
 
     def evaluate(m: Any, step: int) -> dict[str, Any]:
