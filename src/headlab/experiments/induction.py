@@ -63,7 +63,6 @@ Papers: Olsson et al. 2022, "In-context Learning and Induction Heads"; Elhage et
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import math
 import statistics
@@ -252,7 +251,8 @@ def train_model(
     # torch's AdamW imports torch._dynamo when first built (about 2 s here): import it before
     # the clock starts, so a run's seconds measure training, as on the page, whose server
     # imports it at startup
-    importlib.import_module("torch._dynamo")
+    import torch._dynamo  # noqa: F401
+
     t0 = time.perf_counter()
 
     def evaluate(m: Any, step: int) -> dict[str, Any]:
