@@ -19,8 +19,8 @@ from dataclasses import replace
 import torch
 
 from headlab.experiments import induction as ind
-from headlab.tasks import RepeatTask
-from headlab.train import train
+from headlab.training.tasks import RepeatTask
+from headlab.training.train import train
 
 
 def run(steps: int, threads: int, deterministic: bool) -> tuple[float, str]:

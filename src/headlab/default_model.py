@@ -8,7 +8,7 @@
        that ``encode`` puts in front of every text;
     3) train a :class:`headlab.model.Transformer` first on synthetic copying (a pool of ids,
        then every id), then on text windows mixed with repeated passages and repeated random
-       tokens (:class:`headlab.tasks.CorpusTask`), so that in-context copying forms within
+       tokens (:class:`headlab.training.tasks.CorpusTask`), so that in-context copying forms within
        minutes on a laptop CPU (Olsson et al. 2022);
     4) export ``config.json``, ``model.safetensors`` and ``tokenizer.json`` into ``OUT/model`` and
        write the model card (``README.md``) from figures measured on the exported files.
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headlab.model import ModelConfig, Transformer
-from headlab.train import Reporter, TrainConfig, TrainResult, train
+from headlab.training.train import Reporter, TrainConfig, TrainResult, train
 
 BOS = "<|endoftext|>"  # the start token; GPT-2's name for it, so probes recognise it
 VALIDATION_WORK = "twelfth_night"  # the play held out for validation (never trained on)
@@ -242,15 +242,15 @@ class Prepared:
 
     recipe: DefaultRecipe
     tokenizer: Any  # tokenizers.Tokenizer
-    task: Any  # headlab.tasks.CorpusTask
+    task: Any  # headlab.training.tasks.CorpusTask
     evals: EvalSet
     corpus: dict[str, Any]  # what the model card says about the data
 
 
 def prepare(recipe: DefaultRecipe) -> Prepared:
     """Fetch and split the corpus, train the tokenizer, build the data task and eval set."""
-    from headlab import tasks
     from headlab.corpus import fetch_corpus, read_corpus
+    from headlab.training import tasks
 
     works = read_corpus(fetch_corpus())
     val = [text for name, text in works if name == VALIDATION_WORK]
@@ -296,11 +296,11 @@ def _word_ids(tokenizer: Any) -> Tensor:
 
 
 def copy_batches(prepared: Prepared, pool: Tensor, min_span: int, bos: bool) -> Any:
-    """Copying data: headlab.tasks.RepeatTask (a random segment copied at a random offset) over
-    the ids in ``pool``, after the start token if ``bos``: ``batches(generator) -> (inputs,
+    """Copying data: headlab.training.tasks.RepeatTask (a random segment copied at a random offset)
+    over the ids in ``pool``, after the start token if ``bos``: ``batches(generator) -> (inputs,
     targets)``."""
     from headlab.measure import next_token_pair
-    from headlab.tasks import RepeatTask
+    from headlab.training.tasks import RepeatTask
 
     r = prepared.recipe
     n = r.copy_seq_len - 1  # RepeatTask draws n + 1 tokens; the start token makes n + 2
@@ -333,7 +333,7 @@ def pool_loss(pool: Tensor, vocab_size: int) -> Any:
 def phases(prepared: Prepared) -> list[tuple[str, TrainConfig, Any, Any]]:
     """The recipe's training phases, ``(name, config, batches, loss_fn)``; a copying phase
     with no steps is left out (the text phase always runs)."""
-    from headlab.train import next_token_loss
+    from headlab.training.train import next_token_loss
 
     r = prepared.recipe
     pool, every_id = prepared.task.pool_ids, prepared.task.random_ids
@@ -362,7 +362,7 @@ def train_recipe(
     """``headlab train default``: train the shipped model into ``out`` and export it to
     ``out / "model"`` (config.json, model.safetensors, tokenizer.json, README.md).
 
-    Three phases, each a :func:`headlab.train.train` run with its own checkpoints, so
+    Three phases, each a :func:`headlab.training.train.train` run with its own checkpoints, so
     ``--resume`` continues any of them: 1) ``copy_steps`` of synthetic copying over a small pool
     of ids, without the start token and scored on the pool's logits only, where the textbook
     two-layer circuit (a previous-token head feeding induction heads) forms within about a
@@ -370,7 +370,7 @@ def train_recipe(
     which the circuit carries over; 3) ``steps`` on the text mixture, whose repeated passages
     and random runs keep it in use.
     """
-    from headlab.experiments import one_thread
+    from headlab.files import one_thread
 
     recipe = replace(QUICK if quick else RECIPE, seed=seed)
     prepared = prepare(recipe)
@@ -463,7 +463,7 @@ def head_tables(directory: Path) -> tuple[dict[str, str], dict[str, list]]:
 
     from headlab import measure
     from headlab.heads import analyse
-    from headlab.heads_render import heads_table
+    from headlab.heads.render import heads_table
     from headlab.zoo import Tokenizer
 
     model = Transformer.load(directory)

@@ -14,13 +14,13 @@ the others from running.
 from __future__ import annotations
 
 import importlib
-import json
-import math
-import os
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from headlab.files import finite, one_thread, torch_threads, write_json
+
+__all__ = ["finite", "one_thread", "torch_threads"]
 
 RunFn = Callable[..., dict[str, Any]]
 
@@ -77,12 +77,8 @@ def results_path(name: str) -> Path:
 
 
 def write_json_atomic(path: Path, data: Any) -> Path:
-    """Write ``data`` as JSON (NaN and infinity as null) via a temporary file and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(finite(data), indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    """``data`` as finite JSON through the one writer (:func:`headlab.files.write_json`)."""
+    return write_json(path, data)
 
 
 def write_results(out: Path | None, results: dict[str, Any]) -> Path | None:
@@ -97,17 +93,6 @@ def ship_results(name: str, results: dict[str, Any]) -> Path:
 
     dated = {"date": datetime.date.today().isoformat(), **results}
     return write_json_atomic(results_path(name), dated)
-
-
-def finite(value: Any) -> Any:
-    """``value`` with every NaN or infinite float replaced by None (JSON has neither)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite(v) for v in value]
-    return value
 
 
 def pyplot() -> Any:
@@ -131,28 +116,3 @@ def save_figure(fig: Any, out: Path | None, name: str) -> str | None:
         return name
     finally:
         plt.close(fig)
-
-
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """Run torch on one CPU thread, then restore the previous count.
-
-    On a shared machine whose load exceeds its cores, two-thread kernels measured here ran many
-    times slower than one-thread ones (threads wait on each other); one thread keeps timings
-    comparable between variants and runs.
-    """
-    with torch_threads(1):
-        yield
-
-
-@contextmanager
-def torch_threads(n: int) -> Iterator[None]:
-    """Run torch on ``n`` CPU threads, then restore the previous count."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)

@@ -14,7 +14,7 @@ from torch import nn
 
 from headlab.experiments import one_thread, pyplot, save_figure, write_results
 from headlab.measure import next_token_loss
-from headlab.train import BatchFn, LossFn, TrainConfig, TrainResult, train
+from headlab.training.train import BatchFn, LossFn, TrainConfig, TrainResult, train
 
 
 def spread(values: list[float]) -> dict[str, Any]:

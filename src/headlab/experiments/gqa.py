@@ -12,7 +12,7 @@ For one model size and h_kv in {h, h/2, h/4, 1}:
    heads, :func:`expand_kv_heads`: the same function, 3× the cache), tokens/s and cache bytes
    at contexts up to its 8192 positions, interleaved repeats, medians.
 3. Quality: an MHA language model of the agreement grammar's sentences
-   (:class:`headlab.tasks.AgreementTask`) is converted to GQA by mean-pooling
+   (:class:`headlab.training.tasks.AgreementTask`) is converted to GQA by mean-pooling
    the K/V heads of each group (Ainslie et al. 2023, "GQA: Training Generalized Multi-Query
    Transformer Models from Multi-Head Checkpoints"), evaluated right after the conversion and after
    continued training for 5% of the original steps, against GQA trained from scratch; the loss is
@@ -46,8 +46,8 @@ from headlab.experiments.design_common import (
 )
 from headlab.model import ModelConfig, SkipInit, Transformer
 from headlab.shapes import trace_shapes
-from headlab.tasks import AgreementTask, sentence_pair
-from headlab.train import TrainConfig
+from headlab.training.tasks import AgreementTask, sentence_pair
+from headlab.training.train import TrainConfig
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 Parameters and FLOPs stay the same for every h (W_Q, W_K, W_V, W_O are d_model × d_model
 whatever the split); only how the width is cut into heads changes. The task is language
-modelling of the sentences of :class:`headlab.tasks.AgreementTask` (next-token loss over whole
+modelling of the sentences of :class:`headlab.training.tasks.AgreementTask` (next-token loss over
+whole
 sentences, measured on held-out ones): most of its loss is the grammar's own randomness, and the
 part that attention resolves is the verb, which needs the subject's number past an attractor and
 the stem from the previous token; so the verb's loss and accuracy are reported too.
@@ -34,8 +35,8 @@ from headlab.experiments.design_common import (
     write_results,
 )
 from headlab.model import ModelConfig, Transformer
-from headlab.tasks import AgreementTask, sentence_pair
-from headlab.train import TrainConfig
+from headlab.training.tasks import AgreementTask, sentence_pair
+from headlab.training.train import TrainConfig
 
 VASWANI_TABLE3_A = [  # (h, d_k, dev PPL, dev BLEU), d_model = 512, newstest2013
     (1, 512, 5.29, 24.9),

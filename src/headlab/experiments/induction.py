@@ -7,7 +7,8 @@ Shape legend
 
 What runs
     A 2-layer attention-only transformer and a 1-layer control of the same width are trained on
-    :class:`headlab.tasks.RepeatTask`: uniform random tokens in which one segment is copied later,
+    :class:`headlab.training.tasks.RepeatTask`: uniform random tokens in which one segment is
+    copied later,
     with the copy's length and offset drawn afresh per sequence, so no fixed repeat period exists.
     Positions are rotary (relative): with learned absolute positions, measured here, the model
     instead learned to guess where the copy sits from absolute position and formed no induction
@@ -90,9 +91,9 @@ from headlab.measure import (
     token_losses,
 )
 from headlab.model import ModelConfig, Transformer
-from headlab.tasks import RepeatTask
 from headlab.trace import Trace
-from headlab.train import Reporter, TrainConfig, TrainResult, train
+from headlab.training.tasks import RepeatTask
+from headlab.training.train import Reporter, TrainConfig, TrainResult, train
 
 
 @dataclass(frozen=True)
@@ -477,8 +478,8 @@ class Stopped(RuntimeError):
 
 
 class Watch:
-    """A :class:`headlab.train.Reporter` that turns a run's progress into events for a listener
-    (and passes everything on to an inner reporter, e.g. a progress bar).
+    """A :class:`headlab.training.train.Reporter` that turns a run's progress into events for a
+    listener (and passes everything on to an inner reporter, e.g. a progress bar).
 
     Events (dicts with an ``event`` key): ``start`` (total steps, the probe's first sequence),
     ``step`` (step, training loss), ``eval`` (an evaluation record: losses, every head's

@@ -3,7 +3,8 @@
 The claim under test: a verb needs agreement with a distant subject *and* its previous token at
 once, and one head cannot attend to both while ignoring an attractor noun; widening the one head
 does not help, because its weights are still one distribution. The data is
-:class:`headlab.tasks.AgreementTask`: the verb form at ``<v>`` is (stem set by the previous token,
+:class:`headlab.training.tasks.AgreementTask`: the verb form at ``<v>`` is (stem set by the
+previous token,
 number set by the subject), with an attractor noun of the other number after the subject, inside
 a relative clause, or before the subject.
 
@@ -39,8 +40,8 @@ from headlab.experiments.design_common import (
 )
 from headlab.measure import run_patterns
 from headlab.model import ModelConfig, Transformer
-from headlab.tasks import AgreementTask
-from headlab.train import TrainConfig
+from headlab.training.tasks import AgreementTask
+from headlab.training.train import TrainConfig
 
 MODELS = ("heads", "one", "wide")
 

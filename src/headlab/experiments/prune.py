@@ -19,7 +19,7 @@ Models and losses:
                    --fetch smollm2``): next-token loss on Twelfth Night, the Shakespeare play the
                    default model never trains on; short windows, and the curves measured after
                    every 5th head, so that it runs on a laptop CPU
-    trained-here   a 2–3 layer language model of :class:`headlab.tasks.AgreementTask`
+    trained-here   a 2–3 layer language model of :class:`headlab.training.tasks.AgreementTask`
                    sentences, trained here per seed (next-token loss on held-out sentences);
                    the only model in ``--quick``
 
@@ -49,8 +49,8 @@ from headlab.ablation import (
 )
 from headlab.experiments.design_common import fit, one_thread, pyplot, save_figure, write_results
 from headlab.model import ModelConfig, Transformer
-from headlab.tasks import AgreementTask, sentence_pair
-from headlab.train import TrainConfig
+from headlab.training.tasks import AgreementTask, sentence_pair
+from headlab.training.train import TrainConfig
 
 # English text for the default model's loss (written for headlab; never part of its training).
 EVAL_TEXT = (

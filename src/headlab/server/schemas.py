@@ -170,7 +170,7 @@ class HeadsRequest(TextRequest):
     syntax: StrictBool = Field(
         False,
         description="also score syntactic heads on the shipped evaluation text and parse the "
-        "text (headlab.syntax; needs headlab[syntax]); the answer's 'syntax' field says when "
+        "text (headlab.heads.syntax; needs headlab[syntax]); the answer's 'syntax' field says when "
         "that is unavailable",
     )
 

@@ -77,7 +77,7 @@ def attention(req: TextRequest, request: Request) -> Response:
 def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
     """Every head's pattern, scores and label, each layer's averaged head, the best head of
     each type the page offers and each layer's sink share: :func:`headlab.heads.analyse` on
-    the probe, in one answer; with ``syntax`` also the syntactic heads (:mod:`headlab.syntax`)
+    the probe, in one answer; with ``syntax`` also the syntactic heads (:mod:`headlab.heads.syntax`)
     and, for a text, its parse and each head's top link per word."""
     from headlab import heads
 
@@ -103,7 +103,7 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
 def syntax_table(request: Request, name: str) -> dict[str, Any]:
     """The model's syntactic heads on the evaluation text, computed once per model and kept:
     ``{"report", "nlp"}``, or ``{"note"}`` saying why they are unavailable."""
-    from headlab import syntax
+    from headlab.heads import syntax
 
     cache = getattr(request.app.state, "syntax_tables", None)
     if cache is None:
@@ -124,7 +124,7 @@ def syntax_table(request: Request, name: str) -> dict[str, Any]:
 
 def syntax_body(request: Request, name: str, found: dict, probe: Any, patterns: Any) -> dict:
     """The answer's ``syntax`` field: the table, and the probe text's parse and top links."""
-    from headlab import syntax
+    from headlab.heads import syntax
 
     if "report" not in found:
         return {"available": False, "note": found["note"], "relations": []}

@@ -1,4 +1,5 @@
-"""headlab.train: the schedule and AdamW against torch's own, determinism, metrics, checkpoints
+"""headlab.training.train: the schedule and AdamW against torch's own, determinism, metrics,
+checkpoints
 written atomically, exact resume after SIGKILL and Ctrl-C, corrupt checkpoints refused."""
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from headlab.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
-from headlab.cli_support import LogReporter
-from headlab.train import TrainConfig, lr_at, read_metrics, train
+from headlab.cli.support import LogReporter
+from headlab.training.train import TrainConfig, lr_at, read_metrics, train
 
 V, N, B = 16, 6, 8  # vocabulary, sequence length, batch of the tiny task
 
@@ -67,7 +68,7 @@ WORKER = textwrap.dedent(
     sys.path.insert(0, os.path.dirname(__file__))
     from tiny import make_model, batches
     import headlab.checkpoint as C
-    import headlab.train as T
+    import headlab.training.train as T
 
     out, steps, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     delay = float(os.environ.get("STEP_DELAY", "0"))
@@ -231,7 +232,7 @@ def test_metrics_file_and_log_reporter(tmp_path: Path) -> None:
 def test_reporters_pick_bar_or_lines_and_draw_the_bar() -> None:
     from rich.console import Console
 
-    from headlab.cli_support import RichReporter, make_reporter
+    from headlab.cli.support import RichReporter, make_reporter
 
     assert isinstance(make_reporter(io.StringIO()), LogReporter)  # not a terminal: log lines
     sink = io.StringIO()
@@ -294,7 +295,7 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path: Path) -> No
 def _run_worker(tmp_path: Path, out: Path, steps: int, mode: str, delay: float = 0.0):
     (tmp_path / "tiny.py").write_text(TINY)
     (tmp_path / "worker.py").write_text(WORKER)
-    env = dict(os.environ, STEP_DELAY=str(delay), PYTHONPATH=str(Path(__file__).parents[1] / "src"))
+    env = dict(os.environ, STEP_DELAY=str(delay), PYTHONPATH=str(Path(__file__).parents[2] / "src"))
     args = [sys.executable, str(tmp_path / "worker.py"), str(out), str(steps), mode]
     return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 

@@ -11,7 +11,6 @@ from dataclasses import asdict
 
 import pytest
 from playwright.sync_api import expect
-
 from test_browser import browser, server  # noqa: F401  (the module's fixtures, shared)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

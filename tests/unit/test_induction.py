@@ -17,7 +17,7 @@ from headlab.cli import app
 from headlab.experiments import EXPERIMENTS, describe, finite, one_thread
 from headlab.experiments import induction as ind
 from headlab.heads import induction_score
-from headlab.tasks import RepeatTask
+from headlab.training.tasks import RepeatTask
 
 # ---------------------------------------------------------------------------------------------
 # the data: copies are exact, their offsets are not fixed
@@ -345,7 +345,7 @@ def test_cli_train_recipe_ctrl_c_then_resume(tmp_path: Path) -> None:
 
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "headlab.cli", "train", "induction", "--quick", "--out", str(out)]
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "src"))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2] / "src"))
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while latest_checkpoint(out) is None and time.monotonic() < deadline and proc.poll() is None:

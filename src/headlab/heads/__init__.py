@@ -22,7 +22,7 @@ of keys and a target), its threshold below:
                  shuffled (headlab's definition, :func:`content_score`)    0.3
     rare_word    share of queries whose argmax is the sentence's least frequent word  0.5
     syntactic    margin over the best fixed-offset baseline on a dependency relation
-                 (from :mod:`headlab.syntax`)                      0.1   Voita 2019
+                 (from :mod:`headlab.heads.syntax`)                      0.1   Voita 2019
     first_token  mean weight on the first token: an attention sink  0.5   Xiao 2023, Gu 2024
     delimiter    mean weight on special tokens after 0 and punctuation   0.5   Clark 2019
     diffuse      mean_i H(A_i) / log k_i, k_i the keys query i may see  0.9
@@ -808,7 +808,7 @@ def analyse(
     ``content=False`` runs the probe alone and leaves "content" out of the scores. The
     rare-word score needs the ``wordfreq`` package (``headlab[syntax]``) and a text probe;
     ``syntactic`` gives each head's margin over the offset baseline on its best relation
-    (:meth:`headlab.syntax.SyntaxReport.margins`), measured on a parsed text.
+    (:meth:`headlab.heads.syntax.SyntaxReport.margins`), measured on a parsed text.
     Each layer's weights are scored as that layer runs and then dropped
     (:func:`headlab.measure.reduce_patterns`), so the extra memory is about one layer's
     (2B, h, n, n) plus the patterns kept: every head's by default, only ``keep``'s otherwise

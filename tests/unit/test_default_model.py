@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from conftest import require
-from headlab import corpus, measure, tasks, zoo
+from headlab import corpus, measure, zoo
 from headlab.cli import app
 from headlab.default_model import (
     BOS,
@@ -29,6 +29,7 @@ from headlab.default_model import (
 from headlab.heads import analyse, shuffle_positions
 from headlab.model import Transformer
 from headlab.trace import Trace
+from headlab.training import tasks
 
 WEIGHTS = zoo.WEIGHTS_DIR
 SHIPPED = ("config.json", "model.safetensors", "tokenizer.json", "README.md", "card.json")

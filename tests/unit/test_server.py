@@ -374,7 +374,7 @@ def test_heads_with_syntax_say_whether_it_is_available(tiny, monkeypatch) -> Non
     """syntax=true without the spaCy pipeline answers a field saying so, never an error."""
     import importlib.metadata
 
-    from headlab import syntax
+    from headlab.heads import syntax
 
     def missing(name: str):
         raise importlib.metadata.PackageNotFoundError(name)

@@ -370,13 +370,13 @@ def _heads_on_probe(
     html: Path | None = None,
 ) -> None:
     """One probe: the table (or JSON) of every head, and the pattern of --show's head; with
-    ``syntax`` the syntactic scores from the evaluation text too (headlab.syntax), and with
+    ``syntax`` the syntactic scores from the evaluation text too (headlab.heads.syntax), and with
     ``html`` the interactive view of every head in one offline file."""
     import json
 
     from headlab import zoo
     from headlab.heads import analyse
-    from headlab.heads_render import heads_table, heatmap, key_legend, sink_lines
+    from headlab.heads.render import heads_table, heatmap, key_legend, sink_lines
     from headlab.measure import build_probe
     from headlab.scaling import read_text
 
@@ -445,7 +445,7 @@ def _heads_over_prompts(
     import json
 
     from headlab import scaling, zoo
-    from headlab.heads_render import heads_table
+    from headlab.heads.render import heads_table
 
     try:
         out = scaling.check_out_path(out) if out is not None else None
@@ -516,8 +516,8 @@ def _progress(what: str, total: int, show: bool = True) -> Iterator[Callable[[in
 
 
 def _syntax_margins(model: object, tokenizer: object, name: str) -> dict:
-    """Each head's margin over the offset baseline on the evaluation text (headlab.syntax)."""
-    from headlab.syntax import syntax_report
+    """Each head's margin over the offset baseline on the evaluation text (headlab.heads.syntax)."""
+    from headlab.heads.syntax import syntax_report
 
     return syntax_report(model, tokenizer, name=name).margins()
 
@@ -535,7 +535,7 @@ def syntax_command(
     import json
 
     from headlab import zoo
-    from headlab.syntax import ParserUnavailable, syntax_report
+    from headlab.heads.syntax import ParserUnavailable, syntax_report
 
     try:
         text = None if text_file is None else Path(text_file).read_text(encoding="utf-8")
@@ -623,7 +623,7 @@ def generate(
         return
     console.print(f"[dim]{prompt}[/][bold]{result.text}[/]", highlight=False, markup=True)
     if report is not None:
-        from headlab.heads_render import heads_table
+        from headlab.heads.render import heads_table
 
         title = f"{model}: the prompt and its continuation, {len(report.tokens)} tokens"
         console.print(heads_table(report, title))
@@ -642,7 +642,7 @@ def train_command(
 ) -> None:
     """Train a model from a recipe, with checkpoints; Ctrl-C saves one, --resume continues."""
     from headlab.checkpoint import CheckpointError
-    from headlab.cli_support import RECIPES, RecipeArgs, make_reporter, run_recipe
+    from headlab.cli.support import RECIPES, RecipeArgs, make_reporter, run_recipe
     from headlab.corpus import CorpusUnavailable
 
     if recipe not in RECIPES:
@@ -769,7 +769,7 @@ def _run_progress(run: Any) -> dict[str, Any]:
     experiment: the events its live panel on the page draws, printed)."""
     import inspect
 
-    from headlab.cli_support import make_reporter
+    from headlab.cli.support import make_reporter
 
     params = inspect.signature(run).parameters
     kwargs: dict[str, Any] = {}
@@ -804,7 +804,7 @@ def _print_event(event: dict[str, Any]) -> None:
 
 def _out_dir(out: str | None, name: str) -> Path:
     """``--out``, or runs/NAME, checked before any work (exit 2 with the reason)."""
-    from headlab.cli_support import out_dir_problem
+    from headlab.cli.support import out_dir_problem
 
     problem = out_dir_problem(out if out is not None else Path("runs") / name)
     if problem is not None:

@@ -20,7 +20,7 @@ from headlab.heads import analyse, label_head
 from headlab.measure import text_probe
 
 runner = CliRunner()
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 PROMPTS = [
     "The cat sat on the mat. The cat sat.",
     "A dog ran, and a dog ran again.",

@@ -13,20 +13,20 @@ import torch
 from typer.testing import CliRunner
 
 from headlab.cli import SEED_MAX, app
-from headlab.train import TrainResult
+from headlab.training.train import TrainResult
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def work(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     """The training and experiment work, replaced by a recorder (see test_cli_fuzz)."""
-    import headlab.cli_support
+    import headlab.cli.support
     import headlab.experiments
 
     calls: list[tuple] = []
     monkeypatch.setattr(
-        headlab.cli_support,
+        headlab.cli.support,
         "run_recipe",
         lambda name, args: calls.append(("train", args.seed)) or TrainResult(0, False),
     )
@@ -111,10 +111,11 @@ def test_an_integer_out_of_range_is_refused_with_its_range(work, tmp_path, args)
 def test_the_largest_seed_is_accepted_and_works_in_the_library(work, tmp_path) -> None:
     """2**63-1 passes the CLI, and the seeds derived from it (seed + 1, seed + 1,000,003,
     seed · 1000 + r) still seed torch."""
+    from test_train import _config, batches, make_model
+
     from headlab import measure, zoo
     from headlab.ablation import random_order
-    from headlab.train import TrainConfig, train
-    from test_train import _config, batches, make_model
+    from headlab.training.train import TrainConfig, train
 
     ok = CliRunner().invoke(app, ["train", "induction", "--seed", str(SEED_MAX),
                                   "--out", str(tmp_path)])  # fmt: skip

@@ -41,7 +41,7 @@ PIPELINE_VERSION = "3.8.0"
 # sha256 of the pipeline's parser weights as its wheel records them (pip checks the RECORD)
 PARSER_SHA256 = "e0098910535a863d430082ece57455d5fa071cd4ca3a0054e80582076c752b1e"
 INSTALL = "pip install 'headlab[syntax]'"
-EVAL_TEXT = Path(__file__).parent / "data" / "syntax_eval.txt"
+EVAL_TEXT = Path(__file__).parents[1] / "data" / "syntax_eval.txt"
 MIN_ARCS = 20  # relations with fewer arcs in the text are left out (too few to compare heads)
 MARGIN = 0.10  # Voita et al. 2019: ≥ 10 points over the best fixed-offset baseline
 SKIPPED = ("ROOT", "punct", "dep", "")  # not relations between words worth a head

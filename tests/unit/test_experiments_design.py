@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from headlab.experiments import gqa, head_count, one_vs_many, prune
 from headlab.model import ModelConfig, Transformer
-from headlab.tasks import AgreementTask, agreement_pair
+from headlab.training.tasks import AgreementTask, agreement_pair
 
 # ---------------------------------------------------------------------------------------------
 # The agreement grammar

@@ -1,4 +1,4 @@
-"""Synthetic training data: each task is a seeded batch generator for ``headlab.train``.
+"""Synthetic training data: each task is a seeded batch generator for ``headlab.training.train``.
 
 Shape legend
     B   batch

@@ -11,10 +11,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_train import _assert_same, _config, _final_weights, _weights, batches, make_model
 
 from headlab.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, state_digest
-from headlab.train import train
-from test_train import _assert_same, _config, _final_weights, _weights, batches, make_model
+from headlab.training.train import train
 
 
 @pytest.fixture(scope="module")

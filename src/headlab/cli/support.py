@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from headlab.train import Reporter, TrainResult
+from headlab.training.train import Reporter, TrainResult
 
 # ---------------------------------------------------------------------------------------------
 # Progress: a progress bar on a terminal, plain log lines otherwise

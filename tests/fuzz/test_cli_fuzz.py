@@ -24,8 +24,8 @@ from typer.testing import CliRunner
 
 from conftest import IN_CI
 from headlab.cli import SEED_MAX, SEEDS_MAX, app
-from headlab.cli_support import out_dir_problem
-from headlab.train import TrainResult
+from headlab.cli.support import out_dir_problem
+from headlab.training.train import TrainResult
 
 TALLY: Counter[tuple[str, int]] = Counter()
 COMMANDS = ("info", "serve", "shapes", "models", "heads", "generate", "train", "experiment")
@@ -245,7 +245,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     """Stand-ins for the work: each records what reached it, and does nothing else."""
     import torch
 
-    import headlab.cli_support
+    import headlab.cli.support
     import headlab.experiments
     from headlab.server import cli as server_cli
 
@@ -262,7 +262,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
 
         return run_experiment
 
-    monkeypatch.setattr(headlab.cli_support, "run_recipe", recipe)
+    monkeypatch.setattr(headlab.cli.support, "run_recipe", recipe)
     monkeypatch.setattr(
         headlab.experiments,
         "EXPERIMENTS",

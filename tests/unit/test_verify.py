@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from headlab import cli_support
 from headlab.cli import app
+from headlab.cli import support as cli_support
 from headlab.experiments import results_path
 from headlab.verify import (
     CARD_TOLERANCES,
