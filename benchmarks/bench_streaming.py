@@ -36,8 +36,9 @@ from pathlib import Path
 
 import torch
 
-from headlab.heads import analyse
-from headlab.measure import random_repeat_probe
+from headlab.heads import analyse, build_targets, layer_scorer, shuffle_positions
+from headlab.heads.report import _report
+from headlab.measure import Probe, random_repeat_probe, run_patterns
 from headlab.model import ModelConfig, Transformer
 
 SMOLLM2_SHAPE = ModelConfig(
@@ -69,17 +70,30 @@ def _status(field: str) -> int:
     return int(match.group(1)) * 1024
 
 
+def keep_everything(model: Transformer, probe: Probe) -> None:
+    """The path streaming replaced: every layer's weights held (run_patterns), then each layer
+    scored by the same per-layer reduction analyse() uses, with no pattern kept."""
+    tokens = probe.tokens
+    order = shuffle_positions(tokens, probe.movable, 0)
+    score = layer_scorer(build_targets(probe, causal=model.config.causal), order, keep=())
+    patterns = run_patterns(model, torch.cat([tokens, tokens.gather(1, order)]))
+    _report(probe, [score(l, w) for l, w in enumerate(patterns)], keep=())
+
+
 def child(path: str, n: int) -> dict:
     """One analysis on one path in this process: seconds and peak extra bytes."""
     torch.manual_seed(0)
     model = Transformer(SMOLLM2_SHAPE).eval()
-    stream = path == "streaming"
-    analyse(model, random_repeat_probe(None, 49152, 16, batch=1), keep=(), stream=stream)
+
+    def analysis(probe: Probe) -> None:
+        analyse(model, probe, keep=()) if path == "streaming" else keep_everything(model, probe)
+
+    analysis(random_repeat_probe(None, 49152, 16, batch=1))
     probe = random_repeat_probe(None, 49152, n, length=n // 4, batch=1)
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak resident set size
     before = _status("VmRSS")
     t0 = time.perf_counter()
-    analyse(model, probe, keep=(), stream=stream)
+    analysis(probe)
     seconds = time.perf_counter() - t0
     return {"path": path, "n": probe.n, "seconds": seconds,
             "peak_extra_bytes": _status("VmHWM") - before}  # fmt: skip

@@ -207,16 +207,19 @@ class EvalSet:
 def measure(model: Transformer, evals: EvalSet) -> dict[str, Any]:
     """Every figure the training log and the model card report, on the held-out set."""
     from headlab import measure as m
-    from headlab.heads import induction_score, previous_token_score
+    from headlab.heads import induction_mul_score, induction_score, previous_mul_score
 
     first, second = m.copy_losses(m.token_losses(model, evals.random_repeat), evals.source)
     p_first, p_second = m.copy_losses(m.token_losses(model, evals.passage), evals.source)
     text_losses = m.token_losses(model, evals.text)  # (B, n − 1)
     text_patterns = m.run_patterns(model, evals.text)  # (L, B, h, n, n)
     rep_patterns = m.run_patterns(model, evals.random_repeat)
-    previous = [previous_token_score(w).tolist() for w in text_patterns]
-    induction = [induction_score(w, evals.random_repeat).tolist() for w in rep_patterns]
-    prefix = [m.prefix_matching(w, evals.random_repeat).tolist() for w in rep_patterns]
+    # TransformerLens's scores under their own names ("induction" here is its "mul" score), and
+    # the one induction score headlab labels by, which on these distinct repeated tokens is
+    # Olsson et al.'s prefix matching exactly
+    previous = [previous_mul_score(w).tolist() for w in text_patterns]
+    induction = [induction_mul_score(w, evals.random_repeat).tolist() for w in rep_patterns]
+    prefix = [induction_score(w, evals.random_repeat).tolist() for w in rep_patterns]
     return {
         "val_loss": float(text_losses.mean()),
         "icl_score": m.icl_score(text_losses, *m.icl_positions(text_losses.shape[1], window=4)),

@@ -7,9 +7,11 @@ Shape legend
 
 Probes: inputs that reveal what heads do. A :class:`Probe` carries token ids (B, n), a display
 label per token of the first sequence, which positions are delimiters and which a position
-shuffle may move (for :mod:`headlab.heads`), and where its copies are (``source``).
+shuffle may move (for :mod:`headlab.heads`), and where its copies are (``source``). The head
+scores themselves live in :mod:`headlab.heads.scores`.
 
-    PROBES                 the one vocabulary of probe names, used by the CLI, the API and the page:
+    PROBES                 the one vocabulary of probe names: the CLI, the API's schema and the
+                           page (which reads it from the server) all take it from here
       "repeat"             the built-in sentence with a repeat (:data:`REPEAT_SENTENCE`)
       "random-repeat"      random tokens repeated 4 times after the model's start token: Olsson
                            et al. 2022's prefix-matching evaluator
@@ -19,16 +21,11 @@ shuffle may move (for :mod:`headlab.heads`), and where its copies are (``source`
 
 Losses and in-context scores:
 
-    token_losses           (B, n − 1) next-token cross-entropy of every position
+    token_losses           (B, n) next-token cross-entropy of every position of tokens (B, n + 1)
     next_token_loss        its mean over targets (−100 = skip): the training loss
     copy_losses            loss on the first copy against the same tokens in a later copy
     icl_score              Olsson et al. 2022's in-context-learning score: loss late in the
                            context minus loss early in it
-    mass_where_possible    a head's attention on its target keys, averaged over the rows that
-                           have a target: every head type judged where it can act
-    prefix_matching        Olsson et al.'s prefix-matching score of each head: attention from a
-                           token seen before to the token after its earlier occurrence, averaged
-                           over those rows only
     reduce_patterns        each layer's attention weights handed to a reducing function as that
                            layer runs (streaming: one layer's (B, h, n, n) held at a time)
     run_patterns           every layer's attention weights on a probe, (L, B, h, n, n)
@@ -486,39 +483,3 @@ def icl_positions(n: int, window: int = 1) -> tuple[slice, slice]:
         return slice(early, early + 1), slice(late, late + 1)
     early = max(window - 1, (n + 1) // 10)
     return slice(early - window + 1, early + 1), slice(n - window, n)
-
-
-def mass_where_possible(weights: Tensor, target: Tensor) -> Tensor:
-    """The attention each head puts on its target keys, averaged over the rows that have one:
-    weights (B, h, n, s), target (B, n, s) 0/1 → (h,).
-
-    A head type is judged where its behaviour is possible: a row with no target key (the first
-    token for a previous-token head, a token never seen before for an induction head) does not
-    count. Per sequence the mean over its rows with a target, then the mean over the sequences
-    that have any; 0 for a head with no such row at all.
-    """
-    target = target.to(weights.dtype)
-    rows = target.sum(-1) > 0  # (B, n)
-    hit = (weights * target[:, None]).sum(-1)  # (B, h, n)
-    count = rows.sum(-1)  # (B,)
-    per_seq = (hit * rows[:, None]).sum(-1) / count.clamp_min(1)[:, None]  # (B, h)
-    valid = count > 0
-    if not valid.any():
-        return torch.zeros(weights.shape[1])
-    return per_seq[valid].double().mean(dim=0).float()
-
-
-def prefix_matching(weights: Tensor, tokens: Tensor) -> Tensor:
-    """Olsson et al. 2022's prefix-matching score of each head: weights (B, h, n, n), tokens
-    (B, n) → (h,).
-
-    For every query whose token occurred before, the attention it gives to the tokens right
-    after those earlier occurrences; averaged over such queries only (rows where an induction
-    head can act, :func:`mass_where_possible`), then over the batch. Unlike the
-    TransformerLens "mul" induction score (:func:`headlab.heads.induction_score`), rows with
-    nothing to copy do not dilute it, so an ideal induction head scores 1.
-    """
-    same = torch.tril(tokens[:, :, None] == tokens[:, None, :], diagonal=-1).to(weights.dtype)
-    target = torch.zeros_like(same)
-    target[:, :, 1:] = same[:, :, :-1]  # (B, n, n): the token after each earlier occurrence
-    return mass_where_possible(weights, target)

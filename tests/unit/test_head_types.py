@@ -14,16 +14,17 @@ from headlab.heads import (
     TIERS,
     HeadReport,
     HeadScore,
-    duplicate_where_possible,
-    induction_where_possible,
+    duplicate_score,
+    induction_score,
     label_head,
     offset_mass,
     pattern_scores,
     rare_word_score,
     rare_word_targets,
     shuffle_positions,
+    targets_of,
 )
-from headlab.measure import prefix_matching, token_words
+from headlab.measure import token_words
 
 T = 8  # segment length: a start token, then ids 1..T twice
 RARE = 5  # the token the rare-word head looks for (its "least frequent word")
@@ -85,10 +86,10 @@ def hand_built_scores():
     zipf = [[3.0 if int(t) != RARE else 1.0 for t in tokens[0, 1:]]]
     rare = rare_word_targets(word_index, zipf, causal=True)
     delimiters = torch.zeros(1, n, dtype=torch.bool)
+    targets = targets_of(tokens, True, delimiters, ~movable, rare)
     by_type, offsets, rests = pattern_scores(
-        torch.stack(heads)[None], tokens, delimiters, torch.stack(shuffled)[None], order,
-        ~movable, rare,
-    )  # fmt: skip
+        torch.stack(heads)[None], targets, torch.stack(shuffled)[None], order
+    )
     return by_type, offsets, rests
 
 
@@ -208,29 +209,28 @@ def test_where_possible_scores_match_plain_loops(seed, causal):
         if causal and shift == 1:
             continue
         want = expect(lambda a, t, s=shift: loop_offset_mass(a, s, causal))
-        assert offset_mass(A, shift).tolist() == pytest.approx(want, abs=1e-6), shift
-    assert duplicate_where_possible(A, tokens).tolist() == pytest.approx(
+        assert offset_mass(A, shift, causal).tolist() == pytest.approx(want, abs=1e-6), shift
+    assert duplicate_score(A, tokens, causal).tolist() == pytest.approx(
         expect(lambda a, t: loop_duplicate(a, t, causal)), abs=1e-6
     )
     if causal:
-        assert prefix_matching(A, tokens).tolist() == pytest.approx(
-            expect(loop_prefix_matching), abs=1e-6
-        )
-        assert induction_where_possible(A, tokens).tolist() == pytest.approx(
+        assert induction_score(A, tokens).tolist() == pytest.approx(
             expect(loop_induction), abs=1e-6
         )
 
 
 def test_induction_equals_prefix_matching_on_distinct_repeated_tokens():
     """On Olsson et al.'s probe (distinct tokens, repeated) no key is both a copy and the token
-    after a copy, so the label's induction score is their prefix-matching score exactly."""
+    after a copy, so the one induction score is their prefix-matching score (as loops) exactly."""
     g = torch.Generator().manual_seed(0)
     from headlab.measure import repeated_random_tokens
 
     tokens, _ = repeated_random_tokens(torch.arange(50), 7, 3, 2, g, prefix=(99,))
     logits = torch.randn(2, 3, 22, 22, generator=g)
     A = logits.masked_fill(~torch.ones(22, 22, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
-    torch.testing.assert_close(induction_where_possible(A, tokens), prefix_matching(A, tokens))
+    want = [np.mean([loop_prefix_matching(A[b, k].numpy(), tokens[b].numpy()) for b in range(2)])
+            for k in range(3)]  # fmt: skip
+    assert induction_score(A, tokens).tolist() == pytest.approx(want, abs=1e-6)
 
 
 def test_a_run_of_one_token_is_no_evidence_for_induction():
@@ -239,9 +239,11 @@ def test_a_run_of_one_token_is_no_evidence_for_induction():
     tokens = torch.tensor([[0, 7, 7, 7, 7]])
     A = torch.tril(torch.ones(5, 5))
     A = (A / A.sum(-1, keepdim=True))[None, None]
-    assert induction_where_possible(A, tokens).item() == 0.0  # no row has a target left
+    assert induction_score(A, tokens).item() == 0.0  # no row has a target left
     # Olsson's score counts the run: rows 2, 3, 4 put 1/3, 2/4 and 3/5 on keys after an x
-    assert prefix_matching(A, tokens).item() == pytest.approx((1 / 3 + 2 / 4 + 3 / 5) / 3)
+    assert loop_prefix_matching(A[0, 0].numpy(), tokens[0].numpy()) == pytest.approx(
+        (1 / 3 + 2 / 4 + 3 / 5) / 3
+    )
 
 
 @pytest.mark.parametrize("seed", range(2))
@@ -250,7 +252,7 @@ def test_mul_scores_in_the_report_equal_their_formula(seed):
     exclude_current_token=False) stay in every report: Σ(A ⊙ P) / Σ A, written as loops."""
     A, tokens = random_patterns(seed, causal=True)
     B, h, n, _ = A.shape
-    by_type, _, _ = pattern_scores(A, tokens, torch.zeros(B, n, dtype=torch.bool))
+    by_type, _, _ = pattern_scores(A, targets_of(tokens, causal=True))
     targets = {
         "previous_mul": lambda t, i, j: j == i - 1,
         "duplicate_mul": lambda t, i, j: j < i and t[j] == t[i],
@@ -301,7 +303,9 @@ def test_sink_share_per_layer():
         return HeadScore(layer, h, "mixed", {"first_token": first}, 0)
 
     heads = [head(0, 0, 0.1), head(0, 1, 0.2), head(1, 0, 0.9), head(1, 1, SINK_THRESHOLD + 0.01)]
-    report = HeadReport("text", [], [], heads, torch.zeros(2, 2, 1, 1), torch.zeros(2, 1, 1), [])
+    empty = {"tokens": [], "ids": [], "averaged": []}
+    patterns = {"patterns": torch.zeros(2, 2, 1, 1), "averaged_patterns": torch.zeros(2, 1, 1)}
+    report = HeadReport(probe="text", heads=heads, **empty, **patterns)
     assert report.sinks == [
         {"layer": 0, "share": 0.0, "heads": []},
         {"layer": 1, "share": 1.0, "heads": [0, 1]},

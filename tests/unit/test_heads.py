@@ -16,16 +16,16 @@ from headlab.heads import (
     content_score,
     copies_pattern,
     diffuse_score,
-    duplicate_token_score,
+    duplicate_mul_score,
     first_token_score,
+    induction_mul_score,
     induction_pattern,
-    induction_score,
     key_mass_score,
     label_head,
-    next_token_score,
+    offset_mass,
     pattern_score,
     positional_score,
-    previous_token_score,
+    previous_mul_score,
     shuffle_positions,
 )
 from headlab.measure import make_probe, repeated_random_tokens
@@ -64,25 +64,25 @@ def loop_mul_score(A: np.ndarray, tokens: np.ndarray, kind: str) -> float:
 
 @pytest.mark.parametrize("n", [2, 5, 16])
 def test_perfect_previous_token_head_scores_n_minus_1_over_n(n):
-    assert previous_token_score(perfect_previous(n)[None]).item() == pytest.approx((n - 1) / n)
+    assert previous_mul_score(perfect_previous(n)[None]).item() == pytest.approx((n - 1) / n)
 
 
 def test_uniform_causal_head_previous_score_is_harmonic():
     n = 10
     expected = sum(1 / (i + 1) for i in range(1, n)) / n  # row i puts 1/(i+1) on i − 1
-    assert previous_token_score(causal_uniform(n)[None]).item() == pytest.approx(expected)
+    assert previous_mul_score(causal_uniform(n)[None]).item() == pytest.approx(expected)
 
 
 def test_scores_are_per_head_and_batch_averaged():
     n = 6
     A = torch.stack([perfect_previous(n), torch.eye(n)])  # head 0 previous, head 1 self
     batch = torch.stack([A, A])  # (2, 2, n, n)
-    scores = previous_token_score(batch)
+    scores = previous_mul_score(batch)
     assert scores.shape == (2,)
     assert scores.tolist() == pytest.approx([(n - 1) / n, 0.0])
     # batch average: a second sequence where head 0 attends to itself halves its score
     batch[1, 0] = torch.eye(n)
-    assert previous_token_score(batch)[0].item() == pytest.approx((n - 1) / n / 2)
+    assert previous_mul_score(batch)[0].item() == pytest.approx((n - 1) / n / 2)
 
 
 def test_induction_on_perfect_pattern_over_a_repeat():
@@ -93,21 +93,21 @@ def test_induction_on_perfect_pattern_over_a_repeat():
     for i in range(T, n):  # second half: the token after the earlier copy
         A[i] = 0
         A[i, i - T + 1] = 1
-    assert induction_score(A[None], tokens).item() == pytest.approx(T / n)
+    assert induction_mul_score(A[None], tokens).item() == pytest.approx(T / n)
     # the same pattern is no duplicate-token head, and the duplicate pattern scores T/n there
-    assert duplicate_token_score(A[None], tokens).item() == pytest.approx(0.0)
+    assert duplicate_mul_score(A[None], tokens).item() == pytest.approx(0.0)
     D = torch.eye(n)
     for i in range(T, n):
         D[i] = 0
         D[i, i - T] = 1
-    assert duplicate_token_score(D[None], tokens).item() == pytest.approx(T / n)
-    assert induction_score(D[None], tokens).item() == pytest.approx(0.0)
+    assert duplicate_mul_score(D[None], tokens).item() == pytest.approx(T / n)
+    assert induction_mul_score(D[None], tokens).item() == pytest.approx(0.0)
 
 
 def test_duplicate_splits_between_several_earlier_copies():
     tokens = torch.tensor([5, 5, 5])
     A = causal_uniform(3)  # row 2 spends 2/3 on the two earlier 5s, row 1 spends 1/2
-    assert duplicate_token_score(A[None], tokens).item() == pytest.approx((0.5 + 2 / 3) / 3)
+    assert duplicate_mul_score(A[None], tokens).item() == pytest.approx((0.5 + 2 / 3) / 3)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -120,9 +120,9 @@ def test_scores_match_a_plain_loop_on_random_patterns(seed):
     )
     A = logits.softmax(-1)
     got = {
-        "previous": previous_token_score(A),
-        "duplicate": duplicate_token_score(A, tokens),
-        "induction": induction_score(A, tokens),
+        "previous": previous_mul_score(A),
+        "duplicate": duplicate_mul_score(A, tokens),
+        "induction": induction_mul_score(A, tokens),
     }
     for kind, scores in got.items():
         expected = [
@@ -141,9 +141,9 @@ def test_scores_lie_in_unit_interval_and_zero_mass_scores_zero():
 
 def test_shape_errors_say_what_is_expected():
     with pytest.raises(ValueError, match=r"\(B, h, n, s\)"):
-        previous_token_score(torch.ones(4, 4))
+        previous_mul_score(torch.ones(4, 4))
     with pytest.raises(ValueError, match="do not match"):
-        induction_score(torch.ones(1, 2, 4, 4), torch.tensor([1, 2, 3]))
+        induction_mul_score(torch.ones(1, 2, 4, 4), torch.tensor([1, 2, 3]))
 
 
 # --- the other scores, on hand-built patterns ---------------------------------------------------
@@ -160,9 +160,11 @@ def one_hot_rows(targets: list[int], s: int | None = None) -> torch.Tensor:
 def test_next_token_head():
     n = 6
     A = one_hot_rows([1, 2, 3, 4, 5, 0])  # last query wraps to 0: nothing after it
-    assert next_token_score(A[None]).item() == pytest.approx(5 / 6)
-    assert previous_token_score(A[None]).item() == pytest.approx(0.0)
-    assert next_token_score(causal_uniform(n)[None]).item() == 0.0
+    # judged where it can act: the five queries that have a next token, all on it
+    assert offset_mass(A[None], 1, causal=False).item() == pytest.approx(1.0)
+    assert previous_mul_score(A[None]).item() == pytest.approx(0.0)
+    # under a causal mask no query sees its next token: no row to judge, score 0
+    assert offset_mass(causal_uniform(n)[None], 1, causal=True).item() == 0.0
 
 
 def loop_positional(A: np.ndarray, causal: bool) -> tuple[float, int]:
@@ -186,11 +188,11 @@ def loop_positional(A: np.ndarray, causal: bool) -> tuple[float, int]:
 def test_positional_score_finds_the_offset_voita():
     n = 10
     plus2 = one_hot_rows([min(i + 2, n - 1) if i < n - 2 else 0 for i in range(n)])
-    scores, offsets = positional_score(torch.stack([plus2, perfect_previous(n)]))
+    scores, offsets = positional_score(torch.stack([plus2, perfect_previous(n)]), causal=False)
     assert scores.tolist() == pytest.approx([1.0, 1.0])  # every query that has i ± δ uses it
     assert offsets.tolist() == [2, -1]
     sink = one_hot_rows([0] * n)  # always key 0: the offset differs for every query
-    s, d = positional_score(sink[None])
+    s, d = positional_score(sink[None], causal=True)
     assert (s.item(), d.item()) == pytest.approx(loop_positional(sink.numpy(), causal=True))
     assert s.item() < 0.25
 
@@ -203,7 +205,7 @@ def test_positional_score_matches_a_plain_loop(seed):
     for causal in (True, False):
         masked = logits.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
         A = (masked if causal else logits).softmax(-1)
-        scores, offsets = positional_score(A)
+        scores, offsets = positional_score(A, causal)
         for h in range(3):
             want = loop_positional(A[h].numpy(), causal)
             assert (scores[h].item(), offsets[h].item()) == pytest.approx(want)
@@ -221,10 +223,10 @@ def test_positional_score_leaves_out_keys_a_token_rule_predicts():
     for i in range(T + 1, n):
         A[i] = 0
         A[i, i - T + 1] = 1.0
-    plain, delta = positional_score(A[None])
+    plain, delta = positional_score(A[None], causal=True)
     assert delta.item() == -(T - 1) and plain.item() > 0.9
     rules = (copies_pattern(tokens) + induction_pattern(tokens)) > 0
-    judged, _ = positional_score(A[None], confounded=rules)
+    judged, _ = positional_score(A[None], causal=True, confounded=rules)
     assert judged.item() < 0.5
 
 
@@ -242,12 +244,14 @@ def test_first_token_and_delimiter_mass():
 def test_diffuse_is_normalised_entropy():
     n = 8
     uniform = torch.full((n, n), 1 / n)
-    assert diffuse_score(uniform[None]).item() == pytest.approx(1.0)
-    assert diffuse_score(causal_uniform(n)[None]).item() == pytest.approx(1.0)
-    assert diffuse_score(perfect_previous(n)[None]).item() == pytest.approx(0.0, abs=1e-6)
+    assert diffuse_score(uniform[None], causal=False).item() == pytest.approx(1.0)
+    assert diffuse_score(causal_uniform(n)[None], causal=True).item() == pytest.approx(1.0)
+    assert diffuse_score(perfect_previous(n)[None], causal=True).item() == pytest.approx(
+        0.0, abs=1e-6
+    )
     half = torch.zeros(n, n)
     half[:, :2] = 0.5  # two keys of eight: entropy log 2 / log 8 = 1/3
-    assert diffuse_score(half[None]).item() == pytest.approx(1 / 3)
+    assert diffuse_score(half[None], causal=False).item() == pytest.approx(1 / 3)
 
 
 def test_content_score_on_a_token_following_head():
@@ -263,12 +267,18 @@ def test_content_score_on_a_token_following_head():
     shuffled_tokens = tokens[order[0]]
     A, S = pattern(tokens), pattern(shuffled_tokens)
     # in token space the pattern is unchanged (overlap 1); in position space only row 2 agrees
-    assert content_score(A[None, None], S[None, None], order).item() == pytest.approx(0.75)
+    assert content_score(A[None, None], S[None, None], order, causal=False).item() == pytest.approx(
+        0.75
+    )
     # a positional head keeps its pattern in position space: content 0
     P = perfect_previous(4)
-    assert content_score(P[None, None], P[None, None], order).item() == pytest.approx(0.0)
+    assert content_score(P[None, None], P[None, None], order, causal=True).item() == pytest.approx(
+        0.0
+    )
     U = torch.full((4, 4), 0.25)
-    assert content_score(U[None, None], U[None, None], order).item() == pytest.approx(0.0)
+    assert content_score(U[None, None], U[None, None], order, causal=False).item() == pytest.approx(
+        0.0
+    )
 
 
 def test_labels_follow_thresholds():
@@ -293,7 +303,7 @@ def test_averaged_head_blurs_distinct_heads():
     avg = averaged_pattern(A)
     assert avg.shape == (1, n, n)
     # half of the previous head's (n-1)/n, plus the sink's row 1 (whose key 0 is also previous)
-    assert previous_token_score(avg[:, None]).item() == pytest.approx(((n - 1) / n + 1 / n) / 2)
+    assert previous_mul_score(avg[:, None]).item() == pytest.approx(((n - 1) / n + 1 / n) / 2)
     # rows 0 and 1 of the previous head also land on key 0
     assert first_token_score(avg[:, None]).item() == pytest.approx((1 + 2 / n) / 2)
 
@@ -326,7 +336,7 @@ def test_analyse_scores_the_models_own_weights():
     trace = Trace(only=("weights",))
     model(tokens, trace=trace)
     w1 = trace["blocks.1.attn.weights"]
-    expected = induction_score(w1, tokens)
+    expected = induction_mul_score(w1, tokens)
     got = [report.head(1, h).scores["induction_mul"] for h in range(4)]
     assert got == pytest.approx(expected.tolist(), abs=1e-6)
     # prefix matching averages over the second copy only: twice the "mul" score on two copies
@@ -421,6 +431,8 @@ def test_causal_content_separates_token_heads_from_position_heads():
     uniform = torch.tril(torch.ones(n, n)) / torch.arange(1, n + 1)[:, None]
     uniform = uniform.expand(4, 1, n, n)
     shuffled = tokens.gather(1, order)
-    assert content_score(duplicate(tokens), duplicate(shuffled), order).item() > 0.6
+    assert content_score(duplicate(tokens), duplicate(shuffled), order, causal=True).item() > 0.6
     for fixed in (previous, sink, uniform):
-        assert content_score(fixed, fixed, order).item() == pytest.approx(0.0, abs=1e-6)
+        assert content_score(fixed, fixed, order, causal=True).item() == pytest.approx(
+            0.0, abs=1e-6
+        )

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from headlab.cli import app
 from headlab.experiments import EXPERIMENTS, describe, finite, one_thread
 from headlab.experiments import induction as ind
-from headlab.heads import induction_score
+from headlab.heads import induction_mul_score
 from headlab.training.tasks import RepeatTask
 
 # ---------------------------------------------------------------------------------------------
@@ -72,7 +72,7 @@ def test_ideal_induction_head_ceiling_by_hand() -> None:
     tokens = torch.tensor([[5, 6, 7, 5, 6, 7]])
     weights = ind.ideal_induction_weights(tokens)
     # rows 3, 4, 5 each have one earlier copy followed by a token: full marks on 3 of 6 rows
-    assert float(induction_score(weights, tokens)) == pytest.approx(3 / 6)
+    assert float(induction_mul_score(weights, tokens)) == pytest.approx(3 / 6)
     assert torch.allclose(weights.sum(-1), torch.ones(1, 1, 6))
 
 

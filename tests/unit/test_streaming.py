@@ -15,6 +15,7 @@ from headlab.heads import (
     averaged_pattern,
     pattern_scores,
     shuffle_positions,
+    targets_of,
 )
 from headlab.measure import make_probe, reduce_patterns, run_patterns
 from headlab.model import ModelConfig, Transformer
@@ -45,9 +46,8 @@ def keep_everything_oracle(model, probe, seed):
     L, h = w.shape[1], w.shape[2]
     avg = averaged_pattern(w.flatten(0, 1)).view(w.shape[0], L, n, n)
     flat = torch.cat([w.reshape(-1, L * h, n, n), avg], dim=1)  # (2B, L·h + L, n, n)
-    scores, offsets, _ = pattern_scores(
-        flat[:B], tokens, probe.delimiters, flat[B:], order, ~probe.movable
-    )
+    targets = targets_of(tokens, model.config.causal, probe.delimiters, ~probe.movable)
+    scores, offsets, _ = pattern_scores(flat[:B], targets, flat[B:], order)
     return scores, offsets, w[0], avg[0]
 
 
@@ -58,17 +58,17 @@ def test_streaming_scores_equal_the_keep_everything_path(causal):
     tokens[:, 10] = 7  # a repeated token gives the duplicate/induction scores something to see
     probe = probe_of(tokens)
     scores, offsets, patterns, avg = keep_everything_oracle(model, probe, seed=4)
-    for report in (analyse(model, probe, seed=4), analyse(model, probe, seed=4, stream=False)):
-        L, h = 3, 4
-        for s in report.heads:
-            i = s.layer * h + s.head
-            assert s.offset == int(offsets[i])
-            for kind, value in s.scores.items():
-                assert value == pytest.approx(float(scores[kind][i]), abs=1e-6), (kind, s)
-        for s in report.averaged:
-            assert s.scores["previous"] == pytest.approx(float(scores["previous"][L * h + s.layer]))
-        assert report.patterns is not None and report.averaged_patterns is not None
-        assert torch.equal(report.patterns, patterns) and torch.equal(report.averaged_patterns, avg)
+    report = analyse(model, probe, seed=4)
+    L, h = 3, 4
+    for s in report.heads:
+        i = s.layer * h + s.head
+        assert s.offset == int(offsets[i])
+        for kind, value in s.scores.items():
+            assert value == pytest.approx(float(scores[kind][i]), abs=1e-6), (kind, s)
+    for s in report.averaged:
+        assert s.scores["previous"] == pytest.approx(float(scores["previous"][L * h + s.layer]))
+    assert report.patterns is not None and report.averaged_patterns is not None
+    assert torch.equal(report.patterns, patterns) and torch.equal(report.averaged_patterns, avg)
 
 
 def test_keep_holds_only_the_heads_asked_for():

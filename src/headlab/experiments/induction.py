@@ -79,7 +79,7 @@ from torch import Tensor
 from headlab.ablation import full_mask
 from headlab.experiments import one_thread, pyplot, save_figure, torch_threads, write_results
 from headlab.experiments.design_common import spread
-from headlab.heads import THRESHOLDS, induction_pattern, induction_score, previous_token_score
+from headlab.heads import THRESHOLDS, induction_mul_score, induction_pattern, previous_mul_score
 from headlab.measure import (
     Probe,
     copy_losses,
@@ -197,7 +197,7 @@ def held_out(cfg: InductionConfig, seed: int) -> HeldOut:
     copies = make_probe("copy", tokens, None, torch.where(is_copy, source, -1))
     icl = RepeatTask(cfg.vocab_size, n, cfg.min_span, cfg.max_span).sample(cfg.icl_batch, g)[0]
     ideal = ideal_induction_weights(tokens[:, :-1])
-    return HeldOut(copies, icl, float(induction_score(ideal, tokens[:, :-1]).max()))
+    return HeldOut(copies, icl, float(induction_mul_score(ideal, tokens[:, :-1]).max()))
 
 
 def ideal_induction_weights(tokens: Tensor) -> Tensor:
@@ -222,8 +222,8 @@ def metrics(model: Transformer, data: HeldOut) -> dict[str, Any]:
         "first_copy_loss": first,
         "repeated_loss": repeated,
         "icl_score": icl_score(held, *icl_positions(held.shape[1])),
-        "induction": [induction_score(w, data.inputs).tolist() for w in weights],
-        "prev_token": [previous_token_score(w).tolist() for w in weights],
+        "induction": [induction_mul_score(w, data.inputs).tolist() for w in weights],
+        "prev_token": [previous_mul_score(w).tolist() for w in weights],
     }
 
 

@@ -1,0 +1,280 @@
+"""Every head of a model on one probe, scored and labelled: :func:`analyse` and its report.
+
+Shape legend
+    B   probe sequences; L layers; h heads per layer; n tokens
+
+Data flows one way: the probe's targets are built once (:mod:`headlab.heads.targets`), each
+layer's weights are scored as that layer runs (:mod:`headlab.heads.scores`), each head is
+labelled (:mod:`headlab.heads.labels`), and the result is one :class:`HeadReport` that the CLI,
+the server, the notebook views and the experiments all read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from headlab.heads.labels import (
+    BEST_TYPES,
+    REST_OF_LABEL,
+    SINK_THRESHOLD,
+    THRESHOLDS,
+    label_head,
+)
+from headlab.heads.scores import averaged_pattern, pattern_scores
+from headlab.heads.targets import Targets, build_targets, shuffle_positions
+from headlab.measure import Probe, reduce_patterns
+from headlab.model import Transformer
+
+
+@dataclass(frozen=True)
+class HeadScore:
+    """One head's scores on a probe, and its label."""
+
+    layer: int
+    head: int
+    label: str  # a LABELS value, or "mixed" when no score passes its threshold
+    scores: dict[str, float]  # SCORE_TYPES (those measured) and MUL_TYPES → value in [0, 1]
+    offset: int  # the relative offset of the positional score (e.g. −1 = previous token)
+    # where the head rests on the rows its label's score leaves out: the mean weight on the
+    # first token there (induction, duplicate-token, rare-word), or on the keys a shuffle
+    # cannot move (content); None for the other labels
+    rest: float | None = None
+    relation: str = ""  # the dependency relation of the syntactic score, when measured
+
+    def to_dict(self) -> dict:
+        out = {
+            "layer": self.layer,
+            "head": self.head,
+            "label": self.label,
+            "offset": self.offset,
+            "scores": {k: round(v, 4) for k, v in self.scores.items()},
+            "rest": None if self.rest is None else round(self.rest, 4),
+        }
+        if self.relation:
+            out["relation"] = self.relation
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeadReport:
+    """Every head of a model on one probe (see :func:`analyse`).
+
+    ``patterns`` and ``averaged_patterns`` hold the first probe sequence's weights when every
+    head's pattern was kept (the default); an analysis that keeps only some heads' patterns
+    (``analyse(keep=…)``, for long inputs) leaves them None and puts those in ``selected``.
+    :meth:`pattern` reads either. The scores are averaged over every sequence of the probe.
+    """
+
+    probe: str
+    tokens: list[str]  # display labels of the first sequence
+    ids: list[int]  # its token ids
+    heads: list[HeadScore]  # layer-major order
+    patterns: Tensor | None  # (L, h, n, n): each head's weights on the first sequence
+    averaged_patterns: Tensor | None  # (L, n, n): each layer's averaged head on it
+    averaged: list[HeadScore]  # per layer, the averaged head scored the same way (head = −1)
+    text: str = ""  # the text of a text probe
+    # (layer, head) → (n, n) pattern of the heads asked for by analyse(keep=…); head −1 = averaged
+    selected: dict[tuple[int, int], Tensor] = field(default_factory=dict)
+    # key/value heads of the model (grouped-query attention: query head i reads K/V head
+    # i // (h / n_kv_heads)); None: one per query head
+    n_kv_heads: int | None = None
+
+    def pattern(self, layer: int, head: int) -> Tensor:
+        """The (n, n) pattern of head ``head`` of layer ``layer`` (−1: the averaged head) on
+        the first sequence; a KeyError says which heads were kept."""
+        if (layer, head) in self.selected:
+            return self.selected[(layer, head)]
+        if self.patterns is not None and self.averaged_patterns is not None:
+            return self.averaged_patterns[layer] if head < 0 else self.patterns[layer, head]
+        kept = ", ".join(f"{l}.{h}" for l, h in self.selected) or "none"
+        raise KeyError(f"the pattern of head {layer}.{head} was not kept; kept: {kept}")
+
+    def head(self, layer: int, head: int) -> HeadScore:
+        return next(s for s in self.heads if s.layer == layer and s.head == head)
+
+    @property
+    def best(self) -> dict[str, dict[str, Any]]:
+        """For each type in :data:`BEST_TYPES`, the head with the highest score of that type
+        among the heads labelled that type, or among all heads when none is (``labelled``
+        false): the best example of the label, not a head that another label describes
+        better."""
+        best = {}
+        for kind, score in BEST_TYPES.items():
+            scored = [s for s in self.heads if score in s.scores]
+            labelled = [s for s in scored if s.label == kind]
+            if scored:
+                top = max(labelled or scored, key=lambda s: s.scores[score])
+                value = top.scores[score]
+                best[kind] = {"layer": top.layer, "head": top.head, "score": round(value, 4),
+                              "passes_threshold": value >= THRESHOLDS[score],
+                              "label": top.label, "labelled": bool(labelled)}  # fmt: skip
+        return best
+
+    @property
+    def sinks(self) -> list[dict[str, Any]]:
+        """Per layer, Gu et al. 2024's sink share: the fraction of its heads whose mean weight
+        on the first token exceeds :data:`SINK_THRESHOLD`, and which heads those are."""
+        layers = sorted({s.layer for s in self.heads})
+        out = []
+        for layer in layers:
+            heads = [s for s in self.heads if s.layer == layer]
+            sinks = [s.head for s in heads if s.scores["first_token"] > SINK_THRESHOLD]
+            out.append({"layer": layer, "share": round(len(sinks) / len(heads), 4),
+                        "heads": sinks})  # fmt: skip
+        return out
+
+    def to_dict(self, patterns: bool = False) -> dict[str, Any]:
+        """JSON-ready scores and labels; with ``patterns`` also every head's weights (rounded
+        to 4 decimals) and each layer's averaged head."""
+        out: dict[str, Any] = {
+            "probe": self.probe,
+            "tokens": self.tokens,
+            "ids": self.ids,
+            "heads": [s.to_dict() for s in self.heads],
+            "n_kv_heads": self.n_kv_heads or sum(1 for s in self.heads if s.layer == 0),
+            "averaged": [s.to_dict() for s in self.averaged],
+            "best": self.best,
+            "thresholds": dict(THRESHOLDS),
+            "sinks": {"threshold": SINK_THRESHOLD, "layers": self.sinks},
+        }
+        if patterns:
+            if self.patterns is None or self.averaged_patterns is None:
+                raise ValueError(
+                    "this report kept only some heads' patterns; analyse with keep=None"
+                )
+            out["weights"] = self.patterns.numpy().round(4)
+            out["averaged_weights"] = self.averaged_patterns.numpy().round(4)
+        return out
+
+
+SyntacticScores = dict[tuple[int, int], tuple[float, str]]  # (layer, head) → (margin, relation)
+
+
+def _scored(
+    layer: int,
+    head: int,
+    by_type: dict[str, list[float]],
+    offsets: list[int],
+    rests: dict[str, list[float]],
+    i: int,
+    syntactic: SyntacticScores | None,
+) -> HeadScore:
+    """Head ``head`` of ``layer`` (−1: the averaged head), row ``i`` of the stacked scores."""
+    values = {k: float(v[i]) for k, v in by_type.items()}
+    relation = ""
+    if syntactic is not None and head >= 0:
+        margin, relation = syntactic.get((layer, head), (0.0, ""))
+        values["syntactic"] = max(0.0, float(margin))
+    label = label_head(values, int(offsets[i]))
+    kind = REST_OF_LABEL.get(label)
+    rest = float(rests[kind][i]) if kind in rests else None
+    return HeadScore(layer, head, label, values, int(offsets[i]), rest, relation)
+
+
+# --- streaming: one layer at a time ---------------------------------------------------------------
+
+# keep=None: every head's pattern; else the (layer, head) pairs whose patterns to keep (head −1 =
+# the layer's averaged head), e.g. set() for scores only
+Keep = Collection[tuple[int, int]] | None
+
+
+@dataclass(frozen=True)
+class LayerScores:
+    """One layer reduced to numbers: what :func:`layer_scorer` keeps of its (B, h, n, n) weights."""
+
+    scores: dict[str, Tensor]  # score type → (h + 1,): the layer's h heads, then its averaged head
+    offsets: Tensor  # (h + 1,) the positional score's offsets
+    kept: dict[int, Tensor]  # head (−1 = averaged) → (n, n) pattern on the first sequence
+    rests: dict[str, Tensor] = field(default_factory=dict)  # type → (h + 1,) resting weight
+
+
+def layer_scorer(
+    targets: Targets, order: Tensor | None, keep: Keep = None
+) -> Callable[[int, Tensor], LayerScores]:
+    """The per-layer reduction of :func:`analyse`: ``score(layer, weights) → LayerScores``.
+
+    weights (B or 2B, h, n, n) are one layer's patterns on the probe's tokens (B, n) whose
+    ``targets`` were built once, followed, when ``order`` (B, n) is given, by the patterns on
+    the same tokens shuffled by ``order`` (for the content score). Each head and the layer's
+    averaged head are scored with :func:`headlab.heads.scores.pattern_scores`, on the CPU in
+    float32, whatever device the layer ran on.
+    """
+    B = targets.tokens.shape[0]
+
+    def score(layer: int, weights: Tensor) -> LayerScores:
+        w = weights.float().cpu()  # (B or 2B, h, n, n)
+        h = w.shape[1]
+        flat = torch.cat([w, averaged_pattern(w)[:, None]], dim=1)  # (·, h + 1, n, n)
+        shuffled = flat[B:] if order is not None else None
+        by_type, offsets, rests = pattern_scores(flat[:B], targets, shuffled, order)
+        heads = range(-1, h) if keep is None else [i for l, i in keep if l == layer]
+        kept = {i: flat[0, h if i < 0 else i].clone() for i in heads}
+        return LayerScores(by_type, offsets, kept, rests)
+
+    return score
+
+
+def analyse(
+    model: Transformer,
+    probe: Probe,
+    seed: int = 0,
+    content: bool = True,
+    keep: Keep = None,
+    progress: Callable[[int, int], None] | None = None,
+    syntactic: SyntacticScores | None = None,
+) -> HeadReport:
+    """Run ``model`` on ``probe`` and score and label every (layer, head) and each layer's
+    averaged head: the one head analysis the CLI, the server and the experiments call.
+
+    The probe's targets are built once, with ``causal`` from ``model.config`` (never guessed
+    from the weights). The content score needs the probe's tokens in shuffled positions too:
+    one forward pass holds both, side by side (batch 2B), so it costs a second sequence per
+    probe sequence; ``content=False`` runs the probe alone and leaves "content" out. The
+    rare-word score needs the ``wordfreq`` package (``headlab[syntax]``) and a text probe;
+    ``syntactic`` gives each head's margin over the offset baseline on its best relation
+    (:meth:`headlab.heads.syntax.SyntaxReport.margins`), measured on a parsed text.
+    Each layer's weights are scored as that layer runs and then dropped
+    (:func:`headlab.measure.reduce_patterns`), so the extra memory is about one layer's
+    (2B, h, n, n) plus the patterns kept: every head's by default, only ``keep``'s otherwise
+    (``keep=()`` for scores alone). ``progress(done, L)`` is called after each layer.
+    model: a :class:`headlab.model.Transformer` (load it with :mod:`headlab.zoo`); probe: a
+    :class:`headlab.measure.Probe` (build it with :func:`headlab.measure.build_probe`).
+    """
+    tokens = probe.tokens
+    order = shuffle_positions(tokens, probe.movable, seed)
+    run = torch.cat([tokens, tokens.gather(1, order)]) if content else tokens  # (2B or B, n)
+    targets = build_targets(probe, causal=bool(model.config.causal))
+    score = layer_scorer(targets, order if content else None, keep)
+    layers = reduce_patterns(model, run, score, progress)
+    return _report(probe, layers, keep, syntactic, getattr(model.config, "n_kv_heads", None))
+
+
+def _report(
+    probe: Probe,
+    layers: list[LayerScores],
+    keep: Keep,
+    syntactic: SyntacticScores | None = None,
+    n_kv_heads: int | None = None,
+) -> HeadReport:
+    """The HeadReport of a probe from its layers' scores (layer-major; averaged heads apart)."""
+    L, h = len(layers), layers[0].offsets.shape[0] - 1
+    scores = {k: torch.cat([s.scores[k] for s in layers]).tolist() for k in layers[0].scores}
+    rests = {k: torch.cat([s.rests[k] for s in layers]).tolist() for k in layers[0].rests}
+    offsets = torch.cat([s.offsets for s in layers]).tolist()
+    heads = [_scored(l, i, scores, offsets, rests, l * (h + 1) + i, syntactic)
+             for l in range(L) for i in range(h)]  # fmt: skip
+    averaged = [_scored(l, -1, scores, offsets, rests, l * (h + 1) + h, None) for l in range(L)]
+    common: dict[str, Any] = dict(probe=probe.name, tokens=list(probe.labels),
+                                  ids=probe.tokens[0].tolist(), heads=heads, averaged=averaged,
+                                  text=probe.text, n_kv_heads=n_kv_heads)  # fmt: skip
+    if keep is None:
+        patterns = torch.stack([torch.stack([s.kept[i] for i in range(h)]) for s in layers])
+        avg = torch.stack([s.kept[-1] for s in layers])
+        return HeadReport(**common, patterns=patterns, averaged_patterns=avg)
+    selected = {(l, i): p for l, s in enumerate(layers) for i, p in s.kept.items()}
+    return HeadReport(**common, patterns=None, averaged_patterns=None, selected=selected)

@@ -1,0 +1,221 @@
+"""Where each head type can act on a probe: its target keys, built once per probe.
+
+Shape legend
+    B   probe sequences
+    h   heads
+    n   query positions; s key positions (s == n: analysis runs without a cache)
+
+A target is a 0/1 matrix (B, n, s): query i → the keys a head of that type would attend to. A
+row with no target key is a row where the type cannot be judged (the first token for a
+previous-token head, a token never seen before for an induction head). Whether the model is
+causal is a fact of its config, passed in (``model.config.causal``), never read off the weights.
+
+    induction_pattern        the token right after an earlier copy of the query's token (Olsson)
+    duplicate_token_pattern  earlier copies of the query's token (TransformerLens)
+    copies_pattern           other copies on either side
+    previous_token_pattern   i − 1; offset_pattern: i + δ
+    token_rule_targets       induction and duplicate targets with the keys both predict left out
+    rare_word_targets        the least frequent word's pieces, and the rows that can see them
+    Targets                  all of the above for one probe, built once (:func:`build_targets`)
+
+Papers: Olsson et al. 2022; Voita et al. 2019; TransformerLens (Nanda and Bloom 2022).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from headlab.measure import Probe, word_zipf
+
+
+def as_batched(weights: Tensor, tokens: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """Normalise (h, n, s) → (1, h, n, s) and (n,) → (1, n); check that they agree."""
+    if weights.dim() == 3:
+        weights = weights.unsqueeze(0)
+    if weights.dim() != 4:
+        raise ValueError(
+            f"weights must be (B, h, n, s) or (h, n, s), got shape {tuple(weights.shape)}"
+        )
+    if tokens is not None:
+        if tokens.dim() == 1:
+            tokens = tokens.unsqueeze(0)
+        B, n = weights.shape[0], weights.shape[2]
+        if tokens.dim() != 2 or tokens.shape != (B, n):
+            raise ValueError(
+                f"tokens of shape {tuple(tokens.shape)} do not match weights "
+                f"{tuple(weights.shape)}; expected (B, n) = ({B}, {n}) or ({n},) when B = 1"
+            )
+    return weights, tokens
+
+
+def visible_keys(n: int, s: int, causal: bool) -> Tensor:
+    """(n,) the number of keys each query may see: i + 1 plus the s − n cached keys under a
+    causal mask (aligned bottom-right, DESIGN.md), every key otherwise."""
+    return torch.arange(1, n + 1) + (s - n) if causal else torch.full((n,), s)
+
+
+def offset_pattern(n: int, s: int, shift: int) -> Tensor:
+    """(1, n, s) 0/1 target: query i → key i + shift (−1 previous, 0 itself, +1 next)."""
+    i, j = torch.arange(n)[:, None], torch.arange(s)[None, :]
+    return (j == i + shift + (s - n)).float()[None]  # (1, n, s)
+
+
+def previous_token_pattern(n: int, s: int | None = None) -> Tensor:
+    """(n, s) 0/1 target: query i → key i − 1."""
+    s = n if s is None else s
+    i = torch.arange(n)[:, None]
+    j = torch.arange(s)[None, :]
+    return (j == i - 1).float()  # (n, s)
+
+
+def same_token(tokens: Tensor) -> Tensor:
+    """(B, n, n) bool from tokens (B, n): position i and j hold the same token (i == j too)."""
+    return tokens[:, :, None] == tokens[:, None, :]
+
+
+def duplicate_token_pattern(tokens: Tensor, same: Tensor | None = None) -> Tensor:
+    """(B, n, n) 0/1 target from tokens (B, n): query i → every earlier j with the same token."""
+    same = same_token(tokens) if same is None else same
+    return torch.tril(same.float(), diagonal=-1)
+
+
+def induction_pattern(tokens: Tensor, same: Tensor | None = None) -> Tensor:
+    """(B, n, n) 0/1 target: query i → key j when tokens[j − 1] == tokens[i] and j − 1 < i.
+
+    The duplicate-token pattern shifted one key to the right (Olsson et al. 2022).
+    """
+    dup = duplicate_token_pattern(tokens, same)  # (B, n, n)
+    shifted = torch.zeros_like(dup)
+    shifted[:, :, 1:] = dup[:, :, :-1]
+    return shifted
+
+
+def copies_pattern(tokens: Tensor, same: Tensor | None = None) -> Tensor:
+    """(B, n, n) 0/1: query i → every other position j holding the same token, on either side."""
+    same = same_token(tokens) if same is None else same
+    return (same & ~torch.eye(tokens.shape[1], dtype=torch.bool)).float()
+
+
+def token_rule_targets(
+    tokens: Tensor, causal: bool, same: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """``(induction, duplicate)`` targets, each (B, n, n) 0/1, with the keys both rules predict
+    left out of both.
+
+    induction: the token right after an earlier copy of the query's token (Olsson et al.);
+    duplicate: another copy of it (an earlier one under a causal mask). In a run of one token
+    ("x x x") the key after an earlier copy *is* a copy, and may be the query itself: such a
+    key tells neither rule from the other (nor from a current-token head), so it counts for
+    neither; a query left with no target is a row where the head cannot be judged.
+    """
+    same = same_token(tokens) if same is None else same  # (B, n, n), the diagonal included
+    induction = induction_pattern(tokens, same) > 0
+    copies = duplicate_token_pattern(tokens, same) if causal else copies_pattern(tokens, same)
+    return (induction & ~same).float(), ((copies > 0) & ~induction).float()
+
+
+def rare_word_targets(
+    word_index: Tensor, zipf: list[list[float]], causal: bool
+) -> tuple[Tensor, Tensor]:
+    """``(rare (B, n), rows (B, n))`` for :func:`headlab.heads.scores.rare_word_score`.
+
+    word_index (B, n): each token's word (−1 special); zipf: per sequence, each word's
+    frequency on the Zipf scale (log10 per billion words; NaN for punctuation, which is not a
+    word). The rare keys are the pieces of the word(s) with the lowest frequency; a query can
+    act when it is an ordinary token outside that word that can see one of its pieces (any,
+    or an earlier one under a causal mask).
+    """
+    B, n = word_index.shape
+    rare = torch.zeros(B, n, dtype=torch.bool)
+    for b in range(B):
+        freq = torch.tensor(zipf[b], dtype=torch.float64)
+        if freq.numel() == 0 or bool(freq.isnan().all()):
+            continue
+        lowest = freq.nan_to_num(nan=float("inf")).min()
+        words = (freq == lowest).nonzero()[:, 0]
+        rare[b] = torch.isin(word_index[b], words) & (word_index[b] >= 0)
+    seen = rare.long().cumsum(-1) > 0 if causal else rare.any(-1, keepdim=True).expand(B, n)
+    rows = seen & ~rare & (word_index >= 0)
+    return rare, rows
+
+
+def rare_targets_of(probe: Probe, causal: bool) -> tuple[Tensor, Tensor] | None:
+    """The rare-word targets of a text probe from wordfreq's English table: None without
+    wordfreq, or for token probes (random ids are no sentence; their "words" have no
+    frequency worth the name)."""
+    if not probe.text or probe.word_index is None:
+        return None
+    try:
+        zipf = [word_zipf(words) for words in probe.words]
+    except ModuleNotFoundError:
+        return None
+    return rare_word_targets(probe.word_index, zipf, causal)
+
+
+def shuffle_positions(tokens: Tensor, movable: Tensor, seed: int = 0) -> Tensor:
+    """order (B, n): a seeded permutation per sequence that moves only the movable positions."""
+    g = torch.Generator().manual_seed(seed)
+    B, n = tokens.shape
+    order = torch.arange(n).repeat(B, 1)  # (B, n)
+    for b in range(B):
+        free = movable[b].nonzero()[:, 0]
+        order[b, free] = free[torch.randperm(free.numel(), generator=g)]
+    return order
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Every type's targets on one probe, built once (:func:`build_targets`) and shared by all
+    layers' scores. Shapes: tokens (B, n); matrices (B, n, n); rows (B, n)."""
+
+    tokens: Tensor  # (B, n) token ids
+    causal: bool  # the model's config.causal
+    induction: Tensor  # token after an earlier copy, keys also copies left out (0/1)
+    duplicate: Tensor  # other copies (earlier ones when causal), induction keys left out (0/1)
+    induction_mul: Tensor  # TransformerLens's induction target (every earlier copy's successor)
+    duplicate_mul: Tensor  # TransformerLens's duplicate target (every earlier copy)
+    token_rules: Tensor  # (B, n, n) bool: a key some token rule predicts (positional leaves out)
+    delimiters: Tensor  # (B, n) bool: special tokens after 0 and punctuation
+    fixed: Tensor  # (B, n) bool: keys a position shuffle never moves
+    rare: tuple[Tensor, Tensor] | None = None  # rare_word_targets, for a text probe
+
+    @property
+    def induction_rows(self) -> Tensor:
+        """(B, n) bool: the queries an induction head can be judged on."""
+        return self.induction.sum(-1) > 0
+
+    @property
+    def duplicate_rows(self) -> Tensor:
+        """(B, n) bool: the queries a duplicate-token head can be judged on."""
+        return self.duplicate.sum(-1) > 0
+
+
+def targets_of(
+    tokens: Tensor,
+    causal: bool,
+    delimiters: Tensor | None = None,
+    fixed: Tensor | None = None,
+    rare: tuple[Tensor, Tensor] | None = None,
+) -> Targets:
+    """:class:`Targets` from token ids (B, n): the same-token matrix is built once here."""
+    if tokens.dim() == 1:
+        tokens = tokens.unsqueeze(0)
+    same = same_token(tokens)
+    induction, duplicate = token_rule_targets(tokens, causal, same)
+    induction_mul = induction_pattern(tokens, same)
+    rules = (copies_pattern(tokens, same) + induction_mul) > 0
+    no_keys = torch.zeros_like(tokens, dtype=torch.bool)
+    return Targets(tokens, causal, induction, duplicate, induction_mul,
+                   duplicate_token_pattern(tokens, same), rules,
+                   no_keys if delimiters is None else delimiters,
+                   no_keys if fixed is None else fixed, rare)  # fmt: skip
+
+
+def build_targets(probe: Probe, causal: bool, rare_words: bool = True) -> Targets:
+    """Every type's targets on ``probe`` for a model whose ``config.causal`` is ``causal``;
+    the rare-word targets too when ``rare_words`` and the probe is a text (with wordfreq)."""
+    rare = rare_targets_of(probe, causal) if rare_words else None
+    return targets_of(probe.tokens, causal, probe.delimiters, ~probe.movable, rare)
