@@ -68,10 +68,10 @@ def attention(
     q = q.reshape(B, h_kv, g * n, d_k)  # (B, h_kv, g·n, d_k)
     # 1) scores: every query against every key of its key/value head
     scores = q @ k.transpose(-2, -1) * scale  # (B, h_kv, g·n, s)
-    # fp16/bf16 scores are softmaxed in float32; float64 stays float64
     scores = scores.reshape(B, h, n, s)  # (B, h, n, s)
     if trace is not None:
         trace.record("scores", scores)
+    # fp16/bf16 scores are softmaxed in float32; float64 stays float64
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
     # 2) mask, then softmax over keys
     if allowed is not None:
@@ -286,10 +286,16 @@ class MultiHeadAttention(nn.Module):
         impl: "explicit" materialises the weights; "fused" calls SDPA; "auto" picks fused
         unless weights are needed: asked for with ``return_weights``, or recorded by an enabled
         ``trace`` (a trace therefore forces the explicit path; with "fused" it records no
-        weights or scores).
+        weights or scores). "fused" computes no weights, so with ``return_weights`` it is a
+        ValueError, not a silent switch to the explicit path.
         trace: a :class:`Trace` that receives each named intermediate tensor.
         """
         B, n = self._check_input(x)
+        if impl == "fused" and return_weights:
+            raise ValueError(
+                'impl="fused" (SDPA) computes no attention weights; with return_weights=True '
+                'use impl="explicit" or "auto"'
+            )
         h, h_kv = self.n_heads, self.n_kv_heads
         offset = cache.length if cache is not None else 0
         trace = trace if trace is not None else Trace.off()

@@ -142,6 +142,16 @@ def test_explicit_equals_fused(h, h_kv, causal):
     torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+def test_fused_with_weights_is_refused_not_switched():
+    """SDPA computes no weights: asking for them on the fused path is an error that names the
+    paths that have them, not a silent switch to the explicit path."""
+    mine = random_mha(32, 4, 2)
+    with pytest.raises(ValueError, match='impl="explicit" or "auto"'):
+        mine(torch.randn(1, 5, 32), impl="fused", return_weights=True)
+    _, weights = mine(torch.randn(1, 5, 32), impl="auto", return_weights=True)
+    assert weights.shape == (1, 4, 5, 5)
+
+
 @pytest.mark.parametrize(("h", "h_kv"), [(4, None), (4, 2), (4, 1)])
 @pytest.mark.parametrize("chunks", [[1] * 10, [3, 3, 4], [1, 6, 2, 1]])
 @pytest.mark.parametrize("impl", ["explicit", "fused"])
