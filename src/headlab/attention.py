@@ -216,6 +216,17 @@ class KVCache:
         return self.k[:, :, :end], self.v[:, :, :end]
 
 
+def _explicit_path(impl: Impl, return_weights: bool, trace: Trace) -> bool:
+    """Whether to attend on the explicit path: its weights are asked for or traced, or it is
+    chosen; "fused" computes no weights, so with ``return_weights`` it is refused."""
+    if impl == "fused" and return_weights:
+        raise ValueError(
+            'impl="fused" (SDPA) computes no attention weights; with return_weights=True '
+            'use impl="explicit" or "auto"'
+        )
+    return return_weights or impl == "explicit" or (trace.enabled and impl != "fused")
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with h query heads and h_kv key/value heads (MHA, GQA or MQA).
 
@@ -283,19 +294,12 @@ class MultiHeadAttention(nn.Module):
         head_mask: (h,) or (B, h) factors that scale each head's output before W_O (ablation).
         cache: a :class:`KVCache`; the new keys/values are appended and all of them attended to.
         rope: rotary embedding applied to queries and keys after the split (see model.py).
-        impl: "explicit" materialises the weights; "fused" calls SDPA; "auto" picks fused
-        unless weights are needed: asked for with ``return_weights``, or recorded by an enabled
-        ``trace`` (a trace therefore forces the explicit path; with "fused" it records no
-        weights or scores). "fused" computes no weights, so with ``return_weights`` it is a
-        ValueError, not a silent switch to the explicit path.
+        impl: "explicit" materialises the weights; "fused" calls SDPA (no weights: with
+        ``return_weights`` a ValueError); "auto" picks fused unless weights are asked for or
+        recorded by an enabled ``trace`` ("fused" then records no weights or scores).
         trace: a :class:`Trace` that receives each named intermediate tensor.
         """
         B, n = self._check_input(x)
-        if impl == "fused" and return_weights:
-            raise ValueError(
-                'impl="fused" (SDPA) computes no attention weights; with return_weights=True '
-                'use impl="explicit" or "auto"'
-            )
         h, h_kv = self.n_heads, self.n_kv_heads
         offset = cache.length if cache is not None else 0
         trace = trace if trace is not None else Trace.off()
@@ -315,7 +319,7 @@ class MultiHeadAttention(nn.Module):
         mask = self._combine_masks(B, n, s, causal, allowed, x.device)
         # 3) attend, each head on its own
         weights: Tensor | None = None
-        if return_weights or impl == "explicit" or (trace.enabled and impl != "fused"):
+        if _explicit_path(impl, return_weights, trace):
             out, weights = self._explicit(q, k, v, mask, trace)
         else:
             out = self._fused(q, k, v, mask, causal and cache is None and allowed is None)
