@@ -147,13 +147,19 @@ def word_zipf(words: Sequence[str]) -> list[float]:
     ]
 
 
+def same_token(tokens: Tensor) -> Tensor:
+    """(B, n, n) bool from tokens (B, n): positions i and j hold the same token (i == j too).
+    The one same-token matrix: copy sources here, every token rule in :mod:`headlab.heads`."""
+    return tokens[:, :, None] == tokens[:, None, :]
+
+
 def earlier_occurrence(tokens: Tensor) -> Tensor:
     """(B, n) → (B, n): the latest earlier position holding the same token, −1 if none.
 
     The copy source of a text probe, where no generator says where the copies are.
     """
     B, n = tokens.shape
-    same = torch.tril(tokens[:, :, None] == tokens[:, None, :], diagonal=-1)  # (B, n, n)
+    same = torch.tril(same_token(tokens), diagonal=-1)  # (B, n, n)
     pos = torch.arange(n).expand(B, n, n)
     return torch.where(same, pos, -1).amax(dim=-1)  # (B, n)
 

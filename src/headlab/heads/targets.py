@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from headlab.measure import Probe, word_zipf
+from headlab.measure import Probe, same_token, word_zipf
 
 
 def as_batched(weights: Tensor, tokens: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
@@ -69,11 +69,6 @@ def previous_token_pattern(n: int, s: int | None = None) -> Tensor:
     i = torch.arange(n)[:, None]
     j = torch.arange(s)[None, :]
     return (j == i - 1).float()  # (n, s)
-
-
-def same_token(tokens: Tensor) -> Tensor:
-    """(B, n, n) bool from tokens (B, n): position i and j hold the same token (i == j too)."""
-    return tokens[:, :, None] == tokens[:, None, :]
 
 
 def duplicate_token_pattern(tokens: Tensor, same: Tensor | None = None) -> Tensor:
