@@ -705,3 +705,113 @@ def test_every_code_name_the_scripts_ask_for_resolves(client: TestClient) -> Non
         r = client.get(f"/api/code/{name}")
         assert r.status_code == 200, (name, r.text)
         assert r.json()["source"].lstrip().startswith(("def ", "class ", "@")), name
+
+
+# --- the model store: loads outside its lock ------------------------------------------------
+
+
+class _SlowZoo:
+    """A zoo of two fake models whose load takes until ``release`` is set; it records each
+    load's (name, start, end) on the monotonic clock."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release = threading.Event()
+        self.loads: list[tuple[str, float, float]] = []
+        self.started: dict[str, threading.Event] = {n: threading.Event() for n in ("a", "b")}
+
+    def list_models(self) -> list[dict]:
+        return [{"name": n, "available": True} for n in ("a", "b")]
+
+    def load(self, name: str):
+        import time
+        from types import SimpleNamespace
+
+        start = time.monotonic()
+        self.started[name].set()
+        assert self.release.wait(timeout=30)
+        self.loads.append((name, start, time.monotonic()))
+        return SimpleNamespace(eval=lambda: None, name=name), f"tokenizer of {name}"
+
+
+def _in_threads(*calls):
+    """Run each call in its own thread; their results, in order."""
+    import threading
+
+    results: list = [None] * len(calls)
+
+    def run(k: int) -> None:
+        results[k] = calls[k]()
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(calls))]
+    for t in threads:
+        t.start()
+    return threads, results
+
+
+def test_two_models_load_at_the_same_time(monkeypatch) -> None:
+    """Issue 23: the store loaded under its lock, so a second model's load waited for the first.
+    Here model a's load is held until model b's load has started: under the lock it never would."""
+    from headlab import zoo
+    from headlab.server.store import ModelStore
+
+    fake = _SlowZoo()
+    monkeypatch.setattr(zoo, "list_models", fake.list_models)
+    monkeypatch.setattr(zoo, "load", fake.load)
+    store = ModelStore(max_loaded=2)
+    threads, results = _in_threads(lambda: store.get("a"), lambda: store.get("b"))
+    assert fake.started["a"].wait(timeout=30) and fake.started["b"].wait(timeout=30)
+    fake.release.set()
+    for t in threads:
+        t.join(timeout=30)
+    assert [r[1] for r in results] == ["tokenizer of a", "tokenizer of b"]
+    (_, a0, a1), (_, b0, b1) = sorted(fake.loads)
+    assert a0 < b1 and b0 < a1  # the two loads overlap in time
+    assert sorted(store.loaded_names()) == ["a", "b"]
+
+
+def test_one_model_asked_for_twice_at_once_loads_once(monkeypatch) -> None:
+    import time
+
+    from headlab import zoo
+    from headlab.server.store import ModelStore
+
+    fake = _SlowZoo()
+    monkeypatch.setattr(zoo, "list_models", fake.list_models)
+    monkeypatch.setattr(zoo, "load", fake.load)
+    store = ModelStore(max_loaded=1)
+    asked: list[float] = []
+    ask = lambda: asked.append(time.monotonic()) or store.get("a")  # noqa: E731
+    threads, results = _in_threads(ask, ask)
+    assert fake.started["a"].wait(timeout=30)
+    while len(asked) < 2:
+        time.sleep(0.01)
+    time.sleep(0.2)  # the second request now waits on the first one's load
+    fake.release.set()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(fake.loads) == 1 and max(asked) < fake.loads[0][2]  # asked while it loaded
+    assert results[0] is results[1] and results[0][0].name == "a"
+
+
+def test_a_failed_load_is_answered_and_not_kept(monkeypatch) -> None:
+    from fastapi import HTTPException
+
+    from headlab import zoo
+    from headlab.server.store import ModelStore
+
+    def broken(name: str):
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(zoo, "list_models", _SlowZoo().list_models)
+    monkeypatch.setattr(zoo, "load", broken)
+    store = ModelStore()
+    for _ in range(2):  # the failure is not cached: the next request tries again
+        with pytest.raises(HTTPException) as caught:
+            store.get("a")
+        assert caught.value.status_code == 503 and "disk on fire" in caught.value.detail
+    with pytest.raises(HTTPException) as caught:
+        store.get("c")
+    assert caught.value.status_code == 422 and "available models: a, b" in caught.value.detail
+    assert store.loaded_names() == []
