@@ -815,3 +815,20 @@ def test_a_failed_load_is_answered_and_not_kept(monkeypatch) -> None:
         store.get("c")
     assert caught.value.status_code == 422 and "available models: a, b" in caught.value.detail
     assert store.loaded_names() == []
+
+
+# --- the library functions the routes call ------------------------------------------------------
+
+
+def test_token_budget_is_the_least_of_context_setting_and_weights() -> None:
+    from headlab.model import ModelConfig
+    from headlab.zoo import token_budget
+
+    smollm2 = ModelConfig(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, max_len=8192)
+    # 30 · 9 · n² ≤ 8,000,000 → n ≤ 172, far inside the context and the 4,096 ceiling
+    assert token_budget(smollm2, 4096, 8_000_000) == 172
+    assert 30 * 9 * 172**2 <= 8_000_000 < 30 * 9 * 173**2
+    small = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, max_len=64)
+    assert token_budget(small, 128, 8_000_000) == 64  # the model's context
+    assert token_budget(small, 20, 8_000_000) == 20  # the server's setting
+    assert token_budget(small, 128, 8 * 10**2) == 10  # 2 · 4 · n² ≤ 800

@@ -7,7 +7,6 @@ patterns alone, from the same probe.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, Response
@@ -26,12 +25,11 @@ router = APIRouter(tags=["heads"])
 
 
 def token_limit(model: Any) -> int:
-    """The most tokens one request may run: the model's context, the server's setting
-    (HEADLAB_MAX_TOKENS), and what keeps every head's n × n weights under MAX_WEIGHTS."""
-    config = getattr(model, "config", None)
-    max_len = getattr(config, "max_len", MAX_TOKENS)
-    heads = getattr(config, "n_layers", 1) * getattr(config, "n_heads", 1)
-    return int(min(max_len, MAX_TOKENS, math.isqrt(MAX_WEIGHTS // max(heads, 1))))
+    """The most tokens one request may run on ``model``: :func:`headlab.zoo.token_budget`
+    under the server's settings (HEADLAB_MAX_TOKENS, and at most MAX_WEIGHTS weights)."""
+    from headlab.zoo import token_budget
+
+    return token_budget(model.config, MAX_TOKENS, MAX_WEIGHTS)
 
 
 def load_probe(request: Request, req: TextRequest) -> tuple[Any, Any]:
