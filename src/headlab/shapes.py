@@ -126,6 +126,15 @@ class ShapeConfig:
             else 0,
         }
 
+    def head_counts(self) -> dict[str, list[int]]:
+        """The head counts that would be valid here, which the calculator offers to pick:
+        ``valid_head_counts``, the h that split ``d_model`` evenly, and ``valid_kv_head_counts``,
+        the h_kv that split ``n_heads`` into equal groups (both ascending divisors)."""
+        return {
+            "valid_head_counts": valid_head_counts(self.d_model),
+            "valid_kv_head_counts": valid_head_counts(self.n_heads),
+        }
+
 
 @dataclass(frozen=True)
 class Stage:

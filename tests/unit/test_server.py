@@ -832,3 +832,13 @@ def test_token_budget_is_the_least_of_context_setting_and_weights() -> None:
     assert token_budget(small, 128, 8_000_000) == 64  # the model's context
     assert token_budget(small, 20, 8_000_000) == 20  # the server's setting
     assert token_budget(small, 128, 8 * 10**2) == 10  # 2 · 4 · n² ≤ 800
+
+
+def test_a_layers_valid_head_counts_are_the_divisors() -> None:
+    from headlab.shapes import ShapeConfig
+
+    choices = ShapeConfig(d_model=96, n_heads=12, seq_len=1, batch=1).head_counts()
+    assert choices == {
+        "valid_head_counts": [h for h in range(1, 97) if 96 % h == 0],
+        "valid_kv_head_counts": [1, 2, 3, 4, 6, 12],
+    }
