@@ -842,3 +842,21 @@ def test_a_layers_valid_head_counts_are_the_divisors() -> None:
         "valid_head_counts": [h for h in range(1, 97) if 96 % h == 0],
         "valid_kv_head_counts": [1, 2, 3, 4, 6, 12],
     }
+
+
+def test_the_probes_are_measures_one_vocabulary(client: TestClient) -> None:
+    """The page offers the probes GET /api/probes lists; they, the request schema's enum and
+    what build_probe takes are one vocabulary, headlab.measure.PROBES."""
+    from headlab.measure import PROBES
+
+    rows = client.get("/api/probes").json()
+    assert [r["name"] for r in rows] == list(PROBES)
+    assert all(r["description"] for r in rows)
+    assert [r["name"] for r in rows if r["takes_text"]] == ["text"]
+    schema = client.get("/openapi.json").json()
+    assert "/api/probes" in schema["paths"]
+    probe = schema["components"]["schemas"]["TextRequest"]["properties"]["probe"]
+    assert [list(PROBES)] == [a["enum"] for a in probe["anyOf"] if "enum" in a]
+    r = client.post("/api/heads", json={"probe": "sentence"})
+    assert r.status_code == 422 and "probe" in r.json()["detail"]
+    assert all(name in r.json()["detail"] for name in PROBES)

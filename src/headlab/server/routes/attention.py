@@ -17,7 +17,9 @@ from headlab.server.schemas import (
     AttentionResponse,
     HeadsRequest,
     HeadsResponse,
+    ProbeInfo,
     TextRequest,
+    probe_infos,
 )
 from headlab.server.settings import MAX_WEIGHTS
 
@@ -38,13 +40,21 @@ def load_probe(request: Request, req: TextRequest) -> tuple[Any, Any]:
     from headlab import measure
 
     model, tokenizer = request.app.state.models.get(req.model)
-    name = req.probe or ("text" if req.text is not None else "repeat")
     limit = token_limit(model)
     try:
-        probe = measure.build_probe(name, tokenizer, limit, model.config.vocab_size, req.text)
+        probe = measure.build_probe(
+            req.probe_name(), tokenizer, limit, model.config.vocab_size, req.text
+        )
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
     return model, probe
+
+
+@router.get("/probes")
+def probes() -> list[ProbeInfo]:
+    """The probes the head analysis can run (headlab.measure.PROBES): each one's name, whether
+    it reads a text, and what it is (the page offers these)."""
+    return probe_infos()
 
 
 @router.post("/attention", response_model=AttentionResponse)
