@@ -860,3 +860,17 @@ def test_the_probes_are_measures_one_vocabulary(client: TestClient) -> None:
     r = client.post("/api/heads", json={"probe": "sentence"})
     assert r.status_code == 422 and "probe" in r.json()["detail"]
     assert all(name in r.json()["detail"] for name in PROBES)
+
+
+def test_the_calculators_ranges_and_dtypes_come_from_the_library(client: TestClient) -> None:
+    from headlab.shapes import DTYPES, LIMITS
+
+    limits = client.get("/api/shapes/limits").json()
+    assert limits["sizes"] == {k: list(v) for k, v in LIMITS.items()}
+    assert limits["dtypes"] == ["float32", "float16", "bfloat16", "float64"]
+    for name in DTYPES:  # every alias the library takes, the API takes
+        r = client.post("/api/shapes", json={"d_model": 64, "n_heads": 8, "dtype": name})
+        assert r.status_code == 200 and r.json()["config"]["dtype"] in limits["dtypes"]
+    for key, (lo, hi) in LIMITS.items():
+        r = client.post("/api/shapes", json={key: hi + 1})
+        assert r.status_code == 422 and key in r.json()["detail"]

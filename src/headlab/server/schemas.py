@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from headlab.measure import PROBES
 from headlab.server import settings
-from headlab.shapes import LIMITS
+from headlab.shapes import DTYPE_NAMES, DTYPES, LIMITS
 
 # A name is a short identifier (letters, digits, - _ .), never a path: no "/" or "..".
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
@@ -21,7 +21,21 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 # tokens the per-head weights (layers · h · n²) stop being a page-sized answer.
 MAX_TEXT_CHARS = settings.max_text_chars()
 MAX_TOKENS = settings.max_tokens()
-Dtype = Literal["float32", "float16", "bfloat16", "float64", "fp32", "fp16", "bf16", "fp64"]
+
+
+# What each probe of headlab.measure.PROBES (the one vocabulary of probe names) runs, in words the
+# page shows, and whether it reads the request's text (headlab.measure.build_probe enforces that).
+PROBE_HELP: dict[str, tuple[bool, str]] = {
+    "repeat": (False, "the built-in sentence with a repeat"),
+    "random-repeat": (False, "random tokens, repeated 4 times (Olsson et al. 2022's probe)"),
+    "text": (True, "the text you give"),
+}
+if TYPE_CHECKING:
+    ProbeName = str
+    Dtype = str
+else:  # the one vocabulary of each, so the schema lists them as an enum
+    ProbeName = Literal[PROBES]  # headlab.measure.PROBES
+    Dtype = Literal[tuple(DTYPES)]  # headlab.shapes.DTYPES, aliases included
 
 
 class Strict(BaseModel):
@@ -128,17 +142,16 @@ class ShapesRequest(Strict):
         return json_integer(value)
 
 
-# What each probe of headlab.measure.PROBES (the one vocabulary of probe names) runs, in words the
-# page shows, and whether it reads the request's text (headlab.measure.build_probe enforces that).
-PROBE_HELP: dict[str, tuple[bool, str]] = {
-    "repeat": (False, "the built-in sentence with a repeat"),
-    "random-repeat": (False, "random tokens, repeated 4 times (Olsson et al. 2022's probe)"),
-    "text": (True, "the text you give"),
-}
-if TYPE_CHECKING:
-    ProbeName = str
-else:  # the names of headlab.measure.PROBES, so the schema lists them as an enum
-    ProbeName = Literal[PROBES]
+class ShapeLimits(BaseModel):
+    """What the shape calculator may be asked (POST /api/shapes), for the page's form."""
+
+    sizes: dict[str, tuple[int, int]] = Field(description="each size's (least, most)")
+    dtypes: list[str] = Field(description="one name per dtype (bf16, fp16, … are also taken)")
+
+
+def shape_limits() -> ShapeLimits:
+    """The calculator's sizes and dtypes, from :data:`headlab.shapes.LIMITS` and DTYPE_NAMES."""
+    return ShapeLimits(sizes=LIMITS, dtypes=list(DTYPE_NAMES))
 
 
 def _probes(takes_text: bool) -> list[str]:

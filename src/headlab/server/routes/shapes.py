@@ -10,7 +10,7 @@ import orjson
 from fastapi import APIRouter, Response
 
 from headlab.server.fastjson import OPTIONS
-from headlab.server.schemas import ShapesRequest
+from headlab.server.schemas import ShapeLimits, ShapesRequest, shape_limits
 
 router = APIRouter(tags=["shapes"])
 
@@ -46,3 +46,10 @@ def presets() -> dict[str, Any]:
     from headlab.shapes import PRESETS
 
     return {name: asdict(preset) for name, preset in PRESETS.items()}
+
+
+@router.get("/shapes/limits")
+def limits() -> ShapeLimits:
+    """The least and most of each size POST /api/shapes takes, and its dtypes (the page's form
+    offers these)."""
+    return shape_limits()
