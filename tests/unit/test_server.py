@@ -872,5 +872,6 @@ def test_the_calculators_ranges_and_dtypes_come_from_the_library(client: TestCli
         r = client.post("/api/shapes", json={"d_model": 64, "n_heads": 8, "dtype": name})
         assert r.status_code == 200 and r.json()["config"]["dtype"] in limits["dtypes"]
     for key, (lo, hi) in LIMITS.items():
-        r = client.post("/api/shapes", json={key: hi + 1})
-        assert r.status_code == 422 and key in r.json()["detail"]
+        for outside in (lo - 1, hi + 1):
+            r = client.post("/api/shapes", json={key: outside})
+            assert r.status_code == 422 and key in r.json()["detail"]

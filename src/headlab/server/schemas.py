@@ -145,13 +145,13 @@ class ShapesRequest(Strict):
 class ShapeLimits(BaseModel):
     """What the shape calculator may be asked (POST /api/shapes), for the page's form."""
 
-    sizes: dict[str, tuple[int, int]] = Field(description="each size's (least, most)")
+    sizes: dict[str, list[int]] = Field(description="each size's [least, most]")
     dtypes: list[str] = Field(description="one name per dtype (bf16, fp16, … are also taken)")
 
 
 def shape_limits() -> ShapeLimits:
     """The calculator's sizes and dtypes, from :data:`headlab.shapes.LIMITS` and DTYPE_NAMES."""
-    return ShapeLimits(sizes=LIMITS, dtypes=list(DTYPE_NAMES))
+    return ShapeLimits(sizes={k: list(v) for k, v in LIMITS.items()}, dtypes=list(DTYPE_NAMES))
 
 
 def _probes(takes_text: bool) -> list[str]:
