@@ -41,6 +41,10 @@ DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
     "fp64": torch.float64,
 }
+# one name per dtype, as reports and the page's menu write it (the aliases above map onto these)
+DTYPE_NAMES: tuple[str, ...] = tuple(
+    dict.fromkeys(str(t).removeprefix("torch.") for t in DTYPES.values())
+)
 # a tensor above this many elements gets a warning: no single accelerator holds it
 LARGE_ELEMENTS = 2**40
 # above this the configuration is refused: byte counts (8 bytes per element) would pass 2**53,
@@ -124,6 +128,15 @@ class ShapeConfig:
             "d_k": self.d_model // self.n_heads
             if _is_int(self.n_heads) and self.n_heads > 0
             else 0,
+        }
+
+    def head_counts(self) -> dict[str, list[int]]:
+        """The head counts that would be valid here, which the calculator offers to pick:
+        ``valid_head_counts``, the h that split ``d_model`` evenly, and ``valid_kv_head_counts``,
+        the h_kv that split ``n_heads`` into equal groups (both ascending divisors)."""
+        return {
+            "valid_head_counts": valid_head_counts(self.d_model),
+            "valid_kv_head_counts": valid_head_counts(self.n_heads),
         }
 
 
@@ -533,7 +546,7 @@ def _with_verdict(report: ShapeReport) -> ShapeReport:
 def _canonical_dtype(dtype: str) -> str:
     """'bf16' → 'bfloat16'; anything unknown is passed on for check_shape_config to report."""
     if isinstance(dtype, str) and dtype in DTYPES:
-        return str(DTYPES[dtype]).removeprefix("torch.")
+        return str(DTYPES[dtype]).removeprefix("torch.")  # a DTYPE_NAMES name
     return dtype
 
 

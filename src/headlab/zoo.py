@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -304,6 +305,18 @@ def model_config(name: str) -> ModelConfig:
     from headlab import convert
 
     return convert.hf_config(AutoConfig.from_pretrained(str(directory), local_files_only=True))
+
+
+def token_budget(config: ModelConfig, max_tokens: int, max_weights: int) -> int:
+    """The most tokens one run of a model may take when every head's weights are kept.
+
+    The least of the model's context ``config.max_len``, ``max_tokens``, and the largest n for
+    which all its heads' n × n weights (``n_layers · n_heads · n²`` numbers) stay within
+    ``max_weights``: SmolLM2's 30 × 9 heads under 8,000,000 weights give 172 tokens, although
+    its context is 8,192. The server answers every request within this budget.
+    """
+    heads = max(config.n_layers * config.n_heads, 1)
+    return int(min(config.max_len, max_tokens, math.isqrt(max_weights // heads)))
 
 
 def model_dir(name: str) -> tuple[Path, str]:

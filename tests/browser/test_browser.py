@@ -303,6 +303,29 @@ def test_one_click_makes_one_analysis_request(page) -> None:
     assert page.errors == []
 
 
+def test_the_page_asks_for_each_vocabulary_once(browser, server: str) -> None:
+    """Presets, probes and the calculator's ranges come from the server, each asked for once
+    however many views draw them (the calculator's menu and two tables share the presets)."""
+    from headlab.measure import PROBES
+    from headlab.shapes import LIMITS
+
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    asked: list[str] = []
+    pg.on("request", lambda r: asked.append(r.url.removeprefix(server)))
+    pg.goto(server + "/")
+    pg.wait_for_selector("#heads-grid button[data-head]", timeout=60_000)
+    pg.wait_for_selector("#params-presets")
+    pg.wait_for_selector("#kv-table")
+    for path in ("/api/shapes/presets", "/api/probes", "/api/shapes/limits", "/api/models"):
+        assert asked.count(path) == 1, (path, asked)
+    options = pg.eval_on_selector_all("#heads-probe option", "os => os.map(o => o.value)")
+    assert options == list(PROBES) and pg.input_value("#heads-probe") == "text"
+    assert pg.get_attribute("#shapes-d_model", "max") == str(LIMITS["d_model"][1])
+    assert pg.get_attribute("#shapes-cache_len", "min") == "0"
+    context.close()
+
+
 def test_heatmap_reads_out_exact_weights_from_the_keyboard(page) -> None:
     heatmap = page.locator("#heads-view figure svg").first
     heatmap.focus()

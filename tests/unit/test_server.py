@@ -705,3 +705,173 @@ def test_every_code_name_the_scripts_ask_for_resolves(client: TestClient) -> Non
         r = client.get(f"/api/code/{name}")
         assert r.status_code == 200, (name, r.text)
         assert r.json()["source"].lstrip().startswith(("def ", "class ", "@")), name
+
+
+# --- the model store: loads outside its lock ------------------------------------------------
+
+
+class _SlowZoo:
+    """A zoo of two fake models whose load takes until ``release`` is set; it records each
+    load's (name, start, end) on the monotonic clock."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release = threading.Event()
+        self.loads: list[tuple[str, float, float]] = []
+        self.started: dict[str, threading.Event] = {n: threading.Event() for n in ("a", "b")}
+
+    def list_models(self) -> list[dict]:
+        return [{"name": n, "available": True} for n in ("a", "b")]
+
+    def load(self, name: str):
+        import time
+        from types import SimpleNamespace
+
+        start = time.monotonic()
+        self.started[name].set()
+        assert self.release.wait(timeout=30)
+        self.loads.append((name, start, time.monotonic()))
+        return SimpleNamespace(eval=lambda: None, name=name), f"tokenizer of {name}"
+
+
+def _in_threads(*calls):
+    """Run each call in its own thread; their results, in order."""
+    import threading
+
+    results: list = [None] * len(calls)
+
+    def run(k: int) -> None:
+        results[k] = calls[k]()
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(calls))]
+    for t in threads:
+        t.start()
+    return threads, results
+
+
+def test_two_models_load_at_the_same_time(monkeypatch) -> None:
+    """Issue 23: the store loaded under its lock, so a second model's load waited for the first.
+    Here model a's load is held until model b's load has started: under the lock it never would."""
+    from headlab import zoo
+    from headlab.server.store import ModelStore
+
+    fake = _SlowZoo()
+    monkeypatch.setattr(zoo, "list_models", fake.list_models)
+    monkeypatch.setattr(zoo, "load", fake.load)
+    store = ModelStore(max_loaded=2)
+    threads, results = _in_threads(lambda: store.get("a"), lambda: store.get("b"))
+    assert fake.started["a"].wait(timeout=30) and fake.started["b"].wait(timeout=30)
+    fake.release.set()
+    for t in threads:
+        t.join(timeout=30)
+    assert [r[1] for r in results] == ["tokenizer of a", "tokenizer of b"]
+    (_, a0, a1), (_, b0, b1) = sorted(fake.loads)
+    assert a0 < b1 and b0 < a1  # the two loads overlap in time
+    assert sorted(store.loaded_names()) == ["a", "b"]
+
+
+def test_one_model_asked_for_twice_at_once_loads_once(monkeypatch) -> None:
+    import time
+
+    from headlab import zoo
+    from headlab.server.store import ModelStore
+
+    fake = _SlowZoo()
+    monkeypatch.setattr(zoo, "list_models", fake.list_models)
+    monkeypatch.setattr(zoo, "load", fake.load)
+    store = ModelStore(max_loaded=1)
+    asked: list[float] = []
+    ask = lambda: asked.append(time.monotonic()) or store.get("a")  # noqa: E731
+    threads, results = _in_threads(ask, ask)
+    assert fake.started["a"].wait(timeout=30)
+    while len(asked) < 2:
+        time.sleep(0.01)
+    time.sleep(0.2)  # the second request now waits on the first one's load
+    fake.release.set()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(fake.loads) == 1 and max(asked) < fake.loads[0][2]  # asked while it loaded
+    assert results[0] is results[1] and results[0][0].name == "a"
+
+
+def test_a_failed_load_is_answered_and_not_kept(monkeypatch) -> None:
+    from fastapi import HTTPException
+
+    from headlab import zoo
+    from headlab.server.store import ModelStore
+
+    def broken(name: str):
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(zoo, "list_models", _SlowZoo().list_models)
+    monkeypatch.setattr(zoo, "load", broken)
+    store = ModelStore()
+    for _ in range(2):  # the failure is not cached: the next request tries again
+        with pytest.raises(HTTPException) as caught:
+            store.get("a")
+        assert caught.value.status_code == 503 and "disk on fire" in caught.value.detail
+    with pytest.raises(HTTPException) as caught:
+        store.get("c")
+    assert caught.value.status_code == 422 and "available models: a, b" in caught.value.detail
+    assert store.loaded_names() == []
+
+
+# --- the library functions the routes call ------------------------------------------------------
+
+
+def test_token_budget_is_the_least_of_context_setting_and_weights() -> None:
+    from headlab.model import ModelConfig
+    from headlab.zoo import token_budget
+
+    smollm2 = ModelConfig(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, max_len=8192)
+    # 30 · 9 · n² ≤ 8,000,000 → n ≤ 172, far inside the context and the 4,096 ceiling
+    assert token_budget(smollm2, 4096, 8_000_000) == 172
+    assert 30 * 9 * 172**2 <= 8_000_000 < 30 * 9 * 173**2
+    small = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, max_len=64)
+    assert token_budget(small, 128, 8_000_000) == 64  # the model's context
+    assert token_budget(small, 20, 8_000_000) == 20  # the server's setting
+    assert token_budget(small, 128, 8 * 10**2) == 10  # 2 · 4 · n² ≤ 800
+
+
+def test_a_layers_valid_head_counts_are_the_divisors() -> None:
+    from headlab.shapes import ShapeConfig
+
+    choices = ShapeConfig(d_model=96, n_heads=12, seq_len=1, batch=1).head_counts()
+    assert choices == {
+        "valid_head_counts": [h for h in range(1, 97) if 96 % h == 0],
+        "valid_kv_head_counts": [1, 2, 3, 4, 6, 12],
+    }
+
+
+def test_the_probes_are_measures_one_vocabulary(client: TestClient) -> None:
+    """The page offers the probes GET /api/probes lists; they, the request schema's enum and
+    what build_probe takes are one vocabulary, headlab.measure.PROBES."""
+    from headlab.measure import PROBES
+
+    rows = client.get("/api/probes").json()
+    assert [r["name"] for r in rows] == list(PROBES)
+    assert all(r["description"] for r in rows)
+    assert [r["name"] for r in rows if r["takes_text"]] == ["text"]
+    schema = client.get("/openapi.json").json()
+    assert "/api/probes" in schema["paths"]
+    probe = schema["components"]["schemas"]["TextRequest"]["properties"]["probe"]
+    assert [list(PROBES)] == [a["enum"] for a in probe["anyOf"] if "enum" in a]
+    r = client.post("/api/heads", json={"probe": "sentence"})
+    assert r.status_code == 422 and "probe" in r.json()["detail"]
+    assert all(name in r.json()["detail"] for name in PROBES)
+
+
+def test_the_calculators_ranges_and_dtypes_come_from_the_library(client: TestClient) -> None:
+    from headlab.shapes import DTYPES, LIMITS
+
+    limits = client.get("/api/shapes/limits").json()
+    assert limits["sizes"] == {k: list(v) for k, v in LIMITS.items()}
+    assert limits["dtypes"] == ["float32", "float16", "bfloat16", "float64"]
+    for name in DTYPES:  # every alias the library takes, the API takes
+        r = client.post("/api/shapes", json={"d_model": 64, "n_heads": 8, "dtype": name})
+        assert r.status_code == 200 and r.json()["config"]["dtype"] in limits["dtypes"]
+    for key, (lo, hi) in LIMITS.items():
+        for outside in (lo - 1, hi + 1):
+            r = client.post("/api/shapes", json={key: outside})
+            assert r.status_code == 422 and key in r.json()["detail"]

@@ -7,12 +7,13 @@ model and experiment names are plain identifiers, never file paths.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
+from headlab.measure import PROBES
 from headlab.server import settings
-from headlab.shapes import LIMITS
+from headlab.shapes import DTYPE_NAMES, DTYPES, LIMITS
 
 # A name is a short identifier (letters, digits, - _ .), never a path: no "/" or "..".
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
@@ -20,7 +21,21 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
 # tokens the per-head weights (layers · h · n²) stop being a page-sized answer.
 MAX_TEXT_CHARS = settings.max_text_chars()
 MAX_TOKENS = settings.max_tokens()
-Dtype = Literal["float32", "float16", "bfloat16", "float64", "fp32", "fp16", "bf16", "fp64"]
+
+
+# What each probe of headlab.measure.PROBES (the one vocabulary of probe names) runs, in words the
+# page shows, and whether it reads the request's text (headlab.measure.build_probe enforces that).
+PROBE_HELP: dict[str, tuple[bool, str]] = {
+    "repeat": (False, "the built-in sentence with a repeat"),
+    "random-repeat": (False, "random tokens, repeated 4 times (Olsson et al. 2022's probe)"),
+    "text": (True, "the text you give"),
+}
+if TYPE_CHECKING:
+    ProbeName = str
+    Dtype = str
+else:  # the one vocabulary of each, so the schema lists them as an enum
+    ProbeName = Literal[PROBES]  # headlab.measure.PROBES
+    Dtype = Literal[tuple(DTYPES)]  # headlab.shapes.DTYPES, aliases included
 
 
 class Strict(BaseModel):
@@ -127,23 +142,53 @@ class ShapesRequest(Strict):
         return json_integer(value)
 
 
-def _probe_is(*names: str) -> dict[str, Any]:
-    return {"properties": {"probe": {"enum": list(names)}}, "required": ["probe"]}
+class ShapeLimits(BaseModel):
+    """What the shape calculator may be asked (POST /api/shapes), for the page's form."""
+
+    sizes: dict[str, list[int]] = Field(description="each size's [least, most]")
+    dtypes: list[str] = Field(description="one name per dtype (bf16, fp16, … are also taken)")
+
+
+def shape_limits() -> ShapeLimits:
+    """The calculator's sizes and dtypes, from :data:`headlab.shapes.LIMITS` and DTYPE_NAMES."""
+    return ShapeLimits(sizes={k: list(v) for k, v in LIMITS.items()}, dtypes=list(DTYPE_NAMES))
+
+
+def _probes(takes_text: bool) -> list[str]:
+    return [name for name in PROBES if PROBE_HELP[name][0] == takes_text]
+
+
+def _probe_is(names: list[str]) -> dict[str, Any]:
+    return {"properties": {"probe": {"enum": names}}, "required": ["probe"]}
+
+
+class ProbeInfo(BaseModel):
+    """A probe the head analysis can run (``probe`` of /api/heads and /api/attention)."""
+
+    name: str = Field(description="a name of headlab.measure.PROBES")
+    takes_text: bool = Field(description="true: the request must carry a text; false: none")
+    description: str
+
+
+def probe_infos() -> list[ProbeInfo]:
+    """Every probe, in the order of :data:`headlab.measure.PROBES`."""
+    return [ProbeInfo(name=n, takes_text=PROBE_HELP[n][0], description=PROBE_HELP[n][1])
+            for n in PROBES]  # fmt: skip
 
 
 class TextRequest(Strict):
-    # the schema says what headlab.measure.build_probe enforces: "repeat" and "random-repeat"
-    # take no text, "text" needs one
+    # the schema says what headlab.measure.build_probe enforces: a probe that reads no text
+    # takes none, one that reads a text needs it
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
             "allOf": [
                 {
-                    "if": _probe_is("repeat", "random-repeat"),
+                    "if": _probe_is(_probes(takes_text=False)),
                     "then": {"properties": {"text": {"type": "null"}}},
                 },
                 {
-                    "if": _probe_is("text"),
+                    "if": _probe_is(_probes(takes_text=True)),
                     "then": {"required": ["text"], "properties": {"text": {"type": "string"}}},
                 },
             ]
@@ -157,13 +202,18 @@ class TextRequest(Strict):
         max_length=MAX_TEXT_CHARS,
         description="text to run; omitted = the built-in sentence with a repeat",
     )
-    probe: Literal["repeat", "random-repeat", "text"] | None = Field(
+    probe: ProbeName | None = Field(
         None,
-        description="'repeat': the built-in sentence with a repeat; 'random-repeat': seeded "
-        "random tokens repeated 4 times (Olsson et al. 2022's probe), with no text; 'text': the "
-        "text above. Omitted: 'text' when a text is given, else 'repeat' "
-        "(headlab.measure.build_probe, the names `headlab heads --probe` takes)",
+        description="; ".join(f"'{n}': {PROBE_HELP[n][1]}" for n in PROBES)
+        + ". Omitted: the first of these that fits, 'text' when a text is given, else 'repeat' "
+        "(headlab.measure.build_probe, the names `headlab heads --probe` takes; GET /api/probes "
+        "lists them)",
     )
+
+    def probe_name(self) -> str:
+        """``probe``, or when omitted the first probe of PROBES that fits the request: one that
+        reads a text when a text is given, else one that reads none."""
+        return self.probe or _probes(takes_text=self.text is not None)[0]
 
 
 class HeadsRequest(TextRequest):

@@ -7,7 +7,7 @@
 
 Whatever the settings, an answer holds at most :data:`MAX_WEIGHTS` per-head weights
 (layers · h · n²): a model with more heads gets a shorter token limit (see
-``routes.attention.token_limit``), so no setting lets one request build an unbounded answer.
+:func:`headlab.zoo.token_budget`), so no setting lets one request build an unbounded answer.
 The request body limit grows with the text limit (4 bytes a character, plus room for the rest).
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
+from concurrent.futures import Future
 from typing import Any
 
 from fastapi import HTTPException
@@ -37,14 +38,17 @@ def _sizes(zoo: Any, name: str) -> dict[str, Any] | None:
 class ModelStore:
     """Loads zoo models on first use and keeps the ``max_loaded`` most recently used.
 
-    Loading is serialised by a lock; a loaded model is only read afterwards (inference mode), so
-    requests may share it.
+    A load runs outside the store's lock, so a slow load (SmolLM2 takes seconds) holds back
+    neither the requests for models already loaded nor the load of another model; requests for
+    a model being loaded wait on that one load (a future per name) instead of loading it again.
+    A loaded model is only read afterwards (inference mode), so requests may share it.
     """
 
     def __init__(self, max_loaded: int = 2) -> None:
         self.max_loaded = max_loaded
         self._loaded: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._loading: dict[str, Future[tuple[Any, Any]]] = {}
+        self._lock = threading.Lock()  # guards _loaded and _loading; never held during a load
         self.preload_errors: dict[str, str] = {}
         self._sizes: dict[str, dict[str, Any]] = {}
 
@@ -92,32 +96,53 @@ class ModelStore:
         return list(self._loaded)
 
     def get(self, name: str) -> tuple[Any, Any]:
-        """(model, tokenizer) for ``name``; 422 for a name the zoo does not offer here."""
+        """(model, tokenizer) for ``name``; 422 for a name the zoo does not offer here, 503 for
+        one that fails to load."""
         with self._lock:
             if name in self._loaded:
                 self._loaded.move_to_end(name)
                 return self._loaded[name]
-            available = {r["name"]: r for r in self.catalogue()}
-            row = available.get(name)
-            if row is None or not row["available"]:
-                offered = sorted(n for n, r in available.items() if r["available"])
-                why = f" ({row['reason']})" if row and row["reason"] else ""
-                raise HTTPException(
-                    422,
-                    f"model {name!r} is not available{why}; available models: "
-                    f"{', '.join(offered) or 'none'}",
-                )
-            from headlab import zoo
-
-            try:
-                model, tokenizer = zoo.load(name)
-            except (ValueError, OSError) as exc:
-                raise HTTPException(503, f"model {name!r} could not be loaded: {exc}") from None
-            model.eval()
-            self._loaded[name] = (model, tokenizer)
+            pending = self._loading.get(name)
+            if pending is None:
+                mine: Future[tuple[Any, Any]] = Future()
+                self._loading[name] = mine
+        if pending is not None:
+            return pending.result()  # another request is loading it: wait for that one load
+        try:
+            pair = self._load(name)
+        except BaseException as exc:
+            with self._lock:
+                del self._loading[name]
+            mine.set_exception(exc)
+            raise
+        with self._lock:
+            del self._loading[name]
+            self._loaded[name] = pair
             while len(self._loaded) > self.max_loaded:
                 self._loaded.popitem(last=False)
-            return model, tokenizer
+        mine.set_result(pair)
+        return pair
+
+    def _load(self, name: str) -> tuple[Any, Any]:
+        """Load ``name`` from the zoo, in eval mode (called without the lock)."""
+        available = {r["name"]: r for r in self.catalogue()}
+        row = available.get(name)
+        if row is None or not row["available"]:
+            offered = sorted(n for n, r in available.items() if r["available"])
+            why = f" ({row['reason']})" if row and row["reason"] else ""
+            raise HTTPException(
+                422,
+                f"model {name!r} is not available{why}; available models: "
+                f"{', '.join(offered) or 'none'}",
+            )
+        from headlab import zoo
+
+        try:
+            model, tokenizer = zoo.load(name)
+        except (ValueError, OSError) as exc:
+            raise HTTPException(503, f"model {name!r} could not be loaded: {exc}") from None
+        model.eval()
+        return model, tokenizer
 
     def clear(self) -> None:
         with self._lock:

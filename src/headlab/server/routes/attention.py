@@ -7,7 +7,6 @@ patterns alone, from the same probe.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, Response
@@ -18,7 +17,9 @@ from headlab.server.schemas import (
     AttentionResponse,
     HeadsRequest,
     HeadsResponse,
+    ProbeInfo,
     TextRequest,
+    probe_infos,
 )
 from headlab.server.settings import MAX_WEIGHTS
 
@@ -26,12 +27,11 @@ router = APIRouter(tags=["heads"])
 
 
 def token_limit(model: Any) -> int:
-    """The most tokens one request may run: the model's context, the server's setting
-    (HEADLAB_MAX_TOKENS), and what keeps every head's n × n weights under MAX_WEIGHTS."""
-    config = getattr(model, "config", None)
-    max_len = getattr(config, "max_len", MAX_TOKENS)
-    heads = getattr(config, "n_layers", 1) * getattr(config, "n_heads", 1)
-    return int(min(max_len, MAX_TOKENS, math.isqrt(MAX_WEIGHTS // max(heads, 1))))
+    """The most tokens one request may run on ``model``: :func:`headlab.zoo.token_budget`
+    under the server's settings (HEADLAB_MAX_TOKENS, and at most MAX_WEIGHTS weights)."""
+    from headlab.zoo import token_budget
+
+    return token_budget(model.config, MAX_TOKENS, MAX_WEIGHTS)
 
 
 def load_probe(request: Request, req: TextRequest) -> tuple[Any, Any]:
@@ -40,13 +40,21 @@ def load_probe(request: Request, req: TextRequest) -> tuple[Any, Any]:
     from headlab import measure
 
     model, tokenizer = request.app.state.models.get(req.model)
-    name = req.probe or ("text" if req.text is not None else "repeat")
     limit = token_limit(model)
     try:
-        probe = measure.build_probe(name, tokenizer, limit, model.config.vocab_size, req.text)
+        probe = measure.build_probe(
+            req.probe_name(), tokenizer, limit, model.config.vocab_size, req.text
+        )
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from None
     return model, probe
+
+
+@router.get("/probes")
+def probes() -> list[ProbeInfo]:
+    """The probes the head analysis can run (headlab.measure.PROBES): each one's name, whether
+    it reads a text, and what it is (the page offers these)."""
+    return probe_infos()
 
 
 @router.post("/attention", response_model=AttentionResponse)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import asdict
 from typing import Any
 
 import orjson
 from fastapi import APIRouter, Response
 
 from headlab.server.fastjson import OPTIONS
-from headlab.server.schemas import ShapesRequest
+from headlab.server.schemas import ShapeLimits, ShapesRequest, shape_limits
 
 router = APIRouter(tags=["shapes"])
 
@@ -30,27 +31,25 @@ def shapes(req: ShapesRequest) -> Response:
 
 @functools.lru_cache(maxsize=256)
 def _report_json(key: tuple[tuple[str, Any], ...]) -> bytes:
-    """The encoded report; the widget asks for the same few sizes again and again as one types."""
-    from headlab.attention import valid_head_counts
+    """The encoded report and the head counts that would be valid (the widget's choices); the
+    widget asks for the same few sizes again and again as one types."""
     from headlab.shapes import trace_shapes
 
-    report: dict[str, Any] = trace_shapes(**dict(key)).to_dict()
-    report.setdefault("valid_head_counts", valid_head_counts(report["config"]["d_model"]))
-    report.setdefault("valid_kv_head_counts", valid_head_counts(report["config"]["n_heads"]))
-    return orjson.dumps(report, option=OPTIONS)
+    report = trace_shapes(**dict(key))
+    return orjson.dumps({**report.to_dict(), **report.config.head_counts()}, option=OPTIONS)
 
 
 @router.get("/shapes/presets")
 def presets() -> dict[str, Any]:
-    """The published configurations (Transformer base, BERT, GPT-2, Llama, ...)."""
+    """The published configurations (Transformer base, BERT, GPT-2, Llama, ...): each
+    :class:`headlab.shapes.Preset`'s fields, by name."""
     from headlab.shapes import PRESETS
 
-    return {name: _as_dict(p) for name, p in PRESETS.items()}
+    return {name: asdict(preset) for name, preset in PRESETS.items()}
 
 
-def _as_dict(preset: Any) -> Any:
-    if isinstance(preset, dict):
-        return preset
-    from dataclasses import asdict, is_dataclass
-
-    return asdict(preset) if is_dataclass(preset) and not isinstance(preset, type) else preset
+@router.get("/shapes/limits")
+def limits() -> ShapeLimits:
+    """The least and most of each size POST /api/shapes takes, and its dtypes (the page's form
+    offers these)."""
+    return shape_limits()

@@ -29,9 +29,10 @@ export function initHeads(root, summaryEl) {
   const relation = h("select", { id: "heads-relation", name: "relation" });
   const relationField = field("heads-relation", "relation", relation);
   relationField.hidden = true;
-  const input = h("select", { id: "heads-probe", name: "probe" },
-    h("option", { value: "text" }, "the text below"),
-    h("option", { value: "random-repeat" }, "random tokens, repeated 4 times"));
+  // the probes are the server's (GET /api/probes: headlab.measure.PROBES), filled in once
+  const input = h("select", { id: "heads-probe", name: "probe" });
+  let probes = [];
+  const readsText = () => probes.find((p) => p.name === input.value)?.takes_text ?? true;
   const text = h("textarea", { id: "heads-text", name: "text", rows: 3, spellcheck: "false" });
   const run = h("button", { type: "submit", id: "heads-run" }, "Run the model");
   const form = h("form", { id: "heads-form", "aria-label": "head viewer" },
@@ -116,16 +117,17 @@ export function initHeads(root, summaryEl) {
     const mine = ++runs;  // a newer run (another model, new text) wins over a slower older one
     status.textContent = "Running the model…";
     try {
-      // an empty box runs the built-in sentence with a repeat, which the answer then shows
-      const random = input.value === "random-repeat";  // Olsson et al.'s probe: induction heads score highest
-      const name = model.value || "default";
-      const body = random ? { model: name, probe: "random-repeat" }
-        : text.value.trim() ? { model: name, probe: "text", text: text.value } : { model: name, probe: "repeat" };
+      // a probe that reads a text, with an empty box, is left to the server: it runs its
+      // default (the built-in sentence with a repeat), which the answer then shows in the box
+      const typed = readsText() && text.value.trim();
+      const body = { model: model.value || "default" };
+      if (!readsText() || typed) body.probe = input.value;
+      if (typed) body.text = text.value;
       const heads = await api("/api/heads", wantSyntax ? { ...body, syntax: true } : body);
       if (mine !== runs) return;
       const attention = heads;
       state.attention = attention;
-      if (!random && !text.value.trim()) text.value = attention.text;
+      if (readsText() && !text.value.trim()) text.value = attention.text;
       state.heads = heads;
       clear(which, attention.weights.flatMap((heads_, l) => heads_.map((_, k) => h("option", { value: `${l}.${k}` }, `${l}.${k}${labelOf(state, l, k) ? ` ${labelOf(state, l, k)}` : ""}`))));
       status.textContent = `${attention.model}: ${attention.tokens.length} tokens, ${attention.n_layers} layers × ${attention.n_heads} heads.`;
@@ -144,11 +146,18 @@ export function initHeads(root, summaryEl) {
   form.addEventListener("submit", (e) => { e.preventDefault(); submit(); });
   text.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); submit(); } });
   model.addEventListener("change", submit);
-  input.addEventListener("change", () => { text.disabled = input.value === "random-repeat"; text.parentElement.hidden = text.disabled; submit(); });
-  loadModels(model, status).then((ok) => {
+  const showText = () => { text.disabled = !readsText(); text.parentElement.hidden = text.disabled; };
+  input.addEventListener("change", () => { showText(); submit(); });
+  const probesLoaded = api("/api/probes").then((rows) => {
+    probes = rows;
+    clear(input, rows.map((p) => h("option", { value: p.name, title: p.name }, p.description)));
+    input.value = rows.find((p) => p.takes_text)?.name ?? rows[0]?.name ?? "";  // start on the text box
+    showText();
+  });
+  Promise.all([loadModels(model, status), probesLoaded]).then(([ok]) => {
     if (!ok) { clear(view, missing("No model is available to this server, so there are no patterns to show.")); return; }
     submit();
-  });
+  }).catch((err) => { status.textContent = err.message; status.classList.add("error"); });
   return { submit, state };
 }
 

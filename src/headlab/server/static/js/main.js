@@ -26,8 +26,8 @@ async function costCompare(el) {
     h("p", {}, `Same parameters; FLOPs ${(rows[1].flops.total / rows[0].flops.total).toFixed(3)}× those of one head. What grows is the pattern memory: h separate n × n weight matrices instead of one.`));
 }
 
-async function paramsTable(el) {
-  const presets = await api("/api/shapes/presets");
+async function paramsTable(el, asked) {
+  const presets = await asked;
   const entries = Object.entries(presets);
   const reports = await Promise.all(entries.map(([, p]) => api("/api/shapes", { d_model: p.d_model, n_heads: p.n_heads, n_kv_heads: p.n_kv_heads, bias: p.bias, seq_len: 1, batch: 1 })));
   clear(el, h("div", { class: "table-wrap" }, h("table", { id: "params-presets" },
@@ -38,8 +38,8 @@ async function paramsTable(el) {
       h("td", { class: "num" }, fmtInt(reports[k].params.total)), h("td", { class: "note" }, p.source)))))));
 }
 
-async function kvCompare(el) {
-  const presets = await api("/api/shapes/presets");
+async function kvCompare(el, asked) {
+  const presets = await asked;
   const gqa = Object.entries(presets).filter(([, p]) => p.n_kv_heads && p.n_kv_heads < p.n_heads);
   if (!gqa.length) { clear(el, missing("No GQA preset in headlab.shapes yet.")); return; }
   const reports = await Promise.all(gqa.map(([, p]) => api("/api/shapes", { d_model: p.d_model, n_heads: p.n_heads, n_kv_heads: p.n_kv_heads, bias: p.bias, seq_len: p.context, batch: 1, dtype: "bfloat16" })));
@@ -114,12 +114,14 @@ async function start() {
     setStatus(`The headlab server does not answer (${err.message}). Start it with: headlab serve`, true);
     return;
   }
-  initShapes(document.getElementById("shapes-widget"));
+  // the published presets, asked for once: the calculator's menu and both tables draw from it
+  const presets = api("/api/shapes/presets");
+  initShapes(document.getElementById("shapes-widget"), presets);
   initHeads(document.getElementById("heads-widget"), document.getElementById("label-summary"));
   initLiveTrain(document.getElementById("live-train-widget"));
   guard(costCompare, document.getElementById("cost-compare"));
-  guard(paramsTable, document.getElementById("params-table"));
-  guard(kvCompare, document.getElementById("kv-compare"));
+  guard((el) => paramsTable(el, presets), document.getElementById("params-table"));
+  guard((el) => kvCompare(el, presets), document.getElementById("kv-compare"));
   experiments();
 }
 

@@ -14,11 +14,18 @@ const FIELDS = [
   ["batch", "B (batch)", 2],
   ["cache_len", "tokens already cached", 0],
 ];
-const DTYPES = ["float32", "bfloat16", "float16", "float64"];
-
+// the ranges and dtypes are the server's (GET /api/shapes/limits), set once they arrive
 function numberInput(key, label, value) {
   return h("label", { for: `shapes-${key}` }, label,
-    h("input", { id: `shapes-${key}`, name: key, type: "number", min: key === "cache_len" ? 0 : 1, step: 1, value, inputmode: "numeric" }));
+    h("input", { id: `shapes-${key}`, name: key, type: "number", step: 1, value, inputmode: "numeric" }));
+}
+
+function applyLimits(form, limits) {
+  for (const [key] of FIELDS) {
+    const range = limits.sizes[key];
+    if (range) Object.assign(form.elements[key], { min: range[0], max: range[1] });
+  }
+  clear(form.elements.dtype, limits.dtypes.map((d) => h("option", { value: d }, d)));
 }
 
 function readForm(form) {
@@ -30,7 +37,7 @@ function readForm(form) {
     if (!Number.isInteger(v)) return { error: `${key} must be a whole number, got “${raw}”` };
     body[key] = v;
   }
-  body.dtype = form.elements.dtype.value;
+  if (form.elements.dtype.value) body.dtype = form.elements.dtype.value;  // else the server's default
   body.bias = form.elements.bias.checked;
   return { body };
 }
@@ -98,12 +105,13 @@ function scaleChart(report) {
   return figure(svg, { name: "shapes-diagram", caption: "Block diagram: each bar's length is proportional to the tensor's element count", data: report });
 }
 
-export function initShapes(root) {
+// presetsAsked: the promise of GET /api/shapes/presets, which the page asks for once
+export function initShapes(root, presetsAsked) {
   const form = h("form", { class: "controls", id: "shapes-form", "aria-label": "layer sizes", onsubmit: (e) => e.preventDefault() });
   const preset = h("select", { id: "shapes-preset", name: "preset" }, h("option", { value: "" }, "custom"));
   form.append(h("label", { for: "shapes-preset" }, "preset", preset));
   for (const [key, label, value] of FIELDS) form.append(numberInput(key, label, value));
-  form.append(h("label", { for: "shapes-dtype" }, "dtype", h("select", { id: "shapes-dtype", name: "dtype" }, DTYPES.map((d) => h("option", { value: d }, d)))));
+  form.append(h("label", { for: "shapes-dtype" }, "dtype", h("select", { id: "shapes-dtype", name: "dtype" })));
   form.append(h("label", { class: "inline", for: "shapes-bias" }, h("input", { id: "shapes-bias", name: "bias", type: "checkbox", checked: true }), "biases"));
   const out = h("div", { id: "shapes-output", "aria-live": "polite" });
   const sources = new Map();  // the code of each linked function, asked for once
@@ -150,7 +158,7 @@ export function initShapes(root) {
     form.elements.bias.checked = p.bias;
     update();
   });
-  api("/api/shapes/presets").then((all) => {
+  presetsAsked.then((all) => {
     presets = { ...presets, ...all };
     preset.append(h("optgroup", { label: "published models" }, Object.entries(all).map(([name, p]) => h("option", { value: name }, p.title || name))));
   }).catch(() => {});
@@ -163,6 +171,6 @@ export function initShapes(root) {
     preset.append(h("optgroup", { label: "models on this server (their own sizes)" }, mine.map(([name, z]) => h("option", { value: `model:${name}` },
       `${name}: d_model ${z.d_model}, h ${z.n_heads}${kvText(z)}, ${z.n_layers} layers`))));
   }).catch(() => {});
-  update();
+  api("/api/shapes/limits").then((limits) => applyLimits(form, limits)).catch(() => {}).finally(update);
   return { update, form, layer };
 }
