@@ -55,7 +55,13 @@ REPEAT_SENTENCE = (
     "The old lighthouse keeper, tired but careful, climbed the stairs at dusk."
 )
 
-PROBES = ("repeat", "random-repeat", "text")
+# name → (whether it reads the user's text, what it is): the one vocabulary of probes
+PROBE_INFO: dict[str, tuple[bool, str]] = {
+    "repeat": (False, "the built-in sentence with a repeat"),
+    "random-repeat": (False, "random tokens, repeated 4 times (Olsson et al. 2022's probe)"),
+    "text": (True, "the text you give"),
+}
+PROBES = tuple(PROBE_INFO)
 R = TypeVar("R")
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
-from headlab.measure import PROBES
+from headlab.measure import PROBE_INFO, PROBES
 from headlab.server import settings
 from headlab.shapes import DTYPE_NAMES, DTYPES, LIMITS
 
@@ -25,11 +25,6 @@ MAX_TOKENS = settings.max_tokens()
 
 # What each probe of headlab.measure.PROBES (the one vocabulary of probe names) runs, in words the
 # page shows, and whether it reads the request's text (headlab.measure.build_probe enforces that).
-PROBE_HELP: dict[str, tuple[bool, str]] = {
-    "repeat": (False, "the built-in sentence with a repeat"),
-    "random-repeat": (False, "random tokens, repeated 4 times (Olsson et al. 2022's probe)"),
-    "text": (True, "the text you give"),
-}
 if TYPE_CHECKING:
     ProbeName = str
     Dtype = str
@@ -155,7 +150,7 @@ def shape_limits() -> ShapeLimits:
 
 
 def _probes(takes_text: bool) -> list[str]:
-    return [name for name in PROBES if PROBE_HELP[name][0] == takes_text]
+    return [name for name in PROBES if PROBE_INFO[name][0] == takes_text]
 
 
 def _probe_is(names: list[str]) -> dict[str, Any]:
@@ -172,7 +167,7 @@ class ProbeInfo(BaseModel):
 
 def probe_infos() -> list[ProbeInfo]:
     """Every probe, in the order of :data:`headlab.measure.PROBES`."""
-    return [ProbeInfo(name=n, takes_text=PROBE_HELP[n][0], description=PROBE_HELP[n][1])
+    return [ProbeInfo(name=n, takes_text=PROBE_INFO[n][0], description=PROBE_INFO[n][1])
             for n in PROBES]  # fmt: skip
 
 
@@ -204,7 +199,7 @@ class TextRequest(Strict):
     )
     probe: ProbeName | None = Field(
         None,
-        description="; ".join(f"'{n}': {PROBE_HELP[n][1]}" for n in PROBES)
+        description="; ".join(f"'{n}': {PROBE_INFO[n][1]}" for n in PROBES)
         + ". Omitted: the first of these that fits, 'text' when a text is given, else 'repeat' "
         "(headlab.measure.build_probe, the names `headlab heads --probe` takes; GET /api/probes "
         "lists them)",
