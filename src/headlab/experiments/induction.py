@@ -251,9 +251,8 @@ def train_model(
     ``listener``, watched (:class:`headlab.training.watch.Watch`); ``stop`` can end it early."""
     model = make_model(cfg, n_layers, seed)
     task = RepeatTask(cfg.vocab_size, cfg.seq_len, cfg.min_span, cfg.max_span)
-    # torch's AdamW imports torch._dynamo when first built (about 2 s here): import it before
-    # the clock starts, so a run's seconds measure training, as on the page, whose server
-    # imports it at startup
+    # AdamW imports torch._dynamo when first built (about 2 s here): imported before the clock
+    # starts, a run's seconds measure training, as on the page (the server imports it at startup)
     import torch._dynamo  # noqa: F401
 
     t0 = time.perf_counter()
@@ -454,18 +453,15 @@ def study(
     listener: Listener | None = None,
     stop: StopToken | None = None,
 ) -> dict[str, Any] | None:
-    """Train one model and find its phase change, heads and ablation effects.
-
-    ``listener`` receives the run's events (module docstring) and, at the end, the
-    :class:`~headlab.training.watch.Verdict`; ``stop`` can end the run between two steps, and
-    then nothing is studied and None is returned. The result's ``_model`` is the trained model."""
+    """Train one model and find its phase change, heads and ablation effects (``_model``: the
+    trained model). ``listener`` receives the run's events (module docstring), then the
+    :class:`~headlab.training.watch.Verdict`; a ``stop`` that ends the run early gives None."""
     data = held_out(cfg, seed) if data is None else data
     model, result = train_model(cfg, n_layers, seed, data, reporter, listener=listener, stop=stop)
     if stop is not None and stop.reason is not None:
         return None
     evals = result.records("eval")
-    final = evals[-1]
-    phase = find_phase_change(evals, data.ceiling)
+    final, phase = evals[-1], find_phase_change(evals, data.ceiling)
     heads = label_heads(final, data.ceiling)
     walls = {r["step"]: r["wall"] for r in evals}
     r = {

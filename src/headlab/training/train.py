@@ -251,9 +251,7 @@ def train(
     generator (the global RNG is restored around it).
     out_dir: the run directory (metrics.jsonl, checkpoints); None keeps everything in memory.
     resume: continue the run in ``out_dir`` from its newest checkpoint, exactly.
-    stop: read after every step; once it gives a reason the run ends as Ctrl-C ends it (the
-    evaluation and checkpoint of that step, if due or out_dir is given) and the result's
-    ``stopped`` holds the reason.
+    stop: read after every step; a reason ends the run as Ctrl-C does, in ``result.stopped``.
     """
     if resume and out_dir is None:
         raise ValueError("resume needs out_dir, the directory of the run to continue")
