@@ -23,7 +23,6 @@ Run: ``python benchmarks/bench_phase_change.py [--threads 1] [--seeds 0 1 2] [--
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import statistics
@@ -33,8 +32,10 @@ from dataclasses import asdict, fields, replace
 from typing import Any
 
 import torch
+import torch._dynamo  # the optimizer's first import, before any clock (the server: at startup)
 
 from headlab.experiments import induction as ind
+from headlab.training.watch import Evaluation, Event
 
 # REFERENCES.md, "Measured here for planning the live phase change": idle machine, one thread
 PLANNING = ind.InductionConfig(
@@ -64,13 +65,14 @@ def one(cfg: ind.InductionConfig, n_layers: int, seed: int) -> dict[str, Any]:
     """Train and study one model; seconds to the end of its phase-change window."""
     cpu: dict[int, float] = {}
 
-    def listen(event: dict[str, Any]) -> None:
-        if event["event"] == "eval":
-            cpu[event["step"]] = time.thread_time()
+    def listen(event: Event) -> None:
+        if isinstance(event, Evaluation):
+            cpu[event.step] = time.thread_time()
 
     load = os.getloadavg()[0]
     c0 = time.thread_time()
     r = ind.study(cfg, n_layers, seed, listener=listen)
+    assert r is not None  # no stop token: the study runs to its end
     phase, v = r["phase_change"], r["verdict"]
     end = phase["window"][1] if phase["window"] else None
     feeders = r.get("feeder_heads", [])
@@ -113,9 +115,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     live = recipe(args.set)
     torch.set_num_threads(args.threads)
-    importlib.import_module(
-        "torch._dynamo"
-    )  # the optimizer's first import; the server does it at startup
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs,"
           f" load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
     print(f"live recipe{' (changed: ' + ' '.join(args.set) + ')' if args.set else ''}: "

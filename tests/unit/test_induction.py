@@ -14,9 +14,11 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from headlab.cli import app
-from headlab.experiments import EXPERIMENTS, describe, finite, one_thread
+from headlab.experiments import EXPERIMENTS, describe
 from headlab.experiments import induction as ind
+from headlab.files import finite, one_thread
 from headlab.heads import induction_mul_score
+from headlab.training import watch
 from headlab.training.tasks import RepeatTask
 
 # ---------------------------------------------------------------------------------------------
@@ -130,6 +132,77 @@ def test_a_loss_drop_without_an_induction_head_is_no_phase_change() -> None:
     early = [_curve(s, 3.0 * _logistic((s - 600) / 40), 0.40) for s in steps]
     assert not ind.find_phase_change(early, ceiling)["found"]
     assert not ind.find_phase_change(no_head[:2], ceiling)["found"]  # too few points to tell
+
+
+def _batch_rule(evals: list[dict], ceiling: float) -> dict:
+    """The phase-change rule as first written (main before the watched run): every evaluation
+    rescanned. The incremental detector must give exactly this for every prefix."""
+    import statistics
+
+    if len(evals) < 3:
+        return {"step": None, "window": None, "found": False}
+    steps = [r["step"] for r in evals]
+    gain = [r["repeated_loss"] - r["first_copy_loss"] for r in evals]
+    smooth = [statistics.fmean(gain[max(0, i - 1) : i + 2]) for i in range(len(gain))]
+    slopes = [(smooth[i + 1] - smooth[i]) / (steps[i + 1] - steps[i]) for i in range(len(gain) - 1)]
+    k = min(range(len(slopes)), key=slopes.__getitem__)
+    lo, hi = k, k
+    while lo > 0 and slopes[lo - 1] <= 0.5 * slopes[k]:
+        lo -= 1
+    while hi + 1 < len(slopes) and slopes[hi + 1] <= 0.5 * slopes[k]:
+        hi += 1
+    final_gain, window_gain = -gain[-1], smooth[lo] - smooth[hi + 1]
+    best = [max(max(layer) for layer in r["induction"]) for r in evals]
+    rise = best[hi + 1] - best[lo]
+    return {
+        "step": round((steps[k] + steps[k + 1]) / 2),
+        "window": [steps[lo], steps[hi + 1]],
+        "steepest_fall_per_1k_steps": -1000 * slopes[k],
+        "final_gain": final_gain,
+        "window_gain": window_gain,
+        "induction_rise": rise,
+        "final_induction": best[-1],
+        "found": final_gain >= 0.5 * evals[-1]["first_copy_loss"]
+        and window_gain >= 0.25 * final_gain
+        and rise >= 0.25 * ceiling
+        and best[-1] >= 0.5 * ceiling,
+    }
+
+
+def _check_every_prefix(evals: list[dict], ceiling: float) -> list[dict]:
+    """The detector fed one record at a time against the batch rule on each prefix; equal
+    dicts, floats bit for bit. Returns the answers."""
+    detector = watch.PhaseDetector(ceiling)
+    answers = []
+    for i, record in enumerate(evals):
+        got = detector.add(record)
+        assert got == _batch_rule(evals[: i + 1], ceiling), f"prefix of {i + 1}"
+        answers.append(dict(got))
+    assert ind.find_phase_change(evals, ceiling) == _batch_rule(evals, ceiling)
+    return answers
+
+
+def test_the_incremental_detector_equals_the_batch_rule_on_every_prefix_of_the_shipped_run() -> (
+    None
+):
+    from headlab.experiments import results_path
+
+    shipped = json.loads(results_path("induction").read_text())
+    ceiling = shipped["induction_ceiling"]
+    evals = [r for r in shipped["history"] if r["kind"] == "eval"]
+    answers = _check_every_prefix(evals, ceiling)
+    assert answers[-1] == shipped["phase_change"]
+    control = [r for r in shipped["control_history"] if r["kind"] == "eval"]
+    assert _check_every_prefix(control, ceiling)[-1] == shipped["control_phase_change"]
+    # the answer for a prefix moves as points arrive: the window changes, "found" turns on
+    assert len({tuple(a["window"]) for a in answers if a["window"]}) > 1
+    assert [a["found"] for a in answers].index(True) < len(answers) - 1
+    steps = list(range(0, 2001, 50))
+    curve = [_curve(s, 3.5 * _logistic((s - 800) / 60), 0.05 + 0.37 * _logistic((s - 800) / 60))
+             for s in steps]  # fmt: skip
+    _check_every_prefix(curve, 0.45)
+    ties = [_curve(s, 1.0 if s >= 500 else 0.0, 0.4) for s in steps]  # equal slopes: the first
+    _check_every_prefix(ties, 0.45)
 
 
 def test_shapley_values_of_a_known_game_by_hand() -> None:
@@ -371,37 +444,75 @@ def test_cli_prints_the_live_progress_events(capsys: pytest.CaptureFixture[str])
     from headlab import cli
 
     scores = {"induction": [[0.1, 0.2], [0.05, 0.38]], "prev_token": [[0.71, 0.02], [0.1, 0.1]]}
-    event = {"event": "eval", "step": 300, "first_copy_loss": 4.2, "repeated_loss": 1.5, **scores}
-    cli._print_event(event)
-    cli._print_event({**event, "step": 350})  # between the hundreds: nothing
-    cli._print_event({"event": "verdict", "n_layers": 2, "verdict": {"text": "It formed."}})
+    record = {"step": 300, "kind": "eval", "first_copy_loss": 4.2, "repeated_loss": 1.5, **scores}
+    phase = {"step": 275, "window": [250, 300], "found": True}
+    cli._print_event(watch.Evaluation(record, phase))
+    cli._print_event(watch.Evaluation({**record, "step": 350}, phase))  # between the hundreds
+    cli._print_event(watch.Step(300, 2.5))  # steps: the progress bar's, not a line
+    cli._print_event(watch.PhaseChange(300, phase))
+    cli._print_event(watch.Verdict({"n_layers": 2, "verdict": {"text": "It formed."}}))
     lines = capsys.readouterr().err.splitlines()
     assert lines == [
         "step   300  loss first copy 4.200, repeated 1.500  best induction 1.1 0.380  "
         "best previous-token 0.0 0.710",
+        "phase change detected at step 300: window 250–300",
         "2 layer(s): It formed.",
     ]
 
 
+def test_events_serialise_to_the_json_the_page_reads() -> None:
+    """The SSE data of each event: the names and fields live-train.js and the tests read."""
+    record = {"step": 50, "kind": "eval", "first_copy_loss": 4.0, "repeated_loss": 3.0,
+              "induction": [[0.1, 0.3]], "prev_token": [[0.6, 0.2]], "wall": 1.5}  # fmt: skip
+    phase = {"step": None, "window": None, "found": False}
+    shown = {"induction": {"head": "0.1", "weights": [[1.0]]}}
+    assert watch.Evaluation(record, phase, shown).to_dict() == {
+        "event": "eval", **record, "patterns": shown, "phase_change": phase}  # fmt: skip
+    assert "patterns" not in watch.Evaluation(record, phase).to_dict()
+    assert watch.Start(700, [1, 2], 0.4).to_dict() == {
+        "event": "start", "total": 700, "tokens": [1, 2], "ceiling": 0.4}  # fmt: skip
+    assert watch.Step(10, 3.5).to_dict() == {"event": "step", "step": 10, "loss": 3.5}
+    assert watch.Done("ab").to_dict() == {"event": "done", "run_id": "ab"}
+    assert watch.Cancelled("ab", "cancelled").to_dict() == {
+        "event": "stopped", "run_id": "ab", "reason": "cancelled"}  # fmt: skip
+    assert watch.Failed("ab", "E: x").to_dict() == {"event": "error", "run_id": "ab",
+                                                    "detail": "E: x"}  # fmt: skip
+    verdict = {"n_layers": 1, "verdict": {"text": "No."}, "final": {}}
+    assert watch.Verdict(verdict).to_dict() == {"event": "verdict", **verdict}
+    for event in (watch.Start(1, [], 0.0), watch.Evaluation(record, phase), watch.Done("a")):
+        assert event.to_dict()["event"] == event.name
+    ev = watch.Evaluation(record, phase)
+    assert (ev.best_induction, ev.best_prev_token) == (
+        watch.BestHead("0.1", 0.3), watch.BestHead("0.0", 0.6))  # fmt: skip
+
+
 def test_live_events_carry_the_patterns_and_the_history_keeps_only_scores() -> None:
     """The two heads' patterns ride on every PATTERN_EVERY-th eval event (the page draws them)
-    and equal the model's own at that step; the training history, which results.json keeps, has
-    the scores alone (the shipped run's file too)."""
+    and equal the model's own at that step (run_patterns, a separate forward, as the oracle);
+    the training history, which results.json keeps, has the scores alone (the shipped run's
+    file too); each evaluation's phase change is the batch rule's on the history so far."""
     from dataclasses import replace
 
     from headlab.experiments import results_path
     from headlab.measure import run_patterns
 
     cfg = replace(ind.LIVE, steps=50, eval_every=25)
-    events: list[dict] = []
+    events: list = []
     with one_thread():
         r = ind.study(cfg, 2, seed=3, listener=events.append)
-    evals = [e for e in events if e["event"] == "eval"]
+    assert r is not None
+    assert [type(e) for e in events[:3]] == [watch.Start, watch.Evaluation, watch.Step]
+    assert isinstance(events[-1], watch.Verdict) and events[-1].to_dict()["verdict"] == r["verdict"]
+    evals = [e.to_dict() for e in events if isinstance(e, watch.Evaluation)]
     history = [x for x in r["history"] if x["kind"] == "eval"]
     assert [e["step"] for e in evals] == [x["step"] for x in history]
+    assert [{k: v for k, v in e.items() if k not in ("event", "patterns", "phase_change")}
+            for e in evals] == history  # fmt: skip
+    for i, e in enumerate(evals):
+        assert e["phase_change"] == _batch_rule(history[: i + 1], r["induction_ceiling"])
     assert all("patterns" not in x for x in r["history"])
     carried = [i for i, e in enumerate(evals) if "patterns" in e]
-    assert carried == [i for i in range(len(evals)) if i % ind.PATTERN_EVERY == 0]
+    assert carried == [i for i in range(len(evals)) if i % watch.PATTERN_EVERY == 0]
     last = evals[-1]
     assert "patterns" in last, "the run's length leaves the last evaluation without patterns"
     data = ind.held_out(cfg, seed=3)
@@ -412,3 +523,31 @@ def test_live_events_carry_the_patterns_and_the_history_keeps_only_scores() -> N
         torch.testing.assert_close(got, want[layer, head], atol=5e-4, rtol=0)
     shipped = json.loads(results_path("induction").read_text())
     assert all("patterns" not in x for x in shipped["history"] + shipped["control_history"])
+
+
+def test_a_stop_token_ends_a_study_between_steps_without_raising() -> None:
+    """A stop token set from the listener (as the page's Cancel button sets it from another
+    thread) ends the run after the step it arrives in: no verdict, None returned."""
+    from headlab.training.train import StopToken
+
+    token = StopToken()
+    events: list = []
+
+    def listen(event: object) -> None:
+        events.append(event)
+        if isinstance(event, watch.Step) and event.step == 20:
+            token.stop("cancelled")
+
+    with one_thread():
+        assert ind.study(ind.LIVE, 1, seed=0, listener=listen, stop=token) is None
+    steps = [e.step for e in events if isinstance(e, watch.Step)]
+    assert steps == [10, 20] and token.reason == "cancelled"
+    assert not [e for e in events if isinstance(e, watch.Verdict)]
+
+
+@pytest.mark.slow
+def test_the_detector_equals_the_batch_rule_on_a_quick_run(quick) -> None:
+    results, _ = quick
+    for history in (results["history"], results["control_history"]):
+        evals = [r for r in history if r["kind"] == "eval"]
+        _check_every_prefix(evals, results["induction_ceiling"])

@@ -110,7 +110,38 @@ def test_the_status_names_the_recipe_and_the_knobs(client: httpx.Client) -> None
     body = client.get("/api/live").json()
     assert body["running"] is None
     assert body["recipe"]["steps"] == LIVE.steps and body["recipe"]["seq_len"] == LIVE.seq_len
-    assert body["knobs"]["n_layers"] == [1, 2]
+    knobs = body["knobs"]
+    assert sorted(c["value"] for c in knobs["n_layers"]["choices"]) == [1, 2]
+    assert sorted(c["value"] for c in knobs["n_heads"]["choices"]) == [2, 4, 8]
+    assert (knobs["seed"]["min"], knobs["seed"]["max"]) == (0, 9999)
+    assert {k["default"] for k in knobs.values()} and knobs["n_layers"]["default"] == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "good", "bad"),
+    [("seed", [0, 9999], [-1, 10000]), ("n_layers", [1, 2], [0, 3]), ("n_heads", [2, 8], [3, 16])],
+)
+def test_the_served_knobs_are_what_the_request_accepts(
+    client: httpx.Client, name: str, good: list[int], bad: list[int]
+) -> None:
+    """One statement of the knobs: what GET /api/live offers is what POST accepts (a good value
+    is checked without training: it passes validation and meets the running run, so 409)."""
+    knob = client.get("/api/live").json()["knobs"][name]
+    offered = [c["value"] for c in knob["choices"]] if "choices" in knob else None
+    for value in bad:
+        r = client.post(URL, json={name: value})
+        assert r.status_code == 422 and r.json()["detail"].startswith(name), r.json()
+        assert offered is None or value not in offered
+    baseline = threading.active_count()
+    with client.stream("POST", URL, json={"seed": 7}) as first:
+        stream = events(first)
+        run_id = next(stream)[1]["run_id"]
+        for value in good:
+            assert offered is None or value in offered
+            assert client.post(URL, json={name: value}).status_code == 409  # valid, but busy
+        client.delete(f"/api/live/runs/{run_id}")
+        assert list(stream)[-1][0] == "stopped"
+    wait_idle(client, baseline)
 
 
 def test_second_run_is_busy_and_cancel_stops_the_first(client: httpx.Client) -> None:
@@ -187,7 +218,7 @@ def test_a_live_run_trains_on_the_threads_set_and_restores_them(monkeypatch) -> 
 
     def fake_study(*args, **kwargs):
         seen.append(torch.get_num_threads())
-        raise ind.Stopped("enough")
+        kwargs["stop"].stop("enough")
 
     monkeypatch.setattr(ind, "study", fake_study)
     before = torch.get_num_threads()

@@ -23,7 +23,7 @@ from torch import nn
 
 from headlab.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from headlab.cli.support import LogReporter
-from headlab.training.train import TrainConfig, lr_at, read_metrics, train
+from headlab.training.train import StopToken, TrainConfig, lr_at, read_metrics, train
 
 V, N, B = 16, 6, 8  # vocabulary, sequence length, batch of the tiny task
 
@@ -290,6 +290,57 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path: Path) -> No
     cut_metrics = read_metrics(tmp_path / "cut" / "metrics.jsonl")
     strip = [{k: v for k, v in r.items() if k != "elapsed"} for r in whole_metrics]
     assert strip == [{k: v for k, v in r.items() if k != "elapsed"} for r in cut_metrics]
+
+
+class _StopAt:
+    """A reporter that sets ``token`` when step ``at`` is reported (a cancel mid-run)."""
+
+    def __init__(self, token: StopToken, at: int) -> None:
+        self.token, self.at = token, at
+
+    def start(self, total: int, step: int) -> None: ...
+
+    def update(self, step: int, loss: float, lr: float) -> None:
+        if step == self.at:
+            self.token.stop("cancelled")
+
+    def record(self, record: dict) -> None: ...
+
+    def message(self, text: str) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+def test_a_stop_token_ends_the_run_after_the_step_and_resume_finishes_it(tmp_path: Path) -> None:
+    """A token set during step 10 ends the run there: no exception, the reason returned, a
+    checkpoint at 10; resuming gives the uninterrupted run's weights bit for bit."""
+    whole = make_model(0)
+    train(whole, _config(), batches, out_dir=tmp_path / "whole")
+    token = StopToken()
+    cut = _StopAt(token, 10)
+    result = train(make_model(0), _config(), batches, out_dir=tmp_path / "cut", reporter=cut,
+                   stop=token)  # fmt: skip
+    assert (result.step, result.stopped, result.interrupted) == (10, "cancelled", False)
+    assert latest_checkpoint(tmp_path / "cut").name == "step-000010"
+    resumed = make_model(5)
+    done = train(resumed, _config(), batches, out_dir=tmp_path / "cut", resume=True)
+    assert done.step == 30 and done.stopped is None
+    _assert_same(_weights(resumed), _weights(whole))
+
+
+def test_a_stop_token_keeps_its_first_reason_and_can_time_out() -> None:
+    token = StopToken()
+    assert token.reason is None
+    token.stop("cancelled")
+    token.stop("the client went away")
+    assert token.reason == "cancelled"
+    late = StopToken(seconds=0.0)
+    time.sleep(0.01)
+    assert late.reason == "time limit: stopped after 0 s"
+    result = train(make_model(0), _config(), batches, stop=late)
+    assert (result.step, result.stopped) == (1, late.reason)  # the first step, then it stops
+    untimed = train(make_model(0), _config(steps=3), batches, stop=StopToken(seconds=600))
+    assert (untimed.step, untimed.stopped) == (3, None)
 
 
 def _run_worker(tmp_path: Path, out: Path, steps: int, mode: str, delay: float = 0.0):

@@ -780,23 +780,27 @@ def _run_progress(run: Any) -> dict[str, Any]:
     return kwargs
 
 
-def _print_event(event: dict[str, Any]) -> None:
-    """A line every 100 steps (losses, the best heads) and the verdict of each model."""
-    if event["event"] == "eval" and event["step"] % 100 == 0:
-        last = len(event["induction"]) - 1
-        ind = max(range(len(event["induction"][last])), key=event["induction"][last].__getitem__)
-        prev = max(range(len(event["prev_token"][0])), key=event["prev_token"][0].__getitem__)
+def _print_event(event: Any) -> None:
+    """A line every 100 steps (losses, the best heads the event names), one when the phase change
+    is first detected, and the verdict of each model: the watched run's events, formatted."""
+    from headlab.training.watch import Evaluation, PhaseChange, Verdict
+
+    if isinstance(event, Evaluation) and event.step % 100 == 0:
+        ind, prev = event.best_induction, event.best_prev_token
         err_console.print(
-            f"step {event['step']:>5}  loss first copy {event['first_copy_loss']:.3f}, "
-            f"repeated {event['repeated_loss']:.3f}  best induction {last}.{ind} "
-            f"{event['induction'][last][ind]:.3f}  best previous-token 0.{prev} "
-            f"{event['prev_token'][0][prev]:.3f}",
+            f"step {event.step:>5}  loss first copy {event.record['first_copy_loss']:.3f}, "
+            f"repeated {event.record['repeated_loss']:.3f}  best induction {ind.head} "
+            f"{ind.score:.3f}  best previous-token {prev.head} {prev.score:.3f}",
             highlight=False,
             soft_wrap=True,
         )
-    elif event["event"] == "verdict":
+    elif isinstance(event, PhaseChange):
+        lo, hi = event.phase_change["window"]
+        err_console.print(f"phase change detected at step {event.step}: window {lo}–{hi}",
+                          highlight=False, soft_wrap=True)  # fmt: skip
+    elif isinstance(event, Verdict):
         err_console.print(
-            f"{event['n_layers']} layer(s): {event['verdict']['text']}",
+            f"{event.n_layers} layer(s): {event.text}",
             highlight=False,
             soft_wrap=True,
         )

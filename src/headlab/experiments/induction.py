@@ -51,12 +51,14 @@ Found automatically
                         reported beside it (a threshold-free share of the layer-0 effect).
 
 Live runs
-    :func:`study` trains one model and finds all of the above; a ``listener`` receives progress
-    events as it runs (every ``STEP_EVENTS`` steps, every evaluation with the phase change as
-    detected so far, the patterns of the best induction and previous-token heads now and then,
-    and the verdict). ``headlab experiment induction`` prints them; the web page's "train it
-    yourself" panel streams them from the server. A ``stop`` callback that returns a reason
-    ends the run between two steps (:class:`Stopped`).
+    :func:`study` trains one model and finds all of the above. Given a ``listener``, it trains
+    under a :class:`headlab.training.watch.Watch`, which sends typed events as it runs (the start,
+    the training loss every ``STEP_EVENTS`` steps, every evaluation with the phase change as
+    detected so far and now and then the patterns of the best induction and previous-token
+    heads, the phase change when first detected); the study sends the verdict. ``headlab
+    experiment induction`` prints them; the web page's "train it yourself" panel streams them
+    from the server. A :class:`headlab.training.train.StopToken` ends the run between two steps
+    (the study then returns None).
 
 Papers: Olsson et al. 2022, "In-context Learning and Induction Heads"; Elhage et al. 2021,
 "A Mathematical Framework for Transformer Circuits" (K-composition; attention-only models).
@@ -66,9 +68,7 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -77,8 +77,9 @@ import torch
 from torch import Tensor
 
 from headlab.ablation import full_mask
-from headlab.experiments import one_thread, pyplot, save_figure, torch_threads, write_results
+from headlab.experiments import pyplot, save_figure, write_results
 from headlab.experiments.design_common import spread
+from headlab.files import one_thread, torch_threads
 from headlab.heads import THRESHOLDS, induction_mul_score, induction_pattern, previous_mul_score
 from headlab.measure import (
     Probe,
@@ -93,7 +94,8 @@ from headlab.measure import (
 from headlab.model import ModelConfig, Transformer
 from headlab.trace import Trace
 from headlab.training.tasks import RepeatTask
-from headlab.training.train import Reporter, TrainConfig, TrainResult, train
+from headlab.training.train import Reporter, StopToken, TrainConfig, TrainResult, train
+from headlab.training.watch import Listener, PhaseDetector, Verdict, Watch, best_induction
 
 
 @dataclass(frozen=True)
@@ -210,8 +212,10 @@ def ideal_induction_weights(tokens: Tensor) -> Tensor:
     return rows.unsqueeze(1)  # (B, 1, n, n)
 
 
-def metrics(model: Transformer, data: HeldOut) -> dict[str, Any]:
-    """The per-evaluation metrics listed in the module docstring."""
+def metrics(model: Transformer, data: HeldOut) -> tuple[dict[str, Any], list[Tensor]]:
+    """The per-evaluation metrics listed in the module docstring, and the attention weights of
+    the probe's forward they were scored on, (B, h, n, n) per layer (a watched run draws its
+    patterns from them: no second forward)."""
     trace = Trace(only=("weights",))
     first, repeated = copy_losses(token_losses(model, data.copies.tokens, trace=trace),
                                   data.copies.source)  # fmt: skip
@@ -224,14 +228,12 @@ def metrics(model: Transformer, data: HeldOut) -> dict[str, Any]:
         "icl_score": icl_score(held, *icl_positions(held.shape[1])),
         "induction": [induction_mul_score(w, data.inputs).tolist() for w in weights],
         "prev_token": [previous_mul_score(w).tolist() for w in weights],
-    }
+    }, weights
 
 
 # ---------------------------------------------------------------------------------------------
 # Training one model, and what is found after it
 # ---------------------------------------------------------------------------------------------
-
-Extra = Callable[[Transformer, dict[str, Any]], dict[str, Any]]
 
 
 def train_model(
@@ -242,75 +244,49 @@ def train_model(
     reporter: Reporter | None = None,
     out_dir: Path | None = None,
     resume: bool = False,
-    extra: Extra | None = None,
+    listener: Listener | None = None,
+    stop: StopToken | None = None,
 ) -> tuple[Transformer, TrainResult]:
-    """Train one model on the repeat task, measuring it every ``eval_every`` steps.
-
-    ``extra(model, record)`` may add keys to an evaluation record (the live run's patterns)."""
+    """Train one model on the repeat task, measuring it every ``eval_every`` steps; with a
+    ``listener``, watched (:class:`headlab.training.watch.Watch`); ``stop`` can end it early."""
     model = make_model(cfg, n_layers, seed)
     task = RepeatTask(cfg.vocab_size, cfg.seq_len, cfg.min_span, cfg.max_span)
-    # torch's AdamW imports torch._dynamo when first built (about 2 s here): import it before
-    # the clock starts, so a run's seconds measure training, as on the page, whose server
-    # imports it at startup
+    # AdamW imports torch._dynamo when first built (about 2 s here): imported before the clock
+    # starts, a run's seconds measure training, as on the page (the server imports it at startup)
     import torch._dynamo  # noqa: F401
 
     t0 = time.perf_counter()
 
-    def evaluate(m: Any, step: int) -> dict[str, Any]:
-        record = metrics(m, data)
-        if extra is not None:
-            record.update(extra(m, record))
-        return {**record, "wall": time.perf_counter() - t0}
+    def measure(m: Any) -> tuple[dict[str, Any], list[Tensor]]:
+        record, weights = metrics(m, data)
+        return {**record, "wall": time.perf_counter() - t0}, weights
 
+    watch = None
+    if listener is not None:
+        watch = Watch(measure, listener, data.inputs[0].tolist(), data.ceiling, reporter)
     result = train(
         model,
         train_config(cfg, seed),
         lambda g: task.batch(cfg.batch_size, g),
-        evaluate=evaluate,
+        evaluate=watch.evaluate if watch is not None else lambda m, step: measure(m)[0],
         out_dir=out_dir,
         resume=resume,
-        reporter=reporter,
+        reporter=watch or reporter,
+        stop=stop,
     )
     model.eval()
     return model, result
 
 
-def best_induction(record: dict[str, Any]) -> float:
-    """The highest induction score of any head in an evaluation record."""
-    return max(max(layer) for layer in record["induction"])
-
-
 def find_phase_change(evals: list[dict[str, Any]], ceiling: float) -> dict[str, Any]:
     """The steepest fall of the in-context gain, and whether an induction head formed with it
-    (the rule is in the module docstring). ``ceiling``: an ideal induction head's score."""
-    if len(evals) < 3:
-        return {"step": None, "window": None, "found": False}
-    steps = [r["step"] for r in evals]
-    gain = [r["repeated_loss"] - r["first_copy_loss"] for r in evals]
-    smooth = [statistics.fmean(gain[max(0, i - 1) : i + 2]) for i in range(len(gain))]
-    slopes = [(smooth[i + 1] - smooth[i]) / (steps[i + 1] - steps[i]) for i in range(len(gain) - 1)]
-    k = min(range(len(slopes)), key=slopes.__getitem__)
-    lo, hi = k, k
-    while lo > 0 and slopes[lo - 1] <= 0.5 * slopes[k]:
-        lo -= 1
-    while hi + 1 < len(slopes) and slopes[hi + 1] <= 0.5 * slopes[k]:
-        hi += 1
-    final_gain, window_gain = -gain[-1], smooth[lo] - smooth[hi + 1]
-    best = [best_induction(r) for r in evals]
-    rise = best[hi + 1] - best[lo]
-    return {
-        "step": round((steps[k] + steps[k + 1]) / 2),
-        "window": [steps[lo], steps[hi + 1]],
-        "steepest_fall_per_1k_steps": -1000 * slopes[k],
-        "final_gain": final_gain,
-        "window_gain": window_gain,
-        "induction_rise": rise,
-        "final_induction": best[-1],
-        "found": final_gain >= 0.5 * evals[-1]["first_copy_loss"]
-        and window_gain >= 0.25 * final_gain
-        and rise >= 0.25 * ceiling
-        and best[-1] >= 0.5 * ceiling,
-    }
+    (the rule is in the module docstring), for the evaluation records ``evals`` in step order.
+    ``ceiling``: an ideal induction head's score. A live run asks the same detector after each
+    evaluation (:class:`headlab.training.watch.PhaseDetector`)."""
+    detector = PhaseDetector(ceiling)
+    for record in evals:
+        detector.add(record)
+    return detector.phase
 
 
 def ablate(model: Transformer, data: HeldOut, heads: list[tuple[int, int]]) -> float:
@@ -464,111 +440,6 @@ def _score(final: dict[str, Any], name: str, kind: str = "prev_token") -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# Progress as events: what the CLI prints and the page's live panel draws
-# ---------------------------------------------------------------------------------------------
-
-Listener = Callable[[dict[str, Any]], None]
-StopFn = Callable[[], str | None]
-STEP_EVENTS = 10  # a "step" event (training loss) every this many steps
-PATTERN_EVERY = 2  # the two heads' patterns ride on every this-many-th evaluation
-
-
-class Stopped(RuntimeError):
-    """A run ended early by its ``stop`` callback (cancelled, out of time, nobody listening)."""
-
-
-class Watch:
-    """A :class:`headlab.training.train.Reporter` that turns a run's progress into events for a
-    listener (and passes everything on to an inner reporter, e.g. a progress bar).
-
-    Events (dicts with an ``event`` key): ``start`` (total steps, the probe's first sequence),
-    ``step`` (step, training loss), ``eval`` (an evaluation record: losses, every head's
-    induction and previous-token score, and the phase change as detected so far; on some, the
-    patterns of the best induction head and the best layer-0 previous-token head), ``verdict``
-    (sent by :func:`study`). ``stop()`` is asked before every step; a reason ends the run.
-    """
-
-    def __init__(
-        self,
-        data: HeldOut,
-        listener: Listener | None,
-        inner: Reporter | None = None,
-        stop: StopFn | None = None,
-    ) -> None:
-        self.data, self.listener, self.inner, self.stop = data, listener, inner, stop
-        self.evals: list[dict[str, Any]] = []
-        self.detected: dict[str, Any] | None = None
-        self.shown: dict[str, Any] = {}  # patterns for the next eval event (not for the history)
-
-    def start(self, total: int, step: int) -> None:
-        self.evals = []
-        self.detected = None
-        if self.inner is not None:
-            self.inner.start(total, step)
-        self._send({"event": "start", "total": total, "tokens": self.data.inputs[0].tolist(),
-                    "ceiling": self.data.ceiling})  # fmt: skip
-
-    def update(self, step: int, loss: float, lr: float) -> None:
-        if self.stop is not None and (reason := self.stop()):
-            raise Stopped(reason)
-        if self.inner is not None:
-            self.inner.update(step, loss, lr)
-        if step % STEP_EVENTS == 0:
-            self._send({"event": "step", "step": step, "loss": loss})
-
-    def record(self, record: dict[str, Any]) -> None:
-        if self.inner is not None:
-            self.inner.record(record)
-        if record.get("kind") != "eval":
-            return
-        self.evals.append(record)
-        phase = find_phase_change(self.evals, self.data.ceiling)
-        if phase["found"] and self.detected is None:
-            self.detected = phase
-            if self.inner is not None:
-                lo, hi = phase["window"]
-                self.inner.message(f"phase change detected at step {record['step']}: "
-                                   f"window {lo}–{hi}")  # fmt: skip
-        event = {"event": "eval", **record, **self.shown, "phase_change": phase}
-        self.shown = {}
-        self._send(event)
-
-    def message(self, text: str) -> None:
-        if self.inner is not None:
-            self.inner.message(text)
-
-    def finish(self) -> None:
-        if self.inner is not None:
-            self.inner.finish()
-
-    def patterns(self, model: Transformer, record: dict[str, Any]) -> dict[str, Any]:
-        """The ``extra`` hook: every PATTERN_EVERY-th evaluation, the patterns (probe sequence 0,
-        rounded to 3 decimals) of the best induction head of the last layer and the best
-        previous-token head of layer 0. They ride on the eval event only: the training history
-        (and results.json) keeps the scores, not 17 KB of patterns per evaluation."""
-        if len(self.evals) % PATTERN_EVERY:
-            return {}
-        weights = run_patterns(model, self.data.inputs[:1])[:, 0]  # (L, h, n, n)
-        last = len(record["induction"]) - 1
-        shown = {
-            "induction": (last, _argmax(record["induction"][last])),
-            "prev_token": (0, _argmax(record["prev_token"][0])),
-        }
-        self.shown = {"patterns": {kind: {"head": f"{l}.{i}",
-                                          "weights": weights[l, i].round(decimals=3).tolist()}
-                                   for kind, (l, i) in shown.items()}}  # fmt: skip
-        return {}
-
-    def _send(self, event: dict[str, Any]) -> None:
-        if self.listener is not None:
-            self.listener(event)
-
-
-def _argmax(values: list[float]) -> int:
-    return max(range(len(values)), key=values.__getitem__)
-
-
-# ---------------------------------------------------------------------------------------------
 # One model studied, with live progress; one seed, several seeds
 # ---------------------------------------------------------------------------------------------
 
@@ -580,21 +451,17 @@ def study(
     data: HeldOut | None = None,
     reporter: Reporter | None = None,
     listener: Listener | None = None,
-    stop: StopFn | None = None,
-) -> dict[str, Any]:
-    """Train one model and find its phase change, heads and ablation effects.
-
-    ``listener`` receives the progress events of :class:`Watch`; ``stop`` can end the run
-    early (raises :class:`Stopped`). The result's ``_model`` is the trained model."""
+    stop: StopToken | None = None,
+) -> dict[str, Any] | None:
+    """Train one model and find its phase change, heads and ablation effects (``_model``: the
+    trained model). ``listener`` receives the run's events (module docstring), then the
+    :class:`~headlab.training.watch.Verdict`; a ``stop`` that ends the run early gives None."""
     data = held_out(cfg, seed) if data is None else data
-    watch = Watch(data, listener, reporter, stop) if listener or stop else None
-    extra = watch.patterns if watch is not None and listener is not None else None
-    model, result = train_model(cfg, n_layers, seed, data, watch or reporter, extra=extra)
+    model, result = train_model(cfg, n_layers, seed, data, reporter, listener=listener, stop=stop)
+    if stop is not None and stop.reason is not None:
+        return None
     evals = result.records("eval")
-    final = evals[-1]
-    phase = find_phase_change(evals, data.ceiling)
-    if stop is not None and (reason := stop()):
-        raise Stopped(reason)
+    final, phase = evals[-1], find_phase_change(evals, data.ceiling)
     heads = label_heads(final, data.ceiling)
     walls = {r["step"]: r["wall"] for r in evals}
     r = {
@@ -615,7 +482,7 @@ def study(
     }
     r["verdict"] = verdict(r)
     if listener is not None:
-        listener({"event": "verdict", **{k: v for k, v in r.items() if k not in _BULKY}})
+        listener(Verdict({k: v for k, v in r.items() if k not in _BULKY}))
     return r
 
 
@@ -633,6 +500,7 @@ def run_seed(
     data = held_out(cfg, seed)
     two = study(cfg, 2, seed, data, reporter, listener)
     control = study(cfg, 1, seed, data, reporter, listener)
+    assert two is not None and control is not None  # only a stop token ends a study early
     return {
         "seed": seed,
         **{k: v for k, v in two.items() if k != "n_layers"},

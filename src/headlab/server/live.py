@@ -1,24 +1,65 @@
 """Live training runs for the page: one at a time per server, each on its own thread.
 
-A run is :func:`headlab.experiments.induction.study` with a listener that hands every progress
-event to the event loop of the request streaming it, and a ``stop`` callback that ends the run
-when it is cancelled, when its client goes away, or when it runs out of time. Nothing is written
-to disk. The route (``routes/live.py``) turns the events into server-sent events.
+A run is :func:`headlab.experiments.induction.study` with a listener that hands every event of
+the watched run (:mod:`headlab.training.watch`) to the event loop of the request streaming it,
+and a :class:`~headlab.training.train.StopToken` that ends the run when it is cancelled, when its
+client goes away, or when it runs out of time; the run ends with Done, Cancelled or Failed.
+Nothing is written to disk. The route (``routes/live.py``) turns the events into server-sent
+events. :data:`LIVE_KNOBS` is the one statement of what a reader may set: the route validates
+requests against it and serves it, and the page builds its controls from it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from headlab.experiments import induction as ind
-from headlab.experiments import torch_threads
+from headlab.files import torch_threads
+from headlab.training.train import StopToken
+from headlab.training.watch import Cancelled, Done, Event, Failed
 
 MAX_SECONDS = 600.0  # a run is stopped after this much wall time (a busy machine is slow)
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One thing the reader sets: whole numbers in ``low..high``, or one of ``choices``."""
+
+    label: str  # what the page writes beside the control
+    default: int
+    help: str  # what it changes
+    low: int = 0  # a range's bounds, inclusive (unused when there are choices)
+    high: int = 0
+    choices: tuple[tuple[int, str], ...] = ()  # (value, what the page's option says)
+
+    def problem(self, value: int) -> str | None:
+        """Why ``value`` is refused, in words naming what is valid; None when it is allowed."""
+        if self.choices:
+            valid = [v for v, _ in self.choices]
+            return None if value in valid else f"should be one of {', '.join(map(str, valid))}"
+        return None if self.low <= value <= self.high else f"should be in {self.low}..{self.high}"
+
+    def describe(self) -> dict[str, Any]:
+        """The knob as ``GET /api/live`` serves it."""
+        if self.choices:
+            options = [{"value": v, "text": t} for v, t in self.choices]
+            return {"label": self.label, "default": self.default, "help": self.help,
+                    "choices": options}  # fmt: skip
+        return {"label": self.label, "default": self.default, "help": self.help,
+                "min": self.low, "max": self.high}  # fmt: skip
+
+
+LIVE_KNOBS = {
+    "seed": Knob("seed", 0, "seeds the weights and the data", low=0, high=9999),
+    "n_layers": Knob("layers", 2, "1 cannot form an induction head; 2 can",
+                     choices=((2, "2 layers"), (1, "1 layer (control)"))),
+    "n_heads": Knob("heads per layer", 4, "heads per layer (d_model stays 64)",
+                    choices=((2, "2"), (4, "4"), (8, "8"))),
+}  # fmt: skip
 
 
 class Busy(RuntimeError):
@@ -33,9 +74,9 @@ class Busy(RuntimeError):
 class Knobs:
     """What the reader sets: the seed, the number of layers and heads per layer."""
 
-    seed: int = 0
-    n_layers: int = 2
-    n_heads: int = 4
+    seed: int = LIVE_KNOBS["seed"].default
+    n_layers: int = LIVE_KNOBS["n_layers"].default
+    n_heads: int = LIVE_KNOBS["n_heads"].default
 
     def config(self) -> ind.InductionConfig:
         """The live recipe with the reader's number of heads."""
@@ -44,33 +85,24 @@ class Knobs:
 
 @dataclass
 class LiveRun:
-    """One run: its id, its knobs, the thread training it and the queue its events go to."""
+    """One run: its id, its knobs, the thread training it, the queue its events go to and the
+    token that stops it (its clock starts here)."""
 
     knobs: Knobs
     loop: asyncio.AbstractEventLoop
     max_seconds: float
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    events: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    reason: str = "cancelled"
-    started: float = field(default_factory=time.monotonic)
+    events: asyncio.Queue[Event | None] = field(default_factory=asyncio.Queue)
     thread: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        self.token = StopToken(self.max_seconds)
 
     def cancel(self, reason: str = "cancelled") -> None:
         """Ask the run to stop before its next step."""
-        if not self.cancelled.is_set():
-            self.reason = reason
-            self.cancelled.set()
+        self.token.stop(reason)
 
-    def stop_reason(self) -> str | None:
-        """``study``'s stop callback: why the run should end now, or None."""
-        if self.cancelled.is_set():
-            return self.reason
-        if time.monotonic() - self.started > self.max_seconds:
-            return f"time limit: stopped after {self.max_seconds:.0f} s"
-        return None
-
-    def push(self, event: dict[str, Any] | None) -> None:
+    def push(self, event: Event | None) -> None:
         """Hand an event (None: the end) to the streaming request's loop, from any thread."""
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -128,13 +160,12 @@ class LiveRuns:
         knobs = run.knobs
         try:
             with torch_threads(self.threads):
-                ind.study(knobs.config(), knobs.n_layers, knobs.seed,
-                          listener=run.push, stop=run.stop_reason)  # fmt: skip
-            run.push({"event": "done", "run_id": run.id})
-        except ind.Stopped as stopped:
-            run.push({"event": "stopped", "run_id": run.id, "reason": str(stopped)})
+                result = ind.study(knobs.config(), knobs.n_layers, knobs.seed,
+                                   listener=run.push, stop=run.token)  # fmt: skip
+            stopped = Cancelled(run.id, run.token.reason or "stopped")
+            run.push(Done(run.id) if result is not None else stopped)
         except Exception as exc:  # a bug must end the stream with a message, not hang it
-            run.push({"event": "error", "run_id": run.id, "detail": f"{type(exc).__name__}: {exc}"})
+            run.push(Failed(run.id, f"{type(exc).__name__}: {exc}"))
         finally:
             with self._lock:
                 self.current = None

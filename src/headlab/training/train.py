@@ -21,6 +21,10 @@ lines); the library itself never prints.
 
 Ctrl-C (SIGINT) during a ``train`` with a run directory finishes the current step, saves a
 checkpoint and returns with ``interrupted=True``; without one, KeyboardInterrupt is raised.
+
+A :class:`StopToken` ends a run from elsewhere (the page's Cancel button, a dropped connection, a
+time limit): the loop reads it after every step and returns with ``stopped`` set to the reason,
+saving a checkpoint as Ctrl-C does. Nothing is raised through the caller's callbacks.
 """
 
 from __future__ import annotations
@@ -138,6 +142,33 @@ class Reporter(Protocol):
     def finish(self) -> None: ...
 
 
+class StopToken:
+    """Asks a run to stop between two steps; set from any thread, or by itself after ``seconds``.
+
+    The first reason given wins: a cancel that arrives after the time limit hit stays a time limit.
+    """
+
+    def __init__(self, seconds: float | None = None) -> None:
+        self.seconds = seconds  # the time limit, counted from the token's creation; None: none
+        self._deadline = None if seconds is None else time.monotonic() + seconds
+        self._reason: str | None = None
+        self._lock = threading.Lock()
+
+    def stop(self, reason: str = "stopped") -> None:
+        """Ask the run to stop before its next step, for ``reason`` (unless one was given)."""
+        with self._lock:
+            if self._reason is None:
+                self._reason = reason
+
+    @property
+    def reason(self) -> str | None:
+        """Why the run should stop now, or None to go on."""
+        late = self._deadline is not None and time.monotonic() > self._deadline
+        if self._reason is None and late:
+            self.stop(f"time limit: stopped after {self.seconds:.0f} s")
+        return self._reason
+
+
 # ---------------------------------------------------------------------------------------------
 # The loop
 # ---------------------------------------------------------------------------------------------
@@ -153,6 +184,7 @@ class TrainResult:
     wall_seconds: float = 0.0  # time spent in this call
     elapsed: float = 0.0  # training time over the whole run, across resumes
     checkpoint: Path | None = None  # the last checkpoint written or resumed from
+    stopped: str | None = None  # why a StopToken ended the run early; None: it was not stopped
 
     def records(self, kind: str) -> list[dict[str, Any]]:
         """The records of one kind, "train" or "eval", in step order."""
@@ -207,6 +239,7 @@ def train(
     out_dir: Path | str | None = None,
     resume: bool = False,
     reporter: Reporter | None = None,
+    stop: StopToken | None = None,
 ) -> TrainResult:
     """Train ``model`` for ``config.steps`` AdamW steps; see the module docstring for the files.
 
@@ -218,6 +251,7 @@ def train(
     generator (the global RNG is restored around it).
     out_dir: the run directory (metrics.jsonl, checkpoints); None keeps everything in memory.
     resume: continue the run in ``out_dir`` from its newest checkpoint, exactly.
+    stop: read after every step; a reason ends the run as Ctrl-C does, in ``result.stopped``.
     """
     if resume and out_dir is None:
         raise ValueError("resume needs out_dir, the directory of the run to continue")
@@ -233,17 +267,18 @@ def train(
         reporter.start(config.steps, loop.step)
     if loop.step == 0 and evaluate is not None and config.eval_every:
         log.write(_run_eval(model, evaluate, 0))
-    interrupted = False
+    interrupted, stopped = False, None
     try:
         with _sigint_flag(enabled=out_dir is not None) as stop_requested:
-            while loop.step < config.steps and not interrupted:
+            while loop.step < config.steps and not interrupted and stopped is None:
                 step_t0 = time.perf_counter()
                 _one_step(loop, batches, loss_fn, log)
                 loop.elapsed += time.perf_counter() - step_t0
                 interrupted = stop_requested()
+                stopped = stop.reason if stop is not None else None
                 if evaluate is not None and _due(loop.step, config.eval_every, config.steps):
                     log.write(_run_eval(model, evaluate, loop.step))
-                end = loop.step == config.steps or interrupted
+                end = loop.step == config.steps or interrupted or stopped is not None
                 if out_dir is not None and (_due(loop.step, config.checkpoint_every, 0) or end):
                     log.sync()
                     last_ck = save_checkpoint(Path(out_dir), model, loop.optimizer, loop.state())
@@ -252,7 +287,7 @@ def train(
         if reporter is not None:
             reporter.finish()
     wall = time.perf_counter() - t0
-    return TrainResult(loop.step, interrupted, loop.history, wall, loop.elapsed, last_ck)
+    return TrainResult(loop.step, interrupted, loop.history, wall, loop.elapsed, last_ck, stopped)
 
 
 def _due(step: int, every: int, last: int) -> bool:
@@ -296,6 +331,11 @@ def _run_eval(model: nn.Module, evaluate: EvalFn, step: int) -> dict[str, Any]:
     finally:
         torch.set_rng_state(rng)
         model.train(was_training)
+    return eval_record(step, metrics)
+
+
+def eval_record(step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+    """The history's record of an evaluation at ``step`` (what metrics.jsonl holds)."""
     return {"step": step, "kind": "eval", **jsonable(metrics)}
 
 

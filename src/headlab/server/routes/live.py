@@ -2,7 +2,10 @@
 
 ``POST /api/live/induction`` starts a seeded run of the live recipe and answers with an event
 stream (``text/event-stream``) that lasts as long as the run: ``run`` (its id, knobs and
-recipe), ``start``, ``step``, ``eval``, ``verdict``, then ``done``, ``stopped`` or ``error``. One
+recipe), then the watched run's events (:mod:`headlab.training.watch`, each as its
+``to_dict()``): ``start``, ``step``, ``eval``, ``phase_change`` (once, when first detected),
+``verdict``, then ``done``, ``stopped`` or ``error``. The knobs a request may set, and their
+ranges, are :data:`headlab.server.live.LIVE_KNOBS`, served by ``GET /api/live``. One
 run trains at a time: a second request gets 409 with the running run's id. Closing the stream
 (a closed tab, a dropped connection) stops the run; so does ``DELETE /api/live/runs/{id}``.
 """
@@ -13,16 +16,16 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import asdict
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
-from headlab.experiments import finite
 from headlab.experiments import induction as ind
-from headlab.server.live import Busy, Knobs, LiveRun, LiveRuns
+from headlab.files import finite
+from headlab.server.live import LIVE_KNOBS, Busy, Knobs, LiveRun, LiveRuns
 from headlab.server.schemas import Strict, json_integer
 
 router = APIRouter(tags=["live"])
@@ -30,17 +33,31 @@ RUN_ID = r"^[0-9a-f]{1,32}$"
 POLL_SECONDS = 1.0  # how often a quiet stream checks that its client is still there
 
 
-class LiveRequest(Strict):
-    """The reader's knobs; everything else is the live recipe (``GET /api/live``)."""
+def _knob(name: str) -> Any:
+    knob = LIVE_KNOBS[name]
+    return Field(knob.default, description=knob.help)
 
-    seed: int = Field(0, ge=0, le=9999, description="seeds the weights and the data")
-    n_layers: Literal[1, 2] = Field(2, description="1 cannot form an induction head; 2 can")
-    n_heads: Literal[2, 4, 8] = Field(4, description="heads per layer (d_model stays 64)")
+
+class LiveRequest(Strict):
+    """The reader's knobs (:data:`~headlab.server.live.LIVE_KNOBS`); everything else is the
+    live recipe (``GET /api/live``)."""
+
+    seed: int = _knob("seed")
+    n_layers: int = _knob("n_layers")
+    n_heads: int = _knob("n_heads")
 
     @field_validator("seed", "n_layers", "n_heads", mode="before")
     @classmethod
     def _json_integers(cls, value: Any) -> Any:
         return json_integer(value)  # true is not 1, "3" is not 3
+
+    @field_validator("seed", "n_layers", "n_heads")
+    @classmethod
+    def _allowed(cls, value: int, info: ValidationInfo) -> int:
+        problem = LIVE_KNOBS[str(info.field_name)].problem(value)
+        if problem is not None:
+            raise ValueError(f"{problem}, not {value}")
+        return value
 
 
 def _runs(request: Request) -> LiveRuns:
@@ -55,7 +72,7 @@ def live_status(request: Request) -> dict[str, Any]:
     return {
         "running": runs.running(),
         "recipe": asdict(ind.LIVE),
-        "knobs": {"seed": [0, 9999], "n_layers": [1, 2], "n_heads": [2, 4, 8]},
+        "knobs": {name: knob.describe() for name, knob in LIVE_KNOBS.items()},
         "max_seconds": runs.max_seconds,
     }
 
@@ -104,7 +121,7 @@ async def _stream(run: LiveRun, request: Request) -> AsyncIterator[str]:
                 continue
             if event is None:
                 return
-            yield _frame(str(event.get("event", "message")), event)
+            yield _frame(event.name, event.to_dict())
     finally:
         run.cancel("the client went away")
 

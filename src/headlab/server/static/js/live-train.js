@@ -2,6 +2,8 @@
 // server and answers with server-sent events; the panel draws the losses, every head's scores and
 // the patterns of the two heads that matter as they change, shades the phase change when the
 // server detects it, and ends with the ablation verdict. The run stops if this page goes away.
+// The knobs (seed, layers, heads) and their ranges come from GET /api/live: the server states them
+// once, validates requests against them, and the page builds its controls from that answer.
 import { api } from "./api.js";
 import { h, clear } from "./dom.js";
 import { lineChart, heatmap, colourLegend } from "./figures.js";
@@ -14,8 +16,14 @@ function field(id, label, control) {
   return h("label", { for: id }, label, control);
 }
 
-function select(id, options, value) {
-  return h("select", { id, name: id }, options.map(([v, t]) => h("option", { value: v, selected: v === value }, t)));
+// One control per knob the server offers: a number input for a range, a select for choices.
+function knobControl(name, knob) {
+  const id = `live-${name.replace(/^n_/, "")}`;  // live-seed, live-layers, live-heads
+  const control = knob.choices
+    ? h("select", { id, name }, knob.choices.map((c) => h("option", { value: String(c.value), selected: c.value === knob.default }, c.text)))
+    : h("input", { id, name, type: "number", min: knob.min, max: knob.max, step: 1, value: knob.default });
+  control.title = knob.help;
+  return [control, field(id, knob.label, control)];
 }
 
 // Server-sent events from a fetch() body: "event: NAME\ndata: JSON\n\n" frames.
@@ -41,14 +49,19 @@ async function* sseEvents(response) {
   }
 }
 
-export function initLiveTrain(root) {
-  const seed = h("input", { id: "live-seed", name: "seed", type: "number", min: 0, max: 9999, step: 1, value: 0 });
-  const layers = select("live-layers", [["2", "2 layers"], ["1", "1 layer (control)"]], "2");
-  const heads = select("live-heads", [["2", "2"], ["4", "4"], ["8", "8"]], "4");
+export async function initLiveTrain(root) {
+  let knobs;
+  try {
+    ({ knobs } = await api("/api/live"));
+  } catch (err) {
+    clear(root, h("p", { class: "error" }, `Could not load the live panel: ${err.message}`));
+    return;
+  }
+  const controls = Object.fromEntries(Object.entries(knobs).map(([name, knob]) => [name, knobControl(name, knob)]));
   const train = h("button", { type: "submit", id: "live-train" }, "Train");
   const cancel = h("button", { type: "button", id: "live-cancel", disabled: true }, "Cancel");
   const form = h("form", { id: "live-form", "aria-label": "train an induction model", novalidate: true },
-    h("div", { class: "controls" }, field("live-seed", "seed", seed), field("live-layers", "layers", layers), field("live-heads", "heads per layer", heads)),
+    h("div", { class: "controls" }, Object.values(controls).map(([, label]) => label)),
     h("p", {}, train, " ", cancel));
   const status = h("p", { class: "note", id: "live-status", role: "status", "aria-live": "polite" }, "Press Train: the server trains a fresh model while you watch.");
   const phase = h("p", { id: "live-phase", class: "verdict", hidden: true });
@@ -182,7 +195,7 @@ export function initLiveTrain(root) {
     root.dataset.state = "running";
     status.classList.remove("error");
     status.textContent = "Starting…";
-    const body = { seed: Number(seed.value), n_layers: Number(layers.value), n_heads: Number(heads.value) };
+    const body = Object.fromEntries(Object.entries(controls).map(([name, [control]]) => [name, Number(control.value)]));
     let response;
     try {
       response = await fetch("/api/live/induction", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
