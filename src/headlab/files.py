@@ -88,7 +88,7 @@ def _sync(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str | Path, data: Content) -> Path:
+def write_atomic(path: str | os.PathLike[str], data: Content) -> Path:
     """Write ``data`` to ``path`` through a temporary file beside it: fsync, rename over the
     target, fsync the folder. Raises :class:`NotAFileError` for a target that exists and is not
     a regular file, or whose folder is missing, before anything is written."""
