@@ -495,9 +495,8 @@ class Transformer(nn.Module):
         return torch.cat(out, dim=1)  # (B, n + new)
 
     def save(self, directory: str | Path) -> Path:
-        """Write ``config.json`` and ``model.safetensors`` into ``directory`` (made if missing),
-        each file replaced atomically (:mod:`headlab.files`); returns it. Other files there stay:
-        to write a whole folder at once, save into :func:`headlab.files.new_folder`."""
+        """Write ``config.json`` and ``model.safetensors`` into ``directory``, each atomically;
+        returns it. For a whole folder at once, save into :func:`headlab.files.new_folder`."""
         from safetensors.torch import save_model
 
         from headlab.files import write_atomic, write_json
