@@ -8,12 +8,12 @@ Layout, inside a run directory::
 ``state.json`` holds the step, every RNG state (the data generator's and torch's global one), the
 optimizer's hyper-parameters, the training config and the SHA-256 of both tensor files.
 
-Atomic: each checkpoint is written into a temporary directory, every file is fsynced, the
-directory is renamed into place, and only then is ``latest`` replaced (temporary file, fsync,
-rename). A process killed at any point leaves ``latest`` naming a complete checkpoint. Loading
-verifies sizes and hashes and parses everything before touching the model, so a corrupt or
-truncated checkpoint is refused, never half-loaded. :func:`headlab.training.train.train` writes and
-resumes them.
+Atomic: each checkpoint is written whole (:func:`headlab.files.write_folder`: a temporary
+directory, every file fsynced, renamed into place), and only then is ``latest`` replaced
+(:func:`headlab.files.write_atomic`). A process killed at any point leaves ``latest`` naming a
+complete checkpoint. Loading verifies sizes and hashes and parses everything before touching the
+model, so a corrupt or truncated checkpoint is refused, never half-loaded.
+:func:`headlab.training.train.train` writes and resumes them.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import binascii
 import hashlib
 import json
 import math
-import os
 import re
 import shutil
 from collections.abc import Callable
@@ -36,6 +35,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save as save_safetensors_bytes
 from torch import Tensor, nn
+
+from headlab.files import remove_leftovers, write_atomic, write_folder
 
 # 2: state.json carries the SHA-256 of its own content (format 1 had none, so a hand-edited step
 # or RNG state went unnoticed)
@@ -112,17 +113,8 @@ def save_checkpoint(
     full_state = {**state, "format": CHECKPOINT_FORMAT, "optimizer": opt_meta, "files": files}
     full_state["sha256"] = state_digest(full_state)
     blobs["state.json"] = json.dumps(full_state, indent=1, sort_keys=True).encode()
-    tmp = root / f".tmp-{name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    for fname, blob in blobs.items():
-        _write_synced(tmp / fname, blob)
-    _fsync_dir(tmp)
-    if final.exists():  # a stale copy that ``latest`` never named: move it aside first
-        final.rename(root / f".old-{name}-{os.getpid()}")
-    tmp.rename(final)
-    _fsync_dir(root)
-    replace_atomic(root / "latest", name.encode())
+    write_folder(final, blobs)  # replaces a stale copy that ``latest`` never named
+    write_atomic(root / "latest", name.encode())
     _prune(root, keep=int(state.get("config", {}).get("keep_checkpoints", 2)), current=name)
     return final
 
@@ -338,39 +330,12 @@ def _unflatten_optimizer(tensors: dict[str, Tensor], meta: dict[str, Any]) -> di
     return {"state": state, "param_groups": groups}
 
 
-def _write_synced(path: Path, blob: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(blob)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def replace_atomic(path: Path, blob: bytes) -> None:
-    """Replace ``path`` with ``blob``: temporary file, fsync, rename, fsync the directory."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    _write_synced(tmp, blob)
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 def _prune(root: Path, keep: int, current: str) -> None:
     names = sorted(p.name for p in root.iterdir() if p.name.startswith("step-") and p.is_dir())
     stale = [n for n in names if n != current][: max(0, len(names) - keep)]
     for name in stale:
         shutil.rmtree(root / name, ignore_errors=True)
-    # leftovers of runs killed mid-save (one process writes a run, so none is in progress now)
-    for leftover in [*root.glob(".old-*"), *root.glob(".tmp-*")]:
-        shutil.rmtree(leftover, ignore_errors=True)
-    for leftover in root.glob(".latest.tmp-*"):
-        leftover.unlink(missing_ok=True)
+    remove_leftovers(root)  # of runs killed mid-save: one process writes a run, so all are stale
 
 
 def check_compatible(

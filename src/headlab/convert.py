@@ -28,9 +28,6 @@ import contextlib
 import io
 import json
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -38,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from headlab.files import json_text, new_folder
 from headlab.model import ModelConfig, Transformer
 
 SUPPORTED = ("bert", "gpt2", "llama")
@@ -395,7 +393,7 @@ def convert_checkpoint(source: str | Path, out: str | Path) -> Path:
 
     Tensors are read from ``source`` lazily and written block by block, so the memory needed is
     about one block's weights, whatever the model's size; the dtype is the source's. The
-    directory is written under a temporary name and renamed when complete.
+    directory is written whole or not at all (:func:`headlab.files.new_folder`).
     """
     src, dst = Path(source), Path(out)
     config = checkpoint_config(src)
@@ -407,20 +405,11 @@ def convert_checkpoint(source: str | Path, out: str | Path) -> Path:
         tensors = converted_tensors(hf, state)
     else:
         tensors = _native_tensors(config, state)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
-    try:
+    with new_folder(dst) as tmp:
         weight_map = _write_shards(_untied(config, tensors), tmp)
         index = {"metadata": {"format": "pt"}, "weight_map": weight_map}
-        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
-        (tmp / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-        if dst.exists():  # another process finished the same conversion first
-            shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        (tmp / "model.safetensors.index.json").write_text(json_text(index))
+        (tmp / "config.json").write_text(json_text(config.to_dict(), indent=2))
     return dst
 
 

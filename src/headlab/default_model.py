@@ -423,11 +423,25 @@ def sha256(path: Path) -> str:
 def export(
     model: Transformer, prepared: Prepared, results: list[TrainResult], directory: Path
 ) -> Path:
-    """Write the model, tokenizer, ``card.json`` (every figure) and ``README.md`` (the card)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """Write the model, tokenizer, ``card.json`` (every figure) and ``README.md`` (the card),
+    the folder whole or not at all (:func:`headlab.files.new_folder`): the card's figures are
+    measured on the files in the folder being written, before it takes ``directory``'s place."""
+    from headlab.files import new_folder
+
     model.eval()
-    model.save(directory)
-    prepared.tokenizer.save(str(directory / "tokenizer.json"))
+    with new_folder(directory) as folder:
+        model.save(folder)
+        prepared.tokenizer.save(str(folder / "tokenizer.json"))
+        _write_card(model, prepared, results, folder)
+    return directory
+
+
+def _write_card(
+    model: Transformer, prepared: Prepared, results: list[TrainResult], directory: Path
+) -> None:
+    """``card.json`` and ``README.md`` for the model and tokenizer saved in ``directory``."""
+    from headlab.files import json_text
+
     with torch.no_grad():
         figures = measure(model, prepared.evals)
     card = {
@@ -445,9 +459,8 @@ def export(
     }
     tables, card["heads"] = head_tables(directory)
     card["load_seconds"] = round(load_seconds(directory), 3)
-    (directory / "card.json").write_text(json.dumps(card, indent=1) + "\n")
-    (directory / "README.md").write_text(model_card(card, tables))
-    return directory
+    (directory / "card.json").write_text(json_text(card), encoding="utf-8")
+    (directory / "README.md").write_text(model_card(card, tables), encoding="utf-8")
 
 
 def _phase_summary(result: TrainResult) -> dict[str, Any]:
@@ -483,15 +496,6 @@ def head_tables(directory: Path) -> tuple[dict[str, str], dict[str, list]]:
         tables[name] = console.export_text()
         labels[name] = [[s.layer, s.head, s.label, s.offset] for s in report.heads]
     return tables, labels
-
-
-def refresh_heads(directory: Path) -> None:
-    """Rewrite the card's head tables and labels (``card.json`` and ``README.md``) from the
-    model as it is, with the classifier as it is now: no retraining, every other figure kept."""
-    card = json.loads((directory / "card.json").read_text())
-    tables, card["heads"] = head_tables(directory)
-    (directory / "card.json").write_text(json.dumps(card, indent=1) + "\n")
-    (directory / "README.md").write_text(model_card(card, tables))
 
 
 def heads_summary(card: dict[str, Any]) -> str:

@@ -1,33 +1,43 @@
 """The ground floor: every file headlab writes goes through here, and every torch thread count.
 
-    write_atomic      bytes or text to a file: a temporary file beside it, fsync, rename, fsync
-                      the folder; the target is absent, its old self, or complete, never torn
+    write_atomic      one file: written beside the target, fsynced, renamed over it, the folder
+                      fsynced; the target is absent, its old self, or complete, never torn
     write_json        finite JSON (NaN and infinity as null) through :func:`write_atomic`
-    write_folder      a folder of files, written whole beside the target and renamed into place
+    new_folder        a folder filled in a temporary folder beside it and renamed into place whole
+    write_folder      :func:`new_folder` for files held in memory (name → content)
+    remove_leftovers  what writes killed part-way left beside their targets
     finite            a value with every NaN or infinite float replaced by None
     check_writable    the reason ``path`` cannot be written (not a regular file …), or None
     torch_threads     run torch on n CPU threads, then restore the count; ``one_thread``
 
-A writer refuses a target that exists and is not a regular file (a device, a FIFO, a socket, a
-folder): renaming onto it would replace ``/dev/null`` with a file when run as root.
+Content is bytes, text (UTF-8), or a function that writes the file at the path it is given (a
+library's own writer: safetensors, matplotlib, tokenizers). A writer refuses a target that exists
+and is not a regular file (a device, a FIFO, a socket, a folder): renaming onto it would replace
+``/dev/null`` with a file when run as root. Temporary names are ``.NAME.PID-RANDOM.tmp`` and a
+replaced folder is parked as ``.NAME.PID-RANDOM.old`` until the new one is in place.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import secrets
 import shutil
 import stat
-import tempfile
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+# bytes, text (written as UTF-8), or a function that writes the file at the path it is given
+Content = bytes | str | Callable[[Path], object]
+
 
 class NotAFileError(ValueError):
-    """The target of a write exists and is not a regular file."""
+    """The target of a write exists and is not a regular file (or, for a folder, not a folder)."""
 
 
 def check_writable(path: str | Path) -> str | None:
@@ -48,44 +58,53 @@ def check_writable(path: str | Path) -> str | None:
         return f"{p}: cannot be written ({e.strerror or e})"
     if stat.S_ISREG(mode):
         return None
-    kind = (
-        "a folder"
-        if stat.S_ISDIR(mode)
-        else "a link"
-        if stat.S_ISLNK(mode)
-        else ("a device, FIFO or socket")
-    )
+    kind = "a folder" if stat.S_ISDIR(mode) else "a link" if stat.S_ISLNK(mode) else None
+    kind = kind or "a device, FIFO or socket"
     return f"{p} is {kind}, not a regular file; give the path of a file to write"
 
 
-def _sync_folder(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
+def _beside(p: Path, kind: str) -> Path:
+    """A fresh hidden name beside ``p``: ``.NAME.PID-RANDOM.KIND`` (:func:`remove_leftovers`)."""
+    return p.with_name(f".{p.name}.{os.getpid()}-{secrets.token_hex(4)}.{kind}")
+
+
+def _write_file(path: Path, data: Content) -> None:
+    """Create ``path`` with ``data`` (not synced: see :func:`_sync`). Files get the usual mode
+    (0666 less the umask), as ``open`` gives them."""
+    if callable(data):
+        data(path)
+        return
+    blob = data.encode("utf-8") if isinstance(data, str) else data
+    with open(path, "xb") as f:
+        f.write(blob)
+
+
+def _sync(path: Path) -> None:
+    """fsync a file or a folder: its content (or its list of names) reaches the disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def write_atomic(path: str | Path, data: bytes | str) -> Path:
-    """Write ``data`` (text is UTF-8) to ``path`` through a temporary file beside it: fsync,
-    rename over the target, fsync the folder. Raises :class:`NotAFileError` for a target that
-    exists and is not a regular file, before anything is written."""
+def write_atomic(path: str | os.PathLike[str], data: Content) -> Path:
+    """Write ``data`` to ``path`` through a temporary file beside it: fsync, rename over the
+    target, fsync the folder. Raises :class:`NotAFileError` for a target that exists and is not
+    a regular file, or whose folder is missing, before anything is written."""
     p = Path(path)
     problem = check_writable(p)
     if problem is not None:
         raise NotAFileError(problem)
-    blob = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    tmp = _beside(p, "tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_file(tmp, data)
+        _sync(tmp)
         os.replace(tmp, p)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-    _sync_folder(p.parent)
+    _sync(p.parent)
     return p
 
 
@@ -112,33 +131,76 @@ def write_json(path: str | Path, data: Any, indent: int | None = 1) -> Path:
     return write_atomic(path, json_text(data, indent))
 
 
-def write_folder(path: str | Path, files: Mapping[str, bytes | str]) -> Path:
-    """Write ``files`` (name → content) as the folder ``path``, whole or not at all: each file
-    is written and synced in a temporary folder beside it, which then replaces ``path`` (an
-    old folder is moved aside first and removed after)."""
+@contextmanager
+def new_folder(path: str | Path) -> Iterator[Path]:
+    """A temporary folder beside ``path`` to fill; when the block ends normally every file in it
+    is fsynced and it replaces ``path`` whole (an old folder is parked beside it, then removed).
+    When the block raises, or the process dies, ``path`` is as it was: the temporary folder is
+    removed (or, after a kill, left for :func:`remove_leftovers`).
+
+    Should another writer put a complete ``path`` in place first, theirs is kept and ours
+    dropped: either is whole. Raises :class:`NotAFileError` if ``path`` exists and is not a
+    folder."""
     p = Path(path)
-    if p.exists() and not p.is_dir():
+    if p.is_symlink() or (p.exists() and not p.is_dir()):
         raise NotAFileError(f"{p} exists and is not a folder; give the path of a folder")
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent))
+    tmp = _beside(p, "tmp")
+    tmp.mkdir()
     try:
-        for name, data in files.items():
-            blob = data.encode("utf-8") if isinstance(data, str) else data
-            with open(tmp / name, "wb") as f:
-                f.write(blob)
-                f.flush()
-                os.fsync(f.fileno())
-        _sync_folder(tmp)
-        old = p.with_name(f".{p.name}.old-{os.getpid()}")
-        if p.exists():
-            p.rename(old)
+        yield tmp
+        for name in sorted(tmp.rglob("*")):
+            if name.is_file() and not name.is_symlink():
+                _sync(name)
+        _sync(tmp)
+        _swap_in(tmp, p)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already when it was swapped in
+
+
+def _swap_in(tmp: Path, p: Path) -> None:
+    """Rename the complete folder ``tmp`` to ``p``, parking an old ``p`` aside until it is."""
+    old = _beside(p, "old")
+    with contextlib.suppress(FileNotFoundError):  # else nothing to replace
+        p.rename(old)
+    try:
         tmp.rename(p)
-        _sync_folder(p.parent)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return p
+    except OSError:
+        # a folder there now is another writer's, complete: keep it; else put the old one back
+        if not p.is_dir():
+            if old.exists():
+                old.rename(p)
+            raise
+    _sync(p.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def write_folder(path: str | Path, files: Mapping[str, Content]) -> Path:
+    """Write ``files`` (name → content) as the folder ``path``, whole or not at all
+    (:func:`new_folder`)."""
+    with new_folder(path) as tmp:
+        for name, data in files.items():
+            _write_file(tmp / name, data)
+    return Path(path)
+
+
+def remove_leftovers(folder: str | Path, older_than: float = 0.0) -> list[Path]:
+    """Remove from ``folder`` what writes killed part-way left there (``.*.tmp``, ``.*.old``),
+    when last changed more than ``older_than`` seconds ago (0: all of them, for a folder only
+    one process writes); returns what was removed."""
+    removed = []
+    for leftover in [*Path(folder).glob(".*.tmp"), *Path(folder).glob(".*.old")]:
+        try:
+            if time.time() - leftover.lstat().st_mtime < older_than:
+                continue  # perhaps a write still in progress
+        except FileNotFoundError:
+            continue
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
+        removed.append(leftover)
+    return removed
 
 
 @contextmanager

@@ -495,13 +495,15 @@ class Transformer(nn.Module):
         return torch.cat(out, dim=1)  # (B, n + new)
 
     def save(self, directory: str | Path) -> Path:
-        """Write ``config.json`` and ``model.safetensors`` into ``directory``; returns it."""
+        """Write ``config.json`` and ``model.safetensors`` into ``directory``, each atomically;
+        returns it. For a whole folder at once, save into :func:`headlab.files.new_folder`."""
         from safetensors.torch import save_model
 
+        from headlab.files import write_atomic, write_json
+
         path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
-        save_model(self, str(path / "model.safetensors"))
+        write_json(path / "config.json", self.config.to_dict(), indent=2)
+        write_atomic(path / "model.safetensors", lambda file: save_model(self, str(file)))
         return path
 
     @classmethod

@@ -9,7 +9,6 @@ many prompts, and the prompts sharded across torch.distributed ranks.
     process_group   torch.distributed from torchrun's environment (gloo on CPU, NCCL on GPU)
     all_reduce      the ranks' sums added together
     HeadTable       the means, labelled as one probe's scores are: JSON and CSV
-    write_atomic    write a temporary file, then rename it: never a half-written result
 
 Under ``torchrun --nproc-per-node N`` rank r scores prompts r, r + N, r + 2N, …; a prompt gets
 the same seed (``seed`` + its index) whichever rank scores it and the sums are float64, so N
@@ -33,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from headlab.files import check_writable
 from headlab.heads import SCORE_TYPES, THRESHOLDS, HeadScore, analyse, label_head
 from headlab.measure import Probe, TokenizerLike, text_probe
 
@@ -395,27 +395,16 @@ OUT_FORMATS = (".json", ".csv")
 
 
 def check_out_path(path: str | Path) -> Path:
-    """``path`` if a result can be written there (.json or .csv, in an existing directory)."""
+    """``path`` if a result can be written there (.json or .csv, in an existing directory, not a
+    device, FIFO or folder: :func:`headlab.files.check_writable`)."""
     p = Path(path)
     if p.suffix.lower() not in OUT_FORMATS:
         raise ValueError(f"--out {p}: the file name must end in .json or .csv")
     if not p.parent.is_dir():
         raise ValueError(f"--out {p}: directory {p.parent} does not exist; create it first")
-    return p
-
-
-def write_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` to a temporary file beside ``path``, then rename it into place, so that
-    ``path`` is either absent, its old self, or complete."""
-    p = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    problem = check_writable(p)
+    if problem is not None:
+        raise ValueError(f"--out {problem}")
     return p
 
 

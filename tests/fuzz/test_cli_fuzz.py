@@ -245,29 +245,30 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     """Stand-ins for the work: each records what reached it, and does nothing else."""
     import torch
 
-    import headlab.cli.support
     import headlab.experiments
+    from headlab.experiments import registry
     from headlab.server import cli as server_cli
 
     calls: list[tuple] = []
 
-    def recipe(name, args) -> TrainResult:
-        calls.append(("train", name, args.seed, str(args.out)))
-        return TrainResult(step=0, interrupted=False)
+    def recipe(name):
+        def train(out, *, quick, seed, resume, reporter) -> TrainResult:
+            calls.append(("train", name, seed, str(out)))
+            return TrainResult(step=0, interrupted=False)
 
-    def experiment(name):
+        return train
+
+    def experiment(e):
         def run_experiment(*, quick, seeds, seed, out, threads=1):  # no reporter/listener
-            calls.append(("experiment", name, seed, seeds, threads, str(out)))
+            calls.append(("experiment", e.name, seed, seeds, threads, str(out)))
             return {"recorded": 1.0}
 
-        return run_experiment
+        return registry.Experiment(e.name, e.summary, run_experiment, e.options & {"threads"})
 
-    monkeypatch.setattr(headlab.cli.support, "run_recipe", recipe)
-    monkeypatch.setattr(
-        headlab.experiments,
-        "EXPERIMENTS",
-        {n: experiment(n) for n in headlab.experiments._REGISTRY},
-    )
+    recipes = {n: recipe(n) for n in registry.recipes()}
+    experiments = {n: experiment(e) for n, e in registry.experiments().items()}
+    monkeypatch.setattr(registry, "recipes", lambda: recipes)
+    monkeypatch.setattr(registry, "experiments", lambda: experiments)
     monkeypatch.setattr(headlab.experiments, "ship_results", lambda name, r: Path("(not shipped)"))
     monkeypatch.setattr(server_cli, "serve_forever", lambda app, sock: calls.append(("serve",)))
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # serve's, not this process's

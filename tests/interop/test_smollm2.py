@@ -225,7 +225,8 @@ def test_failed_conversion_leaves_nothing_and_a_stale_partial_is_swept(
 ):
     cache = tmp_path / "cache"
     monkeypatch.setenv("HEADLAB_CACHE", str(cache))
-    stale = smollm2.model_dir().parent / ".partial-old"
+    final = smollm2.model_dir()
+    stale = final.parent / f".{final.name}.1234-0123abcd.tmp"  # as headlab.files names one
     stale.mkdir(parents=True)
     (stale / "model.safetensors").write_bytes(b"half")
     os.utime(stale, (1_000_000_000, 1_000_000_000))  # from 2001: no fetch is still running

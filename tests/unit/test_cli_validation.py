@@ -21,21 +21,21 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def work(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     """The training and experiment work, replaced by a recorder (see test_cli_fuzz)."""
-    import headlab.cli.support
-    import headlab.experiments
+    from headlab.experiments import registry
 
     calls: list[tuple] = []
-    monkeypatch.setattr(
-        headlab.cli.support,
-        "run_recipe",
-        lambda name, args: calls.append(("train", args.seed)) or TrainResult(0, False),
-    )
+
+    def recipe(out, *, quick, seed, resume, reporter):
+        calls.append(("train", seed))
+        return TrainResult(0, False)
 
     def experiment(*, quick, seeds, seed, out):
         calls.append(("experiment", seed, seeds))
         return {}
 
-    monkeypatch.setattr(headlab.experiments, "EXPERIMENTS", {"induction": experiment})
+    monkeypatch.setattr(registry, "recipes", lambda: {"induction": recipe})
+    fake = registry.Experiment("induction", "a recorder", experiment)
+    monkeypatch.setattr(registry, "experiments", lambda: {"induction": fake})
     return calls
 
 

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from headlab.cli import app
-from headlab.experiments import EXPERIMENTS, describe
 from headlab.experiments import induction as ind
+from headlab.experiments.registry import experiments
 from headlab.files import finite, one_thread
 from headlab.heads import induction_mul_score
 from headlab.training import watch
@@ -238,10 +238,10 @@ def test_feeder_rule_takes_joint_effects_not_one_heads_threshold() -> None:
 
 
 def test_registry_and_results_helpers() -> None:
-    assert "induction" in EXPERIMENTS and EXPERIMENTS["induction"] is ind.run
-    with pytest.raises(KeyError, match="valid experiments"):
-        EXPERIMENTS["nope"]
-    assert dict(describe())["induction"].startswith("Induction heads")
+    known = experiments()
+    assert "induction" in known and known["induction"].run is ind.run
+    assert known["induction"].options == {"reporter", "listener", "threads"}
+    assert known["induction"].summary.startswith("Induction heads")
     assert finite({"a": [float("nan"), 1.0], "b": float("inf")}) == {"a": [None, 1.0], "b": None}
 
 

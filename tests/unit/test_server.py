@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from conftest import require
 from headlab.server import create_app
-from headlab.server.cli import check_port, is_loopback
+from headlab.server.cli import bind, is_loopback
 from headlab.server.routes import experiments as experiments_route
 from headlab.server.security import MAX_BODY_BYTES
 
@@ -170,7 +170,7 @@ def test_serve_refuses_a_busy_port_with_a_message() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(ValueError, match="cannot listen"):
-            check_port("127.0.0.1", port)
+            bind("127.0.0.1", port)
         result = CliRunner().invoke(app, ["serve", "--port", str(port)])
     assert result.exit_code == 2
     assert "cannot listen" in result.output and "Traceback" not in result.output

@@ -68,6 +68,7 @@ WORKER = textwrap.dedent(
     sys.path.insert(0, os.path.dirname(__file__))
     from tiny import make_model, batches
     import headlab.checkpoint as C
+    import headlab.files as F
     import headlab.training.train as T
 
     out, steps, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -78,21 +79,21 @@ WORKER = textwrap.dedent(
         return batches(g)
 
     if mode == "die-in-save":  # SIGKILL halfway through writing the 2nd checkpoint's files
-        real, calls = C._write_synced, []
+        real = F._write_file
         def write(path, blob):
             if "step-000014" in str(path) and path.name == "optimizer.safetensors":
                 with open(path, "wb") as f:
                     f.write(blob[: len(blob) // 2])
                 os.kill(os.getpid(), signal.SIGKILL)
             real(path, blob)
-        C._write_synced = write
+        F._write_file = write
     if mode == "die-before-latest":  # SIGKILL after the 2nd checkpoint dir is renamed in place
-        real_replace = C.replace_atomic
+        real_replace = C.write_atomic
         def replace(path, blob):
             if path.name == "latest" and blob == b"step-000014":
                 os.kill(os.getpid(), signal.SIGKILL)
             real_replace(path, blob)
-        C.replace_atomic = replace
+        C.write_atomic = replace
 
     config = T.TrainConfig(steps=steps, lr=0.05, warmup_steps=5, checkpoint_every=7,
                            log_every=5, eval_every=0)

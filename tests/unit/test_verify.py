@@ -16,8 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from headlab.cli import app
-from headlab.cli import support as cli_support
-from headlab.experiments import results_path
+from headlab.experiments import registry, results_path
 from headlab.verify import (
     CARD_TOLERANCES,
     CLAIMED_TYPES,
@@ -130,11 +129,11 @@ def test_train_default_verify_reports_the_rebuild(monkeypatch, tmp_path: Path) -
     """The CLI path end to end, with training replaced by copying a finished run's files:
     the shipped files give the bit-identical verdict and exit 0; a changed figure exits 1."""
 
-    def fake_run(name: str, args: cli_support.RecipeArgs) -> _Done:
-        shutil.copytree(WEIGHTS_DIR, Path(args.out) / "model", dirs_exist_ok=True)
+    def fake_run(out: Path, **options) -> _Done:
+        shutil.copytree(WEIGHTS_DIR, Path(out) / "model", dirs_exist_ok=True)
         return _Done()
 
-    monkeypatch.setattr(cli_support, "run_recipe", fake_run)
+    monkeypatch.setattr(registry, "recipes", lambda: {"default": fake_run})
     out = tmp_path / "run"
     result = runner.invoke(app, ["train", "default", "--verify", "--out", str(out)])
     assert result.exit_code == 0, result.output
@@ -144,7 +143,7 @@ def test_train_default_verify_reports_the_rebuild(monkeypatch, tmp_path: Path) -
     (out / "model" / "card.json").write_text(json.dumps(card))
     config = out / "model" / "config.json"  # other bytes: the hashes no longer match
     config.write_text(config.read_text() + "\n")
-    monkeypatch.setattr(cli_support, "run_recipe", lambda name, args: _Done())
+    monkeypatch.setattr(registry, "recipes", lambda: {"default": lambda out, **options: _Done()})
     result = runner.invoke(app, ["train", "default", "--verify", "--out", str(out)])
     assert result.exit_code == 1
     assert "NOT reproduced" in result.stdout and "random_second_copy_loss" in result.stdout

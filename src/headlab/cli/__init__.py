@@ -445,6 +445,7 @@ def _heads_over_prompts(
     import json
 
     from headlab import scaling, zoo
+    from headlab.files import write_atomic
     from headlab.heads.render import heads_table
 
     try:
@@ -469,7 +470,7 @@ def _heads_over_prompts(
     table = total.table()
     info = {"model": model, "prompts_file": str(prompts), "seed": seed, "content": content}
     if out is not None:
-        scaling.write_atomic(out, scaling.table_text(table, out, info))
+        write_atomic(out, scaling.table_text(table, out, info))
         err_console.print(f"{table.prompts} prompts, {table.tokens} tokens: table in {out}")
     if as_json:
         typer.echo(json.dumps({**info, **table.to_dict()}, ensure_ascii=False))
@@ -642,18 +643,21 @@ def train_command(
 ) -> None:
     """Train a model from a recipe, with checkpoints; Ctrl-C saves one, --resume continues."""
     from headlab.checkpoint import CheckpointError
-    from headlab.cli.support import RECIPES, RecipeArgs, make_reporter, run_recipe
+    from headlab.cli.support import make_reporter
     from headlab.corpus import CorpusUnavailable
+    from headlab.experiments.registry import recipes
 
-    if recipe not in RECIPES:
-        raise fail(f"unknown recipe {recipe!r}; valid recipes: {', '.join(sorted(RECIPES))}")
+    known = recipes()
+    if recipe not in known:
+        raise fail(f"unknown recipe {recipe!r}; valid recipes: {', '.join(sorted(known))}")
     if verify and (recipe != "default" or quick or seed != 0):
         raise fail(
             "--verify rebuilds the shipped model: use it as `headlab train default --verify`"
         )
     run_dir = _out_dir(out, recipe)
     try:
-        result = run_recipe(recipe, RecipeArgs(run_dir, quick, seed, resume, make_reporter()))
+        reporter = make_reporter()
+        result = known[recipe](run_dir, quick=quick, seed=seed, resume=resume, reporter=reporter)
     except (CheckpointError, FloatingPointError, CorpusUnavailable) as e:
         raise fail(str(e)) from None
     if result.interrupted:
@@ -686,7 +690,12 @@ def _report_verification(v: Any) -> None:
 @app.command("experiment")
 def experiment_command(
     name: str = typer.Argument(..., help="Experiment name, or 'list' to see them all."),
-    quick: bool = typer.Option(False, "--quick", help="A smaller version (for tests)."),
+    quick: bool = typer.Option(
+        False,
+        "--quick",
+        help="A smaller version: for induction the recipe of the page's live runs, for the "
+        "others a short run (a first look, and the tests).",
+    ),
     seeds: int = typer.Option(
         1,
         "--seeds",
@@ -711,16 +720,19 @@ def experiment_command(
     ),
 ) -> None:
     """Run an experiment: results.json and PNG figures in --out, a summary here."""
-    from headlab.experiments import EXPERIMENTS, describe, ship_results
+    from headlab.experiments import ship_results
+    from headlab.experiments.registry import experiments
 
+    known = experiments()
     if name == "list":
         table = Table("experiment", "what it measures")
-        for row in describe():
-            table.add_row(*row)
+        for e in known.values():
+            table.add_row(e.name, e.summary)
         console.print(table)
         return
-    if name not in EXPERIMENTS:
-        raise fail(f"unknown experiment {name!r}; valid: {', '.join(EXPERIMENTS)} (or 'list')")
+    if name not in known:
+        raise fail(f"unknown experiment {name!r}; valid: {', '.join(known)} (or 'list')")
+    experiment = known[name]
     if seed + seeds - 1 > SEED_MAX:
         raise fail(f"--seed {seed} with --seeds {seeds} runs seeds past 2**63-1; lower --seed")
     if ship and quick:
@@ -734,14 +746,13 @@ def experiment_command(
             raise fail("--verify reruns the shipped run on one thread, as it was made; "
                        "drop --threads")  # fmt: skip
         seed, seeds = _shipped_seeds(name)
-    if threads is not None and name != "induction":
+    if threads is not None and "threads" not in experiment.options:
         raise fail(f"--threads is for the induction experiment; {name} runs on one thread")
     out_dir = _out_dir(out, name)
     err_console.print(f"running {name}{' (quick)' if quick else ''}, {seeds} seed(s) from {seed}")
-    run = EXPERIMENTS[name]
-    extra = _run_progress(run) | ({} if threads is None else {"threads": threads})
+    extra = _run_progress(experiment.options) | ({} if threads is None else {"threads": threads})
     try:
-        results = run(quick=quick, seeds=seeds, seed=seed, out=out_dir, **extra)
+        results = experiment.run(quick=quick, seeds=seeds, seed=seed, out=out_dir, **extra)
     except KeyboardInterrupt:
         raise fail("interrupted; nothing was written", code=130) from None
     _print_summary(name, results)
@@ -764,18 +775,15 @@ def _shipped_seeds(name: str) -> tuple[int, int]:
     return min(shipped), len(shipped)
 
 
-def _run_progress(run: Any) -> dict[str, Any]:
+def _run_progress(options: frozenset[str]) -> dict[str, Any]:
     """A progress bar and progress lines for experiments whose run takes them (the induction
     experiment: the events its live panel on the page draws, printed)."""
-    import inspect
-
     from headlab.cli.support import make_reporter
 
-    params = inspect.signature(run).parameters
     kwargs: dict[str, Any] = {}
-    if "reporter" in params:
+    if "reporter" in options:
         kwargs["reporter"] = make_reporter()
-    if "listener" in params:
+    if "listener" in options:
         kwargs["listener"] = _print_event
     return kwargs
 

@@ -1,11 +1,6 @@
-"""What only the command line needs: terminal progress reporters, the registry of training
-recipes, and the checks on ``--out`` made before any work. Nothing in the library imports this
-module; ``headlab.cli`` does.
-
-A recipe is a named training run for ``headlab train NAME``: a library function
-``train_recipe(out, *, quick, seed, resume, reporter) -> TrainResult`` that lives with what it
-trains (an experiment, the shipped model). The registry sits up here, at the top of the package,
-so the rooms below never have to import a room above them.
+"""What only the command line needs: terminal progress reporters and the checks on ``--out``
+made before any work. Nothing in the library imports this module; ``headlab.cli`` does. (The
+training recipes of ``headlab train NAME`` are in :mod:`headlab.experiments.registry`.)
 """
 
 from __future__ import annotations
@@ -17,12 +12,10 @@ import stat
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from headlab.training.train import Reporter, TrainResult
+from headlab.training.train import Reporter
 
 # ---------------------------------------------------------------------------------------------
 # Progress: a progress bar on a terminal, plain log lines otherwise
@@ -128,56 +121,6 @@ def _duration(seconds: float) -> str:
         return "?"
     minutes, secs = divmod(round(seconds), 60)
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
-
-
-# ---------------------------------------------------------------------------------------------
-# Recipes: named training runs for `headlab train NAME`
-# ---------------------------------------------------------------------------------------------
-
-Recipe = Callable[..., TrainResult]
-
-
-@dataclass(frozen=True)
-class RecipeArgs:
-    """What `headlab train` passes to a recipe."""
-
-    out: Path  # the run directory
-    quick: bool = False  # a short version (for tests and a first look)
-    seed: int = 0
-    resume: bool = False
-    reporter: Reporter | None = None
-
-
-def _induction() -> Recipe:
-    from headlab.experiments.induction import train_recipe
-
-    return train_recipe
-
-
-def _default() -> Recipe:
-    from headlab.default_model import train_recipe
-
-    return train_recipe
-
-
-# name -> a function that imports the recipe: only the one asked for is imported, so
-# `headlab --help` stays fast.
-RECIPES: dict[str, Callable[[], Recipe]] = {"induction": _induction, "default": _default}
-
-
-def get_recipe(name: str) -> Recipe:
-    """The recipe function registered under ``name``; ValueError naming the valid ones."""
-    if name not in RECIPES:
-        raise ValueError(f"unknown recipe {name!r}; valid recipes: {', '.join(sorted(RECIPES))}")
-    return RECIPES[name]()
-
-
-def run_recipe(name: str, args: RecipeArgs) -> TrainResult:
-    """Run the recipe ``name`` with ``args``."""
-    recipe = get_recipe(name)
-    return recipe(
-        args.out, quick=args.quick, seed=args.seed, resume=args.resume, reporter=args.reporter
-    )
 
 
 # ---------------------------------------------------------------------------------------------

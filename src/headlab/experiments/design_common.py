@@ -1,7 +1,7 @@
 """Helpers shared by the head-design experiments (one_vs_many, head_count, prune, gqa).
 
 Seeds are summarised as mean, sample standard deviation, minimum and maximum, with every value
-kept. Writing results and figures is :mod:`headlab.experiments`' own (re-exported here).
+kept. Writing results and figures is :mod:`headlab.experiments`' own.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from headlab.experiments import one_thread, pyplot, save_figure, write_results
 from headlab.measure import next_token_loss
 from headlab.training.train import BatchFn, LossFn, TrainConfig, TrainResult, train
 
@@ -48,6 +47,3 @@ def mean_loss(model: nn.Module, batches: list[Any], loss_fn: LossFn | None = Non
         return sum(float(loss_fn(model, b)) for b in batches) / len(batches)
     finally:
         model.train(was)
-
-
-__all__ = ["fit", "mean_loss", "one_thread", "pyplot", "save_figure", "spread", "write_results"]

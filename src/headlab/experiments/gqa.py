@@ -35,15 +35,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from headlab.attention import KVCache, MultiHeadAttention
-from headlab.experiments.design_common import (
-    fit,
-    mean_loss,
-    one_thread,
-    pyplot,
-    save_figure,
-    spread,
-    write_results,
-)
+from headlab.experiments import pyplot, save_figure, write_results
+from headlab.experiments.design_common import fit, mean_loss, spread
+from headlab.files import one_thread
 from headlab.model import ModelConfig, SkipInit, Transformer
 from headlab.shapes import trace_shapes
 from headlab.training.tasks import AgreementTask, sentence_pair

@@ -26,14 +26,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headlab.attention import valid_head_counts
-from headlab.experiments.design_common import (
-    fit,
-    one_thread,
-    pyplot,
-    save_figure,
-    spread,
-    write_results,
-)
+from headlab.experiments import pyplot, save_figure, write_results
+from headlab.experiments.design_common import fit, spread
+from headlab.files import one_thread
 from headlab.model import ModelConfig, Transformer
 from headlab.training.tasks import AgreementTask, sentence_pair
 from headlab.training.train import TrainConfig

@@ -30,14 +30,9 @@ import torch
 from torch import Tensor, nn
 
 from headlab.attention import MultiHeadAttention
-from headlab.experiments.design_common import (
-    fit,
-    one_thread,
-    pyplot,
-    save_figure,
-    spread,
-    write_results,
-)
+from headlab.experiments import pyplot, save_figure, write_results
+from headlab.experiments.design_common import fit, spread
+from headlab.files import one_thread
 from headlab.measure import run_patterns
 from headlab.model import ModelConfig, Transformer
 from headlab.training.tasks import AgreementTask

@@ -47,7 +47,9 @@ from headlab.ablation import (
     pruning_curve,
     random_order,
 )
-from headlab.experiments.design_common import fit, one_thread, pyplot, save_figure, write_results
+from headlab.experiments import pyplot, save_figure, write_results
+from headlab.experiments.design_common import fit
+from headlab.files import one_thread
 from headlab.model import ModelConfig, Transformer
 from headlab.training.tasks import AgreementTask, sentence_pair
 from headlab.training.train import TrainConfig

@@ -85,11 +85,6 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def check_port(host: str, port: int) -> None:
-    """Raise ValueError with a clear message when ``host:port`` cannot be bound."""
-    bind(host, port).close()
-
-
 def allowed_hosts(host: str, sock: socket.socket) -> tuple[str, ...]:
     """The Host headers the app answers: loopback names plus the address bound, or any host
     when the server is reachable from other machines."""

@@ -52,10 +52,10 @@ from headlab.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     model_config_of,
-    replace_atomic,
     rng_to_json,
     save_checkpoint,
 )
+from headlab.files import write_atomic
 from headlab.measure import next_token_loss
 
 Batch = Any
@@ -373,7 +373,7 @@ def _open_run(loop: _Loop, out_dir: Path, resume: bool) -> TextIO:
     if resume:
         loop.restore(load_checkpoint(out_dir))
         loop.history = [r for r in read_metrics(path) if r["step"] <= loop.step]
-        replace_atomic(path, "".join(json.dumps(r) + "\n" for r in loop.history).encode())
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in loop.history).encode())
     else:
         existing = latest_checkpoint(out_dir)
         if existing is not None:

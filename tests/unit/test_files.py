@@ -1,0 +1,150 @@
+"""headlab.files, the one writer: a file or a folder is absent, its old self, or complete; NaN
+becomes null; a target that is not a regular file (a device, a FIFO, a folder) is refused and
+left as it is."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from headlab import files
+
+
+def names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_write_atomic_writes_bytes_text_and_a_writer_function(tmp_path: Path) -> None:
+    assert files.write_atomic(tmp_path / "b", b"\x00\xff").read_bytes() == b"\x00\xff"
+    assert files.write_atomic(tmp_path / "t", "δ").read_bytes() == "δ".encode()
+    files.write_atomic(tmp_path / "f", lambda path: path.write_bytes(b"by a library"))
+    assert (tmp_path / "f").read_bytes() == b"by a library"
+    files.write_atomic(tmp_path / "t", "replaced")
+    assert (tmp_path / "t").read_text() == "replaced" and names(tmp_path) == ["b", "f", "t"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "t").stat().st_mode) == 0o666 & ~umask  # as open() makes
+
+
+def test_write_atomic_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):
+    out = tmp_path / "t.json"
+    out.write_text("old")
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError):
+        files.write_atomic(out, "new")
+    assert out.read_text() == "old" and list(tmp_path.iterdir()) == [out]
+
+
+def test_a_writer_function_that_fails_leaves_nothing(tmp_path: Path) -> None:
+    def half(path: Path) -> None:
+        path.write_bytes(b"half")
+        raise RuntimeError("the library failed")
+
+    with pytest.raises(RuntimeError):
+        files.write_atomic(tmp_path / "x", half)
+    assert names(tmp_path) == []
+
+
+def test_write_json_is_finite_and_makes_the_folder(tmp_path: Path) -> None:
+    data = {"a": [float("nan"), 1.5], "b": float("-inf")}
+    path = files.write_json(tmp_path / "new" / "r.json", data)
+    assert json.loads(path.read_text()) == {"a": [None, 1.5], "b": None}
+    assert path.read_text().endswith("\n") and "NaN" not in path.read_text()
+
+
+def _device(tmp_path: Path) -> Path:
+    """A character device like /dev/null (1, 3); made with mknod, so root only."""
+    if os.geteuid() != 0:
+        pytest.skip("mknod needs root")
+    node = tmp_path / "n"
+    os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    return node
+
+
+def _targets(tmp_path: Path) -> dict[str, Path]:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "folder").mkdir()
+    return {"a FIFO": fifo, "a folder": tmp_path / "folder"}
+
+
+def test_writers_refuse_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    for kind, target in _targets(tmp_path).items():
+        assert files.check_writable(target) is not None, kind
+        with pytest.raises(files.NotAFileError, match="not a regular file"):
+            files.write_atomic(target, "x")
+        with pytest.raises(files.NotAFileError):
+            files.write_json(target, {})
+    assert stat.S_ISFIFO((tmp_path / "fifo").lstat().st_mode)
+    assert (tmp_path / "folder").is_dir() and names(tmp_path / "folder") == []
+    with pytest.raises(files.NotAFileError, match="does not exist"):
+        files.write_atomic(tmp_path / "missing" / "x", "x")
+    with pytest.raises(files.NotAFileError, match="not a folder"):
+        files.write_folder(tmp_path / "fifo", {"a": "x"})
+    assert names(tmp_path) == ["fifo", "folder"]  # no temporary file left
+
+
+def test_a_device_is_refused_and_stays_a_device(tmp_path: Path) -> None:
+    node = _device(tmp_path)
+    with pytest.raises(files.NotAFileError, match="a device, FIFO or socket"):
+        files.write_atomic(node, "x")
+    assert stat.S_ISCHR(node.lstat().st_mode)
+
+
+def test_cli_html_onto_a_device_exits_2_and_leaves_it(tmp_path: Path) -> None:
+    """`headlab heads --html /dev/null` as root once replaced /dev/null with a file."""
+    from headlab.cli import app
+
+    node = _device(tmp_path)
+    result = CliRunner().invoke(app, ["heads", "--html", str(node)])
+    assert result.exit_code == 2, result.output
+    said = result.stderr.strip()
+    assert "not a regular file" in said and "\n" not in said, said
+    assert "Traceback" not in result.output
+    assert stat.S_ISCHR(node.lstat().st_mode)
+
+
+def test_write_folder_writes_whole_and_replaces(tmp_path: Path) -> None:
+    target = tmp_path / "f"
+    files.write_folder(target, {"a.json": "{}", "b.bin": b"\x01", "c": lambda p: p.write_text("c")})
+    assert names(target) == ["a.json", "b.bin", "c"] and (target / "c").read_text() == "c"
+    files.write_folder(target, {"only": "new"})
+    assert names(target) == ["only"] and names(tmp_path) == ["f"]
+
+
+def test_an_error_mid_folder_leaves_the_old_folder_intact(tmp_path: Path) -> None:
+    target = tmp_path / "f"
+    files.write_folder(target, {"a": "old a", "b": "old b"})
+
+    def broken(path: Path) -> None:
+        path.write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        files.write_folder(target, {"a": "new a", "b": broken})
+    assert names(target) == ["a", "b"] and (target / "a").read_text() == "old a"
+    with pytest.raises(KeyboardInterrupt), files.new_folder(target) as tmp:
+        (tmp / "a").write_text("new a")
+        raise KeyboardInterrupt
+    assert (target / "a").read_text() == "old a"
+    assert names(tmp_path) == ["f"]  # no temporary or parked folder left
+
+
+def test_remove_leftovers_sweeps_only_old_temporaries(tmp_path: Path) -> None:
+    (tmp_path / ".x.1-ab.tmp").mkdir()
+    (tmp_path / ".y.1-ab.old").mkdir()
+    (tmp_path / ".z.1-ab.tmp").write_text("")
+    (tmp_path / "keep.tmp").write_text("")  # not hidden: not ours
+    assert files.remove_leftovers(tmp_path, older_than=3600) == []
+    removed = files.remove_leftovers(tmp_path)
+    assert sorted(p.name for p in removed) == [".x.1-ab.tmp", ".y.1-ab.old", ".z.1-ab.tmp"]
+    assert names(tmp_path) == ["keep.tmp"]
