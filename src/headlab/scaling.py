@@ -7,10 +7,9 @@ many prompts, and the prompts sharded across torch.distributed ranks.
     PromptSums      every head's scores summed over prompts (float64), and its offsets counted
     score_prompts   the sums over one rank's share of the prompts
     process_group   torch.distributed from torchrun's environment (gloo on CPU, NCCL on GPU)
-    load_options    zoo.load's keywords: one device, or a model spread with a memory budget
     rank_budget     one rank's memory budget: its share of this machine's GPUs
     all_reduce      the ranks' sums added together
-    heads_over_prompts  all of the above: the table over a prompts file, from every rank
+    heads_over_prompts  all of these: the table over a prompts file, from every rank
     HeadTable       the means, labelled as one probe's scores are: JSON and CSV
     write_atomic    write a temporary file, then rename it: never a half-written result
 
@@ -330,50 +329,6 @@ def rank_budget(given: dict[int | str, Any] | None, ranks: Ranks) -> dict[int | 
     return rank_max_memory(full, ranks, torch.cuda.device_count())
 
 
-DTYPES = ("float32", "bfloat16", "float16")
-
-
-def load_options(
-    device: str = "cpu",
-    dtype: str = "float32",
-    device_map: str | None = None,
-    max_memory: str | None = None,
-    offload_folder: str | None = None,
-) -> dict[str, Any]:
-    """:func:`headlab.zoo.load`'s keywords: the whole model on ``device``, or (with any of
-    ``device_map``, ``max_memory``, ``offload_folder``) spread by accelerate within the budget
-    ``max_memory`` spells (:func:`parse_max_memory`). A ValueError names a bad dtype or device."""
-    from headlab.devices import check_device
-
-    if dtype not in DTYPES:
-        raise ValueError(f"--dtype {dtype!r}: valid dtypes are {', '.join(DTYPES)}")
-    kinds = {"dtype": getattr(torch, dtype)}
-    dev = check_device(device)
-    if device_map is None and max_memory is None and offload_folder is None:
-        return {**kinds, "device": dev}
-    budget = parse_max_memory(max_memory) if max_memory is not None else None
-    return {**kinds, "device_map": device_map or "auto", "max_memory": budget,
-            "offload_folder": offload_folder}  # fmt: skip
-
-
-def parse_max_memory(spec: str) -> dict[int | str, str]:
-    """'cpu=8GiB,0=20GiB' → {"cpu": "8GiB", 0: "20GiB"}; "gpu=SIZE" gives every GPU here that
-    size (a ValueError where there is none, or for a spec that is not DEVICE=SIZE pairs)."""
-    try:
-        pairs = [item.split("=", 1) for item in spec.split(",") if item.strip()]
-        budget = {(int(k) if k.strip().isdigit() else k.strip()): v.strip() for k, v in pairs}
-    except ValueError:
-        raise ValueError(
-            f"--max-memory takes DEVICE=SIZE pairs, e.g. cpu=8GiB,0=20GiB; got {spec!r}"
-        ) from None
-    if "gpu" in budget:
-        size = budget.pop("gpu")
-        if not torch.cuda.is_available():
-            raise ValueError("--max-memory gpu=…: there is no GPU here; give cpu=SIZE")
-        budget.update({i: size for i in range(torch.cuda.device_count()) if i not in budget})
-    return budget
-
-
 def all_reduce(sums: PromptSums, ranks: Ranks) -> PromptSums:
     """Every rank's sums added together (the same result on every rank); ``sums`` itself in
     one process. A rank with no prompts contributes zeros."""
@@ -416,7 +371,7 @@ def heads_over_prompts(
     """Every head's scores averaged over a prompts file (:func:`read_prompts`), the prompts
     shared out among the ranks torchrun started (:func:`process_group`; one process without it).
 
-    ``load`` holds :func:`headlab.zoo.load`'s keywords (:func:`load_options`; default: the CPU).
+    ``load`` holds :func:`headlab.zoo.load`'s keywords (default: the CPU).
     With a ``device`` each rank computes on its own one; with a ``device_map`` each rank spreads
     its copy over its share of this machine's GPUs (:func:`rank_budget`). Rank r of N scores
     prompts r, r + N, …; every rank returns the same table, summed over all ranks, and its

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from headlab.cli.common import SEED_MAX, ModelName, console, ensure_fetched, fail
@@ -29,22 +31,10 @@ def generate(
     if not math.isfinite(temperature):
         raise fail(f"--temperature must be a finite number, 0 or more; got {temperature}")
 
-    import torch
-
-    from headlab import zoo
-    from headlab.generation import generate_text
-
     ensure_fetched(model)
     try:
-        m, tokenizer = zoo.load(model)
-        result = generate_text(m, tokenizer, prompt, max_new_tokens, temperature, top_k, seed)
-        report = None
-        if show_heads:
-            from headlab.heads import analyse
-            from headlab.measure import make_probe
-
-            ids = torch.tensor([result.prompt_ids + result.new_ids])
-            report = analyse(m, make_probe("text", ids, tokenizer), seed or 0)
+        result, report = _continue(model, prompt, max_new_tokens, temperature, top_k, seed,
+                                   show_heads)  # fmt: skip
     except ValueError as exc:
         raise fail(str(exc)) from None
     if as_json:
@@ -57,3 +47,30 @@ def generate(
 
         title = f"{model}: the prompt and its continuation, {len(report.tokens)} tokens"
         console.print(heads_table(report, title))
+
+
+def _continue(
+    model: str,
+    prompt: str,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    seed: int | None,
+    show_heads: bool,
+) -> tuple[Any, Any]:
+    """The continuation (headlab.generation.generate_text) and, with ``show_heads``, the
+    :class:`headlab.heads.HeadReport` of the prompt and its continuation (else None)."""
+    import torch
+
+    from headlab import zoo
+    from headlab.generation import generate_text
+
+    m, tokenizer = zoo.load(model)
+    result = generate_text(m, tokenizer, prompt, max_new_tokens, temperature, top_k, seed)
+    if not show_heads:
+        return result, None
+    from headlab.heads import analyse
+    from headlab.measure import make_probe
+
+    ids = torch.tensor([result.prompt_ids + result.new_ids])
+    return result, analyse(m, make_probe("text", ids, tokenizer), seed or 0)

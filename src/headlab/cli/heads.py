@@ -129,16 +129,48 @@ def _check_heads_options(
         raise fail("--syntax labels the heads of one probe; leave it out with --prompts")
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
 def _load_options(
     device: str, dtype: str, device_map: str | None, max_memory: str | None, offload: str | None
 ) -> dict:
     """zoo.load's keywords from the CLI's (exit 2 with a sentence for a bad one)."""
-    from headlab.scaling import load_options
+    import torch
 
+    from headlab.devices import check_device
+
+    if dtype not in DTYPES:
+        raise fail(f"--dtype {dtype!r}: valid dtypes are {', '.join(DTYPES)}")
     try:
-        return load_options(device, dtype, device_map, max_memory, offload)
+        dev = check_device(device)
     except ValueError as exc:
         raise fail(str(exc)) from None
+    kinds = {"dtype": getattr(torch, dtype)}
+    if device_map is None and max_memory is None and offload is None:
+        return {**kinds, "device": dev}
+    budget = _parse_max_memory(max_memory) if max_memory is not None else None
+    return {**kinds, "device_map": device_map or "auto", "max_memory": budget,
+            "offload_folder": offload}  # fmt: skip
+
+
+def _parse_max_memory(spec: str) -> dict:
+    """'cpu=8GiB,0=20GiB' → {"cpu": "8GiB", 0: "20GiB"}; "gpu=SIZE" sets every GPU here."""
+    import torch
+
+    try:
+        pairs = [item.split("=", 1) for item in spec.split(",") if item.strip()]
+        budget = {(int(k) if k.strip().isdigit() else k.strip()): v.strip() for k, v in pairs}
+    except ValueError:
+        raise fail(
+            f"--max-memory takes DEVICE=SIZE pairs, e.g. cpu=8GiB,0=20GiB; got {spec!r}"
+        ) from None
+    if "gpu" in budget:
+        size = budget.pop("gpu")
+        if not torch.cuda.is_available():
+            raise fail("--max-memory gpu=…: there is no GPU here; give cpu=SIZE")
+        budget.update({i: size for i in range(torch.cuda.device_count()) if i not in budget})
+    return budget
 
 
 def _heads_on_probe(
@@ -256,10 +288,7 @@ def _heads_over_prompts(
 ) -> None:
     """Every head's scores averaged over a prompts file (headlab.scaling.heads_over_prompts);
     rank 0 prints and writes the table, the other ranks only compute."""
-    import json
-
     from headlab import scaling
-    from headlab.heads.render import heads_table
 
     try:
         out = scaling.check_out_path(out) if out is not None else None
@@ -274,16 +303,25 @@ def _heads_over_prompts(
                                                       timeout, advance)  # fmt: skip
     except ValueError as exc:
         raise fail(str(exc)) from None
-    if ranks.rank != 0:
-        return
-    info = {"model": model, "prompts_file": str(prompts), "seed": seed, "content": content}
+    if ranks.rank == 0:
+        info = {"model": model, "prompts_file": str(prompts), "seed": seed, "content": content}
+        _write_prompts_table(table, info, out, as_json)
+
+
+def _write_prompts_table(table: Any, info: dict, out: Path | None, as_json: bool) -> None:
+    """The averaged table to --out (atomically), as JSON on stdout, or as a terminal table."""
+    import json
+
+    from headlab import scaling
+    from headlab.heads.render import heads_table
+
     if out is not None:
         scaling.write_atomic(out, scaling.table_text(table, out, info))
         err_console.print(f"{table.prompts} prompts, {table.tokens} tokens: table in {out}")
     if as_json:
         typer.echo(json.dumps({**info, **table.to_dict()}, ensure_ascii=False))
     elif out is None:
-        title = f"{model}: mean over {table.prompts} prompts ({table.tokens} tokens)"
+        title = f"{info['model']}: mean over {table.prompts} prompts ({table.tokens} tokens)"
         console.print(heads_table(table, title))
 
 

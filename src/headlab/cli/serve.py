@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from headlab.cli.common import err_console, fail
+
+
+def _limit(most: int, help_text: str) -> Any:
+    """An optional server limit, 1..``most``; unset, the server reads its environment."""
+    return typer.Option(None, min=1, max=most, help=help_text)
 
 
 def serve(
@@ -13,23 +20,14 @@ def serve(
     ),
     port: int = typer.Option(8000, min=0, max=65535, help="TCP port; 0 picks a free one."),
     open_browser: bool = typer.Option(False, "--open", help="Open the page in a browser."),
-    max_tokens: int | None = typer.Option(
-        None,
-        min=1,
-        max=4096,
-        help="Tokens one request may run (default 128, or $HEADLAB_MAX_TOKENS; ≤ 4096).",
+    max_tokens: int | None = _limit(
+        4096, "Tokens one request may run (default 128, or $HEADLAB_MAX_TOKENS; ≤ 4096)."
     ),
-    max_text_chars: int | None = typer.Option(
-        None,
-        min=1,
-        max=100_000,
-        help="Characters in a request's text (default 2000, or $HEADLAB_MAX_TEXT_CHARS).",
+    max_text_chars: int | None = _limit(
+        100_000, "Characters in a request's text (default 2000, or $HEADLAB_MAX_TEXT_CHARS)."
     ),
-    live_threads: int | None = typer.Option(
-        None,
-        min=1,
-        max=256,
-        help="Torch threads of a live training run (default 2, or $HEADLAB_LIVE_THREADS).",
+    live_threads: int | None = _limit(
+        256, "Torch threads of a live training run (default 2, or $HEADLAB_LIVE_THREADS)."
     ),
 ) -> None:
     """Serve the explainer page and its API (FastAPI on uvicorn) on http://HOST:PORT."""
