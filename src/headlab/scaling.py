@@ -7,7 +7,9 @@ many prompts, and the prompts sharded across torch.distributed ranks.
     PromptSums      every head's scores summed over prompts (float64), and its offsets counted
     score_prompts   the sums over one rank's share of the prompts
     process_group   torch.distributed from torchrun's environment (gloo on CPU, NCCL on GPU)
+    rank_budget     one rank's memory budget: its share of this machine's GPUs
     all_reduce      the ranks' sums added together
+    heads_over_prompts  all of these: the table over a prompts file, from every rank
     HeadTable       the means, labelled as one probe's scores are: JSON and CSV
 
 Under ``torchrun --nproc-per-node N`` rank r scores prompts r, r + N, r + 2N, …; a prompt gets
@@ -315,6 +317,18 @@ def rank_max_memory(budget: dict[int | str, Any], ranks: Ranks, gpus: int) -> di
     return {k: v for k, v in budget.items() if not isinstance(k, int) or k in mine}
 
 
+def rank_budget(given: dict[int | str, Any] | None, ranks: Ranks) -> dict[int | str, Any]:
+    """``max_memory`` for one rank's device-mapped copy of a model: every device's size
+    (accelerate's ``get_max_memory``, the ``given`` sizes over it), narrowed to this rank's
+    share of the machine's GPUs (:func:`rank_max_memory`). A ValueError without accelerate."""
+    try:
+        from accelerate.utils import get_max_memory
+    except ImportError:
+        raise ValueError("--device-map needs accelerate: pip install 'headlab[big]'") from None
+    full = {**get_max_memory(), **get_max_memory(given)} if given else get_max_memory()
+    return rank_max_memory(full, ranks, torch.cuda.device_count())
+
+
 def all_reduce(sums: PromptSums, ranks: Ranks) -> PromptSums:
     """Every rank's sums added together (the same result on every rank); ``sums`` itself in
     one process. A rank with no prompts contributes zeros."""
@@ -343,6 +357,45 @@ def all_reduce(sums: PromptSums, ranks: Ranks) -> PromptSums:
         if count:
             total.sums[kind], total.counts[kind] = row, count
     return total
+
+
+def heads_over_prompts(
+    model_name: str,
+    prompts_path: str | Path,
+    seed: int = 0,
+    content: bool = True,
+    load: dict[str, Any] | None = None,
+    timeout_s: float = 60.0,
+    progress: Callable[[int, int, Ranks], None] | None = None,
+) -> tuple[HeadTable, Ranks]:
+    """Every head's scores averaged over a prompts file (:func:`read_prompts`), the prompts
+    shared out among the ranks torchrun started (:func:`process_group`; one process without it).
+
+    ``load`` holds :func:`headlab.zoo.load`'s keywords (default: the CPU).
+    With a ``device`` each rank computes on its own one; with a ``device_map`` each rank spreads
+    its copy over its share of this machine's GPUs (:func:`rank_budget`). Rank r of N scores
+    prompts r, r + N, …; every rank returns the same table, summed over all ranks, and its
+    :class:`Ranks` (the process group is closed by then). ``progress(done, total, ranks)`` is
+    called before this rank's first prompt (done 0) and after each. A ValueError says what is
+    wrong: the file, the model, a prompt, or ranks that cannot reach each other.
+    """
+    from headlab import zoo
+
+    lines = read_prompts(prompts_path)
+    load = dict(load or {})
+    with process_group(load.get("device") or torch.device("cpu"), timeout_s) as ranks:
+        if "device_map" not in load:
+            load["device"] = ranks.device
+        elif ranks.world > 1:
+            load["max_memory"] = rank_budget(load.get("max_memory"), ranks)
+        model, tokenizer = zoo.load(model_name, **load)
+        probes = prompt_probes(tokenizer, lines, model.config.max_len, str(prompts_path))
+        mine = list(enumerate(probes))[ranks.rank :: ranks.world]
+        if progress is not None:
+            progress(0, len(mine), ranks)
+        advance = None if progress is None else lambda done, total: progress(done, total, ranks)
+        total = all_reduce(score_prompts(model, mine, seed, content, advance), ranks)
+    return total.table(), ranks
 
 
 # --- the result ---------------------------------------------------------------------------------

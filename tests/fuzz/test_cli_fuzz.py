@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from conftest import IN_CI
-from headlab.cli import SEED_MAX, SEEDS_MAX, app
+from headlab.cli import app
+from headlab.cli.common import SEED_MAX, SEEDS_MAX
 from headlab.cli.support import out_dir_problem
 from headlab.training.train import TrainResult
 

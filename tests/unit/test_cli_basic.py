@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -27,7 +28,8 @@ def test_help_lists_commands_and_runs_as_console_script():
 
 def test_only_the_cli_imports_its_reporters_and_recipe_registry():
     """The recipe registry and the terminal reporters sit at the top (headlab.cli.support): no
-    library module names them or the CLI, not even in an importlib string."""
+    library module (nor the server) names them or any module of the CLI, not even in an
+    importlib string."""
     import ast
     from pathlib import Path
 
@@ -35,8 +37,8 @@ def test_only_the_cli_imports_its_reporters_and_recipe_registry():
     offenders = []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).as_posix()
-        if rel.startswith(("cli/", "server/")):
-            continue  # the CLI itself, and the server: the other top-level room
+        if rel.startswith("cli/"):
+            continue  # the CLI itself
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = []
             if isinstance(node, ast.ImportFrom) and node.module:
@@ -45,9 +47,29 @@ def test_only_the_cli_imports_its_reporters_and_recipe_registry():
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 names = [node.value.split(":")[0]]
-            if any(n in ("headlab.cli", "headlab.cli.support") for n in names):
+            if any(n == "headlab.cli" or n.startswith("headlab.cli.") for n in names):
                 offenders.append(rel)
     assert offenders == []
     from headlab.training import train
 
     assert not hasattr(train, "RECIPES")
+
+
+def test_help_loads_no_library_module_beyond_the_package_core():
+    """`headlab --help` imports every command group, so their top-level imports stay light: past
+    what `import headlab` itself loads, only the CLI's own modules (not even its support module,
+    which imports the training loop) and headlab.shapes, whose LIMITS bound `headlab shapes`'s
+    options (as they bound the API's); no other room of the library, no more of torch."""
+    code = (
+        "import json, sys, headlab; core = set(sys.modules); "
+        "from typer.main import get_command; from headlab.cli import app; "
+        "get_command(app); "
+        "print(json.dumps(sorted(m for m in set(sys.modules) - core "
+        "if m.startswith(('headlab', 'torch')))))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(json.loads(proc.stdout)) - {"headlab.cli", "headlab.shapes"}
+    assert "headlab.cli.common" in loaded
+    assert {
+        m for m in loaded if not m.startswith("headlab.cli.") or m.endswith(".support")
+    } == set()

@@ -12,7 +12,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from headlab.cli import SEED_MAX, app
+from headlab.cli import app
+from headlab.cli.common import SEED_MAX
 from headlab.training.train import TrainResult
 
 ROOT = Path(__file__).resolve().parents[2]

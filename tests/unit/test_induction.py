@@ -441,7 +441,7 @@ def test_cli_train_recipe_ctrl_c_then_resume(tmp_path: Path) -> None:
 
 
 def test_cli_prints_the_live_progress_events(capsys: pytest.CaptureFixture[str]) -> None:
-    from headlab import cli
+    from headlab.cli import experiment as cli
 
     scores = {"induction": [[0.1, 0.2], [0.05, 0.38]], "prev_token": [[0.71, 0.02], [0.1, 0.1]]}
     record = {"step": 300, "kind": "eval", "first_copy_loss": 4.2, "repeated_loss": 1.5, **scores}

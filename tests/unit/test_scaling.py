@@ -131,6 +131,24 @@ def test_prompts_mean_equals_a_plain_loop_and_writes_json_and_csv(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
+@pytest.mark.slow
+def test_the_library_call_returns_the_table_and_reports_progress(tmp_path):
+    """`headlab heads --prompts` is one call of scaling.heads_over_prompts: in one process it
+    returns the plain loop's table and rank 0 of 1, and reports every prompt done."""
+    prompts = write_prompts(tmp_path / "p.txt", PROMPTS[:3])
+    seen: list[tuple[int, int, int]] = []
+    table, ranks = scaling.heads_over_prompts(
+        "default",
+        prompts,
+        seed=2,
+        progress=lambda done, total, r: seen.append((done, total, r.world)),
+    )
+    assert (ranks.rank, ranks.world) == (0, 1)
+    assert seen == [(0, 3, 1), (1, 3, 1), (2, 3, 1), (3, 3, 1)]
+    assert table.prompts == 3
+    assert_same_table(table.to_dict()["heads"], plain_mean(PROMPTS[:3], seed=2), tol=1e-9)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,0 +1,393 @@
+"""``headlab heads`` and ``headlab syntax``: what each attention head does, on one probe, averaged
+over many prompts (shared among torchrun ranks by :func:`headlab.scaling.heads_over_prompts`),
+or against a dependency parse."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from headlab.cli.common import (
+    ModelName,
+    console,
+    ensure_fetched,
+    err_console,
+    fail,
+    progress_bar,
+    seed_option,
+)
+
+Prompts = Annotated[
+    str | None,
+    typer.Option(
+        "--prompts",
+        help=(
+            "Average every head's scores over many prompts: a file with one text per line, or "
+            'JSONL with a "text" field. Under torchrun the prompts are shared out among the ranks.'
+        ),
+    ),
+]
+DeviceMap = Annotated[
+    str | None,
+    typer.Option(
+        "--device-map",
+        help=("Spread a model larger than memory with accelerate: auto, balanced, sequential."),
+    ),
+]
+MaxMemory = Annotated[
+    str | None,
+    typer.Option(
+        "--max-memory",
+        help=("Memory per device, e.g. cpu=8GiB,0=20GiB; gpu=SIZE for every GPU (implies auto)."),
+    ),
+]
+DistTimeout = Annotated[
+    float,
+    typer.Option(
+        "--dist-timeout",
+        min=1.0,
+        max=86_400.0,
+        help=("Under torchrun: seconds the ranks wait to reach each other."),
+    ),
+]
+HtmlOut = Annotated[str | None, typer.Option("--html", help=(
+    "Also write the interactive head view and grid to one HTML file (opens from "
+    "file://, no server, no network)."))]  # fmt: skip
+
+
+def heads(
+    model: ModelName = "default",
+    text: str | None = typer.Option(None, help="Your own text as the probe."),
+    text_file: str | None = typer.Option(
+        None, "--text-file", help="A UTF-8 text file as the probe (long inputs; a bar per layer)."
+    ),
+    prompts: Prompts = None,
+    out: str | None = typer.Option(
+        None, "--out", help="With --prompts: write the table to a .json or .csv file."
+    ),
+    probe: str = typer.Option(
+        "repeat", help="Built-in probe: repeat (a sentence with a repeat) or random-repeat."
+    ),
+    show: str | None = typer.Option(
+        None, help="Draw head L.H's pattern, e.g. --show 0.2; L.avg draws layer L's mean head."
+    ),
+    seed: int = seed_option("Seed of the random probe and the position shuffle:"),
+    content: bool = typer.Option(
+        True, "--content/--no-content", help="Score content heads (runs a shuffled copy too)."
+    ),
+    device: str = typer.Option("cpu", help="Where the model runs: cpu, cuda or mps."),
+    dtype: str = typer.Option("float32", help="Weights as float32, bfloat16 or float16."),
+    device_map: DeviceMap = None,
+    max_memory: MaxMemory = None,
+    offload_folder: str | None = typer.Option(
+        None, "--offload-folder", help="Where the layers that do not fit in --max-memory go."
+    ),
+    dist_timeout: DistTimeout = 60.0,
+    syntax: bool = typer.Option(
+        False, "--syntax", help="Also score syntactic heads on the evaluation text (spaCy)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
+    html_out: HtmlOut = None,
+) -> None:
+    """Score every attention head of a model on a probe and label it (see docs/heads.md), or
+    average the scores over many prompts (--prompts; shared among torchrun ranks)."""
+    _check_heads_options(text, text_file, prompts, out, html_out, dist_timeout, syntax)
+    load = _load_options(device, dtype, device_map, max_memory, offload_folder)
+    if prompts is not None:
+        where = Path(out) if out is not None else None
+        _heads_over_prompts(model, Path(prompts), where, seed, content, load, dist_timeout, as_json)
+    else:
+        file = Path(text_file) if text_file is not None else None
+        html = Path(html_out) if html_out is not None else None
+        _heads_on_probe(model, text, file, probe, show, seed, content, load, as_json, syntax, html)
+
+
+def _check_heads_options(
+    text: str | None,
+    text_file: str | None,
+    prompts: str | None,
+    out: str | None,
+    html_out: str | None,
+    dist_timeout: float,
+    syntax: bool,
+) -> None:
+    """Exit 2 with one sentence for options that do not go together."""
+    if sum(x is not None for x in (text, text_file, prompts)) > 1:
+        raise fail("give one of --text, --text-file and --prompts")
+    if html_out is not None and prompts is not None:
+        raise fail("--html draws one probe's patterns; --prompts averages scores only")
+    if html_out is not None and not Path(html_out).parent.is_dir():
+        raise fail(f"--html {html_out}: the folder {Path(html_out).parent} does not exist")
+    if not 1 <= dist_timeout <= 86_400:  # NaN passes click's range check, not this one
+        raise fail(f"--dist-timeout must be 1 to 86400 seconds, got {dist_timeout}")
+    if out is not None and prompts is None:
+        raise fail("--out writes the table of --prompts; for one probe use --json")
+    if syntax and prompts is not None:
+        raise fail("--syntax labels the heads of one probe; leave it out with --prompts")
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _load_options(
+    device: str, dtype: str, device_map: str | None, max_memory: str | None, offload: str | None
+) -> dict:
+    """zoo.load's keywords from the CLI's (exit 2 with a sentence for a bad one)."""
+    import torch
+
+    from headlab.devices import check_device
+
+    if dtype not in DTYPES:
+        raise fail(f"--dtype {dtype!r}: valid dtypes are {', '.join(DTYPES)}")
+    try:
+        dev = check_device(device)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    kinds = {"dtype": getattr(torch, dtype)}
+    if device_map is None and max_memory is None and offload is None:
+        return {**kinds, "device": dev}
+    budget = _parse_max_memory(max_memory) if max_memory is not None else None
+    return {**kinds, "device_map": device_map or "auto", "max_memory": budget,
+            "offload_folder": offload}  # fmt: skip
+
+
+def _parse_max_memory(spec: str) -> dict:
+    """'cpu=8GiB,0=20GiB' → {"cpu": "8GiB", 0: "20GiB"}; "gpu=SIZE" sets every GPU here."""
+    import torch
+
+    try:
+        pairs = [item.split("=", 1) for item in spec.split(",") if item.strip()]
+        budget = {(int(k) if k.strip().isdigit() else k.strip()): v.strip() for k, v in pairs}
+    except ValueError:
+        raise fail(
+            f"--max-memory takes DEVICE=SIZE pairs, e.g. cpu=8GiB,0=20GiB; got {spec!r}"
+        ) from None
+    if "gpu" in budget:
+        size = budget.pop("gpu")
+        if not torch.cuda.is_available():
+            raise fail("--max-memory gpu=…: there is no GPU here; give cpu=SIZE")
+        budget.update({i: size for i in range(torch.cuda.device_count()) if i not in budget})
+    return budget
+
+
+def _heads_on_probe(
+    model: str,
+    text: str | None,
+    text_file: Path | None,
+    probe: str,
+    show: str | None,
+    seed: int,
+    content: bool,
+    load: dict,
+    as_json: bool,
+    syntax: bool = False,
+    html: Path | None = None,
+) -> None:
+    """One probe: the table (or JSON) of every head, and the pattern of --show's head; with
+    ``syntax`` the syntactic scores from the evaluation text too (headlab.heads.syntax), and with
+    ``html`` the interactive view of every head in one offline file."""
+    from headlab import zoo
+
+    target = _parse_head(show) if show is not None else None
+    ensure_fetched(model)
+    try:
+        m, tokenizer = zoo.load(model, **load)
+        L, h = m.config.n_layers, m.config.n_heads
+        if target is not None and not (0 <= target[0] < L and -1 <= target[1] < h):
+            raise fail(f"--show {show}: this model has layers 0..{L - 1} and heads 0..{h - 1}")
+        p = _probe(m, tokenizer, text, text_file, probe, seed)
+        # the patterns of the other heads go, unless the HTML file draws them all
+        keep = None if html is not None else {target} if target is not None else ()
+        margins = _syntax_margins(m, tokenizer, model) if syntax else None
+        report = _analyse(m, p, seed, content, keep, margins)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    out = err_console if as_json else console  # keep stdout pure JSON
+    _print_probe_report(report, model, as_json)
+    if target is not None:
+        _draw_head(report, target, out)
+    if html is not None:
+        _write_head_page(report, model, html, out)
+
+
+def _probe(
+    m: Any, tokenizer: Any, text: str | None, text_file: Path | None, probe: str, seed: int
+) -> Any:
+    """The probe of ``headlab heads``: --text, --text-file or the built-in --probe."""
+    from headlab.measure import build_probe
+    from headlab.scaling import read_text
+
+    if text_file is not None:
+        text = read_text(text_file)
+    name = "text" if text is not None else probe
+    return build_probe(name, tokenizer, m.config.max_len, m.config.vocab_size, text, seed)
+
+
+def _analyse(m: Any, p: Any, seed: int, content: bool, keep: Any, margins: Any) -> Any:
+    """:func:`headlab.heads.analyse` with a progress bar, a step per layer."""
+    from headlab.heads import analyse
+
+    what, layers = f"{p.n} tokens, layer", m.config.n_layers
+    with progress_bar() as bar:
+        bar(0, layers, what)
+        return analyse(m, p, seed, content, keep=keep, syntactic=margins,
+                       progress=lambda done, total: bar(done, total, what))  # fmt: skip
+
+
+def _print_probe_report(report: Any, model: str, as_json: bool) -> None:
+    """Every head's scores as JSON on stdout, or as a table with the attention-sink lines."""
+    import json
+
+    from headlab.heads.render import heads_table, sink_lines
+
+    if as_json:
+        typer.echo(json.dumps({"model": model, **report.to_dict()}, ensure_ascii=False))
+        return
+    title = f"{model}: {report.probe} probe, {len(report.tokens)} tokens"
+    console.print(heads_table(report, title))
+    for line in sink_lines(report):
+        console.print(line, highlight=False)
+
+
+def _draw_head(report: Any, target: tuple[int, int], out: Console) -> None:
+    """The pattern of head ``target`` (layer, head; head −1: the layer's mean) as a heatmap."""
+    from headlab.heads.render import heatmap, key_legend
+
+    layer, head = target
+    label = report.averaged[layer].label if head < 0 else report.head(layer, head).label
+    title = f"layer {layer} head {'avg' if head < 0 else head}: {label}"
+    out.print(heatmap(report.pattern(layer, head), report.tokens, title))
+    out.print(key_legend(report.tokens), highlight=False)
+
+
+def _write_head_page(report: Any, model: str, path: Path, out: Console) -> None:
+    """The head view and grid of ``report`` as one self-contained HTML file (headlab.show)."""
+    from headlab.show import head_view
+
+    title = f"headlab: {model}, {report.probe} probe, {len(report.tokens)} tokens"
+    try:
+        written = head_view(report, model, grid=True).save(path, title)
+    except (ValueError, OSError) as exc:
+        raise fail(f"--html {path}: {exc}") from None
+    size = written.stat().st_size / 1024
+    out.print(f"wrote {written} ({size:.0f} KiB): open it in a browser; it needs no server")
+
+
+def _heads_over_prompts(
+    model: str,
+    prompts: Path,
+    out: Path | None,
+    seed: int,
+    content: bool,
+    load: dict,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Every head's scores averaged over a prompts file (headlab.scaling.heads_over_prompts);
+    rank 0 prints and writes the table, the other ranks only compute."""
+    from headlab import scaling
+
+    try:
+        out = scaling.check_out_path(out) if out is not None else None
+        with progress_bar() as bar:
+
+            def advance(done: int, total: int, ranks: scaling.Ranks) -> None:
+                if ranks.rank == 0:
+                    bar(done, total, f"prompts (rank 0 of {ranks.world})" if ranks.world > 1
+                        else "prompts")  # fmt: skip
+
+            table, ranks = scaling.heads_over_prompts(model, prompts, seed, content, load,
+                                                      timeout, advance)  # fmt: skip
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    if ranks.rank == 0:
+        info = {"model": model, "prompts_file": str(prompts), "seed": seed, "content": content}
+        _write_prompts_table(table, info, out, as_json)
+
+
+def _write_prompts_table(table: Any, info: dict, out: Path | None, as_json: bool) -> None:
+    """The averaged table to --out (atomically), as JSON on stdout, or as a terminal table."""
+    import json
+
+    from headlab import scaling
+    from headlab.files import write_atomic
+    from headlab.heads.render import heads_table
+
+    if out is not None:
+        write_atomic(out, scaling.table_text(table, out, info))
+        err_console.print(f"{table.prompts} prompts, {table.tokens} tokens: table in {out}")
+    if as_json:
+        typer.echo(json.dumps({**info, **table.to_dict()}, ensure_ascii=False))
+    elif out is None:
+        title = f"{info['model']}: mean over {table.prompts} prompts ({table.tokens} tokens)"
+        console.print(heads_table(table, title))
+
+
+def _syntax_margins(model: object, tokenizer: object, name: str) -> dict:
+    """Each head's margin over the offset baseline on the evaluation text (headlab.heads.syntax)."""
+    from headlab.heads.syntax import syntax_report
+
+    return syntax_report(model, tokenizer, name=name).margins()
+
+
+def syntax_command(
+    model: ModelName = "default",
+    text_file: str | None = typer.Option(
+        None, "--text-file", help="English text to parse (default: the shipped evaluation text)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
+) -> None:
+    """Syntactic heads (Clark et al. 2019): per dependency relation, the head whose most
+    attended word is most often the parser's arc, against the best fixed-offset baseline."""
+    import json
+
+    from headlab import zoo
+    from headlab.heads.syntax import ParserUnavailable, syntax_report
+
+    try:
+        text = None if text_file is None else Path(text_file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise fail(f"--text-file {text_file}: cannot read it as UTF-8 text ({exc})") from None
+    try:
+        m, tokenizer = zoo.load(model)
+        report = syntax_report(m, tokenizer, text, name=model).to_dict()
+    except ParserUnavailable as exc:
+        raise fail(str(exc)) from None
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        typer.echo(json.dumps(report, ensure_ascii=False))
+        return
+    _print_syntax_table(report, model)
+
+
+def _print_syntax_table(report: dict, model: str) -> None:
+    """Per relation: the best head, its accuracy, and its margin over the offset baseline."""
+    from rich.table import Table
+
+    table = Table("relation", "arcs", "head", "Clark L-H", "direction", "accuracy",
+                  "offset baseline", "margin",
+                  title=f"{model}: {report['sentences']} sentences, {report['words']} words",
+                  box=None, padding=(0, 1, 0, 0), header_style="bold underline")  # fmt: skip
+    for r in report["relations"]:
+        margin = r["accuracy"] - r["baseline_accuracy"]
+        table.add_row(r["relation"], str(r["count"]), f"{r['layer']}.{r['head']}",
+                      f"{r['layer'] + 1}-{r['head'] + 1}",
+                      r["direction"].replace("dependent", "dep"), f"{r['accuracy']:.1%}",
+                      f"{r['baseline_accuracy']:.1%} (δ {r['baseline_offset']:+d})",
+                      f"{margin:+.1%}")  # fmt: skip
+    console.print(table)
+    if report.get("note"):
+        console.print(f"note: {report['note']}", highlight=False)
+
+
+def _parse_head(spec: str) -> tuple[int, int]:
+    """'L.H' → (L, H); 'L.avg' → (L, -1), the layer's averaged head."""
+    try:
+        layer, head = spec.split(".")
+        return int(layer), -1 if head == "avg" else int(head)
+    except ValueError:
+        raise fail(f"--show takes LAYER.HEAD or LAYER.avg, e.g. 0.2; got {spec!r}") from None

@@ -1,0 +1,79 @@
+"""``headlab shapes``: every tensor's shape, the parameters, FLOPs and KV cache of one layer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from headlab.cli.common import console, fail
+
+
+def _size_option(name: str, help_text: str) -> Any:
+    """An optional size of ``headlab shapes``, bounded as the API's schema bounds it."""
+    from headlab.shapes import LIMITS
+
+    low, high = LIMITS[name]
+    return typer.Option(None, min=low, max=high, help=f"{help_text} ({low}..{high:,}).")
+
+
+def shapes(
+    d_model: int | None = _size_option("d_model", "Model width (default 512, or the preset's)"),
+    heads: int | None = _size_option("n_heads", "Query heads h (default 8, or the preset's)"),
+    kv_heads: int | None = _size_option("n_kv_heads", "Key/value heads h_kv (GQA/MQA); default h"),
+    seq: int | None = _size_option("seq_len", "Tokens n (default 10, or the preset's context)"),
+    batch: int | None = _size_option("batch", "Sequences B (default 1)"),
+    dtype: str = typer.Option("float32", help="float32, float16/fp16, bfloat16/bf16, float64."),
+    cache_len: int | None = _size_option(
+        "cache_len", "Positions already in the KV cache (default 0)"
+    ),
+    bias: bool | None = typer.Option(None, "--bias/--no-bias", help="Projection biases."),
+    preset: str | None = typer.Option(None, help="A published model, e.g. gpt2-small."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Every tensor's shape, the parameters, FLOPs and KV cache of one attention layer.
+
+    FLOPs: a multiply-add counts 2; bias adds, the 1/√d_k scale and softmax are not counted.
+    """
+    import json
+
+    from headlab.shapes import PRESETS, Preset, trace_shapes
+
+    if preset is not None and preset not in PRESETS:
+        raise fail(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
+    p = PRESETS[preset] if preset else Preset("", "", 512, 8, None, True, 1, 10, "")
+    r = trace_shapes(
+        p.d_model if d_model is None else d_model,
+        p.n_heads if heads is None else heads,
+        p.context if seq is None else seq,
+        1 if batch is None else batch,
+        p.n_kv_heads if kv_heads is None else kv_heads,
+        p.bias if bias is None else bias,
+        dtype,
+        0 if cache_len is None else cache_len,
+    )
+    if as_json:
+        typer.echo(json.dumps(r.to_dict(), indent=2, ensure_ascii=False))
+    if not r.valid:
+        raise fail("; ".join(r.problems))
+    if not as_json:
+        _print_report(r, p.title)
+
+
+def _print_report(r: Any, title: str) -> None:
+    """A :class:`headlab.shapes.ShapeReport` as two tables (stages, parameters) and its summary."""
+    from rich.table import Table
+
+    from headlab.shapes import format_bytes
+
+    table = Table("stage", "symbolic", "concrete", "elements", "memory", "FLOPs", title=title)
+    for st in r.stages:
+        shape = "×".join(map(str, st.shape))
+        table.add_row(st.label, st.symbolic, shape, f"{st.elements:,}", format_bytes(st.bytes),
+                      f"{st.flops:,}" if st.flops else "")  # fmt: skip
+    params = Table("parameter", "symbolic", "concrete", "count")
+    for pt in r.param_tensors:
+        params.add_row(pt.name, pt.symbolic, "×".join(map(str, pt.shape)), f"{pt.count:,}")
+    console.print(table, params)
+    for line in r.summary():
+        console.print(line, highlight=False)
