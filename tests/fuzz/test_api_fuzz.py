@@ -31,7 +31,7 @@ MAX_EXAMPLES = 40
 
 APP = create_app(preload=("default",))
 # POST /api/live/induction streams a training run to its end (seconds each): it is left out here
-# and its bad inputs are tested one by one in tests/test_live.py; its cancel route is fuzzed
+# and its bad inputs are tested one by one in tests/unit/test_live.py; its cancel route is fuzzed
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP).exclude(
     path="/api/live/induction", method="POST"
 )
