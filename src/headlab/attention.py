@@ -293,7 +293,7 @@ class MultiHeadAttention(nn.Module):
         allowed: bool mask broadcastable to (B, h, n, s), True = may attend; combined with causal.
         head_mask: (h,) or (B, h) factors that scale each head's output before W_O (ablation).
         cache: a :class:`KVCache`; the new keys/values are appended and all of them attended to.
-        rope: rotary embedding applied to queries and keys after the split (see model.py).
+        rope: rotary embedding applied to queries and keys after the split (see model/layers.py).
         impl: "explicit" materialises the weights; "fused" calls SDPA (no weights: with
         ``return_weights`` a ValueError); "auto" picks fused unless weights are asked for or
         recorded by an enabled ``trace`` ("fused" then records no weights or scores).

@@ -1,142 +1,23 @@
-"""A small transformer built on headlab's attention: GPT-style by default, BERT- and Llama-shaped
-when converted from Hugging Face (see :mod:`headlab.convert`).
-
-Shape legend
-    B        batch
-    n        tokens (query positions)
-    s        key positions: cached + new (s == n without a cache)
-    d_model  model width
-    h        query heads per layer, h_kv key/value heads
-    d_ff     hidden width of the feed-forward block
-    V        vocabulary size
-
-``Transformer(config)(tokens, trace=Trace())`` returns logits (B, n, V) and fills the trace with
-a named cache of activations (with a KV cache, the weights are (B, h, n, s)):
-
-    embed                      token (+ position) embeddings, after the embedding norm if any
-    blocks.{l}.resid_pre       the residual stream entering block l           (B, n, d_model)
-    blocks.{l}.attn.*          everything MultiHeadAttention records; among them
-    blocks.{l}.attn.weights    each head's attention pattern                   (B, h, n, n)
-    blocks.{l}.attn.head_out   each head's output, before W_O                  (B, h, n, d_k)
-    blocks.{l}.attn_out        the attention sub-layer's output                (B, n, d_model)
-    blocks.{l}.resid_mid       the residual stream between attention and MLP   (B, n, d_model)
-    blocks.{l}.mlp_out         the MLP sub-layer's output (absent if attn_only)(B, n, d_model)
-    blocks.{l}.resid_post      the residual stream leaving block l             (B, n, d_model)
-    final                      the last hidden state, after the final norm     (B, n, d_model)
-
-Norm placement: "pre" (GPT-2, Llama: x + f(norm(x)), then a final norm), "post" (BERT:
-norm(x + f(x)), no final norm) or "none". Positions: "learned" absolute embeddings (GPT-2,
-BERT), "rotary" (Su et al. 2021, RoFormer; the half-split layout Llama uses) or "none".
-Decoding: ``forward(new_tokens, cache=model.new_cache(B, capacity))`` keeps one
-:class:`headlab.attention.KVCache` per layer, so each step runs only the new tokens; positions
-(learned or rotary) continue from the number of tokens cached. :meth:`Transformer.generate`
-decodes greedily or by sampling with it.
-
-Papers: Vaswani et al. 2017; Radford et al. 2019 (GPT-2); Devlin et al. 2019 (BERT);
-Touvron et al. 2023 (Llama); Elhage et al. 2021 (attention-only models).
+"""The whole model: embedding → blocks → final norm → unembedding, with a KV cache per layer for
+decoding, greedy or sampled generation, and its own save / load. Shapes as in
+:mod:`headlab.model`'s legend.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from headlab.attention import KVCache, MultiHeadAttention, check_config
+from headlab.attention import KVCache
+from headlab.model.config import ModelConfig
+from headlab.model.layers import Block, Rotary, make_norm
+from headlab.model.sampling import generation_problems, pick_tokens
 from headlab.trace import Trace
-
-Positional = Literal["learned", "rotary", "none"]
-NormPlace = Literal["pre", "post", "none"]
-NormKind = Literal["layernorm", "rmsnorm"]
-Activation = Literal["gelu", "gelu_tanh", "relu", "silu"]
-MlpKind = Literal["standard", "gated"]
-
-_CHOICES = {
-    "positional": ("learned", "rotary", "none"),
-    "norm": ("pre", "post", "none"),
-    "norm_kind": ("layernorm", "rmsnorm"),
-    "activation": ("gelu", "gelu_tanh", "relu", "silu"),
-    "mlp": ("standard", "gated"),
-}
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Everything that fixes a Transformer's shape and arithmetic (weights aside)."""
-
-    vocab_size: int  # V, number of token ids
-    d_model: int  # width of the residual stream
-    n_layers: int  # number of blocks
-    n_heads: int  # query heads per layer
-    n_kv_heads: int | None = None  # key/value heads: None = n_heads (MHA), 1 = MQA, else GQA
-    d_ff: int | None = None  # MLP hidden width; None = 4 · d_model
-    max_len: int = 1024  # longest sequence the model accepts (learned positions need a table)
-    positional: Positional = "learned"  # absolute learned table, rotary (RoPE) or none
-    rope_theta: float = 10000.0  # RoPE base; used only when positional == "rotary"
-    norm: NormPlace = "pre"  # where the norms sit: pre-LN, post-LN (BERT) or none
-    norm_kind: NormKind = "layernorm"  # LayerNorm (GPT-2, BERT) or RMSNorm (Llama)
-    norm_eps: float = 1e-5  # epsilon inside every norm
-    embed_norm: bool = False  # a norm right after the embeddings (BERT)
-    attn_only: bool = False  # no MLPs: the attention-only models of Elhage et al. 2021
-    causal: bool = True  # decoder (causal) or encoder (bidirectional) attention
-    activation: Activation = "gelu"  # MLP nonlinearity; gelu_tanh is GPT-2's "gelu_new"
-    mlp: MlpKind = "standard"  # W_out(act(W_in x)) or gated W_down(act(W_gate x) · W_up x)
-    bias: bool = True  # biases in the attention projections
-    mlp_bias: bool = True  # biases in the MLP
-    tie_embeddings: bool = True  # unembedding = embedding matrix transposed
-    dropout: float = 0.0  # attention-weight and residual dropout (training only)
-    init_std: float = 0.02  # standard deviation of the random initial weights
-
-    def __post_init__(self) -> None:
-        problems = self.problems()
-        if problems:
-            raise ValueError("invalid ModelConfig: " + "; ".join(problems))
-
-    def problems(self) -> list[str]:
-        """Every problem with this configuration, each saying what would be valid."""
-        out = []
-        for name in ("vocab_size", "n_layers", "max_len"):
-            if getattr(self, name) < 1:
-                out.append(f"{name} must be a positive integer, got {getattr(self, name)}")
-        if self.d_ff is not None and self.d_ff < 1:
-            out.append(f"d_ff must be a positive integer or None, got {self.d_ff}")
-        for name, valid in _CHOICES.items():
-            if getattr(self, name) not in valid:
-                out.append(f"{name} must be one of {', '.join(valid)}; got {getattr(self, name)!r}")
-        out += check_config(self.d_model, self.n_heads, self.n_kv_heads)
-        if self.positional == "rotary" and self.n_heads > 0 and (self.d_model // self.n_heads) % 2:
-            out.append(f"rotary positions need an even d_k, got {self.d_model // self.n_heads}")
-        if not 0.0 <= self.dropout < 1.0:
-            out.append(f"dropout must be in [0, 1), got {self.dropout}")
-        return out
-
-    @property
-    def d_k(self) -> int:
-        return self.d_model // self.n_heads
-
-    @property
-    def hidden(self) -> int:
-        """The MLP hidden width actually used (d_ff, or 4 · d_model when d_ff is None)."""
-        return self.d_ff if self.d_ff is not None else 4 * self.d_model
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ModelConfig:
-        """Inverse of :meth:`to_dict`; unknown keys are an error naming the known ones."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig fields {unknown}; known: {sorted(known)}")
-        return cls(**data)
 
 
 class SkipInit(TorchFunctionMode):
@@ -155,130 +36,6 @@ class SkipInit(TorchFunctionMode):
         if func in self.SKIPPED:
             return args[0] if args else kwargs["tensor"]
         return func(*args, **kwargs)
-
-
-class RMSNorm(nn.Module):
-    """x / sqrt(mean(x²) + eps) · weight, computed in float32 (Zhang & Sennrich 2019; Llama)."""
-
-    def __init__(self, d_model: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d_model))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
-
-
-def make_norm(config: ModelConfig) -> nn.Module:
-    """The norm this config asks for (LayerNorm or RMSNorm), or identity when norm == "none"."""
-    if config.norm == "none":
-        return nn.Identity()
-    if config.norm_kind == "rmsnorm":
-        return RMSNorm(config.d_model, config.norm_eps)
-    return nn.LayerNorm(config.d_model, eps=config.norm_eps)
-
-
-class Rotary(nn.Module):
-    """Rotary position embedding (Su et al. 2021), half-split layout as in HF Llama.
-
-    Rotates each (x_i, x_{i + d_k/2}) pair of a query or key (B, heads, n, d_k) by the angle
-    position · θ^(−2i/d_k). Called as the ``rope`` hook of :class:`MultiHeadAttention`.
-    """
-
-    def __init__(self, d_k: int, theta: float) -> None:
-        super().__init__()
-        inv_freq = 1.0 / theta ** (torch.arange(0, d_k, 2, dtype=torch.float32) / d_k)
-        self.inv_freq: Tensor
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (d_k/2,)
-
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        n, d_k = x.shape[-2], x.shape[-1]  # x (B, heads, n, d_k)
-        pos = torch.arange(offset, offset + n, device=x.device, dtype=torch.float32)
-        freqs = pos[:, None] * self.inv_freq.to(x.device)[None, :]  # (n, d_k/2), on x's device
-        angles = torch.cat([freqs, freqs], dim=-1)  # (n, d_k)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        x1, x2 = x[..., : d_k // 2], x[..., d_k // 2 :]
-        rotated = torch.cat([-x2, x1], dim=-1)  # (B, heads, n, d_k)
-        return x * cos + rotated * sin
-
-
-class MLP(nn.Module):
-    """Position-wise feed-forward: W_out(act(W_in x)), or gated (SwiGLU, Shazeer 2020)."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        d, hidden, bias = config.d_model, config.hidden, config.mlp_bias
-        self.gated = config.mlp == "gated"
-        self.W_in = nn.Linear(d, hidden, bias=bias)
-        self.W_gate = nn.Linear(d, hidden, bias=bias) if self.gated else None
-        self.W_out = nn.Linear(hidden, d, bias=bias)
-        self.activation = config.activation
-
-    def act(self, x: Tensor) -> Tensor:
-        if self.activation == "gelu_tanh":
-            return F.gelu(x, approximate="tanh")
-        if self.activation == "relu":
-            return F.relu(x)
-        if self.activation == "silu":
-            return F.silu(x)
-        return F.gelu(x)
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.W_gate is not None:
-            return self.W_out(self.act(self.W_gate(x)) * self.W_in(x))  # (B, n, d_model)
-        return self.W_out(self.act(self.W_in(x)))  # (B, n, d_model)
-
-
-class Block(nn.Module):
-    """One transformer block: attention and (unless attention-only) an MLP, each residual."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.norm_attn = make_norm(config)
-        self.attn = MultiHeadAttention(
-            config.d_model, config.n_heads, config.n_kv_heads, config.bias, config.dropout
-        )
-        self.norm_mlp = None if config.attn_only else make_norm(config)
-        self.mlp = None if config.attn_only else MLP(config)
-        self.drop = nn.Dropout(config.dropout)
-
-    def forward(
-        self,
-        x: Tensor,
-        trace: Trace,
-        head_mask: Tensor | None,
-        allowed: Tensor | None,
-        rope: Rotary | None,
-        cache: KVCache | None = None,
-    ) -> Tensor:
-        """x (B, n, d_model) → (B, n, d_model). head_mask (h,) or (B, h); allowed (B, 1, 1, n);
-        cache: this layer's keys and values so far, extended with the new ones."""
-        post = self.config.norm == "post"
-        trace.record("resid_pre", x)
-        a_in = x if post else self.norm_attn(x)
-        a = self.attn(
-            a_in,
-            causal=self.config.causal,
-            allowed=allowed,
-            head_mask=head_mask,
-            cache=cache,
-            rope=rope,
-            trace=trace.scope("attn"),
-        )
-        assert isinstance(a, Tensor)
-        a = self.drop(a)
-        trace.record("attn_out", a)
-        x = self.norm_attn(x + a) if post else x + a
-        trace.record("resid_mid", x)
-        if self.mlp is not None and self.norm_mlp is not None:
-            m = self.drop(self.mlp(x if post else self.norm_mlp(x)))
-            trace.record("mlp_out", m)
-            x = self.norm_mlp(x + m) if post else x + m
-        trace.record("resid_post", x)
-        return x
 
 
 class Transformer(nn.Module):
@@ -540,41 +297,3 @@ class Transformer(nn.Module):
     def num_params(self) -> int:
         """Number of distinct parameters (tied embeddings counted once)."""
         return sum(p.numel() for p in self.parameters())
-
-
-def generation_problems(
-    n: int, config: ModelConfig, max_new_tokens: int, temperature: float, top_k: int | None
-) -> list[str]:
-    """Why a prompt of ``n`` tokens cannot be continued with these settings (empty: it can)."""
-    out = []
-    if not config.causal:
-        out.append("generation needs a causal (decoder) model; this one attends both ways")
-    if max_new_tokens < 1:
-        out.append(f"the number of new tokens must be at least 1, got {max_new_tokens}")
-    elif n + max_new_tokens > config.max_len:
-        room = config.max_len - n
-        out.append(
-            f"the prompt is {n} tokens and the model's context is {config.max_len}, so "
-            + (f"at most {room} new tokens fit, not {max_new_tokens}" if room > 0
-               else "there is no room for new tokens; shorten the prompt")
-        )  # fmt: skip
-    if temperature < 0:
-        out.append(f"temperature must be 0 (greedy) or more, got {temperature}")
-    if top_k is not None and top_k < 1:
-        out.append(f"top_k must be at least 1 (or None for no limit), got {top_k}")
-    return out
-
-
-def pick_tokens(
-    logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
-) -> Tensor:
-    """logits (B, V) → next token ids (B,): argmax when temperature is 0, else a sample from
-    softmax(logits / temperature) over the top_k most likely tokens (all when None)."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    scaled = logits.float() / temperature  # (B, V)
-    if top_k is not None and top_k < scaled.shape[-1]:
-        kth = scaled.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    probs = torch.softmax(scaled, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]

@@ -1,0 +1,39 @@
+"""Weights in: Hugging Face BERT, GPT-2 and Llama models as headlab Transformers.
+
+Each converter reads a ``transformers`` model's config and state dict (no download, no
+network) and copies every weight into a :class:`headlab.model.Transformer` whose arithmetic
+is the same, so logits, hidden states and every head's attention weights match Hugging Face's
+eager attention. What each family needs:
+
+    GPT-2  pre-LN, learned positions, causal. ``Conv1D`` stores weights as (in, out), the
+           transpose of ``nn.Linear``; ``c_attn`` packs W_Q, W_K, W_V side by side.
+           Activation "gelu_new" is the tanh approximation (Radford et al. 2019).
+    BERT   post-LN, learned positions, bidirectional, a LayerNorm after the embeddings. The
+           token-type embedding of segment 0 is added to every position, so it is folded into
+           the position table (headlab runs single-segment inputs). BertModel has no LM head:
+           the logits use the tied word embeddings; compare hidden states (Devlin et al. 2019).
+    Llama  pre-RMSNorm, rotary positions (half-split), grouped-query attention, SwiGLU MLP, no
+           biases (Touvron et al. 2023; Ainslie et al. 2023).
+
+:func:`from_hf` picks the converter from ``config.model_type``. Each family is written once, as
+a list of (headlab name, tensor) pairs (:func:`converted_tensors`); the same pairs fill a model
+in memory (:func:`from_hf`) or, read lazily from the checkpoint's files, a headlab checkpoint on
+disk one layer at a time (:func:`convert_checkpoint`), which accelerate then places across GPUs,
+CPU and disk for a model larger than memory (:func:`dispatch`).
+
+    families   :func:`hf_config` and one config builder per family (:data:`SUPPORTED`)
+    weights    each family's tensors under headlab's names; :func:`fill`, :func:`from_hf`
+    shards     :class:`CheckpointState` (lazy reads) and :func:`convert_checkpoint`
+    placement  :func:`dispatch` and :func:`device_placement` (accelerate)
+"""
+
+from headlab.convert.families import SUPPORTED, bert_config, gpt2_config, hf_config, llama_config
+from headlab.convert.placement import DEVICE_MAPS, NO_SPLIT, device_placement, dispatch
+from headlab.convert.shards import CheckpointState, checkpoint_config, convert_checkpoint
+from headlab.convert.weights import converted_tensors, fill, from_hf
+
+__all__ = [
+    "DEVICE_MAPS", "NO_SPLIT", "SUPPORTED", "CheckpointState", "bert_config", "checkpoint_config",
+    "convert_checkpoint", "converted_tensors", "device_placement", "dispatch", "fill", "from_hf",
+    "gpt2_config", "hf_config", "llama_config",
+]  # fmt: skip
