@@ -39,16 +39,9 @@ Found automatically
     induction heads     heads whose induction score is at least half the ceiling: the score of an
                         ideal head on the same probe (rows without an earlier copy cannot score)
     previous-token heads  heads whose previous-token score is at least 0.5
-    feeder heads        (2-layer models) every subset S of the layer-0 heads is ablated (outputs
-                        zeroed) on the probe; effect(S) = (ablated − clean) / (unrepeated − clean),
-                        the share of the in-context gain lost. The feeders are the smallest S
-                        whose ablation removes most of the gain (effect ≥ 1/2) while ablating
-                        all the other layer-0 heads removes little (≤ 1/4); among several of that
-                        size, the one with the largest difference. Joint effects, not single
-                        heads' effects, decide: a head that matters only together with another
-                        (two heads sharing one job, or a query-side and a key-side partner) is
-                        found. Each head's exact Shapley value over the same 2^h ablations is
-                        reported beside it (a threshold-free share of the layer-0 effect).
+    feeder heads        (2-layer models) the layer-0 heads whose joint ablation removes most of
+                        the in-context gain, and each layer-0 head's Shapley value
+                        (:mod:`headlab.experiments.induction_ablation`, which states the rule)
 
 Live runs
     :func:`study` trains one model and finds all of the above. Given a ``listener``, it trains
@@ -66,8 +59,6 @@ Papers: Olsson et al. 2022, "In-context Learning and Induction Heads"; Elhage et
 
 from __future__ import annotations
 
-import itertools
-import math
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -76,19 +67,27 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from headlab.ablation import full_mask
-from headlab.experiments import pyplot, save_figure, write_results
+from headlab.experiments import write_results
 from headlab.experiments.design_common import spread
+
+# the ablation study's public names stay importable from the experiment (tests, benchmarks)
+from headlab.experiments.induction_ablation import LITTLE as LITTLE
+from headlab.experiments.induction_ablation import MOST as MOST
+from headlab.experiments.induction_ablation import ablate as ablate
+from headlab.experiments.induction_ablation import ablate_many as ablate_many
+from headlab.experiments.induction_ablation import ablation_study, parse_head
+from headlab.experiments.induction_ablation import choose_feeders as choose_feeders
+from headlab.experiments.induction_ablation import layer0_subsets as layer0_subsets
+from headlab.experiments.induction_ablation import shapley as shapley
+from headlab.experiments.induction_figures import figures
 from headlab.files import one_thread, torch_threads
 from headlab.heads import THRESHOLDS, induction_mul_score, induction_pattern, previous_mul_score
 from headlab.measure import (
     Probe,
     copy_losses,
-    copy_targets,
     icl_positions,
     icl_score,
     make_probe,
-    run_patterns,
     token_losses,
 )
 from headlab.model import ModelConfig, Transformer
@@ -289,113 +288,6 @@ def find_phase_change(evals: list[dict[str, Any]], ceiling: float) -> dict[str, 
     return detector.phase
 
 
-def ablate(model: Transformer, data: HeldOut, heads: list[tuple[int, int]]) -> float:
-    """Repeated-token loss with the outputs of ``heads`` zeroed (Michel et al. 2019's masks)."""
-    return ablate_many(model, data, [heads])[0]
-
-
-def ablate_many(
-    model: Transformer, data: HeldOut, sets: list[list[tuple[int, int]]], chunk: int = 16
-) -> list[float]:
-    """:func:`ablate` for many head sets, ``chunk`` sets per forward pass: the probe is repeated
-    once per set, each copy with its own (L, h) head mask."""
-    L, h = model.config.n_layers, model.config.n_heads
-    tokens = data.copies.tokens  # (B, n + 1)
-    later = copy_targets(data.copies.source)[1]  # (B, n)
-    out = []
-    for start in range(0, len(sets), chunk):
-        part = sets[start : start + chunk]
-        masks = torch.stack([full_mask(L, h, heads) for heads in part])  # (S, L, h)
-        mask = masks.repeat_interleave(tokens.shape[0], dim=0)  # (S·B, L, h)
-        with torch.no_grad():
-            losses = token_losses(model, tokens.repeat(len(part), 1), head_mask=mask)  # (S·B, n)
-        out += [float(per_set[later].mean()) for per_set in losses.view(len(part), *later.shape)]
-    return out
-
-
-MOST, LITTLE = 0.5, 0.25  # feeders remove at least MOST of the gain, the rest at most LITTLE
-
-
-def layer0_subsets(model: Transformer, data: HeldOut, span: float, clean: float) -> dict:
-    """effect(S) for every subset S of layer 0's heads (frozenset of head indices; 2^h sets)."""
-    h = model.config.n_heads
-    subsets = [frozenset(c) for r in range(1, h + 1) for c in itertools.combinations(range(h), r)]
-    losses = ablate_many(model, data, [[(0, i) for i in sorted(s)] for s in subsets])
-    effects: dict[frozenset[int], float] = {frozenset(): 0.0}
-    effects.update({s: (loss - clean) / span for s, loss in zip(subsets, losses, strict=True)})
-    return effects
-
-
-def shapley(effects: dict[frozenset[int], float], h: int) -> list[float]:
-    """Each player's exact Shapley value of the game ``effects`` (all 2^h coalitions given):
-    its marginal effect averaged over every order in which the players could be added."""
-    values = []
-    for i in range(h):
-        total = 0.0
-        for subset, effect in effects.items():
-            if i in subset:
-                continue
-            weight = math.factorial(len(subset)) * math.factorial(h - len(subset) - 1)
-            total += weight * (effects[subset | {i}] - effect)
-        values.append(total / math.factorial(h))
-    return values
-
-
-def choose_feeders(effects: dict[frozenset[int], float], h: int) -> frozenset[int]:
-    """The smallest subset removing ≥ MOST of the gain whose complement removes ≤ LITTLE;
-    ties go to the largest difference; all of layer 0 when no smaller set qualifies."""
-    every = frozenset(range(h))
-    for size in range(1, h):
-        fits = [s for s, e in effects.items() if len(s) == size and e >= MOST
-                and effects[every - s] <= LITTLE]  # fmt: skip
-        if fits:
-            return max(fits, key=lambda s: effects[s] - effects[every - s])
-    return every
-
-
-def ablation_study(model: Transformer, data: HeldOut, final: dict[str, Any]) -> dict[str, Any]:
-    """Every head ablated alone; in a model of two layers or more, every subset of layer 0 (the
-    feeder rule and Shapley values of the module docstring)."""
-    clean, unrepeated = final["repeated_loss"], final["first_copy_loss"]
-    span = max(unrepeated - clean, 1e-9)
-    L, h = model.config.n_layers, model.config.n_heads
-    heads = [(l, i) for l in range(L) for i in range(h)]
-    losses = ablate_many(model, data, [[head] for head in heads])
-    single = {f"{l}.{i}": loss for (l, i), loss in zip(heads, losses, strict=True)}
-    out: dict[str, Any] = {
-        "clean_repeated_loss": clean,
-        "unrepeated_loss": unrepeated,
-        "ablation": single,
-        "ablation_effect": {name: (loss - clean) / span for name, loss in single.items()},
-    }
-    if L < 2:
-        return out
-    effects = layer0_subsets(model, data, span, clean)
-    values = shapley(effects, h)
-    feeders = choose_feeders(effects, h)
-    others = frozenset(range(h)) - feeders
-    out["feeder_heads"] = [
-        {"head": f"0.{i}", "effect": out["ablation_effect"][f"0.{i}"], "shapley": values[i],
-         "prev_token_score": float(final["prev_token"][0][i])}
-        for i in sorted(feeders, key=lambda i: -values[i])
-    ]  # fmt: skip
-    out["layer0_shapley"] = {f"0.{i}": v for i, v in enumerate(values)}
-    out["layer0_subsets"] = {_names(s): e for s, e in effects.items() if s}
-    out["ablate_feeders_effect"], out["ablate_others_effect"] = effects[feeders], effects[others]
-    out["ablate_feeders_repeated_loss"] = clean + effects[feeders] * span
-    out["ablate_others_repeated_loss"] = clean + effects[others] * span
-    return out
-
-
-def _names(subset: frozenset[int]) -> str:
-    return "+".join(f"0.{i}" for i in sorted(subset))
-
-
-def _parse(name: str) -> tuple[int, int]:
-    layer, head = name.split(".")
-    return int(layer), int(head)
-
-
 def label_heads(final: dict[str, Any], ceiling: float) -> dict[str, list[str]]:
     """Induction heads (≥ half the ceiling) and previous-token heads (headlab.heads' threshold,
     0.5), as "L.H". The induction score is read against the probe's ceiling: copies of random
@@ -435,7 +327,7 @@ def verdict(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def _score(final: dict[str, Any], name: str, kind: str = "prev_token") -> float:
-    layer, head = _parse(name)
+    layer, head = parse_head(name)
     return float(final[kind][layer][head])
 
 
@@ -550,7 +442,7 @@ def run(
         "figures": [],
     }
     if out is not None:
-        results["figures"] = _figures(first, Path(out))
+        results["figures"] = figures(first, Path(out))
     results["wall_seconds"] = time.perf_counter() - t0
     write_results(out, results)
     return results
@@ -569,70 +461,6 @@ def _summary(r: dict[str, Any]) -> dict[str, Any]:
         "circuit": r["verdict"]["circuit"],
         "control_circuit": r["control_verdict"]["circuit"],
     }
-
-
-def _figures(r: dict[str, Any], out: Path) -> list[str]:
-    names = [_loss_figure(r, out), _scores_figure(r, out), _pattern_figure(r, out)]
-    return [n for n in names if n]
-
-
-def _shade(ax: Any, r: dict[str, Any]) -> None:
-    lo, hi = r["phase_change"]["window"]
-    ax.axvspan(lo, hi, color="tab:orange", alpha=0.15, label="phase change")
-
-
-def _loss_figure(r: dict[str, Any], out: Path) -> str | None:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    train_recs = [x for x in r["history"] if x["kind"] == "train"]
-    evals = [x for x in r["history"] if x["kind"] == "eval"]
-    control = [x for x in r["control_history"] if x["kind"] == "eval"]
-    ax.plot([x["step"] for x in train_recs], [x["loss"] for x in train_recs], label="train loss")
-    for key, style in (("first_copy_loss", "--"), ("repeated_loss", "-")):
-        ax.plot([x["step"] for x in evals], [x[key] for x in evals], style, label=f"2-layer {key}")
-    ax.plot([x["step"] for x in control], [x["repeated_loss"] for x in control], ":",
-            label="1-layer repeated_loss")  # fmt: skip
-    _shade(ax, r)
-    ax.set(xlabel="step", ylabel="loss (nats)", title="Repeated-token loss and the phase change")
-    ax.legend(fontsize=8)
-    return save_figure(fig, out, "loss.png")
-
-
-def _scores_figure(r: dict[str, Any], out: Path) -> str | None:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    evals = [x for x in r["history"] if x["kind"] == "eval"]
-    steps = [x["step"] for x in evals]
-    for layer, scores in enumerate(evals[-1]["induction"]):
-        for head in range(len(scores)):
-            ax.plot(steps, [x["induction"][layer][head] for x in evals], label=f"{layer}.{head}")
-    feeders = [f["head"] for f in r["feeder_heads"]][:3]
-    for name, style in zip(feeders, ["k--", "k:", "k-."][: len(feeders)], strict=True):
-        layer, head = _parse(name)
-        ax.plot(steps, [x["prev_token"][layer][head] for x in evals], style,
-                label=f"{name} previous-token")  # fmt: skip
-    ax.axhline(r["induction_ceiling"], color="grey", lw=0.8, label="ideal induction head")
-    _shade(ax, r)
-    ax.set(xlabel="step", ylabel="score", title="Induction score of each head over training")
-    ax.legend(fontsize=7, ncol=2)
-    return save_figure(fig, out, "head_scores.png")
-
-
-def _pattern_figure(r: dict[str, Any], out: Path) -> str | None:
-    if not r["induction_heads"]:
-        return None
-    plt = pyplot()
-    model, data = r["_model"], r["_data"]
-    patterns = run_patterns(model, data.inputs[:1])[:, 0]  # (L, h, n, n)
-    partner = max(r["feeder_heads"], key=lambda f: f["prev_token_score"])["head"]
-    shown = [r["induction_heads"][0], partner]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 4.4))
-    for ax, name in zip(axes, shown, strict=True):
-        layer, head = _parse(name)
-        ax.imshow(patterns[layer, head].numpy(), cmap="viridis")
-        kind = "induction" if name == shown[0] else "previous-token partner"
-        ax.set(title=f"head {name} ({kind})", xlabel="key position", ylabel="query position")
-    return save_figure(fig, out, "patterns.png")
 
 
 # ---------------------------------------------------------------------------------------------
