@@ -81,7 +81,7 @@ from headlab.experiments.induction_ablation import layer0_subsets as layer0_subs
 from headlab.experiments.induction_ablation import shapley as shapley
 from headlab.experiments.induction_figures import figures
 from headlab.files import one_thread, torch_threads
-from headlab.heads import THRESHOLDS, induction_mul_score, induction_pattern, previous_mul_score
+from headlab.heads import THRESHOLDS, induction_score, previous_mul_score, token_rule_targets
 from headlab.measure import (
     Probe,
     copy_losses,
@@ -198,13 +198,14 @@ def held_out(cfg: InductionConfig, seed: int) -> HeldOut:
     copies = make_probe("copy", tokens, None, torch.where(is_copy, source, -1))
     icl = RepeatTask(cfg.vocab_size, n, cfg.min_span, cfg.max_span).sample(cfg.icl_batch, g)[0]
     ideal = ideal_induction_weights(tokens[:, :-1])
-    return HeldOut(copies, icl, float(induction_mul_score(ideal, tokens[:, :-1]).max()))
+    return HeldOut(copies, icl, float(induction_score(ideal, tokens[:, :-1]).max()))
 
 
 def ideal_induction_weights(tokens: Tensor) -> Tensor:
     """(B, 1, n, n) attention of a perfect induction head: uniform over the tokens that followed
-    earlier copies of the current token; a row with no earlier copy attends to itself."""
-    target = induction_pattern(tokens)  # (B, n, n)
+    earlier copies of the current token (keys that are themselves copies of it left out, as the
+    score leaves them out); a row with nothing to copy attends to itself."""
+    target = token_rule_targets(tokens, causal=True)[0]  # (B, n, n)
     has = target.sum(-1, keepdim=True) > 0
     eye = torch.eye(tokens.shape[1]).expand_as(target)
     rows = torch.where(has, target / target.sum(-1, keepdim=True).clamp_min(1), eye)
@@ -225,7 +226,7 @@ def metrics(model: Transformer, data: HeldOut) -> tuple[dict[str, Any], list[Ten
         "first_copy_loss": first,
         "repeated_loss": repeated,
         "icl_score": icl_score(held, *icl_positions(held.shape[1])),
-        "induction": [induction_mul_score(w, data.inputs).tolist() for w in weights],
+        "induction": [induction_score(w, data.inputs).tolist() for w in weights],
         "prev_token": [previous_mul_score(w).tolist() for w in weights],
     }, weights
 
