@@ -181,11 +181,11 @@ def _figures_table(f: dict[str, float]) -> str:
         ),
         ("best previous-token score (held-out text)", f"{f['max_previous_token']:.2f}"),
         (
-            'best induction score, "mul" over all 51 queries (at most 25/51)',
+            'TransformerLens\'s induction score ("mul", all 51 queries count; at most 25/51)',
             f"{f['max_induction']:.2f}",
         ),
         (
-            "best prefix-matching score over the 2nd copy (Olsson et al. 2022)",
+            "best induction score (headlab's: prefix matching over the 2nd copy, Olsson et al.)",
             f"{f['max_prefix_matching']:.2f}",
         ),
     ]
