@@ -220,7 +220,9 @@ class HeadsRequest(TextRequest):
     )
 
 
-class AttentionResponse(BaseModel):
+class ModelOnText(BaseModel):
+    """What every answer about a model run on a probe starts with: the model and the tokens."""
+
     model: str
     text: str
     tokens: list[str] = Field(description="display label of each token")
@@ -229,6 +231,9 @@ class AttentionResponse(BaseModel):
     n_layers: int
     n_heads: int
     n_kv_heads: int = Field(description="key/value heads, each read by n_heads / n_kv_heads")
+
+
+class AttentionResponse(ModelOnText):
     weights: list[list[list[list[float]]]] = Field(
         description="[layer][head][query i][key j], each row sums to 1"
     )
@@ -249,16 +254,8 @@ class HeadInfo(BaseModel):
     relation: str | None = Field(None, description="the relation of the syntactic score")
 
 
-class HeadsResponse(BaseModel):
-    model: str
+class HeadsResponse(ModelOnText):
     probe: str
-    text: str
-    tokens: list[str]
-    ids: list[int]
-    causal: bool
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int = Field(description="key/value heads, each read by n_heads / n_kv_heads")
     heads: list[HeadInfo]
     averaged: list[HeadInfo] = Field(description="per layer, the mean of its heads, scored alike")
     best: dict[str, Any] = Field(description="per head type, the model's best head and its score")
