@@ -367,14 +367,17 @@ class _Log:
 
 
 def _open_run(loop: _Loop, out_dir: Path, resume: bool) -> TextIO:
-    """Prepare the run directory; on resume restore the state and keep metrics up to its step."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Prepare the run directory; on resume restore the state and keep metrics up to its step.
+
+    A resume creates nothing: a refused one (no such run, a checkpoint refused) leaves no empty
+    folder behind where the user meant to name an existing run."""
     path = out_dir / "metrics.jsonl"
     if resume:
         loop.restore(load_checkpoint(out_dir))
         loop.history = [r for r in read_metrics(path) if r["step"] <= loop.step]
         write_atomic(path, "".join(json.dumps(r) + "\n" for r in loop.history).encode())
     else:
+        out_dir.mkdir(parents=True, exist_ok=True)
         existing = latest_checkpoint(out_dir)
         if existing is not None:
             raise CheckpointError(
