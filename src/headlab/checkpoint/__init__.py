@@ -14,6 +14,21 @@ directory, every file fsynced, renamed into place), and only then is ``latest`` 
 complete checkpoint. Loading verifies sizes and hashes and parses everything before touching the
 model, so a corrupt or truncated checkpoint is refused, never half-loaded.
 :func:`headlab.training.train.train` writes and resumes them.
+
+Checked by meaning, not by hash alone. The SHA-256s catch corruption (a torn write, a flipped
+bit, a truncated copy, a hand edit that left the hash as it was); they are not a signature, since
+anyone who can write the folder can recompute them. So before anything is loaded a checkpoint
+must also make sense (:mod:`headlab.checkpoint.schema`: every field of its type and range; the
+step agreeing with the folder's name, the run's length and the optimizer's own step counters;
+Adam's state complete, finite, second moments >= 0) and fit the run resumed
+(:func:`check_compatible`: its settings, the optimizer's hyper-parameters and learning rate, the
+model's tensors and the optimizer state's shapes). Each refusal is one sentence naming the field.
+
+Out of scope: a self-consistent forgery of values — a weight, a moment or an RNG state changed
+to another valid one, every hash recomputed. That is a valid checkpoint of some other run; telling
+it from this run's would need a secret key (a MAC), which a run folder meant to be copied between
+machines does not have, and a second record of the hashes in the same folder (metrics.jsonl, an
+older checkpoint) could be rewritten just as easily. Guard a run folder as you guard code you run.
 """
 
 from __future__ import annotations
@@ -22,10 +37,7 @@ import base64
 import binascii
 import hashlib
 import json
-import math
-import re
 import shutil
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -36,12 +48,12 @@ from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save as save_safetensors_bytes
 from torch import Tensor, nn
 
+from headlab.checkpoint.schema import TENSOR_FILES, content_problem, short, state_problem
 from headlab.files import remove_leftovers, write_atomic, write_folder
 
 # 2: state.json carries the SHA-256 of its own content (format 1 had none, so a hand-edited step
 # or RNG state went unnoticed)
 CHECKPOINT_FORMAT = 2
-TENSOR_FILES = ("model.safetensors", "optimizer.safetensors")
 
 
 class CheckpointError(ValueError):
@@ -137,8 +149,9 @@ def load_checkpoint(out_dir: Path) -> Checkpoint:
 
 def read_checkpoint(path: Path) -> Checkpoint:
     """Read one checkpoint directory fully into memory and verify it: state.json against its
-    schema and its own SHA-256, the tensor files' sizes and SHA-256, the RNG states. Nothing is
-    loaded into a model here, so a refusal leaves every model untouched."""
+    schema and its own SHA-256, the tensor files' sizes and SHA-256, the content's meaning
+    (:func:`headlab.checkpoint.schema.content_problem`), the RNG states. Nothing is loaded into
+    a model here, so a refusal leaves every model untouched."""
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} named by 'latest' is missing")
     state = _read_state(path)
@@ -146,9 +159,12 @@ def read_checkpoint(path: Path) -> Checkpoint:
     try:
         model = load_safetensors_bytes(blobs["model.safetensors"])
         opt_tensors = load_safetensors_bytes(blobs["optimizer.safetensors"])
-        optimizer = _unflatten_optimizer(opt_tensors, state["optimizer"])
-    except (SafetensorError, KeyError, ValueError, TypeError) as e:
+    except (SafetensorError, ValueError) as e:
         raise CheckpointError(f"checkpoint {path} is corrupt: {e}") from None
+    problem = content_problem(state, model, opt_tensors)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {path} is altered or corrupt: {problem}")
+    optimizer = _unflatten_optimizer(opt_tensors, state["optimizer"])
     rng = {kind: _checked_rng(path, kind, state["rng"][kind]) for kind in ("data", "torch")}
     return Checkpoint(path, state, model, optimizer, rng)
 
@@ -224,69 +240,6 @@ def _read_verified(path: Path, expect: dict[str, Any]) -> bytes:
     return blob
 
 
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _hex64(value: Any) -> bool:
-    return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{64}", value) is not None
-
-
-def _file_entry(value: Any) -> bool:
-    return isinstance(value, dict) and _whole(value.get("bytes")) and _hex64(value.get("sha256"))
-
-
-def _optimizer_meta(value: Any) -> bool:
-    if not isinstance(value, dict) or not isinstance(value.get("scalars"), dict):
-        return False
-    groups = value.get("param_groups")
-    return isinstance(groups, list) and all(
-        isinstance(g, dict) and isinstance(g.get("params"), list) and all(map(_whole, g["params"]))
-        for g in groups
-    )
-
-
-# state.json's schema: field -> (test, what a valid value is)
-STATE_SCHEMA: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "format": (_whole, "a whole number"),
-    "sha256": (_hex64, "64 hexadecimal digits"),
-    "step": (_whole, "a whole number >= 0"),
-    "elapsed": (lambda v: _number(v) and v >= 0, "a number of seconds >= 0"),
-    "loss_sum": (_number, "a finite number"),
-    "loss_count": (_whole, "a whole number >= 0"),
-    "config": (lambda v: isinstance(v, dict), "an object of training settings"),
-    "model_config": (lambda v: v is None or isinstance(v, dict), "an object or null"),
-    "rng": (
-        lambda v: isinstance(v, dict) and all(isinstance(v.get(k), str) for k in ("data", "torch")),
-        'an object with "data" and "torch" RNG states (base64 text)',
-    ),
-    "files": (
-        lambda v: isinstance(v, dict) and all(_file_entry(v.get(f)) for f in TENSOR_FILES),
-        f'an object with {" and ".join(TENSOR_FILES)}, each {{"bytes", "sha256"}}',
-    ),
-    "optimizer": (_optimizer_meta, 'an object with "param_groups" and "scalars"'),
-}
-
-
-def state_problem(state: dict[str, Any]) -> str | None:
-    """What is wrong with a parsed state.json against :data:`STATE_SCHEMA`, or None."""
-    for name, (valid, what) in STATE_SCHEMA.items():
-        if name not in state:
-            return f"lacks the field {name!r} ({what})"
-        if not valid(state[name]):
-            return f"field {name!r} should be {what}, got {_short(state[name])}"
-    return None
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _checked_rng(path: Path, kind: str, text: str) -> Tensor:
     """A saved RNG state, decoded and tried on a scratch generator: CheckpointError if it is not
     one, before any model or generator is touched."""
@@ -339,17 +292,18 @@ def _prune(root: Path, keep: int, current: str) -> None:
 
 
 def check_compatible(
-    ck: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer, config: dict[str, Any]
+    ck: Checkpoint,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: dict[str, Any],
+    lr: float | None = None,
 ) -> None:
-    """Refuse to resume into a different run: training config (``asdict`` of a TrainConfig),
-    model config, tensor names and shapes."""
-    saved, now = ck.state["config"], config
-    changed = [k for k in now if k not in _BOOKKEEPING and saved.get(k) != jsonable(now[k])]
-    if changed:
-        diffs = ", ".join(
-            f"{k}: {saved.get(k)!r} in the checkpoint, {now[k]!r} now" for k in changed
-        )
-        raise CheckpointError(f"checkpoint {ck.path} is from a different run ({diffs})")
+    """Refuse to resume into a different run, before anything is loaded: the training config
+    (``asdict`` of a TrainConfig; bookkeeping settings may change but must be whole numbers),
+    the model config, tensor names, shapes and dtypes, the optimizer's param groups (every
+    hyper-parameter as this run's fresh ``optimizer`` has it; ``lr``, when given, is what the
+    run's schedule gives at the checkpoint's step) and its per-parameter state's shapes."""
+    _check_config(ck, config)
     model_config = model_config_of(model)
     if ck.state.get("model_config") != model_config:
         raise CheckpointError(
@@ -358,15 +312,93 @@ def check_compatible(
         )
     own = model.state_dict()
     wrong = sorted(set(own) ^ set(ck.model)) or [
-        k for k in own if tuple(own[k].shape) != tuple(ck.model[k].shape)
+        k
+        for k in own
+        if tuple(own[k].shape) != tuple(ck.model[k].shape) or own[k].dtype != ck.model[k].dtype
     ]
     if wrong:
         raise CheckpointError(
             f"checkpoint {ck.path} does not fit this model (tensors differ: {wrong[:5]})"
         )
-    sizes = [len(g["params"]) for g in optimizer.state_dict()["param_groups"]]
-    if sizes != [len(g["params"]) for g in ck.optimizer["param_groups"]]:
-        raise CheckpointError(f"checkpoint {ck.path} optimizer does not fit this model")
+    _check_groups(ck, optimizer, lr)
+    _check_param_state(ck, optimizer)
+
+
+def _check_config(ck: Checkpoint, now: dict[str, Any]) -> None:
+    saved = ck.state["config"]
+    unknown = sorted(set(saved) - set(now))
+    if unknown:
+        raise CheckpointError(
+            f"checkpoint {ck.path} is from a different run: its config has an unknown setting "
+            f"{unknown[0]!r}"
+        )
+    for k in sorted(_BOOKKEEPING & set(saved)):
+        value = saved[k]
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            raise CheckpointError(
+                f"checkpoint {ck.path} is corrupt: its config {k!r} should be a whole number "
+                f">= 0, got {short(value)}"
+            )
+    changed = [k for k in now if k not in _BOOKKEEPING and saved.get(k) != jsonable(now[k])]
+    if changed:
+        diffs = ", ".join(
+            f"{k}: {saved.get(k)!r} in the checkpoint, {now[k]!r} now" for k in changed
+        )
+        raise CheckpointError(f"checkpoint {ck.path} is from a different run ({diffs})")
+
+
+# param-group fields without which a group fails at its first step (torch fills in the flags)
+_GROUP_NEEDS = {"params", "lr", "betas", "eps", "weight_decay"}
+
+
+def _check_groups(ck: Checkpoint, optimizer: torch.optim.Optimizer, lr: float | None) -> None:
+    """Each saved param group holds this run's parameters with this run's hyper-parameters:
+    torch's ``load_state_dict`` takes the saved groups as they are, so a weight_decay edited
+    in state.json would otherwise replace the run's."""
+    fresh = jsonable(optimizer.state_dict()["param_groups"])
+    saved_groups = ck.state["optimizer"]["param_groups"]
+    if len(saved_groups) != len(fresh):
+        raise CheckpointError(
+            f"checkpoint {ck.path} optimizer has {len(saved_groups)} param groups, this run's "
+            f"has {len(fresh)}: it does not fit this model"
+        )
+    for i, (now, saved) in enumerate(zip(fresh, saved_groups, strict=True)):
+        for key in sorted(now.keys() - {"lr"}):
+            if (key in saved and saved[key] == now[key]) or key not in saved.keys() | _GROUP_NEEDS:
+                continue
+            got = repr(saved[key]) if key in saved else "missing"
+            raise CheckpointError(
+                f"checkpoint {ck.path} is from a different run: optimizer param group {i} "
+                f"{key!r} is {got} in the checkpoint, {now[key]!r} for this run's settings"
+            )
+        if "lr" not in saved or (lr is not None and saved["lr"] != lr):
+            raise CheckpointError(
+                f"checkpoint {ck.path} is altered: optimizer param group {i} 'lr' is "
+                f"{saved.get('lr', 'missing')!r}; this run's schedule gives {lr!r} after step "
+                f"{ck.step}"
+            )
+
+
+def _check_param_state(ck: Checkpoint, optimizer: torch.optim.Optimizer) -> None:
+    """Every per-parameter tensor of the optimizer (Adam's moments) has its parameter's shape
+    and dtype; counters are 0-dimensional (checked with the content)."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for idx, slots in sorted(ck.optimizer["state"].items()):
+        param = params[idx]  # the groups' params matched this optimizer's just before
+        for slot, value in sorted(slots.items()):
+            if not isinstance(value, Tensor) or value.dim() == 0:
+                continue
+            name, dtype = f"'{idx}.{slot}'", str(param.dtype).removeprefix("torch.")
+            if value.shape != param.shape:
+                raise CheckpointError(
+                    f"checkpoint {ck.path} does not fit this model: optimizer state {name} has "
+                    f"shape {list(value.shape)}; its parameter has {list(param.shape)}"
+                )
+            if value.dtype != param.dtype:
+                raise CheckpointError(
+                    f"checkpoint {ck.path} is altered or corrupt: optimizer state {name} is "
+                    f"{str(value.dtype).removeprefix('torch.')}; its parameter is {dtype}"
+                )
 
 
 def model_config_of(model: nn.Module) -> Any:

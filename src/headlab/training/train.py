@@ -220,7 +220,9 @@ class _Loop:
         }
 
     def restore(self, ck: Checkpoint) -> None:
-        check_compatible(ck, self.model, self.optimizer, asdict(self.config))
+        # the group lr a checkpoint at step k holds: the schedule's, set before step k's update
+        lr = lr_at(self.config, ck.step - 1) if ck.step > 0 else self.config.lr
+        check_compatible(ck, self.model, self.optimizer, asdict(self.config), lr=lr)
         self.model.load_state_dict(ck.model)
         self.optimizer.load_state_dict(ck.optimizer)
         self.generator.set_state(ck.rng["data"])
