@@ -875,3 +875,30 @@ def test_the_calculators_ranges_and_dtypes_come_from_the_library(client: TestCli
         for outside in (lo - 1, hi + 1):
             r = client.post("/api/shapes", json={key: outside})
             assert r.status_code == 422 and key in r.json()["detail"]
+
+
+# --- settings from the environment (issue 24) -----------------------------------------------
+
+
+@pytest.mark.parametrize("raw", ["１２", "٣", "²", "12.0", "+12", "0", "100001"])
+def test_a_limit_in_other_digits_is_refused_naming_the_variable(monkeypatch, raw: str) -> None:
+    """HEADLAB_MAX_TEXT_CHARS=１２ (full-width digits) was read as 12."""
+    from headlab.server import settings
+
+    monkeypatch.setenv("HEADLAB_MAX_TEXT_CHARS", raw)
+    with pytest.raises(ValueError, match="HEADLAB_MAX_TEXT_CHARS=.*whole number from 1 to"):
+        settings.max_text_chars()
+
+
+def test_serve_refuses_full_width_digits_in_one_line(monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from headlab.cli import app
+    from headlab.server import cli as server_cli
+
+    monkeypatch.setattr(server_cli, "serve_forever", lambda app, sock: pytest.fail("served"))
+    monkeypatch.setenv("HEADLAB_MAX_TEXT_CHARS", "１２")
+    result = CliRunner().invoke(app, ["serve", "--port", "0"])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert "HEADLAB_MAX_TEXT_CHARS" in said and "ASCII" in said and "Traceback" not in said
