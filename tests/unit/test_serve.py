@@ -179,3 +179,40 @@ def test_a_500_keeps_the_connection_open() -> None:
         conn.request("GET", "/api/health")
         again = conn.getresponse()
         assert again.status == 200 and conn.sock is first  # the same connection
+
+
+def _no_resolver(monkeypatch) -> list[str]:
+    """Record each host handed to getaddrinfo; a name that is not an IP literal fails the test
+    (it would have asked the system resolver)."""
+    import ipaddress
+
+    asked: list[str] = []
+    real = socket.getaddrinfo
+
+    def numeric_only(host, *args, **kwargs):
+        asked.append(host)
+        ipaddress.ip_address(host)  # ValueError: a name lookup
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", numeric_only)
+    return asked
+
+
+@pytest.mark.parametrize("host", ["256.1.1.1", "1.2.3", "example.org", "localhost.", "0x7f.1"])
+def test_a_host_that_is_no_ip_literal_is_refused_without_a_lookup(monkeypatch, host: str) -> None:
+    """`serve --host 256.1.1.1` passed the check and asked the system resolver."""
+    asked = _no_resolver(monkeypatch)
+    monkeypatch.setattr(server_cli, "serve_forever", lambda app, sock: pytest.fail("served"))
+    result = CliRunner().invoke(cli_app, ["serve", "--host", host, "--port", "0"])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert f"--host {host!r} is not an IP address or localhost" in said, said
+    assert "Traceback" not in result.output and asked == []
+
+
+@pytest.mark.parametrize(("host", "bound"), [("localhost", "127.0.0.1"), ("127.0.0.1", "127.0.0.1")])
+def test_ip_literals_and_localhost_are_bound_without_a_lookup(monkeypatch, host, bound) -> None:
+    asked = _no_resolver(monkeypatch)
+    with server_cli.bind(host, 0) as sock:
+        assert sock.getsockname()[0] == bound
+    assert asked == [bound]

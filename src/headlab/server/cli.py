@@ -9,7 +9,6 @@ security headers on the 400s its own HTTP parser sends.
 from __future__ import annotations
 
 import ipaddress
-import re
 import socket
 import threading
 import webbrowser
@@ -19,21 +18,23 @@ from typing import Any
 from rich.console import Console
 
 LOOPBACK_NAMES = ("localhost",)
-# a DNS name: dot-separated labels of letters, digits and inner hyphens
-_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*\.?")
+# the one name taken, bound without asking a resolver (what "localhost" means on every system)
+NAME_ADDRESSES = {"localhost": "127.0.0.1"}
 
 
 def parse_host(host: str) -> str:
-    """``host`` without IPv6 brackets; ValueError unless it is an IP address or a host name."""
+    """``host`` without IPv6 brackets; ValueError unless it is an IP address (IPv4, or IPv6 with
+    or without brackets) or ``localhost``. No name is looked up: ``256.1.1.1`` or a DNS name
+    would ask the system resolver, so they are refused here."""
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
         address = ipaddress.ip_address(bare)
     except ValueError:
-        if bare == host and _HOSTNAME.fullmatch(host):
-            return host
+        if bare == host and host.lower() in NAME_ADDRESSES:
+            return host.lower()
         raise ValueError(
-            f"--host {host!r} is not an IP address or a host name; e.g. 127.0.0.1, ::1 or localhost"
+            f"--host {host!r} is not an IP address or localhost; e.g. 127.0.0.1, ::1, 0.0.0.0 "
+            "or localhost (host names are not looked up)"
         ) from None
     if bare != host and address.version != 6:
         raise ValueError(f"--host {host!r}: only IPv6 addresses go in brackets; use {bare}")
@@ -62,10 +63,12 @@ def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port``; ValueError with a clear message when it cannot be
     bound (a bad address, a busy port, no permission)."""
     bare = parse_host(host)
-    try:
+    numeric = NAME_ADDRESSES.get(bare, bare)
+    try:  # a numeric host: getaddrinfo only parses it (AI_NUMERICHOST), never asks a resolver
         family, kind, proto, _, address = socket.getaddrinfo(
-            bare, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
+            numeric, port, type=socket.SOCK_STREAM,
+            flags=socket.AI_PASSIVE | socket.AI_NUMERICHOST | socket.AI_NUMERICSERV,
+        )[0]  # fmt: skip
     except (OSError, UnicodeError) as exc:
         raise ValueError(
             f"cannot listen on {host}: {exc}; use an address of this machine"
