@@ -69,9 +69,10 @@ def _secure(headers) -> bool:
     return {"content-security-policy", *HEADERS} <= names and "server" not in names
 
 
-def _serve_cli(monkeypatch, *args: str):
+def _serve_cli(monkeypatch, *args: str, ask=None):
     """`headlab serve ARGS` with a real server on the socket it binds; each request is answered
-    and the server stops. Returns (CLI result, {path: (status, headers)})."""
+    and the server stops. Returns (CLI result, {path: (status, headers)}); ``ask(host, port)``,
+    if given, runs on the served app too and its answer is ``seen["asked"]``."""
     seen: dict = {}
 
     def serve_and_ask(app, sock) -> None:
@@ -82,6 +83,8 @@ def _serve_cli(monkeypatch, *args: str):
             seen["health"] = (r.status, dict(r.getheaders()), port)
             r.read()
             conn.close()
+            if ask is not None:
+                seen["asked"] = ask(host, port)
 
     monkeypatch.setattr(server_cli, "serve_forever", serve_and_ask)
     return CliRunner().invoke(cli_app, ["serve", *args]), seen
@@ -210,9 +213,64 @@ def test_a_host_that_is_no_ip_literal_is_refused_without_a_lookup(monkeypatch, h
     assert "Traceback" not in result.output and asked == []
 
 
-@pytest.mark.parametrize(("host", "bound"), [("localhost", "127.0.0.1"), ("127.0.0.1", "127.0.0.1")])
+@pytest.mark.parametrize(
+    ("host", "bound"), [("localhost", "127.0.0.1"), ("127.0.0.1", "127.0.0.1")]
+)
 def test_ip_literals_and_localhost_are_bound_without_a_lookup(monkeypatch, host, bound) -> None:
     asked = _no_resolver(monkeypatch)
     with server_cli.bind(host, 0) as sock:
         assert sock.getsockname()[0] == bound
     assert asked == [bound]
+
+
+def _answer(host: str, port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send one request as bytes; the status, headers and body of the answer (read to EOF or
+    to its content-length)."""
+    with socket.create_connection((host, port), timeout=30) as s:
+        s.sendall(request)
+        data = b""
+        while True:
+            head, _, body = data.partition(b"\r\n\r\n")
+            if _:
+                lines = head.decode("latin-1").split("\r\n")
+                headers = {k.lower(): v for k, v in (x.split(": ", 1) for x in lines[1:])}
+                if len(body) >= int(headers.get("content-length", 1 << 62)):
+                    return int(lines[0].split()[1]), headers, body
+            chunk = s.recv(65536)
+            if not chunk:
+                return int(lines[0].split()[1]), headers, body
+            data += chunk
+
+
+def test_serve_answers_one_host_header_of_its_own_and_head_like_get(monkeypatch) -> None:
+    """Two Host headers (127.0.0.1, then a foreign one) were answered; `Host: testserver` (the
+    TestClient's) was accepted by a real serve; HEAD on a GET route was 405."""
+
+    def ask(host: str, port: int) -> dict:
+        get = f"GET /api/health HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        return {
+            "two": _answer(host, port, (get + "Host: evil.example\r\n\r\n").encode()),
+            "testserver": _answer(
+                host, port, b"GET /api/health HTTP/1.1\r\nHost: testserver\r\n\r\n"
+            ),
+            "none": _answer(host, port, b"GET /api/health HTTP/1.0\r\n\r\n"),
+            "get": _answer(host, port, (get + "\r\n").encode()),
+            "head": _answer(
+                host, port, (get.replace("GET", "HEAD", 1) + "Connection: close\r\n\r\n").encode()
+            ),
+        }
+
+    result, seen = _serve_cli(monkeypatch, "--port", "0", ask=ask)
+    assert result.exit_code == 0, result.output
+    asked = seen["asked"]
+    for refused, needle in (("two", b"2 Host headers"), ("testserver", b"'testserver'"),
+                            ("none", b"without a Host header")):  # fmt: skip
+        status, headers, body = asked[refused]
+        assert status == 400 and _secure(headers), refused
+        assert headers["content-type"] == "application/json" and needle in body, body
+    status, get_headers, body = asked["get"]
+    assert status == 200 and body.startswith(b"{")
+    status, headers, body = asked["head"]
+    assert status == 200 and body == b"" and _secure(headers)
+    assert headers["content-length"] == get_headers["content-length"]
+    assert headers["content-type"] == "application/json"

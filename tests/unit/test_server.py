@@ -902,3 +902,14 @@ def test_serve_refuses_full_width_digits_in_one_line(monkeypatch) -> None:
     assert result.exit_code == 2, result.output
     said = " ".join(result.output.split())
     assert "HEADLAB_MAX_TEXT_CHARS" in said and "ASCII" in said and "Traceback" not in said
+
+
+@pytest.mark.parametrize("path", ["/", "/api/health", "/api/shapes/limits", "/static/js/api.js"])
+def test_head_answers_like_get_without_a_body(client: TestClient, path: str) -> None:
+    """HEAD on a GET route was 405."""
+    get, head = client.get(path), client.head(path)
+    assert head.status_code == get.status_code == 200 and head.content == b""
+    assert head.headers["content-type"] == get.headers["content-type"]
+    assert head.headers["content-length"] == get.headers["content-length"]
+    assert _has_security_headers(head)
+    assert client.head("/api/shapes").status_code == 405  # a POST route takes no GET either

@@ -15,23 +15,25 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.gzip import GZipMiddleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from headlab import __version__
 from headlab.server import settings
 from headlab.server.live import MAX_SECONDS, LiveRuns
 from headlab.server.routes import attention, code, experiments, health, live, shapes
 from headlab.server.schemas import error_responses
-from headlab.server.security import BodyLimit, SecurityHeaders
+from headlab.server.security import BodyLimit, HeadAsGet, HostCheck, SecurityHeaders
 from headlab.server.store import ModelStore
 
 STATIC = Path(__file__).parent / "static"
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]", "testserver")
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+# the Host that Starlette's TestClient sends: answered by an app built for tests, never by
+# `headlab serve`, which passes the hosts it serves (server/cli.py: allowed_hosts)
+TEST_HOSTS = (*LOOPBACK_HOSTS, "testserver")
 
 
 def create_app(
     preload: Sequence[str] = ("default",),
-    allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
+    allowed_hosts: Sequence[str] = TEST_HOSTS,
     max_loaded: int = 2,
     live_seconds: float = MAX_SECONDS,
     live_threads: int | None = None,
@@ -74,10 +76,12 @@ def create_app(
         app.include_router(router, prefix="/api", responses=error_responses(*extra))
     app.add_exception_handler(RequestValidationError, _readable_422)  # type: ignore[arg-type]
     _add_pages(app)
-    # the last added runs first: security headers on every answer, then hosts, body size, gzip
+    # the last added runs first: security headers on every answer, then hosts, HEAD as GET,
+    # body size, gzip
     app.add_middleware(GZipMiddleware, minimum_size=4096, compresslevel=1)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes())
-    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
+    app.add_middleware(HeadAsGet)
+    app.add_middleware(HostCheck, allowed_hosts=list(allowed_hosts))
     app.add_middleware(SecurityHeaders)
     return app
 

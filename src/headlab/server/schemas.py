@@ -61,7 +61,7 @@ class Problem(BaseModel):
 
 # the error answers of the API, for the OpenAPI schema: every route may give 400, 413, 422
 ERROR_DESCRIPTIONS = {
-    400: "a Host header this server does not answer",
+    400: "a missing, repeated or foreign Host header",
     404: "no such name; `detail` lists the valid ones",
     409: "another live training run is in progress; `detail` says which",
     413: "a request body over the server's limit (64 KiB by default)",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -82,6 +83,69 @@ class SecurityHeaders:
             log.exception("unhandled error answering %s %s", scope["method"], scope["path"])
             await send_json(send_with_headers, 500, "internal error: the server could not "
                             "answer this request; the server's log has the details")  # fmt: skip
+
+
+class HostCheck:
+    """Answers a request only when it has exactly one Host header and that header names an
+    allowed host (its port aside; ``"*"`` allows any): a DNS-rebinding page reaches 127.0.0.1
+    under its own name, and a second Host header is a name some other reader may take instead.
+    Refused with a JSON 400 naming the problem (Starlette's TrustedHostMiddleware read only
+    the first Host header and answered in plain text)."""
+
+    def __init__(self, app: ASGIApp, allowed_hosts: Iterable[str]) -> None:
+        self.app = app
+        self.allowed = tuple(dict.fromkeys(h.lower() for h in allowed_hosts))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        hosts = [v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == b"host"]
+        problem = self.problem(hosts)
+        if problem is not None:
+            await send_json(send, 400, problem)
+            return
+        await self.app(scope, receive, send)
+
+    def problem(self, hosts: list[str]) -> str | None:
+        """Why a request with these Host header values is refused, or None."""
+        if len(hosts) > 1:
+            return f"the request has {len(hosts)} Host headers; send exactly one"
+        if "*" in self.allowed:
+            return None
+        name = _host_name(hosts[0]) if hosts else ""
+        if name in self.allowed:
+            return None
+        said = f"the Host header {hosts[0]!r}" if hosts else "a request without a Host header"
+        return f"{said} is not answered here; use one of: {', '.join(self.allowed)}"
+
+
+def _host_name(value: str) -> str:
+    """A Host header's name, lower-case, without its port (IPv6 keeps its brackets)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[: value.find("]") + 1] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class HeadAsGet:
+    """HEAD answers as GET would, without the body (RFC 9110, 9.3.2): FastAPI's GET routes
+    take GET only, so HEAD was 405. The headers, ``content-length`` included, are GET's."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def without_body(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, without_body)
 
 
 class BodyLimit:
