@@ -886,7 +886,7 @@ def test_a_limit_in_other_digits_is_refused_naming_the_variable(monkeypatch, raw
     from headlab.server import settings
 
     monkeypatch.setenv("HEADLAB_MAX_TEXT_CHARS", raw)
-    with pytest.raises(ValueError, match="HEADLAB_MAX_TEXT_CHARS=.*whole number from 1 to"):
+    with pytest.raises(ValueError, match=r"HEADLAB_MAX_TEXT_CHARS=.*whole number from 1 to"):
         settings.max_text_chars()
 
 
