@@ -68,7 +68,7 @@ def create_app(
     for router, extra in (
         (health.router, ()),
         (shapes.router, ()),
-        (attention.router, (503,)),
+        (attention.router, (404, 503)),
         (experiments.router, (404,)),
         (code.router, (404,)),
         (live.router, (404, 409)),

@@ -96,8 +96,8 @@ class ModelStore:
         return list(self._loaded)
 
     def get(self, name: str) -> tuple[Any, Any]:
-        """(model, tokenizer) for ``name``; 422 for a name the zoo does not offer here, 503 for
-        one that fails to load."""
+        """(model, tokenizer) for ``name``; 404 for a name the zoo does not offer here (the
+        answer lists those it does), 503 for one that fails to load."""
         with self._lock:
             if name in self._loaded:
                 self._loaded.move_to_end(name)
@@ -131,7 +131,7 @@ class ModelStore:
             offered = sorted(n for n, r in available.items() if r["available"])
             why = f" ({row['reason']})" if row and row["reason"] else ""
             raise HTTPException(
-                422,
+                404,
                 f"model {name!r} is not available{why}; available models: "
                 f"{', '.join(offered) or 'none'}",
             )

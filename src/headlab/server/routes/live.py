@@ -26,7 +26,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from headlab.experiments import induction as ind
 from headlab.files import finite
 from headlab.server.live import LIVE_KNOBS, Busy, Knobs, LiveRun, LiveRuns
-from headlab.server.schemas import Strict, json_integer
+from headlab.server.schemas import ALWAYS, Strict, json_integer, json_problems
 
 router = APIRouter(tags=["live"])
 RUN_ID = r"^[0-9a-f]{1,32}$"
@@ -77,7 +77,26 @@ def live_status(request: Request) -> dict[str, Any]:
     }
 
 
-@router.post("/live/induction", response_model=None)
+class EventStream(StreamingResponse):
+    """Server-sent events (the schema documents the live route's answer as this type)."""
+
+    media_type = "text/event-stream"
+
+
+EVENTS_DOC = {
+    "description": "the run's server-sent events, as they happen: `run`, then `start`, `step`, "
+    "`eval`, `phase_change`, `verdict`, and one of `done`, `stopped` or `error`; each frame is "
+    "`event: NAME` and `data: JSON`",
+    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+}
+
+
+@router.post(
+    "/live/induction",
+    response_model=None,
+    response_class=EventStream,
+    responses={200: EVENTS_DOC, **json_problems(*ALWAYS, 404, 409)},
+)
 async def train_live(body: LiveRequest, request: Request) -> StreamingResponse | JSONResponse:
     """Start a run and stream its progress; 409 while another run trains."""
     runs = _runs(request)
@@ -93,7 +112,7 @@ async def train_live(body: LiveRequest, request: Request) -> StreamingResponse |
             },
         )
     headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-    return StreamingResponse(_stream(run, request), media_type="text/event-stream", headers=headers)
+    return EventStream(_stream(run, request), headers=headers)
 
 
 @router.delete("/live/runs/{run_id}")
