@@ -816,6 +816,50 @@ def test_a_failed_load_is_answered_and_not_kept(monkeypatch) -> None:
     assert store.loaded_names() == []
 
 
+def test_a_syntax_table_asked_for_three_times_at_once_is_computed_once(monkeypatch) -> None:
+    """Issue 24: three {"model": "smollm2", "syntax": true} requests at once each computed the
+    ~30 s table (80 s each). Here the table's computation is held until all three have asked."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from headlab.heads import syntax
+    from headlab.server.routes.attention import syntax_table
+
+    computed: list[float] = []
+    started, release = threading.Event(), threading.Event()
+
+    def slow_table(model, tokenizer, sentences, name):
+        computed.append(time.monotonic())
+        started.set()
+        assert release.wait(timeout=30)
+        return f"table of {name}"
+
+    monkeypatch.setattr(syntax, "load_parser", lambda: "parser")
+    monkeypatch.setattr(syntax, "evaluation_text", lambda: "a text")
+    monkeypatch.setattr(syntax, "parse_sentences", lambda nlp, text: [])
+    monkeypatch.setattr(syntax, "analyse_syntax", slow_table)
+    with TestClient(create_app(preload=())) as c:
+        c.app.state.models._loaded["m"] = ("model", "tokenizer")  # type: ignore[attr-defined]
+        request = SimpleNamespace(app=c.app)
+        asked: list[float] = []
+        ask = lambda: asked.append(time.monotonic()) or syntax_table(request, "m")  # noqa: E731
+        threads, results = _in_threads(ask, ask, ask)
+        assert started.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while len(asked) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # the other two now wait on the first one's table
+        released = time.monotonic()
+        release.set()
+        for t in threads:
+            t.join(timeout=30)
+        assert len(computed) == 1 and max(asked) < released  # all asked while it computed
+        assert [r["report"] for r in results] == ["table of m"] * 3
+        assert syntax_table(request, "m") is results[0]  # kept: the next request computes nothing
+    assert len(computed) == 1
+
+
 # --- the library functions the routes call ------------------------------------------------------
 
 

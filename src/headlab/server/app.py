@@ -22,7 +22,7 @@ from headlab.server.live import MAX_SECONDS, LiveRuns
 from headlab.server.routes import attention, code, experiments, health, live, shapes
 from headlab.server.schemas import error_responses
 from headlab.server.security import BodyLimit, HeadAsGet, HostCheck, SecurityHeaders
-from headlab.server.store import ModelStore
+from headlab.server.store import ModelStore, SingleFlight
 
 STATIC = Path(__file__).parent / "static"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -47,6 +47,8 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.models = ModelStore(max_loaded=max_loaded)
         app.state.models.preload(preload)
+        # each model's syntax table (routes/attention.py), computed once by one request
+        app.state.syntax_tables, app.state.syntax_flights = {}, SingleFlight()
         threads = settings.live_threads() if live_threads is None else live_threads
         app.state.live = LiveRuns(max_seconds=live_seconds, threads=threads)
         # torch's optimizers import torch._dynamo when first built (about 3 s on a 2-core
