@@ -81,7 +81,9 @@ def create_app(
     # the last added runs first: security headers on every answer, then hosts, HEAD as GET,
     # body size, gzip
     app.add_middleware(GZipMiddleware, minimum_size=4096, compresslevel=1)
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes())
+    app.add_middleware(
+        BodyLimit, limit=settings.max_body_bytes(), timeout=settings.client_timeout()
+    )
     app.add_middleware(HeadAsGet)
     app.add_middleware(HostCheck, allowed_hosts=list(allowed_hosts))
     app.add_middleware(SecurityHeaders)

@@ -2,8 +2,9 @@
 
 The socket is bound here, before the app starts, so a bad ``--host`` or a busy port is a one-line
 error, ``--port 0`` prints the port the system picked, and the address printed is the address
-served (IPv6 in brackets). uvicorn runs on that socket with its ``server`` header off and the
-security headers on the 400s its own HTTP parser sends.
+served (IPv6 in brackets). uvicorn runs on that socket with its ``server`` header off, the
+security headers on the answers its own HTTP parser sends, and each client bounded
+(:mod:`headlab.server.protocol`).
 """
 
 from __future__ import annotations
@@ -101,12 +102,24 @@ def allowed_hosts(host: str, sock: socket.socket) -> tuple[str, ...]:
 
 
 def make_server(app: Any) -> Any:
-    """The ``uvicorn.Server`` for ``app``: no ``server`` header, security headers on the 400s
-    uvicorn sends itself, warnings only in the log."""
+    """The ``uvicorn.Server`` for ``app``: no ``server`` header, security headers on the answers
+    uvicorn sends itself, warnings only in the log, and every client bounded in connections,
+    time and header size (:mod:`headlab.server.protocol`; the body: the app's BodyLimit)."""
     import uvicorn
 
+    from headlab.server.protocol import MAX_HEAD_BYTES, guarded_protocol
+    from headlab.server.settings import client_timeout
+
+    timeout = client_timeout()
     config = uvicorn.Config(
-        app, log_level="warning", server_header=False, http=_http_protocol(), lifespan="on"
+        app,
+        log_level="warning",
+        server_header=False,
+        http=guarded_protocol(timeout),
+        ws="none",  # the app has no WebSocket route: an upgrade is not taken
+        lifespan="on",
+        timeout_keep_alive=min(5, timeout),  # an idle keep-alive connection (uvicorn's default 5)
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,  # the head's bound if httptools is missing
     )
     return uvicorn.Server(config)
 
@@ -125,8 +138,10 @@ def run_server(
 ) -> None:
     """Bind host:port, print the URL served, and run the app until Ctrl-C (``serve(app, sock)``,
     by default :func:`serve_forever`)."""
+    from headlab.server import settings
     from headlab.server.app import create_app
 
+    settings.client_timeout()  # a bad setting is a sentence before anything is bound
     sock = bind(host, port)
     # Requests run side by side on a few cores: one intra-op thread each. With torch's default
     # (a thread per core) a loaded 2-core machine answered /api/attention ~20x slower.
@@ -145,27 +160,3 @@ def run_server(
         threading.Timer(1.0, webbrowser.open, args=(url,)).start()
     with sock:
         (serve or serve_forever)(create_app(allowed_hosts=allowed_hosts(host, sock)), sock)
-
-
-def _http_protocol() -> Any:
-    """uvicorn's httptools protocol, with the security headers on the 400s it sends itself (a
-    request it cannot parse never reaches the app and its middleware)."""
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    except ImportError:  # httptools missing: uvicorn's pure-Python parser, as it would pick
-        return "auto"
-    from headlab.server.security import static_headers
-
-    extra = static_headers()
-
-    class SecureHttpToolsProtocol(HttpToolsProtocol):
-        def send_400_response(self, msg: str) -> None:
-            state = self.server_state
-            defaults = state.default_headers
-            state.default_headers = defaults + extra  # one event loop: nothing else runs now
-            try:
-                super().send_400_response(msg)
-            finally:
-                state.default_headers = defaults
-
-    return SecureHttpToolsProtocol

@@ -8,6 +8,7 @@ headers are checked (see ``app.py``) so a DNS-rebinding page cannot reach the AP
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Iterable
@@ -150,12 +151,15 @@ class HeadAsGet:
 
 class BodyLimit:
     """Reads the request body before the app does: over ``limit`` bytes, declared or streamed
-    (chunked), is refused with 413; a JSON body that is not UTF-8 or nests deeper than
-    ``MAX_JSON_DEPTH`` gets a readable 422. The app then reads the body from memory."""
+    (chunked), is refused with 413; one not received whole within ``timeout`` seconds with 408
+    (and the connection closed: a half-sent body held its connection forever); a JSON body
+    that is not UTF-8 or nests deeper than ``MAX_JSON_DEPTH`` gets a readable 422. The app then
+    reads the body from memory."""
 
-    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES, timeout: float = 10.0) -> None:
         self.app = app
         self.limit = limit
+        self.timeout = timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -166,18 +170,18 @@ class BodyLimit:
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
             await send_json(send, 413, too_large)
             return
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went away
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.limit:
-                await send_json(send, 413, too_large)
-                return
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
+        try:
+            async with asyncio.timeout(self.timeout):
+                body = await self._read(receive)
+        except TimeoutError:
+            late = f"request body not received within {self.timeout:g} s; send it whole at once"
+            await send_json(send, 408, late, close=True)
+            return
+        if body is None:
+            return  # the client went away
+        if len(body) > self.limit:
+            await send_json(send, 413, too_large)
+            return
         problem = json_body_problem(scope, body)
         if problem is not None:
             await send_json(send, 422, problem, errors=[{"loc": ["body"], "msg": problem,
@@ -193,6 +197,21 @@ class BodyLimit:
             return {"type": "http.request", "body": body, "more_body": False}
 
         await self.app(scope, replay, send)
+
+    async def _read(self, receive: Receive) -> bytes | None:
+        """The whole body, or as soon as it is over the limit the part read so far; None when
+        the client goes away first."""
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                break
+            more = message.get("more_body", False)
+        return b"".join(chunks)
 
 
 def json_body_problem(scope: Scope, body: bytes) -> str | None:
@@ -240,10 +259,15 @@ def json_depth(text: str) -> int:
     return deepest
 
 
-async def send_json(send: Send, status: int, detail: str, errors: list | None = None) -> None:
-    """A complete JSON error answer, ``{"detail": ..., "errors": [...]}`` as the app's own."""
+async def send_json(
+    send: Send, status: int, detail: str, errors: list | None = None, close: bool = False
+) -> None:
+    """A complete JSON error answer, ``{"detail": ..., "errors": [...]}`` as the app's own;
+    ``close``: the server closes the connection after it."""
     content = {"detail": detail, **({"errors": errors} if errors is not None else {})}
     body = json.dumps(content).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
