@@ -6,6 +6,7 @@ connection open."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import re
 import socket
@@ -69,9 +70,10 @@ def _secure(headers) -> bool:
     return {"content-security-policy", *HEADERS} <= names and "server" not in names
 
 
-def _serve_cli(monkeypatch, *args: str):
+def _serve_cli(monkeypatch, *args: str, ask=None):
     """`headlab serve ARGS` with a real server on the socket it binds; each request is answered
-    and the server stops. Returns (CLI result, {path: (status, headers)})."""
+    and the server stops. Returns (CLI result, {path: (status, headers)}); ``ask(host, port)``,
+    if given, runs on the served app too and its answer is ``seen["asked"]``."""
     seen: dict = {}
 
     def serve_and_ask(app, sock) -> None:
@@ -82,6 +84,8 @@ def _serve_cli(monkeypatch, *args: str):
             seen["health"] = (r.status, dict(r.getheaders()), port)
             r.read()
             conn.close()
+            if ask is not None:
+                seen["asked"] = ask(host, port)
 
     monkeypatch.setattr(server_cli, "serve_forever", serve_and_ask)
     return CliRunner().invoke(cli_app, ["serve", *args]), seen
@@ -179,3 +183,261 @@ def test_a_500_keeps_the_connection_open() -> None:
         conn.request("GET", "/api/health")
         again = conn.getresponse()
         assert again.status == 200 and conn.sock is first  # the same connection
+
+
+def _no_resolver(monkeypatch) -> list[str]:
+    """Record each host handed to getaddrinfo; a name that is not an IP literal fails the test
+    (it would have asked the system resolver)."""
+    import ipaddress
+
+    asked: list[str] = []
+    real = socket.getaddrinfo
+
+    def numeric_only(host, *args, **kwargs):
+        asked.append(host)
+        ipaddress.ip_address(host)  # ValueError: a name lookup
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", numeric_only)
+    return asked
+
+
+@pytest.mark.parametrize("host", ["256.1.1.1", "1.2.3", "example.org", "localhost.", "0x7f.1"])
+def test_a_host_that_is_no_ip_literal_is_refused_without_a_lookup(monkeypatch, host: str) -> None:
+    """`serve --host 256.1.1.1` passed the check and asked the system resolver."""
+    asked = _no_resolver(monkeypatch)
+    monkeypatch.setattr(server_cli, "serve_forever", lambda app, sock: pytest.fail("served"))
+    result = CliRunner().invoke(cli_app, ["serve", "--host", host, "--port", "0"])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert f"--host {host!r} is not an IP address or localhost" in said, said
+    assert "Traceback" not in result.output and asked == []
+
+
+@pytest.mark.parametrize(
+    ("host", "bound"), [("localhost", "127.0.0.1"), ("127.0.0.1", "127.0.0.1")]
+)
+def test_ip_literals_and_localhost_are_bound_without_a_lookup(monkeypatch, host, bound) -> None:
+    asked = _no_resolver(monkeypatch)
+    with server_cli.bind(host, 0) as sock:
+        assert sock.getsockname()[0] == bound
+    assert asked == [bound]
+
+
+def _answer(host: str, port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send one request as bytes; the status, headers and body of the answer (read to EOF or
+    to its content-length)."""
+    with socket.create_connection((host, port), timeout=30) as s:
+        s.sendall(request)
+        data = b""
+        while True:
+            head, _, body = data.partition(b"\r\n\r\n")
+            if _:
+                lines = head.decode("latin-1").split("\r\n")
+                headers = {k.lower(): v for k, v in (x.split(": ", 1) for x in lines[1:])}
+                if len(body) >= int(headers.get("content-length", 1 << 62)):
+                    return int(lines[0].split()[1]), headers, body
+            chunk = s.recv(65536)
+            if not chunk:
+                return int(lines[0].split()[1]), headers, body
+            data += chunk
+
+
+def test_serve_answers_one_host_header_of_its_own_and_head_like_get(monkeypatch) -> None:
+    """Two Host headers (127.0.0.1, then a foreign one) were answered; `Host: testserver` (the
+    TestClient's) was accepted by a real serve; HEAD on a GET route was 405."""
+
+    def ask(host: str, port: int) -> dict:
+        get = f"GET /api/health HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        return {
+            "two": _answer(host, port, (get + "Host: evil.example\r\n\r\n").encode()),
+            "testserver": _answer(
+                host, port, b"GET /api/health HTTP/1.1\r\nHost: testserver\r\n\r\n"
+            ),
+            "none": _answer(host, port, b"GET /api/health HTTP/1.0\r\n\r\n"),
+            "get": _answer(host, port, (get + "\r\n").encode()),
+            "head": _answer(
+                host, port, (get.replace("GET", "HEAD", 1) + "Connection: close\r\n\r\n").encode()
+            ),
+        }
+
+    result, seen = _serve_cli(monkeypatch, "--port", "0", ask=ask)
+    assert result.exit_code == 0, result.output
+    asked = seen["asked"]
+    for refused, needle in (("two", b"2 Host headers"), ("testserver", b"'testserver'"),
+                            ("none", b"without a Host header")):  # fmt: skip
+        status, headers, body = asked[refused]
+        assert status == 400 and _secure(headers), refused
+        assert headers["content-type"] == "application/json" and needle in body, body
+    status, get_headers, body = asked["get"]
+    assert status == 200 and body.startswith(b"{")
+    status, headers, body = asked["head"]
+    assert status == 200 and body == b"" and _secure(headers)
+    assert headers["content-length"] == get_headers["content-length"]
+    assert headers["content-type"] == "application/json"
+
+
+# --- a real `headlab serve` against slow, idle and oversized clients (issue 24) ---------------
+
+CLIENT_TIMEOUT = 2  # HEADLAB_CLIENT_TIMEOUT of the served process: short, so the test is too
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Iterator[tuple[int, int]]:
+    """`headlab serve --port 0` in its own process (its file handles are its own to count),
+    with a client timeout of CLIENT_TIMEOUT seconds: (pid, port) once it answers."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import headlab
+
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    env = {**os.environ, "PYTHONPATH": str(Path(headlab.__file__).parents[1]),
+           "HEADLAB_CLIENT_TIMEOUT": str(CLIENT_TIMEOUT)}  # fmt: skip
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "headlab.cli", "serve", "--port", "0"],
+                                env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline, port = time.monotonic() + 120, None
+        while port is None or _answer("127.0.0.1", port, _get(port))[0] != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+            found = re.search(r"http://127\.0\.0\.1:(\d+)/", log.read_text())
+            port = int(found.group(1)) if found else None
+            if port is not None:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+                except OSError:
+                    port = None
+        yield proc.pid, port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _get(port: int, path: str = "/api/health") -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode()
+
+
+def _open_files(pid: int) -> int:
+    import os
+
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_half_sent_idle_and_trickling_clients_are_closed_within_the_timeout(served) -> None:
+    """200 clients sending `Content-Length: 1000` and one byte, plus 300 idle ones, held 316
+    file handles for ever. Here 50 of each, and 10 that send their headers a byte at a time,
+    are all closed within the client timeout, and the server's handles come back down."""
+    import selectors
+
+    pid, port = served
+    before = _open_files(pid)
+    head = (f"POST /api/shapes HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{").encode()  # fmt: skip
+    kinds: dict[socket.socket, str] = {}
+    try:
+        for kind in ("body",) * 50 + ("idle",) * 50 + ("trickle",) * 10:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.setblocking(False)
+            kinds[s] = kind
+            if kind == "body":
+                s.sendall(head)
+        opened = time.monotonic()
+        assert _wait_for(lambda: _open_files(pid) >= before + 100, 10), "not all were accepted"
+        said: dict[socket.socket, bytes] = {s: b"" for s in kinds}
+        open_ = set(kinds)
+        with selectors.DefaultSelector() as sel:
+            for s in kinds:
+                sel.register(s, selectors.EVENT_READ)
+            sent = 0
+            while open_ and time.monotonic() < opened + CLIENT_TIMEOUT + 10:
+                for key, _ in sel.select(timeout=0.25):
+                    try:
+                        chunk = key.fileobj.recv(65536)
+                    except ConnectionResetError:
+                        chunk = b""
+                    said[key.fileobj] += chunk
+                    if not chunk:  # closed by the server
+                        open_.discard(key.fileobj)
+                        sel.unregister(key.fileobj)
+                trickle = b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n"[sent : sent + 1]
+                sent += 1
+                for s in [s for s in open_ if kinds[s] == "trickle"]:
+                    s.send(trickle or b"X")  # a header that never ends
+        closed_after = time.monotonic() - opened
+        assert not open_, f"{len(open_)} connections still open: {sorted(kinds[s] for s in open_)}"
+        assert closed_after < CLIENT_TIMEOUT + 5, closed_after
+        assert all(b" 408 " in said[s] for s in kinds if kinds[s] in ("body", "trickle"))
+        assert all(said[s] == b"" for s in kinds if kinds[s] == "idle")
+        assert _wait_for(lambda: _open_files(pid) <= before + 2, 10), (before, _open_files(pid))
+        assert _answer("127.0.0.1", port, _get(port))[0] == 200  # and it still serves
+    finally:
+        for s in kinds:
+            s.close()
+
+
+def test_a_20_mb_header_is_refused_with_431(served) -> None:
+    """A 20 MB header was read whole and answered 200."""
+    _, port = served
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(f"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nX-Big: ".encode())
+        sent = 0
+        try:
+            while sent < 20 * 2**20:
+                s.sendall(b"x" * 65536)
+                sent += 65536
+            s.sendall(b"\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused while it was being sent
+        data = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := s.recv(65536):
+                data += chunk
+    assert data.startswith(b"HTTP/1.1 431 "), data[:200]
+    lines = data.split(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")
+    assert _secure(dict(line.split(": ", 1) for line in lines[1:]))
+    assert b"request headers over 65536 bytes" in data
+
+
+def test_connections_beyond_the_limit_are_closed_at_once(served) -> None:
+    """However many clients connect, the server holds at most MAX_CONNECTIONS of them."""
+    from headlab.server.protocol import MAX_CONNECTIONS
+
+    pid, port = served
+    before = _open_files(pid)
+    clients = []
+    try:
+        for _ in range(MAX_CONNECTIONS + 20):
+            clients.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        _wait_for(lambda: _open_files(pid) >= before + MAX_CONNECTIONS, 10)
+        time.sleep(0.3)
+        assert _open_files(pid) <= before + MAX_CONNECTIONS + 2
+        refused = 0
+        for s in clients[MAX_CONNECTIONS:]:
+            s.settimeout(0.5)  # closed at once, long before the client timeout
+            try:
+                refused += s.recv(1) == b""
+            except ConnectionResetError:
+                refused += 1
+            except TimeoutError:
+                pass
+        assert refused >= 19  # one may have taken a slot freed meanwhile
+    finally:
+        for s in clients:
+            s.close()
+    assert _wait_for(lambda: _open_files(pid) <= before + 2, CLIENT_TIMEOUT + 10)

@@ -329,7 +329,6 @@ def test_text_over_the_model_length_is_refused_with_the_limit(tiny) -> None:
         ({"model": "tiny", "text": ""}, "text"),
         ({"model": "tiny", "text": "   "}, "empty"),
         ({"model": "../../etc/passwd", "text": "hi"}, "model"),
-        ({"model": "no-such-model", "text": "hi"}, "available models"),
         ({"model": "tiny", "text": "x" * 5000}, "text"),
         ({"model": "tiny", "text": "hi", "file": "/etc/passwd"}, "file"),
     ],
@@ -813,8 +812,52 @@ def test_a_failed_load_is_answered_and_not_kept(monkeypatch) -> None:
         assert caught.value.status_code == 503 and "disk on fire" in caught.value.detail
     with pytest.raises(HTTPException) as caught:
         store.get("c")
-    assert caught.value.status_code == 422 and "available models: a, b" in caught.value.detail
+    assert caught.value.status_code == 404 and "available models: a, b" in caught.value.detail
     assert store.loaded_names() == []
+
+
+def test_a_syntax_table_asked_for_three_times_at_once_is_computed_once(monkeypatch) -> None:
+    """Issue 24: three {"model": "smollm2", "syntax": true} requests at once each computed the
+    ~30 s table (80 s each). Here the table's computation is held until all three have asked."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from headlab.heads import syntax
+    from headlab.server.routes.attention import syntax_table
+
+    computed: list[float] = []
+    started, release = threading.Event(), threading.Event()
+
+    def slow_table(model, tokenizer, sentences, name):
+        computed.append(time.monotonic())
+        started.set()
+        assert release.wait(timeout=30)
+        return f"table of {name}"
+
+    monkeypatch.setattr(syntax, "load_parser", lambda: "parser")
+    monkeypatch.setattr(syntax, "evaluation_text", lambda: "a text")
+    monkeypatch.setattr(syntax, "parse_sentences", lambda nlp, text: [])
+    monkeypatch.setattr(syntax, "analyse_syntax", slow_table)
+    with TestClient(create_app(preload=())) as c:
+        c.app.state.models._loaded["m"] = ("model", "tokenizer")  # type: ignore[attr-defined]
+        request = SimpleNamespace(app=c.app)
+        asked: list[float] = []
+        ask = lambda: asked.append(time.monotonic()) or syntax_table(request, "m")  # noqa: E731
+        threads, results = _in_threads(ask, ask, ask)
+        assert started.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while len(asked) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # the other two now wait on the first one's table
+        released = time.monotonic()
+        release.set()
+        for t in threads:
+            t.join(timeout=30)
+        assert len(computed) == 1 and max(asked) < released  # all asked while it computed
+        assert [r["report"] for r in results] == ["table of m"] * 3
+        assert syntax_table(request, "m") is results[0]  # kept: the next request computes nothing
+    assert len(computed) == 1
 
 
 # --- the library functions the routes call ------------------------------------------------------
@@ -875,3 +918,63 @@ def test_the_calculators_ranges_and_dtypes_come_from_the_library(client: TestCli
         for outside in (lo - 1, hi + 1):
             r = client.post("/api/shapes", json={key: outside})
             assert r.status_code == 422 and key in r.json()["detail"]
+
+
+# --- settings from the environment (issue 24) -----------------------------------------------
+
+
+@pytest.mark.parametrize("raw", ["１２", "٣", "²", "12.0", "+12", "0", "100001"])
+def test_a_limit_in_other_digits_is_refused_naming_the_variable(monkeypatch, raw: str) -> None:
+    """HEADLAB_MAX_TEXT_CHARS=１２ (full-width digits) was read as 12."""
+    from headlab.server import settings
+
+    monkeypatch.setenv("HEADLAB_MAX_TEXT_CHARS", raw)
+    with pytest.raises(ValueError, match=r"HEADLAB_MAX_TEXT_CHARS=.*whole number from 1 to"):
+        settings.max_text_chars()
+
+
+def test_serve_refuses_full_width_digits_in_one_line(monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from headlab.cli import app
+    from headlab.server import cli as server_cli
+
+    monkeypatch.setattr(server_cli, "serve_forever", lambda app, sock: pytest.fail("served"))
+    monkeypatch.setenv("HEADLAB_MAX_TEXT_CHARS", "１２")
+    result = CliRunner().invoke(app, ["serve", "--port", "0"])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert "HEADLAB_MAX_TEXT_CHARS" in said and "ASCII" in said and "Traceback" not in said
+
+
+@pytest.mark.parametrize("path", ["/", "/api/health", "/api/shapes/limits", "/static/js/api.js"])
+def test_head_answers_like_get_without_a_body(client: TestClient, path: str) -> None:
+    """HEAD on a GET route was 405."""
+    get, head = client.get(path), client.head(path)
+    assert head.status_code == get.status_code == 200 and head.content == b""
+    assert head.headers["content-type"] == get.headers["content-type"]
+    assert head.headers["content-length"] == get.headers["content-length"]
+    assert _has_security_headers(head)
+    assert client.head("/api/shapes").status_code == 405  # a POST route takes no GET either
+
+
+# --- the answers agree with the schema (issue 24) -------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/api/heads", "/api/attention"])
+def test_an_unknown_model_is_a_documented_404_naming_the_models(client: TestClient, path) -> None:
+    """POST /api/heads {"model": "L0"} was 422 where the schema documents 404 for a name that
+    is not there."""
+    r = client.post(path, json={"model": "L0"})
+    assert r.status_code == 404 and _has_security_headers(r)
+    assert "model 'L0' is not available" in r.json()["detail"]
+    assert "available models:" in r.json()["detail"]
+    documented = client.get("/openapi.json").json()["paths"][path]["post"]["responses"]
+    assert "application/json" in documented["404"]["content"]
+
+
+def test_the_live_stream_is_documented_as_an_event_stream(client: TestClient) -> None:
+    """POST /api/live/induction answers text/event-stream; the schema said application/json."""
+    documented = client.get("/openapi.json").json()["paths"]["/api/live/induction"]["post"]
+    assert list(documented["responses"]["200"]["content"]) == ["text/event-stream"]
+    assert "application/json" in documented["responses"]["409"]["content"]

@@ -15,23 +15,25 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.gzip import GZipMiddleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from headlab import __version__
 from headlab.server import settings
 from headlab.server.live import MAX_SECONDS, LiveRuns
 from headlab.server.routes import attention, code, experiments, health, live, shapes
 from headlab.server.schemas import error_responses
-from headlab.server.security import BodyLimit, SecurityHeaders
-from headlab.server.store import ModelStore
+from headlab.server.security import BodyLimit, HeadAsGet, HostCheck, SecurityHeaders
+from headlab.server.store import ModelStore, SingleFlight
 
 STATIC = Path(__file__).parent / "static"
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]", "testserver")
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+# the Host that Starlette's TestClient sends: answered by an app built for tests, never by
+# `headlab serve`, which passes the hosts it serves (server/cli.py: allowed_hosts)
+TEST_HOSTS = (*LOOPBACK_HOSTS, "testserver")
 
 
 def create_app(
     preload: Sequence[str] = ("default",),
-    allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
+    allowed_hosts: Sequence[str] = TEST_HOSTS,
     max_loaded: int = 2,
     live_seconds: float = MAX_SECONDS,
     live_threads: int | None = None,
@@ -45,6 +47,8 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.models = ModelStore(max_loaded=max_loaded)
         app.state.models.preload(preload)
+        # each model's syntax table (routes/attention.py), computed once by one request
+        app.state.syntax_tables, app.state.syntax_flights = {}, SingleFlight()
         threads = settings.live_threads() if live_threads is None else live_threads
         app.state.live = LiveRuns(max_seconds=live_seconds, threads=threads)
         # torch's optimizers import torch._dynamo when first built (about 3 s on a 2-core
@@ -66,7 +70,7 @@ def create_app(
     for router, extra in (
         (health.router, ()),
         (shapes.router, ()),
-        (attention.router, (503,)),
+        (attention.router, (404, 503)),
         (experiments.router, (404,)),
         (code.router, (404,)),
         (live.router, (404, 409)),
@@ -74,10 +78,14 @@ def create_app(
         app.include_router(router, prefix="/api", responses=error_responses(*extra))
     app.add_exception_handler(RequestValidationError, _readable_422)  # type: ignore[arg-type]
     _add_pages(app)
-    # the last added runs first: security headers on every answer, then hosts, body size, gzip
+    # the last added runs first: security headers on every answer, then hosts, HEAD as GET,
+    # body size, gzip
     app.add_middleware(GZipMiddleware, minimum_size=4096, compresslevel=1)
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes())
-    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
+    app.add_middleware(
+        BodyLimit, limit=settings.max_body_bytes(), timeout=settings.client_timeout()
+    )
+    app.add_middleware(HeadAsGet)
+    app.add_middleware(HostCheck, allowed_hosts=list(allowed_hosts))
     app.add_middleware(SecurityHeaders)
     return app
 

@@ -2,14 +2,14 @@
 
 The socket is bound here, before the app starts, so a bad ``--host`` or a busy port is a one-line
 error, ``--port 0`` prints the port the system picked, and the address printed is the address
-served (IPv6 in brackets). uvicorn runs on that socket with its ``server`` header off and the
-security headers on the 400s its own HTTP parser sends.
+served (IPv6 in brackets). uvicorn runs on that socket with its ``server`` header off, the
+security headers on the answers its own HTTP parser sends, and each client bounded
+(:mod:`headlab.server.protocol`).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import re
 import socket
 import threading
 import webbrowser
@@ -19,21 +19,23 @@ from typing import Any
 from rich.console import Console
 
 LOOPBACK_NAMES = ("localhost",)
-# a DNS name: dot-separated labels of letters, digits and inner hyphens
-_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-_HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*\.?")
+# the one name taken, bound without asking a resolver (what "localhost" means on every system)
+NAME_ADDRESSES = {"localhost": "127.0.0.1"}
 
 
 def parse_host(host: str) -> str:
-    """``host`` without IPv6 brackets; ValueError unless it is an IP address or a host name."""
+    """``host`` without IPv6 brackets; ValueError unless it is an IP address (IPv4, or IPv6 with
+    or without brackets) or ``localhost``. No name is looked up: ``256.1.1.1`` or a DNS name
+    would ask the system resolver, so they are refused here."""
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
         address = ipaddress.ip_address(bare)
     except ValueError:
-        if bare == host and _HOSTNAME.fullmatch(host):
-            return host
+        if bare == host and host.lower() in NAME_ADDRESSES:
+            return host.lower()
         raise ValueError(
-            f"--host {host!r} is not an IP address or a host name; e.g. 127.0.0.1, ::1 or localhost"
+            f"--host {host!r} is not an IP address or localhost; e.g. 127.0.0.1, ::1, 0.0.0.0 "
+            "or localhost (host names are not looked up)"
         ) from None
     if bare != host and address.version != 6:
         raise ValueError(f"--host {host!r}: only IPv6 addresses go in brackets; use {bare}")
@@ -62,10 +64,12 @@ def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port``; ValueError with a clear message when it cannot be
     bound (a bad address, a busy port, no permission)."""
     bare = parse_host(host)
-    try:
+    numeric = NAME_ADDRESSES.get(bare, bare)
+    try:  # a numeric host: getaddrinfo only parses it (AI_NUMERICHOST), never asks a resolver
         family, kind, proto, _, address = socket.getaddrinfo(
-            bare, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
+            numeric, port, type=socket.SOCK_STREAM,
+            flags=socket.AI_PASSIVE | socket.AI_NUMERICHOST | socket.AI_NUMERICSERV,
+        )[0]  # fmt: skip
     except (OSError, UnicodeError) as exc:
         raise ValueError(
             f"cannot listen on {host}: {exc}; use an address of this machine"
@@ -98,12 +102,24 @@ def allowed_hosts(host: str, sock: socket.socket) -> tuple[str, ...]:
 
 
 def make_server(app: Any) -> Any:
-    """The ``uvicorn.Server`` for ``app``: no ``server`` header, security headers on the 400s
-    uvicorn sends itself, warnings only in the log."""
+    """The ``uvicorn.Server`` for ``app``: no ``server`` header, security headers on the answers
+    uvicorn sends itself, warnings only in the log, and every client bounded in connections,
+    time and header size (:mod:`headlab.server.protocol`; the body: the app's BodyLimit)."""
     import uvicorn
 
+    from headlab.server.protocol import MAX_HEAD_BYTES, guarded_protocol
+    from headlab.server.settings import client_timeout
+
+    timeout = client_timeout()
     config = uvicorn.Config(
-        app, log_level="warning", server_header=False, http=_http_protocol(), lifespan="on"
+        app,
+        log_level="warning",
+        server_header=False,
+        http=guarded_protocol(timeout),
+        ws="none",  # the app has no WebSocket route: an upgrade is not taken
+        lifespan="on",
+        timeout_keep_alive=min(5, timeout),  # an idle keep-alive connection (uvicorn's default 5)
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,  # the head's bound if httptools is missing
     )
     return uvicorn.Server(config)
 
@@ -122,8 +138,10 @@ def run_server(
 ) -> None:
     """Bind host:port, print the URL served, and run the app until Ctrl-C (``serve(app, sock)``,
     by default :func:`serve_forever`)."""
+    from headlab.server import settings
     from headlab.server.app import create_app
 
+    settings.client_timeout()  # a bad setting is a sentence before anything is bound
     sock = bind(host, port)
     # Requests run side by side on a few cores: one intra-op thread each. With torch's default
     # (a thread per core) a loaded 2-core machine answered /api/attention ~20x slower.
@@ -142,27 +160,3 @@ def run_server(
         threading.Timer(1.0, webbrowser.open, args=(url,)).start()
     with sock:
         (serve or serve_forever)(create_app(allowed_hosts=allowed_hosts(host, sock)), sock)
-
-
-def _http_protocol() -> Any:
-    """uvicorn's httptools protocol, with the security headers on the 400s it sends itself (a
-    request it cannot parse never reaches the app and its middleware)."""
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    except ImportError:  # httptools missing: uvicorn's pure-Python parser, as it would pick
-        return "auto"
-    from headlab.server.security import static_headers
-
-    extra = static_headers()
-
-    class SecureHttpToolsProtocol(HttpToolsProtocol):
-        def send_400_response(self, msg: str) -> None:
-            state = self.server_state
-            defaults = state.default_headers
-            state.default_headers = defaults + extra  # one event loop: nothing else runs now
-            try:
-                super().send_400_response(msg)
-            finally:
-                state.default_headers = defaults
-
-    return SecureHttpToolsProtocol

@@ -59,10 +59,12 @@ class Problem(BaseModel):
     errors: list[ErrorItem] = Field(default_factory=list)
 
 
-# the error answers of the API, for the OpenAPI schema: every route may give 400, 413, 422
+# the error answers of the API, for the OpenAPI schema: every route may give 400, 408, 413, 422
 ERROR_DESCRIPTIONS = {
-    400: "a Host header this server does not answer",
-    404: "no such name; `detail` lists the valid ones",
+    400: "a missing, repeated or foreign Host header",
+    404: "no such name (an experiment, a code link, a run, or a model not offered here); "
+    "`detail` lists the valid ones",
+    408: "the request's body did not arrive within the server's client timeout",
     409: "another live training run is in progress; `detail` says which",
     413: "a request body over the server's limit (64 KiB by default)",
     422: "an invalid request; `detail` says what is wrong and what would be valid",
@@ -70,12 +72,24 @@ ERROR_DESCRIPTIONS = {
 }
 
 
+ALWAYS = (400, 408, 413, 422)  # the statuses the middleware may answer any request with
+
+
 def error_responses(*extra: int) -> dict[int | str, dict[str, Any]]:
-    """The ``responses`` of a router: 400, 413, 422 and the ``extra`` statuses, as Problems."""
+    """The ``responses`` of a router: 400, 408, 413, 422 and the ``extra`` statuses, as
+    Problems."""
     return {
         code: {"model": Problem, "description": ERROR_DESCRIPTIONS[code]}
-        for code in sorted({400, 413, 422, *extra})
+        for code in sorted({*ALWAYS, *extra})
     }
+
+
+def json_problems(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The error answers of a route whose own answer is not JSON (the live event stream): each a
+    Problem in ``application/json``, spelled out, since a ``model`` would be documented in the
+    route's own media type."""
+    problem = {"application/json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    return {code: {"description": ERROR_DESCRIPTIONS[code], "content": problem} for code in codes}
 
 
 class Health(BaseModel):

@@ -8,8 +8,10 @@ headers are checked (see ``app.py``) so a DNS-rebinding page cannot reach the AP
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -84,14 +86,80 @@ class SecurityHeaders:
                             "answer this request; the server's log has the details")  # fmt: skip
 
 
+class HostCheck:
+    """Answers a request only when it has exactly one Host header and that header names an
+    allowed host (its port aside; ``"*"`` allows any): a DNS-rebinding page reaches 127.0.0.1
+    under its own name, and a second Host header is a name some other reader may take instead.
+    Refused with a JSON 400 naming the problem (Starlette's TrustedHostMiddleware read only
+    the first Host header and answered in plain text)."""
+
+    def __init__(self, app: ASGIApp, allowed_hosts: Iterable[str]) -> None:
+        self.app = app
+        self.allowed = tuple(dict.fromkeys(h.lower() for h in allowed_hosts))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        hosts = [v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == b"host"]
+        problem = self.problem(hosts)
+        if problem is not None:
+            await send_json(send, 400, problem)
+            return
+        await self.app(scope, receive, send)
+
+    def problem(self, hosts: list[str]) -> str | None:
+        """Why a request with these Host header values is refused, or None."""
+        if len(hosts) > 1:
+            return f"the request has {len(hosts)} Host headers; send exactly one"
+        if "*" in self.allowed:
+            return None
+        name = _host_name(hosts[0]) if hosts else ""
+        if name in self.allowed:
+            return None
+        said = f"the Host header {hosts[0]!r}" if hosts else "a request without a Host header"
+        return f"{said} is not answered here; use one of: {', '.join(self.allowed)}"
+
+
+def _host_name(value: str) -> str:
+    """A Host header's name, lower-case, without its port (IPv6 keeps its brackets)."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[: value.find("]") + 1] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class HeadAsGet:
+    """HEAD answers as GET would, without the body (RFC 9110, 9.3.2): FastAPI's GET routes
+    take GET only, so HEAD was 405. The headers, ``content-length`` included, are GET's."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def without_body(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, without_body)
+
+
 class BodyLimit:
     """Reads the request body before the app does: over ``limit`` bytes, declared or streamed
-    (chunked), is refused with 413; a JSON body that is not UTF-8 or nests deeper than
-    ``MAX_JSON_DEPTH`` gets a readable 422. The app then reads the body from memory."""
+    (chunked), is refused with 413; one not received whole within ``timeout`` seconds with 408
+    (and the connection closed: a half-sent body held its connection forever); a JSON body
+    that is not UTF-8 or nests deeper than ``MAX_JSON_DEPTH`` gets a readable 422. The app then
+    reads the body from memory."""
 
-    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES, timeout: float = 10.0) -> None:
         self.app = app
         self.limit = limit
+        self.timeout = timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -102,18 +170,18 @@ class BodyLimit:
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
             await send_json(send, 413, too_large)
             return
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went away
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.limit:
-                await send_json(send, 413, too_large)
-                return
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
+        try:
+            async with asyncio.timeout(self.timeout):
+                body = await self._read(receive)
+        except TimeoutError:
+            late = f"request body not received within {self.timeout:g} s; send it whole at once"
+            await send_json(send, 408, late, close=True)
+            return
+        if body is None:
+            return  # the client went away
+        if len(body) > self.limit:
+            await send_json(send, 413, too_large)
+            return
         problem = json_body_problem(scope, body)
         if problem is not None:
             await send_json(send, 422, problem, errors=[{"loc": ["body"], "msg": problem,
@@ -129,6 +197,21 @@ class BodyLimit:
             return {"type": "http.request", "body": body, "more_body": False}
 
         await self.app(scope, replay, send)
+
+    async def _read(self, receive: Receive) -> bytes | None:
+        """The whole body, or as soon as it is over the limit the part read so far; None when
+        the client goes away first."""
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                break
+            more = message.get("more_body", False)
+        return b"".join(chunks)
 
 
 def json_body_problem(scope: Scope, body: bytes) -> str | None:
@@ -176,10 +259,15 @@ def json_depth(text: str) -> int:
     return deepest
 
 
-async def send_json(send: Send, status: int, detail: str, errors: list | None = None) -> None:
-    """A complete JSON error answer, ``{"detail": ..., "errors": [...]}`` as the app's own."""
+async def send_json(
+    send: Send, status: int, detail: str, errors: list | None = None, close: bool = False
+) -> None:
+    """A complete JSON error answer, ``{"detail": ..., "errors": [...]}`` as the app's own;
+    ``close``: the server closes the connection after it."""
     content = {"detail": detail, **({"errors": errors} if errors is not None else {})}
     body = json.dumps(content).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -4,6 +4,10 @@
     HEADLAB_MAX_TOKENS      tokens one request may run (default 128, at most 4,096)
     HEADLAB_MAX_TEXT_CHARS  characters in a request's text (default 2,000, at most 100,000)
     HEADLAB_LIVE_THREADS    torch threads of a live training run (default 2, or 1 on one core)
+    HEADLAB_CLIENT_TIMEOUT  seconds a client may take to send a request's headers, or its body,
+                            or to start a request on a new connection (default 10, at most 3,600)
+
+Each is a whole number written in ASCII digits: "１２" (full-width) is refused, not read as 12.
 
 Whatever the settings, an answer holds at most :data:`MAX_WEIGHTS` per-head weights
 (layers · h · n²): a model with more heads gets a shorter token limit (see
@@ -20,6 +24,7 @@ LIMITS = {  # name: (default, ceiling)
     "HEADLAB_MAX_TOKENS": (128, 4096),
     "HEADLAB_MAX_TEXT_CHARS": (2000, 100_000),
     "HEADLAB_LIVE_THREADS": (min(2, os.cpu_count() or 1), 256),
+    "HEADLAB_CLIENT_TIMEOUT": (10, 3600),
 }
 
 
@@ -30,8 +35,12 @@ def setting(name: str) -> int:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
-    if not raw.isdigit() or not 1 <= int(raw) <= ceiling:
-        raise ValueError(f"{name}={raw!r} is not valid; give a whole number from 1 to {ceiling:,}")
+    # str.isdigit and int() also take other scripts' digits ("１２", "٣"): ASCII digits only
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= ceiling:
+        raise ValueError(
+            f"{name}={raw!r} is not valid; give a whole number from 1 to {ceiling:,} in ASCII "
+            "digits (0-9)"
+        )
     return int(raw)
 
 
@@ -48,6 +57,12 @@ def live_threads() -> int:
     cores (measured on 2 idle cores: the live recipe's phase change ends 1.6× sooner than on
     one thread); on a machine busier than its cores, one thread is faster."""
     return setting("HEADLAB_LIVE_THREADS")
+
+
+def client_timeout() -> int:
+    """Seconds a client may take to start a request on a new or idle connection, to send its
+    headers, or to send its body; a connection that takes longer is closed (a body: 408)."""
+    return setting("HEADLAB_CLIENT_TIMEOUT")
 
 
 def max_body_bytes() -> int:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import HTTPException
+
+T = TypeVar("T")
 
 
 def _field(entry: Any, name: str, default: Any = "") -> Any:
@@ -35,20 +37,54 @@ def _sizes(zoo: Any, name: str) -> dict[str, Any] | None:
     }
 
 
+class SingleFlight:
+    """Runs ``compute`` once per key at a time: a caller asking for a key whose computation is
+    under way waits for that one's result (or its exception) instead of starting its own.
+    Keeping results is the caller's: its ``compute`` stores the result before returning and
+    first checks whether a computation that just finished stored it already."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards _running; never held while computing
+        self._running: dict[Hashable, Future[Any]] = {}
+
+    def run(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """``compute()``'s result, computed by this caller or by the one already computing it."""
+        with self._lock:
+            pending = self._running.get(key)
+            if pending is None:
+                mine: Future[Any] = Future()
+                self._running[key] = mine
+        if pending is not None:
+            result: T = pending.result()  # another request computes it: wait for that one
+            return result
+        try:
+            result = compute()
+        except BaseException as exc:
+            with self._lock:
+                del self._running[key]
+            mine.set_exception(exc)
+            raise
+        with self._lock:
+            del self._running[key]
+        mine.set_result(result)
+        return result
+
+
 class ModelStore:
     """Loads zoo models on first use and keeps the ``max_loaded`` most recently used.
 
     A load runs outside the store's lock, so a slow load (SmolLM2 takes seconds) holds back
     neither the requests for models already loaded nor the load of another model; requests for
-    a model being loaded wait on that one load (a future per name) instead of loading it again.
+    a model being loaded wait on that one load (:class:`SingleFlight`) instead of loading it
+    again.
     A loaded model is only read afterwards (inference mode), so requests may share it.
     """
 
     def __init__(self, max_loaded: int = 2) -> None:
         self.max_loaded = max_loaded
         self._loaded: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
-        self._loading: dict[str, Future[tuple[Any, Any]]] = {}
-        self._lock = threading.Lock()  # guards _loaded and _loading; never held during a load
+        self._loading = SingleFlight()
+        self._lock = threading.Lock()  # guards _loaded; never held during a load
         self.preload_errors: dict[str, str] = {}
         self._sizes: dict[str, dict[str, Any]] = {}
 
@@ -96,31 +132,31 @@ class ModelStore:
         return list(self._loaded)
 
     def get(self, name: str) -> tuple[Any, Any]:
-        """(model, tokenizer) for ``name``; 422 for a name the zoo does not offer here, 503 for
-        one that fails to load."""
+        """(model, tokenizer) for ``name``; 404 for a name the zoo does not offer here (the
+        answer lists those it does), 503 for one that fails to load."""
+        kept = self._kept(name)
+        if kept is not None:
+            return kept
+        return self._loading.run(name, lambda: self._load_and_keep(name))
+
+    def _kept(self, name: str) -> tuple[Any, Any] | None:
+        """The loaded ``name``, now the most recently used; None if it is not loaded."""
         with self._lock:
-            if name in self._loaded:
-                self._loaded.move_to_end(name)
-                return self._loaded[name]
-            pending = self._loading.get(name)
-            if pending is None:
-                mine: Future[tuple[Any, Any]] = Future()
-                self._loading[name] = mine
-        if pending is not None:
-            return pending.result()  # another request is loading it: wait for that one load
-        try:
-            pair = self._load(name)
-        except BaseException as exc:
-            with self._lock:
-                del self._loading[name]
-            mine.set_exception(exc)
-            raise
+            if name not in self._loaded:
+                return None
+            self._loaded.move_to_end(name)
+            return self._loaded[name]
+
+    def _load_and_keep(self, name: str) -> tuple[Any, Any]:
+        """Load ``name`` (unless a load that just finished kept it) and keep the most recent."""
+        kept = self._kept(name)
+        if kept is not None:
+            return kept
+        pair = self._load(name)
         with self._lock:
-            del self._loading[name]
             self._loaded[name] = pair
             while len(self._loaded) > self.max_loaded:
                 self._loaded.popitem(last=False)
-        mine.set_result(pair)
         return pair
 
     def _load(self, name: str) -> tuple[Any, Any]:
@@ -131,7 +167,7 @@ class ModelStore:
             offered = sorted(n for n, r in available.items() if r["available"])
             why = f" ({row['reason']})" if row and row["reason"] else ""
             raise HTTPException(
-                422,
+                404,
                 f"model {name!r} is not available{why}; available models: "
                 f"{', '.join(offered) or 'none'}",
             )

@@ -110,24 +110,36 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
 
 def syntax_table(request: Request, name: str) -> dict[str, Any]:
     """The model's syntactic heads on the evaluation text, computed once per model and kept:
-    ``{"report", "nlp"}``, or ``{"note"}`` saying why they are unavailable."""
+    ``{"report", "nlp"}``, or ``{"note"}`` saying why they are unavailable. The table takes
+    about 30 s for SmolLM2: requests that ask while it is computed wait for that one result
+    (three at once each computed it, 80 s apiece)."""
     from headlab.heads import syntax
 
-    cache = getattr(request.app.state, "syntax_tables", None)
-    if cache is None:
-        cache = request.app.state.syntax_tables = {}
-    if name not in cache:
-        try:
-            nlp = syntax.load_parser()
-        except syntax.ParserUnavailable as exc:
-            return {"note": str(exc)}
-        model, tokenizer = request.app.state.models.get(name)
-        sentences = syntax.parse_sentences(nlp, syntax.evaluation_text())
-        cache[name] = {
-            "nlp": nlp,
-            "report": syntax.analyse_syntax(model, tokenizer, sentences, name),
-        }
-    return cache[name]
+    state = request.app.state
+    found: dict[str, Any] | None = state.syntax_tables.get(name)
+    if found is not None:
+        return found
+    try:
+        table: dict[str, Any] = state.syntax_flights.run(
+            name, lambda: _compute_syntax_table(request, name)
+        )
+    except syntax.ParserUnavailable as exc:
+        return {"note": str(exc)}
+    return table
+
+
+def _compute_syntax_table(request: Request, name: str) -> dict[str, Any]:
+    """Compute and keep the table of :func:`syntax_table` (unless it was kept just now)."""
+    from headlab.heads import syntax
+
+    tables: dict[str, dict[str, Any]] = request.app.state.syntax_tables
+    if name in tables:
+        return tables[name]
+    nlp = syntax.load_parser()
+    model, tokenizer = request.app.state.models.get(name)
+    sentences = syntax.parse_sentences(nlp, syntax.evaluation_text())
+    tables[name] = {"nlp": nlp, "report": syntax.analyse_syntax(model, tokenizer, sentences, name)}
+    return tables[name]
 
 
 def syntax_body(request: Request, name: str, found: dict, probe: Any, patterns: Any) -> dict:

@@ -16,7 +16,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import asdict
-from typing import Any
+from typing import Any, get_args
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi import Path as PathParam
@@ -26,7 +26,8 @@ from pydantic import Field, ValidationInfo, field_validator
 from headlab.experiments import induction as ind
 from headlab.files import finite
 from headlab.server.live import LIVE_KNOBS, Busy, Knobs, LiveRun, LiveRuns
-from headlab.server.schemas import Strict, json_integer
+from headlab.server.schemas import ALWAYS, Strict, json_integer, json_problems
+from headlab.training.watch import Event
 
 router = APIRouter(tags=["live"])
 RUN_ID = r"^[0-9a-f]{1,32}$"
@@ -34,8 +35,13 @@ POLL_SECONDS = 1.0  # how often a quiet stream checks that its client is still t
 
 
 def _knob(name: str) -> Any:
+    """The request field of one knob; the schema states its values (the validator checks)."""
     knob = LIVE_KNOBS[name]
-    return Field(knob.default, description=knob.help)
+    if knob.choices:
+        values: dict[str, Any] = {"enum": [value for value, _ in knob.choices]}
+    else:
+        values = {"minimum": knob.low, "maximum": knob.high}
+    return Field(knob.default, description=knob.help, json_schema_extra=values)
 
 
 class LiveRequest(Strict):
@@ -77,7 +83,42 @@ def live_status(request: Request) -> dict[str, Any]:
     }
 
 
-@router.post("/live/induction", response_model=None)
+class EventStream(StreamingResponse):
+    """Server-sent events (the schema documents the live route's answer as this type)."""
+
+    media_type = "text/event-stream"
+
+
+# every event the stream sends: `run` (this route's), then the watched run's, by their names
+EVENT_NAMES = ["run", *(kind.name for kind in get_args(Event))]
+EVENTS_DOC = {
+    "description": "the run's server-sent events, as they happen: `run`, then `start`, `step`, "
+    "`eval`, `phase_change` (once), `verdict`, and one of `done`, `stopped` or `error`",
+    "content": {
+        "text/event-stream": {
+            "schema": {  # OpenAPI 3.1: the schema of each event
+                "type": "object",
+                "required": ["event", "data"],
+                "properties": {
+                    "event": {"type": "string", "enum": EVENT_NAMES},
+                    "data": {
+                        "type": "string",
+                        "contentMediaType": "application/json",
+                        "description": "the event as a JSON object, its `event` field its name",
+                    },
+                },
+            }
+        }
+    },
+}
+
+
+@router.post(
+    "/live/induction",
+    response_model=None,
+    response_class=EventStream,
+    responses={200: EVENTS_DOC, **json_problems(*ALWAYS, 404, 409)},
+)
 async def train_live(body: LiveRequest, request: Request) -> StreamingResponse | JSONResponse:
     """Start a run and stream its progress; 409 while another run trains."""
     runs = _runs(request)
@@ -93,7 +134,7 @@ async def train_live(body: LiveRequest, request: Request) -> StreamingResponse |
             },
         )
     headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-    return StreamingResponse(_stream(run, request), media_type="text/event-stream", headers=headers)
+    return EventStream(_stream(run, request), headers=headers)
 
 
 @router.delete("/live/runs/{run_id}")
