@@ -54,6 +54,18 @@ class ModelInfo:
     source: str = ""  # where the weights are read from
 
 
+
+def _unicode(text: str) -> str:
+    """``text`` if it is valid Unicode; a ValueError naming the first bad character if not."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"the text is not valid Unicode: character {e.start} is a lone surrogate "
+            f"(U+{ord(text[e.start]):04X}); give plain text"
+        ) from None
+    return text
+
 class Tokenizer:
     """Text ↔ token ids for a model, with display labels for each token.
 
@@ -91,13 +103,14 @@ class Tokenizer:
         )
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``, special tokens included."""
-        return list(self.backend.encode(text).ids)
+        """Token ids of ``text``, special tokens included; a ValueError for text that is not
+        valid Unicode (a lone surrogate, which no tokenizer can read)."""
+        return list(self.backend.encode(_unicode(text)).ids)
 
     def offsets(self, text: str) -> list[tuple[int, int]]:
         """The character span of each token of ``encode(text)`` in ``text`` ((0, 0) for the
         special tokens the tokenizer adds)."""
-        return [(int(a), int(b)) for a, b in self.backend.encode(text).offsets]
+        return [(int(a), int(b)) for a, b in self.backend.encode(_unicode(text)).offsets]
 
     def token_strings(self, ids: list[int]) -> list[str]:
         """A short display label per id (byte-level 'Ġ' shown as a space)."""

@@ -173,3 +173,19 @@ def test_model_config_reads_sizes_without_loading_and_never_fetches(tmp_path, mo
     monkeypatch.setattr(smollm2, "fetch", lambda *a, **k: pytest.fail("model_config fetched"))
     with pytest.raises(zoo.ModelNotAvailable, match="headlab models --fetch smollm2"):
         zoo.model_config("smollm2")
+
+
+def test_text_that_is_not_valid_unicode_is_refused_in_one_sentence():
+    """A lone surrogate (what a terminal passes for undecodable bytes) is no text a tokenizer can
+    read: encode says so by position and code point, and the CLI prints that one line, exit 2."""
+    from typer.testing import CliRunner
+
+    from headlab.cli import app
+
+    _, tokenizer = zoo.load("default")
+    with pytest.raises(ValueError, match=r"character 1 is a lone surrogate \(U\+D800\)"):
+        tokenizer.encode("a\ud800b")
+    for args in (["generate", "--prompt", "\ud800"], ["heads", "--text", "a\ud800b"]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2 and "lone surrogate" in result.output, args
+        assert "Traceback" not in result.output
