@@ -9,8 +9,10 @@
     finite            a value with every NaN or infinite float replaced by None
     check_writable    the reason ``path`` cannot be written (not a regular file …), or None;
                       with ``try_it`` a file is made beside it and removed, as a write would
-    read_text         a regular file's text, read with a bound; devices, FIFOs, sockets and
-                      folders are refused before they are opened
+    open_regular      a regular file opened for reading; devices, FIFOs, sockets and folders
+                      are refused before they are opened (non-blocking, looked at again)
+    read_text         a regular file's UTF-8 text, read with a bound that the refusal names
+    file_kind         "a FIFO", "a socket", "a device" …: what a file is, in words
     torch_threads     run torch on n CPU threads, then restore the count; ``one_thread``
 
 Content is bytes, text (UTF-8), or a function that writes the file at the path it is given (a

@@ -241,3 +241,11 @@ def test_a_negative_head_is_not_the_averaged_head():
         one_line_refusal(run("heads", "--show", spec, "--no-content"), "heads 0..", "L.avg")
     result = run("heads", "--show", "0.avg", "--no-content")
     assert result.exit_code == 0 and "layer 0 head avg" in result.stdout
+
+
+def test_the_help_states_the_one_text_limit_heads_and_syntax_share():
+    from headlab.scaling import MAX_PROMPT_CHARS
+
+    for command in ("heads", "syntax"):
+        shown = " ".join(run(command, "--help").stdout.replace("│", " ").split())
+        assert f"at most {MAX_PROMPT_CHARS:,} characters" in shown, command

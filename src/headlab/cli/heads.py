@@ -53,6 +53,17 @@ DistTimeout = Annotated[
         help=("Under torchrun: seconds the ranks wait to reach each other."),
     ),
 ]
+TEXT_FILE_HELP = (
+    "A UTF-8 text file as the probe, at most 100,000 characters (long inputs; a bar per layer)."
+)
+PROBE_HELP = (
+    "Built-in probe, in place of a text: repeat (a sentence with a repeat; the default) or "
+    "random-repeat."
+)
+SHOW_HELP = (
+    "Draw head L.H's pattern, e.g. --show 0.2 (layers and heads count from 0); L.avg draws "
+    "layer L's averaged head."
+)
 HtmlOut = Annotated[str | None, typer.Option("--html", help=(
     "Also write the interactive head view and grid to one HTML file (opens from "
     "file://, no server, no network)."))]  # fmt: skip
@@ -61,26 +72,13 @@ HtmlOut = Annotated[str | None, typer.Option("--html", help=(
 def heads(
     model: ModelName = "default",
     text: str | None = typer.Option(None, help="Your own text as the probe."),
-    text_file: str | None = typer.Option(
-        None,
-        "--text-file",
-        help="A UTF-8 text file as the probe, at most 100,000 characters (long inputs; a bar "
-        "per layer).",
-    ),
+    text_file: str | None = typer.Option(None, "--text-file", help=TEXT_FILE_HELP),
     prompts: Prompts = None,
     out: str | None = typer.Option(
         None, "--out", help="With --prompts: write the table to a .json or .csv file."
     ),
-    probe: str | None = typer.Option(
-        None,
-        help="Built-in probe, in place of a text: repeat (a sentence with a repeat; the "
-        "default) or random-repeat.",
-    ),
-    show: str | None = typer.Option(
-        None,
-        help="Draw head L.H's pattern, e.g. --show 0.2 (layers and heads count from 0); L.avg "
-        "draws layer L's averaged head.",
-    ),
+    probe: str | None = typer.Option(None, help=PROBE_HELP),
+    show: str | None = typer.Option(None, help=SHOW_HELP),
     seed: int = seed_option("Seed of the random probe and the position shuffle:"),
     content: bool = typer.Option(
         True, "--content/--no-content", help="Score content heads (runs a shuffled copy too)."
