@@ -114,16 +114,16 @@ def refused(*args: str) -> str:
 
 def _nodes(tmp: Path, suffix: str = "") -> dict[str, Path]:
     """What is not a regular file, made in ``tmp`` (never the machine's own nodes): a FIFO, a
-    socket, a folder, and (as root) a character device like /dev/zero; names end in ``suffix``."""
+    socket, a folder, and (as root) a character device like /dev/null; names end in ``suffix``."""
     tmp.mkdir(exist_ok=True)
-    kinds = {"fifo": "fifo", "socket": "socket", "dir": "folder", "device": "zero"}
+    kinds = {"fifo": "fifo", "socket": "socket", "dir": "folder", "device": "null"}
     nodes = {kind: tmp / f"{name}{suffix}" for kind, name in kinds.items()}
     os.mkfifo(nodes["fifo"])
     with socket.socket(socket.AF_UNIX) as s:
         s.bind(str(nodes["socket"]))
     nodes["dir"].mkdir()
     if os.geteuid() == 0:
-        os.mknod(nodes["device"], 0o666 | stat.S_IFCHR, os.makedev(1, 5))
+        os.mknod(nodes["device"], 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # as /dev/null
     else:
         del nodes["device"]  # mknod needs root
     return nodes
@@ -298,7 +298,9 @@ def test_every_file_input_of_every_kind_is_refused_in_one_line(files) -> None:
         if kind not in files:  # no device without root, no /proc elsewhere
             continue
         for command, option in READERS:
-            refused(command, option, files[kind])
+            said = refused(command, option, files[kind])
+            if kind in ("fifo", "socket", "dir", "device"):  # refused as such, never opened
+                assert "not a regular file" in said, said
     refused("heads", "--prompts", files["deep.jsonl"])  # JSON-ish, too long for the model
     refused("heads", "--text-file", files["deep.jsonl"])  # 100,001 characters
 

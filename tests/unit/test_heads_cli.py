@@ -176,8 +176,8 @@ def _made_nodes(tmp_path) -> dict[str, str]:
         s.bind(str(tmp_path / "sock"))
     made = {"a FIFO": "fifo", "a folder": "folder", "a socket": "sock"}
     if os.geteuid() == 0:
-        os.mknod(tmp_path / "zero", 0o666 | stat.S_IFCHR, os.makedev(1, 5))  # as /dev/zero
-        made["a device"] = "zero"
+        os.mknod(tmp_path / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # as /dev/null
+        made["a device"] = "null"
     return {kind: str(tmp_path / name) for kind, name in made.items()}
 
 

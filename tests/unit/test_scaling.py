@@ -101,8 +101,8 @@ def _special_inputs(tmp_path: Path) -> dict[str, Path]:
     os.mkfifo(made["a FIFO"])
     made["a folder"].mkdir()
     if os.geteuid() == 0:
-        made["a device"] = tmp_path / "zero"
-        os.mknod(made["a device"], 0o666 | stat.S_IFCHR, os.makedev(1, 5))  # as /dev/zero
+        made["a device"] = tmp_path / "null"
+        os.mknod(made["a device"], 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # as /dev/null
     return made
 
 
