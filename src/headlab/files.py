@@ -7,14 +7,21 @@
     write_folder      :func:`new_folder` for files held in memory (name → content)
     remove_leftovers  what writes killed part-way left beside their targets
     finite            a value with every NaN or infinite float replaced by None
-    check_writable    the reason ``path`` cannot be written (not a regular file …), or None
+    check_writable    the reason ``path`` cannot be written (not a regular file …), or None;
+                      with ``try_it`` a file is made beside it and removed, as a write would
+    open_regular      a regular file opened for reading; devices, FIFOs, sockets and folders
+                      are refused before they are opened (non-blocking, looked at again)
+    read_text         a regular file's UTF-8 text, read with a bound that the refusal names
+    file_kind         "a FIFO", "a socket", "a device" …: what a file is, in words
     torch_threads     run torch on n CPU threads, then restore the count; ``one_thread``
 
 Content is bytes, text (UTF-8), or a function that writes the file at the path it is given (a
 library's own writer: safetensors, matplotlib, tokenizers). A writer refuses a target that exists
 and is not a regular file (a device, a FIFO, a socket, a folder): renaming onto it would replace
-``/dev/null`` with a file when run as root. Temporary names are ``.NAME.PID-RANDOM.tmp`` and a
-replaced folder is parked as ``.NAME.PID-RANDOM.old`` until the new one is in place.
+``/dev/null`` with a file when run as root; the target is looked at again just before the
+rename, so one swapped in during the write is not replaced either. Temporary names are
+``.NAME.PID-RANDOM.tmp`` and a replaced folder is parked as ``.NAME.PID-RANDOM.old`` until the
+new one is in place.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 # bytes, text (written as UTF-8), or a function that writes the file at the path it is given
 Content = bytes | str | Callable[[Path], object]
@@ -40,12 +47,15 @@ class NotAFileError(ValueError):
     """The target of a write exists and is not a regular file (or, for a folder, not a folder)."""
 
 
-def check_writable(path: str | Path) -> str | None:
+def check_writable(path: str | Path, try_it: bool = False) -> str | None:
     """Why ``path`` cannot be written as a file, in a sentence for the user; None if it can.
 
     A missing file in an existing folder can; an existing regular file can (it is replaced);
     anything else that exists (device, FIFO, socket, folder) cannot, and neither can a path
-    whose folder does not exist.
+    whose folder does not exist or a name longer than the file system allows. With ``try_it``
+    a temporary file is made beside ``path`` and removed again, as :func:`write_atomic` would:
+    folders that take no new file (``/proc``, ``/sys``, read-only mounts) answer truthfully,
+    so a command can check its output before any work.
     """
     p = Path(path)
     try:
@@ -53,19 +63,67 @@ def check_writable(path: str | Path) -> str | None:
     except FileNotFoundError:
         if not p.parent.is_dir():
             return f"{p}: the folder {p.parent} does not exist; create it first"
-        return None
+        return _try_writing(p) if try_it else None
     except OSError as e:
-        return f"{p}: cannot be written ({e.strerror or e})"
+        return _too_long(p) or f"{p}: cannot be written ({e.strerror or e})"
     if stat.S_ISREG(mode):
-        return None
+        return _try_writing(p) if try_it else None
     kind = "a folder" if stat.S_ISDIR(mode) else "a link" if stat.S_ISLNK(mode) else None
     kind = kind or "a device, FIFO or socket"
     return f"{p} is {kind}, not a regular file; give the path of a file to write"
 
 
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, in words ("a regular file", "a FIFO", …)."""
+    kinds = (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISLNK, "a link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    )
+    for test, kind in kinds:  # fmt: skip
+        if test(mode):
+            return kind
+    return "a device"
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name the file system of ``folder`` allows (255 on most)."""
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def _too_long(p: Path) -> str | None:
+    """A sentence when ``p``'s name is longer than its file system allows, else None."""
+    size, most = len(os.fsencode(p.name)), _name_max(p.parent)
+    if size <= most:
+        return None
+    return f"{p.name[:24]}...: the file name is {size} bytes long; this file system allows {most}"
+
+
+def _try_writing(p: Path) -> str | None:
+    """Make and remove a temporary file beside ``p``: why that fails, in a sentence, or None."""
+    tmp = _beside(p, "tmp")
+    try:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as e:
+        return (
+            f"{p}: cannot write in {p.parent} ({e.strerror or e}); choose a folder you can write to"
+        )
+    tmp.unlink(missing_ok=True)
+    return None
+
+
 def _beside(p: Path, kind: str) -> Path:
-    """A fresh hidden name beside ``p``: ``.NAME.PID-RANDOM.KIND`` (:func:`remove_leftovers`)."""
-    return p.with_name(f".{p.name}.{os.getpid()}-{secrets.token_hex(4)}.{kind}")
+    """A fresh hidden name beside ``p``: ``.NAME.PID-RANDOM.KIND`` (:func:`remove_leftovers`),
+    NAME cut to 200 bytes so that the longest name a file system allows can still be written."""
+    name = p.name
+    while len(os.fsencode(name)) > 200:
+        name = name[:-1]
+    return p.with_name(f".{name}.{os.getpid()}-{secrets.token_hex(4)}.{kind}")
 
 
 def _write_file(path: Path, data: Content) -> None:
@@ -100,6 +158,9 @@ def write_atomic(path: str | os.PathLike[str], data: Content) -> Path:
     try:
         _write_file(tmp, data)
         _sync(tmp)
+        problem = check_writable(p)  # a device or FIFO put there meanwhile is not replaced
+        if problem is not None:
+            raise NotAFileError(problem)
         os.replace(tmp, p)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -201,6 +262,86 @@ def remove_leftovers(folder: str | Path, older_than: float = 0.0) -> list[Path]:
             leftover.unlink(missing_ok=True)
         removed.append(leftover)
     return removed
+
+
+# --- reading: regular files only, with a bound -------------------------------------------------
+
+
+def _refuse(p: Path, what: str, mode: int) -> NotAFileError:
+    return NotAFileError(
+        f"{what} {p} is {file_kind(mode)}, not a regular file; give the path of a text file"
+    )
+
+
+@contextmanager
+def open_regular(path: str | os.PathLike[str], what: str) -> Iterator[BinaryIO]:
+    """``path`` opened for reading in binary, if it is a regular file (a link to one counts).
+
+    A device, FIFO, socket or folder raises :class:`NotAFileError` before it is opened (a FIFO
+    with no writer would hang the open, ``/dev/zero`` never ends); the open itself is
+    non-blocking and the opened file is looked at again, so one swapped in meanwhile is
+    refused too. Any other failure is a ValueError naming ``what`` (e.g. "text file") and why.
+    """
+    p = Path(path)
+    try:
+        mode = os.stat(p).st_mode
+        if not stat.S_ISREG(mode):
+            raise _refuse(p, what, mode)
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise ValueError(f"{what} {p} does not exist; give a UTF-8 text file") from None
+    except OSError as e:
+        raise ValueError(f"{what} {p}: cannot open it ({e.strerror or e})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _refuse(p, what, mode)
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
+        yield f
+
+
+def read_text(path: str | os.PathLike[str], limit: int, what: str) -> str:
+    """The UTF-8 text of the regular file ``path`` (:func:`open_regular`), of at most ``limit``
+    characters; ``what`` names the file in messages ("text file"). At most ``4 * limit + 1``
+    bytes are read (UTF-8 takes up to 4 bytes a character), whatever size the file claims:
+    ``/proc``'s files claim 0. A ValueError says what is wrong and names the limit."""
+    p = Path(path)
+    most = 4 * limit
+    too_big = f"the most headlab reads is {limit:,} characters"
+    with open_regular(p, what) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > most:
+            raise ValueError(f"{what} {p} is {size:,} bytes; {too_big}")
+        blob = _read_at_most(f.fileno(), most + 1, p, what)
+    if len(blob) > most:
+        raise ValueError(f"{what} {p} has over {most:,} bytes; {too_big}")
+    try:
+        text = blob.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{what} {p} is not UTF-8 (byte {exc.start}); save it as UTF-8") from None
+    if len(text) > limit:
+        raise ValueError(f"{what} {p} has {len(text):,} characters; {too_big}")
+    return text
+
+
+def _read_at_most(fd: int, n: int, p: Path, what: str) -> bytes:
+    """Up to ``n`` bytes from ``fd``; a read error (EIO from ``/proc/self/mem``) as a sentence."""
+    chunks: list[bytes] = []
+    left = n
+    try:
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as e:
+        raise ValueError(f"{what} {p}: cannot read it ({e.strerror or e})") from None
+    return b"".join(chunks)
 
 
 @contextmanager

@@ -54,7 +54,9 @@ def generate_text(
     top_k: int | None = None,
     seed: int | None = None,
 ) -> Generation:
-    """Continue ``prompt`` by up to ``max_new_tokens`` tokens (greedy unless temperature > 0).
+    """Continue ``prompt`` by up to ``max_new_tokens`` tokens (greedy unless temperature > 0;
+    one too small to divide the logits by, such as 1e-320, is greedy too:
+    :func:`headlab.model.sampling.pick_tokens`).
 
     Raises ValueError with a sentence for an empty prompt, a prompt that leaves no room in the
     model's context, or settings out of range (see :meth:`Transformer.generate`).

@@ -29,16 +29,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from torch import Tensor
 
+from headlab import files
 from headlab.files import check_writable
 from headlab.heads import SCORE_TYPES, THRESHOLDS, HeadScore, analyse, label_head
 from headlab.measure import Probe, TokenizerLike, text_probe
 
 MAX_PROMPT_CHARS = 100_000  # longest prompt line read (a 4,096-token prompt is ~20,000 chars)
+MAX_PROMPTS_BYTES = 256 * 2**20  # largest prompts file read (thousands of long prompts)
 OFFSET_WINDOW = 64  # positional offsets counted per head: −64..64
 REDUCE_TIMEOUT = timedelta(hours=24)  # how long the final sum waits for the slowest rank
 
@@ -46,47 +48,30 @@ REDUCE_TIMEOUT = timedelta(hours=24)  # how long the final sum waits for the slo
 # --- reading ------------------------------------------------------------------------------------
 
 
-def _existing_file(path: str | Path, what: str) -> Path:
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"{what} {p} does not exist or is not a file; give a UTF-8 text file")
-    return p
-
-
 def read_text(path: str | Path, max_chars: int = MAX_PROMPT_CHARS) -> str:
-    """The whole of a UTF-8 text file, for one long input; a ValueError names the problem
-    (missing, not UTF-8, empty, over ``max_chars`` characters)."""
-    p = _existing_file(path, "text file")
-    if p.stat().st_size > 4 * max_chars:  # UTF-8 takes at most 4 bytes a character
-        raise ValueError(
-            f"text file {p} is {p.stat().st_size:,} bytes; the most headlab reads "
-            f"is {max_chars:,} characters"
-        )
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(
-            f"text file {p} is not UTF-8 (byte {exc.start}); save it as UTF-8"
-        ) from None
+    """The whole of a UTF-8 text file, for one long input (``heads`` and ``syntax``
+    ``--text-file``); a ValueError names the problem (missing, not a regular file, unreadable,
+    not UTF-8, empty, over ``max_chars`` characters: :func:`headlab.files.read_text`)."""
+    text = files.read_text(path, max_chars, "text file")
     if not text.strip():
-        raise ValueError(f"text file {p} is empty; give at least one word")
-    if len(text) > max_chars:
-        raise ValueError(f"text file {p} has {len(text):,} characters; the most is {max_chars:,}")
+        raise ValueError(f"text file {path} is empty; give at least one word")
     return text
 
 
 def read_prompts(path: str | Path, max_chars: int = MAX_PROMPT_CHARS) -> list[tuple[int, str]]:
     """``(line number, text)`` of every prompt in a file: one text per line, or JSONL (every
     line a JSON object with a "text" string) when the first non-blank line starts with "{".
-    Blank lines are skipped. A ValueError with one sentence for a missing or empty file, a line
-    that is not UTF-8, not JSON where JSONL is expected, or longer than ``max_chars``."""
-    p = _existing_file(path, "prompts file")
+    Blank lines are skipped. A ValueError with one sentence for a missing or empty file, one
+    that is not a regular file, a line that is not UTF-8, not JSON where JSONL is expected, or
+    longer than ``max_chars``, or a file over :data:`MAX_PROMPTS_BYTES`. A line is read with a
+    bound (at most 4 bytes a character), so a line with no end is never held whole."""
+    p = Path(path)
     prompts: list[tuple[int, str]] = []
     jsonl: bool | None = None
-    with p.open("rb") as f:
-        for number, raw in enumerate(f, start=1):
-            if len(raw) > 4 * max_chars + 2:
-                raise ValueError(_too_long(p, number, len(raw), max_chars, "bytes"))
+    with files.open_regular(p, "prompts file") as f:
+        for number, raw in enumerate(_bounded_lines(f, p, 4 * max_chars + 2), start=1):
+            if len(raw) > 4 * max_chars + 1 and not raw.endswith(b"\n"):
+                raise ValueError(_too_long(p, number, len(raw), max_chars, "bytes or more"))
             try:
                 line = raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError:
@@ -108,6 +93,26 @@ def read_prompts(path: str | Path, max_chars: int = MAX_PROMPT_CHARS) -> list[tu
     return prompts
 
 
+def _bounded_lines(f: BinaryIO, p: Path, longest: int) -> Iterator[bytes]:
+    """The lines of ``f``, each cut at ``longest`` bytes, stopping with a ValueError once the
+    file has given more than :data:`MAX_PROMPTS_BYTES`; read errors as a sentence."""
+    total = 0
+    while True:
+        try:
+            raw = f.readline(longest)
+        except OSError as e:
+            raise ValueError(f"prompts file {p}: cannot read it ({e.strerror or e})") from None
+        if not raw:
+            return
+        total += len(raw)
+        if total > MAX_PROMPTS_BYTES:
+            raise ValueError(
+                f"prompts file {p} is over {MAX_PROMPTS_BYTES:,} bytes; the most headlab reads "
+                f"is {MAX_PROMPTS_BYTES:,} bytes: split it into several runs"
+            )
+        yield raw
+
+
 def _too_long(p: Path, number: int, size: int, max_chars: int, unit: str) -> str:
     return (
         f"line {number} of {p} is {size:,} {unit}; a prompt may have at most "
@@ -120,6 +125,11 @@ def _json_text(line: str, number: int, p: Path) -> str:
         value = json.loads(line)
     except ValueError:
         value = None
+    except RecursionError:  # the decoder recurses once per bracket
+        raise ValueError(
+            f"line {number} of {p} is nested too deeply to read as JSON; a JSONL line is an "
+            'object like {"text": "..."}'
+        ) from None
     if not isinstance(value, dict) or not isinstance(value.get("text"), str):
         raise ValueError(
             f'line {number} of {p} is not a JSON object with a "text" string, as '
@@ -448,14 +458,15 @@ OUT_FORMATS = (".json", ".csv")
 
 
 def check_out_path(path: str | Path) -> Path:
-    """``path`` if a result can be written there (.json or .csv, in an existing directory, not a
-    device, FIFO or folder: :func:`headlab.files.check_writable`)."""
+    """``path`` if a result can be written there (.json or .csv, in an existing directory that
+    takes new files, not a device, FIFO or folder, a name the file system allows: tried, by
+    :func:`headlab.files.check_writable`), checked before any work."""
     p = Path(path)
     if p.suffix.lower() not in OUT_FORMATS:
         raise ValueError(f"--out {p}: the file name must end in .json or .csv")
     if not p.parent.is_dir():
         raise ValueError(f"--out {p}: directory {p.parent} does not exist; create it first")
-    problem = check_writable(p)
+    problem = check_writable(p, try_it=True)
     if problem is not None:
         raise ValueError(f"--out {problem}")
     return p

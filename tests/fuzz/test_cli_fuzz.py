@@ -6,12 +6,21 @@ The work behind `train`, `experiment` and `serve` (minutes of training, a server
 returns) is replaced by a recorder: what is checked there is that the input is validated before
 any work, and that only valid input reaches the work. `shapes`, `heads`, `models`, `info` and the
 top level run for real. Each run is tallied by command and exit status and printed (``-s``).
+
+Issue 24: file inputs of every kind (a FIFO, a socket, a folder, a device made with mknod here,
+/proc/self/mem, a sparse 64 MiB, binary, JSON nested 100,000 deep) reach every option that reads
+a file, and every writer (--html, heads --out, the --out folders) is pointed at every kind of
+target; each is refused with exit 2 in one line. A run that blocks (a FIFO opened) fails after a
+minute instead of hanging CI. No test touches the machine's own device nodes.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
+import socket
+import stat
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,7 +38,17 @@ from headlab.cli.support import out_dir_problem
 from headlab.training.train import TrainResult
 
 TALLY: Counter[tuple[str, int]] = Counter()
-COMMANDS = ("info", "serve", "shapes", "models", "heads", "generate", "train", "experiment")
+COMMANDS = (
+    "info",
+    "serve",
+    "shapes",
+    "models",
+    "heads",
+    "syntax",
+    "generate",
+    "train",
+    "experiment",
+)
 
 
 def fuzz(runs: int) -> settings:
@@ -59,8 +78,14 @@ def _in(directory: str) -> Iterator[None]:
 
 
 def run(*args: str):
-    """Invoke the CLI and check the properties every run must have."""
-    result = CliRunner().invoke(app, list(args))
+    """Invoke the CLI and check the properties every run must have; a run blocked for a
+    minute (a FIFO opened for reading) fails instead of hanging."""
+    signal.signal(signal.SIGALRM, _blocked)
+    signal.alarm(60)
+    try:
+        result = CliRunner().invoke(app, list(args))
+    finally:
+        signal.alarm(0)
     known = args and (args[0] in COMMANDS or args[0].startswith("-"))
     TALLY[(args[0] if known else "(none)" if not args else "(junk)", result.exit_code)] += 1
     shown = f"headlab {' '.join(map(repr, args))}\n{result.output}"
@@ -72,6 +97,36 @@ def run(*args: str):
     if result.exit_code == 2:
         assert SENTENCE.search(result.output) or (not args and BARE_USAGE in result.output), shown
     return result
+
+
+def _blocked(signum: int, frame: object) -> None:
+    raise TimeoutError("the command blocked for a minute: a FIFO or device was opened")
+
+
+def refused(*args: str) -> str:
+    """Run the CLI on input it must refuse: exit 2, one line on stderr, no traceback."""
+    result = run(*args)
+    said = result.stderr.strip()
+    shown = f"headlab {' '.join(map(repr, args))}\n{result.output}"
+    assert result.exit_code == 2 and "\n" not in said and said.startswith("error:"), shown
+    return said
+
+
+def _nodes(tmp: Path, suffix: str = "") -> dict[str, Path]:
+    """What is not a regular file, made in ``tmp`` (never the machine's own nodes): a FIFO, a
+    socket, a folder, and (as root) a character device like /dev/null; names end in ``suffix``."""
+    tmp.mkdir(exist_ok=True)
+    kinds = {"fifo": "fifo", "socket": "socket", "dir": "folder", "device": "null"}
+    nodes = {kind: tmp / f"{name}{suffix}" for kind, name in kinds.items()}
+    os.mkfifo(nodes["fifo"])
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(nodes["socket"]))
+    nodes["dir"].mkdir()
+    if os.geteuid() == 0:
+        os.mknod(nodes["device"], 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # as /dev/null
+    else:
+        del nodes["device"]  # mknod needs root
+    return nodes
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -101,14 +156,19 @@ def _paths(tmp: Path) -> st.SearchStrategy[str]:
     """--out values: fine ones and each kind the issue found failing."""
     (tmp / "file").write_text("x")
     (tmp / "dir").mkdir(exist_ok=True)
+    nodes = _nodes(tmp)
+    (tmp / "holds").mkdir()
+    os.mkfifo(tmp / "holds" / "results.json")
     return st.sampled_from(
         [
             str(tmp / "new" / "run"),
             str(tmp / "dir"),
             str(tmp / "file"),
             str(tmp / "file" / "below"),
-            "/dev/null",
+            *map(str, nodes.values()),
+            str(tmp / "holds"),  # a folder holding a FIFO where results.json goes
             "/proc/headlab-cannot-write-here",
+            "/sys/headlab-cannot-write-here",
             str(tmp / ("n" * 300)),
             str(tmp / ("n" * 255)),
             "",
@@ -166,17 +226,34 @@ def files(tmp_path_factory) -> dict[str, str]:
     (tmp / "prompts.jsonl").write_text('{"text": "a b"}\n{"nope": 1}\n[1]\n')
     (tmp / "binary.bin").write_bytes(bytes(range(256)))
     (tmp / "empty.txt").write_text("")
-    paths = {name: str(tmp / name) for name in ("text.txt", "prompts.txt", "prompts.jsonl",
-                                                 "binary.bin", "empty.txt")}  # fmt: skip
-    return {**paths, "missing": str(tmp / "missing.txt"), "dir": str(tmp), "null": "/dev/null"}
+    (tmp / "deep.jsonl").write_text("[" * 100_000 + "\n")
+    with open(tmp / "huge.txt", "wb") as f:
+        f.truncate(2**26)  # sparse 64 MiB, no line end (a broken bound: no OOM)
+    names = ("text.txt", "prompts.txt", "prompts.jsonl", "binary.bin", "empty.txt",
+             "deep.jsonl", "huge.txt")  # fmt: skip
+    paths = {name: str(tmp / name) for name in names}
+    special = {kind: str(path) for kind, path in _nodes(tmp / "nodes").items()}
+    proc = {"proc": "/proc/self/mem"} if Path("/proc/self/mem").exists() else {}
+    return {**paths, **special, **proc, "missing": str(tmp / "missing.txt"), "dir": str(tmp)}
+
+
+def _targets(tmp: Path) -> list[str]:
+    """Where a file writer (--html, heads --out) may be pointed: fine files, and every kind the
+    issues found failing."""
+    nodes = _nodes(tmp, ".json")
+    (tmp / "old.json").write_text("{}")
+    return [str(tmp / "fine.json"), str(tmp / "old.json"), *map(str, nodes.values()),
+            str(tmp / "none" / "x.json"), "/proc/headlab-x.json", "/sys/headlab-x.json",
+            str(tmp / ("n" * 300 + ".json"))]  # fmt: skip
 
 
 # --device-map, --max-memory and --offload-folder are left out: they convert the model into a
 # cache on disk (main's own tests cover them); so is `models --fetch`, which downloads.
 @fuzz(40)
 @given(data=st.data())
-def test_heads_never_shows_a_traceback(files, data) -> None:
+def test_heads_never_shows_a_traceback(files, targets, data) -> None:
     paths = st.one_of(st.sampled_from(sorted(files.values())), text)
+    writes = st.one_of(st.sampled_from(targets), paths)
     args = data.draw(
         options(
             {
@@ -186,9 +263,12 @@ def test_heads_never_shows_a_traceback(files, data) -> None:
                 "--text": st.one_of(text, st.just(" "), st.just("the cat sat. the cat sat." * 40)),
                 "--text-file": paths,
                 "--prompts": paths,
-                "--out": st.one_of(st.sampled_from(["x.json", "x.csv", "x.txt"]), paths),
+                "--out": st.one_of(st.sampled_from(["x.json", "x.csv", "x.txt"]), writes),
+                "--html": writes,
                 "--probe": st.one_of(st.sampled_from(["repeat", "random-repeat", "text"]), text),
-                "--show": st.one_of(st.sampled_from(["0.0", "1.avg", "9.9", "0.-2", "x"]), text),
+                "--show": st.one_of(
+                    st.sampled_from(["0.0", "1.avg", "9.9", "0.-2", "0.-1", "x"]), text
+                ),
                 "--seed": int_like,
                 "--device": st.one_of(st.sampled_from(["cpu", "cuda", "mps", "cuda:7"]), text),
                 "--dist-timeout": st.one_of(int_like, st.sampled_from(["nan", "inf", "0.5"])),
@@ -201,6 +281,48 @@ def test_heads_never_shows_a_traceback(files, data) -> None:
     )
     with _in(files["dir"]):  # --out files land in a scratch folder
         run("heads", *args)
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory) -> list[str]:
+    return _targets(tmp_path_factory.mktemp("targets"))
+
+
+# every kind of file input, each refused by every option that reads a file (issue 24)
+BAD_INPUTS = ("fifo", "socket", "dir", "device", "proc", "huge.txt", "binary.bin", "missing")
+READERS = (("heads", "--text-file"), ("heads", "--prompts"), ("syntax", "--text-file"))
+
+
+def test_every_file_input_of_every_kind_is_refused_in_one_line(files) -> None:
+    for kind in BAD_INPUTS:
+        if kind not in files:  # no device without root, no /proc elsewhere
+            continue
+        for command, option in READERS:
+            said = refused(command, option, files[kind])
+            if kind in ("fifo", "socket", "dir", "device"):  # refused as such, never opened
+                assert "not a regular file" in said, said
+    refused("heads", "--prompts", files["deep.jsonl"])  # JSON-ish, too long for the model
+    refused("heads", "--text-file", files["deep.jsonl"])  # 100,001 characters
+
+
+def test_every_file_writer_refuses_every_bad_target_before_any_work(files, targets) -> None:
+    """--html and heads --out, each pointed at each target that cannot take the file."""
+    with _in(files["dir"]):
+        for target in targets:
+            if Path(target).name in ("fine.json", "old.json"):
+                continue
+            refused("heads", "--html", target, "--probe", "nope")  # the probe would fail later
+            refused("heads", "--prompts", files["prompts.txt"], "--out", target, "--model", "nope")
+            assert "unknown model" not in refused("heads", "--prompts", files["prompts.txt"],
+                                                  "--out", target)  # fmt: skip
+
+
+@fuzz(20)
+@given(data=st.data())
+def test_syntax_never_shows_a_traceback(files, data) -> None:
+    path = data.draw(st.one_of(st.sampled_from(sorted(files.values())), text), "path")
+    extra = data.draw(st.lists(st.sampled_from(["--json", "--model", "nope"]), max_size=2))
+    run("syntax", "--text-file", path, *extra)
 
 
 @fuzz(30)

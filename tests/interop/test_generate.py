@@ -169,6 +169,27 @@ def test_sampling_is_seeded_and_respects_top_k():
     assert abs(share - torch.softmax(torch.tensor([5.0, 4.0]), 0)[0].item()) < 0.04
 
 
+def test_a_temperature_too_small_to_divide_by_picks_the_likeliest_token():
+    """`generate --temperature 1e-320` failed in torch.multinomial (probabilities inf/nan):
+    dividing by it overflows, and the limit of sampling as T → 0 is the greedy pick."""
+    logits = torch.tensor([[0.0, 5.0, 4.0, -1.0, 3.0], [2.0, 0.0, 1.0, 9.0, 0.5]])
+    for tiny in (1e-320, 5e-324, 1e-45, 1e-38):
+        drawn = pick_tokens(logits, tiny, None, torch.Generator().manual_seed(0))
+        assert drawn.tolist() == [1, 3], tiny
+        assert pick_tokens(logits, tiny, 2, None).tolist() == [1, 3]
+    model = small(positional="rotary")
+    prompt = torch.randint(0, 50, (2, 4))
+    assert model.generate(prompt, 6, temperature=1e-320, seed=3).tolist() == (
+        model.generate(prompt, 6).tolist()
+    )
+
+
+def test_logits_that_are_not_finite_are_a_sentence():
+    broken = torch.tensor([[0.0, float("nan"), 1.0]])
+    with pytest.raises(ValueError, match="not finite"):
+        pick_tokens(broken, 1.0, None, None)
+
+
 def test_generation_stops_at_the_end_token_and_pads_with_it():
     model = small(positional="rotary")
     prompt = torch.randint(0, 50, (2, 3))
@@ -261,3 +282,15 @@ def test_cli_generate_bad_input_exits_2_with_a_sentence(overrides, message):
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.stderr.split())
     assert "Traceback" not in result.output
+
+
+def test_cli_generate_with_a_vanishing_temperature_is_greedy():
+    """`generate --prompt hello --temperature 1e-320 --max-new-tokens 2` gave a traceback."""
+    import json
+
+    tiny = cli("generate", "--prompt", "hello", "--temperature", "1e-320", "--max-new-tokens",
+               "2", "--json")  # fmt: skip
+    assert tiny.exit_code == 0 and "Traceback" not in tiny.output, tiny.output
+    greedy = cli("generate", "--prompt", "hello", "--max-new-tokens", "2", "--json")
+    assert json.loads(tiny.stdout)["new_ids"] == json.loads(greedy.stdout)["new_ids"]
+    assert "too small" in " ".join(cli("generate", "--help").stdout.split())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 
 import pytest
@@ -44,13 +45,15 @@ def _out_cases(tmp: Path) -> dict[str, tuple[str, str]]:
     """--out value → a phrase its refusal must contain."""
     (tmp / "file").write_text("keep me")
     cases = {
-        "null device": ("/dev/null", "is a device, not a directory"),
         "existing file": (str(tmp / "file"), "is a file, not a directory"),
         "parent is a file": (str(tmp / "file" / "run"), "is a file, so no directory"),
         "unwritable folder": ("/proc/headlab-test/run", "cannot write in /proc"),
         "300-character name": (str(tmp / ("r" * 300)), "300 bytes long"),
         "empty": ("", "is not a path"),
     }
+    if os.geteuid() == 0:  # a null device made here: a test never touches the machine's own
+        os.mknod(tmp / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        cases["null device"] = (str(tmp / "null"), "is a device, not a directory")
     if os.geteuid() != 0:  # root writes anywhere: /proc above covers it then
         (tmp / "locked").mkdir()
         (tmp / "locked").chmod(0o555)
@@ -72,6 +75,44 @@ def test_a_bad_out_is_refused_before_any_work(work, tmp_path, command) -> None:
         assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing half-written
     assert work == []  # no run ever started
     assert (tmp_path / "file").read_text() == "keep me"
+
+
+def _special_outs(tmp: Path) -> dict[str, tuple[str, str]]:
+    """Issue 24: --out folders that are, or hold, what no write may replace (made here)."""
+    import socket
+    import stat
+
+    os.mkfifo(tmp / "fifo")
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(tmp / "sock"))
+    (tmp / "run").mkdir()
+    os.mkfifo(tmp / "run" / "results.json")
+    cases = {
+        "a FIFO": (str(tmp / "fifo"), "is a FIFO, not a directory"),
+        "a socket": (str(tmp / "sock"), "is a socket, not a directory"),
+        "a folder holding a FIFO": (str(tmp / "run"), "results.json is a FIFO"),
+        "/sys": ("/sys/headlab-test", "cannot write in /sys"),
+    }
+    if os.geteuid() == 0:
+        os.mknod(tmp / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        cases["a device made here"] = (str(tmp / "null"), "is a device, not a directory")
+    return cases
+
+
+@pytest.mark.parametrize("command", [["train", "induction", "--quick"],
+                                     ["experiment", "induction", "--quick"]])  # fmt: skip
+def test_an_out_that_is_or_holds_a_device_or_fifo_is_refused_before_any_work(
+    work, tmp_path, command
+) -> None:
+    import stat
+
+    for kind, (out, phrase) in _special_outs(tmp_path).items():
+        result = CliRunner().invoke(app, [*command, "--out", out])
+        said = result.output.strip()
+        assert result.exit_code == 2, (kind, result.output)
+        assert phrase in " ".join(said.split()) and "Traceback" not in said, (kind, said)
+    assert work == []
+    assert stat.S_ISFIFO((tmp_path / "run" / "results.json").lstat().st_mode)
 
 
 def test_a_good_out_reaches_the_work(work, tmp_path) -> None:

@@ -148,3 +148,103 @@ def test_remove_leftovers_sweeps_only_old_temporaries(tmp_path: Path) -> None:
     removed = files.remove_leftovers(tmp_path)
     assert sorted(p.name for p in removed) == [".x.1-ab.tmp", ".y.1-ab.old", ".z.1-ab.tmp"]
     assert names(tmp_path) == ["keep.tmp"]
+
+
+# --- issue 24: targets checked by trying, and the bounded reader of regular files ---------------
+
+
+def test_a_target_in_a_folder_that_takes_no_files_is_refused_up_front(tmp_path: Path) -> None:
+    """/proc and /sys exist as folders but take no new file: only trying tells (issue 24)."""
+    for target in ("/proc/headlab-x.json", "/sys/headlab-x.json"):
+        assert files.check_writable(target) is None  # the kind check alone lets it through
+        problem = files.check_writable(target, try_it=True)
+        assert problem is not None and "cannot write in" in problem and "\n" not in problem
+    assert files.check_writable(tmp_path / "fine.json", try_it=True) is None
+    assert names(tmp_path) == []  # the try left nothing behind
+
+
+def test_a_long_name_is_refused_with_the_limit_and_one_that_fits_is_written(tmp_path) -> None:
+    problem = files.check_writable(tmp_path / ("a" * 300 + ".json"), try_it=True)
+    assert problem is not None and "305 bytes" in problem and "255" in problem, problem
+    longest = tmp_path / ("b" * 250)  # fits; its temporary name beside it must fit too
+    assert files.check_writable(longest, try_it=True) is None
+    assert files.write_atomic(longest, "x").read_text() == "x"
+    assert names(tmp_path) == [longest.name]
+
+
+def test_a_target_swapped_for_a_fifo_during_the_write_is_not_renamed_over(tmp_path) -> None:
+    target = tmp_path / "t.json"
+
+    def swap(path: Path) -> None:
+        path.write_text("new")
+        os.mkfifo(target)  # appears after the first check, before the rename
+
+    with pytest.raises(files.NotAFileError, match="not a regular file"):
+        files.write_atomic(target, swap)
+    assert stat.S_ISFIFO(target.lstat().st_mode) and names(tmp_path) == ["t.json"]
+
+
+def _inputs(tmp_path: Path) -> dict[str, Path]:
+    """Every kind of file input a user can name, made here (never the machine's own nodes)."""
+    made = _targets(tmp_path)
+    sock = tmp_path / "sock"
+    import socket
+
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(sock))
+    server.close()
+    made["a socket"] = sock
+    if os.geteuid() == 0:
+        made["a device"] = _device(tmp_path)
+    return made
+
+
+def test_read_text_refuses_what_is_not_a_regular_file_without_opening_it(tmp_path) -> None:
+    for kind, path in _inputs(tmp_path).items():  # a FIFO with no writer would hang an open
+        with pytest.raises(files.NotAFileError, match=f"is {kind}, not a regular file") as e:
+            files.read_text(path, 100, "text file")
+        assert str(e.value).startswith(f"text file {path} is"), kind
+    with pytest.raises(ValueError, match="does not exist"):
+        files.read_text(tmp_path / "missing", 100, "text file")
+
+
+def test_read_text_reads_at_most_its_limit_and_names_it(tmp_path, monkeypatch) -> None:
+    fine = tmp_path / "fine.txt"
+    fine.write_text("δδ", encoding="utf-8")
+    assert files.read_text(fine, 2, "text file") == "δδ"
+    sparse = tmp_path / "sparse.txt"
+    with open(sparse, "wb") as f:
+        f.truncate(2**26)  # 64 MiB that take no disk: a regression reads it, it cannot OOM
+    with pytest.raises(ValueError, match=r"the most headlab reads is 100 characters"):
+        files.read_text(sparse, 100, "text file")
+    read = []
+    real = os.read
+    monkeypatch.setattr(os, "read", lambda fd, n: read.append(n) or real(fd, n))
+    monkeypatch.setattr(os, "fstat", lambda fd: os.stat_result((stat.S_IFREG | 0o644,) + (0,) * 9))
+    with pytest.raises(ValueError, match="100 characters"):  # sizes 0, as /proc's files say
+        files.read_text(sparse, 100, "text file")
+    assert sum(read) <= 4 * 100 + 1
+
+
+def test_read_text_turns_a_read_error_into_a_sentence(tmp_path, monkeypatch) -> None:
+    """`heads --text-file /proc/self/mem` failed reading with EIO (issue 24)."""
+    assert "Input/output error" in str(_read_error(tmp_path, monkeypatch))
+    if Path("/proc/self/mem").exists():
+        monkeypatch.undo()
+        with pytest.raises(ValueError, match="cannot read it"):
+            files.read_text("/proc/self/mem", 100, "text file")
+
+
+def _read_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ValueError:
+    import errno
+
+    path = tmp_path / "x.txt"
+    path.write_text("x")
+
+    def broken(fd, n):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "read", broken)
+    with pytest.raises(ValueError, match="cannot read it") as e:
+        files.read_text(path, 100, "text file")
+    return e.value

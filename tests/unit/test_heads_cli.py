@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 
 import pytest
 from typer.testing import CliRunner
@@ -127,3 +128,124 @@ def test_cli_and_api_give_the_same_scores_and_labels(args: dict) -> None:
     assert cli["heads"] == api["heads"]
     assert cli["averaged"] == api["averaged"]
     assert cli["best"] == api["best"]
+
+
+# --- issue 24: file inputs and outputs checked before any work, quiet misreadings refused -----
+
+
+@pytest.fixture
+def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading a model fails the test: what is refused here is refused before any work."""
+
+    def load(*args, **kwargs):
+        raise AssertionError("the analysis started before the input or output was checked")
+
+    monkeypatch.setattr(zoo, "load", load)
+
+
+def one_line_refusal(result, *phrases: str) -> str:
+    """Exit 2, one line on stderr holding every phrase, no traceback; the line."""
+    said = result.stderr.strip()
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "Traceback" not in result.output and "\n" not in said, said
+    for phrase in phrases:
+        assert phrase in said, (phrase, said)
+    return said
+
+
+def _alarm(seconds: int = 10) -> None:
+    """Turn a blocked open (a FIFO with no writer) into a failure, not a hang."""
+    import signal
+
+    def ring(signum, frame):
+        raise TimeoutError("blocked opening a FIFO")
+
+    signal.signal(signal.SIGALRM, ring)
+    signal.alarm(seconds)
+
+
+def _made_nodes(tmp_path) -> dict[str, str]:
+    """A FIFO, a socket, a folder and (as root) a device, made here, never the machine's."""
+    import os
+    import socket
+    import stat
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "folder").mkdir()
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(tmp_path / "sock"))
+    made = {"a FIFO": "fifo", "a folder": "folder", "a socket": "sock"}
+    if os.geteuid() == 0:
+        os.mknod(tmp_path / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # as /dev/null
+        made["a device"] = "null"
+    return {kind: str(tmp_path / name) for kind, name in made.items()}
+
+
+def test_text_file_inputs_of_every_kind_are_refused_in_one_line(tmp_path, no_work):
+    """`heads --text-file /proc/self/mem` gave an EIO traceback; a FIFO would hang (issue 24)."""
+    import signal
+
+    sparse = tmp_path / "huge.txt"
+    with open(sparse, "wb") as f:
+        f.truncate(2**26)  # sparse 64 MiB: a broken bound fails, no OOM
+    cases = {path: [kind, "not a regular file"] for kind, path in _made_nodes(tmp_path).items()}
+    cases[str(sparse)] = ["100,000 characters"]
+    if os.path.exists("/proc/self/mem"):
+        cases["/proc/self/mem"] = ["cannot read it"]
+    _alarm()
+    try:
+        for path, phrases in cases.items():
+            for command in (["heads"], ["syntax", "--model", "default"]):
+                one_line_refusal(run(*command, "--text-file", path), *phrases)
+            one_line_refusal(run("heads", "--prompts", path), *phrases[:1])
+    finally:
+        signal.alarm(0)
+
+
+def test_html_targets_are_refused_before_any_work(tmp_path, no_work):
+    """`heads --html /dev/full` replaced the device with a file after the analysis ran."""
+    import stat
+
+    targets = {path: ["not a regular file"] for path in _made_nodes(tmp_path).values()}
+    targets["/proc/headlab-x.html"] = ["cannot write in /proc"]
+    targets["/sys/headlab-x.html"] = ["cannot write in /sys"]
+    targets[str(tmp_path / ("v" * 300))] = ["300 bytes long"]
+    targets[str(tmp_path / "none" / "v.html")] = ["does not exist"]
+    for path, phrases in targets.items():
+        one_line_refusal(run("heads", "--html", path), "--html", *phrases)
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode)
+
+
+def test_offload_folder_is_checked_before_any_work(tmp_path, no_work):
+    (tmp_path / "file").write_text("keep")
+    said = one_line_refusal(run("heads", "--offload-folder", str(tmp_path / "file")))
+    assert "--offload-folder" in said and "not a directory" in said
+    assert (tmp_path / "file").read_text() == "keep"
+
+
+def test_a_probe_given_with_a_text_is_refused(tmp_path, no_work):
+    """`heads --probe random-repeat --text "hi hi"` ran the text and ignored --probe; the API
+    refuses the same request (issue 24)."""
+    (tmp_path / "t.txt").write_text("hi hi")
+    (tmp_path / "p.txt").write_text("hi hi\n")
+    for given in (["--text", "hi hi"], ["--text-file", str(tmp_path / "t.txt")],
+                  ["--prompts", str(tmp_path / "p.txt")]):  # fmt: skip
+        for probe in ("random-repeat", "repeat"):
+            one_line_refusal(run("heads", "--probe", probe, *given), "takes no text")
+
+
+def test_a_negative_head_is_not_the_averaged_head():
+    """`--show 0.-1` drew layer 0's averaged head; L.avg is the way to ask for it."""
+    require(zoo._default_info().available, "the default model is not built")
+    for spec in ("0.-1", "0.-2", "-1.0"):
+        one_line_refusal(run("heads", "--show", spec, "--no-content"), "heads 0..", "L.avg")
+    result = run("heads", "--show", "0.avg", "--no-content")
+    assert result.exit_code == 0 and "layer 0 head avg" in result.stdout
+
+
+def test_the_help_states_the_one_text_limit_heads_and_syntax_share():
+    from headlab.scaling import MAX_PROMPT_CHARS
+
+    for command in ("heads", "syntax"):
+        shown = " ".join(run(command, "--help").stdout.replace("│", " ").split())
+        assert f"at most {MAX_PROMPT_CHARS:,} characters" in shown, command

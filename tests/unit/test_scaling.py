@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -81,6 +82,76 @@ def test_read_text_refuses_missing_empty_and_binary(tmp_path):
     (tmp_path / "bin.txt").write_bytes(b"ab\xfe\xff")
     with pytest.raises(ValueError, match=r"not UTF-8 \(byte 2\)"):
         scaling.read_text(tmp_path / "bin.txt")
+
+
+def _no_hang(seconds: int = 10):
+    """An alarm that turns a blocked open (a FIFO with no writer) into a failure, not a hang."""
+    import signal
+
+    def ring(signum, frame):
+        raise TimeoutError("the read blocked: a FIFO was opened")
+
+    signal.signal(signal.SIGALRM, ring)
+    signal.alarm(seconds)
+
+
+def _special_inputs(tmp_path: Path) -> dict[str, Path]:
+    """A FIFO, a folder and (as root) a device, made here: never the machine's own nodes."""
+    made = {"a FIFO": tmp_path / "fifo", "a folder": tmp_path / "folder"}
+    os.mkfifo(made["a FIFO"])
+    made["a folder"].mkdir()
+    if os.geteuid() == 0:
+        made["a device"] = tmp_path / "null"
+        os.mknod(made["a device"], 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # as /dev/null
+    return made
+
+
+def test_prompt_and_text_files_must_be_regular_files(tmp_path):
+    import signal
+
+    _no_hang()
+    try:
+        for kind, path in _special_inputs(tmp_path).items():
+            with pytest.raises(ValueError, match=f"is {kind}, not a regular file"):
+                scaling.read_prompts(path)
+            with pytest.raises(ValueError, match=f"is {kind}, not a regular file"):
+                scaling.read_text(path)
+    finally:
+        signal.alarm(0)
+
+
+def test_a_prompt_line_is_read_with_a_bound(tmp_path, monkeypatch):
+    """A line with no end (64 MiB of zeros, sparse) is refused after max_chars * 4 bytes: the
+    line is never held whole in memory."""
+    import tracemalloc
+
+    sparse = tmp_path / "sparse.txt"
+    with open(sparse, "wb") as f:
+        f.write(b"fine\n")
+        f.truncate(2**26)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=r"line 2 of .* a prompt may have at most 40 char"):
+            scaling.read_prompts(sparse, max_chars=40)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**22, f"{peak:,} bytes held to read a 40-character line"
+    monkeypatch.setattr(scaling, "MAX_PROMPTS_BYTES", 100)
+    many = write_prompts(tmp_path / "many.txt", ["a prompt"] * 20)
+    with pytest.raises(ValueError, match="the most headlab reads is 100 bytes"):
+        scaling.read_prompts(many)
+
+
+def test_a_jsonl_line_nested_too_deeply_names_its_line(tmp_path):
+    """A line 100,000 brackets deep gave a RecursionError traceback (issue 24)."""
+    deep = tmp_path / "d.jsonl"
+    deep.write_text('{"text": "fine"}\n' + "[" * 100_000 + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"line 2 of .* nested too deeply"):
+        scaling.read_prompts(deep)
+    deep.write_text('{"text": ' + "[" * 100_000 + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"line 1 of .* nested too deeply"):
+        scaling.read_prompts(deep)
 
 
 # --- the mean over prompts ------------------------------------------------------------------------
@@ -246,6 +317,40 @@ def test_cli_bad_input_exits_2_with_one_sentence(tmp_path, monkeypatch, args, me
     assert message in " ".join(result.stderr.split())
     assert "Traceback" not in result.output
     assert not list(tmp_path.glob("t.*"))
+
+
+def _no_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading a model fails the test: a bad output must be refused before any work."""
+
+    def load(*args, **kwargs):
+        raise AssertionError("the analysis started before the output was checked")
+
+    monkeypatch.setattr(zoo, "load", load)
+
+
+@pytest.mark.parametrize(
+    ("out", "message"),
+    [
+        ("/proc/headlab-x.json", "cannot write in /proc"),
+        ("/sys/headlab-x.json", "cannot write in /sys"),
+        ("a" * 300 + ".json", "the file name is 305 bytes long"),
+        ("fifo.json", "not a regular file"),
+        ("folder.json", "not a regular file"),
+    ],
+)
+def test_cli_prompts_out_is_refused_before_any_work(tmp_path, monkeypatch, out, message):
+    """`heads --prompts p.txt --out /proc/x.json` ran the analysis, then gave a traceback."""
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "folder.json").mkdir()
+    write_prompts(tmp_path / "p.txt", PROMPTS[:1])
+    _no_work(monkeypatch)
+    result = run("heads", "--prompts", "p.txt", "--out", out)
+    assert result.exit_code == 2, result.output
+    said = result.stderr.strip()
+    assert message in said and "\n" not in said, said
+    assert "Traceback" not in result.output
+    assert stat.S_ISFIFO((tmp_path / "fifo.json").lstat().st_mode)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")

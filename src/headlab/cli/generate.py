@@ -14,7 +14,11 @@ def generate(
     prompt: str = typer.Option(..., "--prompt", help="The text to continue."),
     # max_new_tokens, temperature and top_k are checked by the library, with the model's context
     max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="Most tokens to add."),
-    temperature: float = typer.Option(0.0, help="0 picks the likeliest token; above 0 samples."),
+    temperature: float = typer.Option(
+        0.0,
+        help="0 picks the likeliest token; above 0 samples. One too small to divide by (e.g. "
+        "1e-320) picks the likeliest token too, the limit of sampling as it goes to 0.",
+    ),
     top_k: int | None = typer.Option(None, "--top-k", help="Sample from the k likeliest only."),
     seed: int | None = typer.Option(
         None, min=0, max=SEED_MAX, help="Seed of the sampling (with --temperature), 0..2**63-1."

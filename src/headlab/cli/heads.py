@@ -53,6 +53,17 @@ DistTimeout = Annotated[
         help=("Under torchrun: seconds the ranks wait to reach each other."),
     ),
 ]
+TEXT_FILE_HELP = (
+    "A UTF-8 text file as the probe, at most 100,000 characters (long inputs; a bar per layer)."
+)
+PROBE_HELP = (
+    "Built-in probe, in place of a text: repeat (a sentence with a repeat; the default) or "
+    "random-repeat."
+)
+SHOW_HELP = (
+    "Draw head L.H's pattern, e.g. --show 0.2 (layers and heads count from 0); L.avg draws "
+    "layer L's averaged head."
+)
 HtmlOut = Annotated[str | None, typer.Option("--html", help=(
     "Also write the interactive head view and grid to one HTML file (opens from "
     "file://, no server, no network)."))]  # fmt: skip
@@ -61,19 +72,13 @@ HtmlOut = Annotated[str | None, typer.Option("--html", help=(
 def heads(
     model: ModelName = "default",
     text: str | None = typer.Option(None, help="Your own text as the probe."),
-    text_file: str | None = typer.Option(
-        None, "--text-file", help="A UTF-8 text file as the probe (long inputs; a bar per layer)."
-    ),
+    text_file: str | None = typer.Option(None, "--text-file", help=TEXT_FILE_HELP),
     prompts: Prompts = None,
     out: str | None = typer.Option(
         None, "--out", help="With --prompts: write the table to a .json or .csv file."
     ),
-    probe: str = typer.Option(
-        "repeat", help="Built-in probe: repeat (a sentence with a repeat) or random-repeat."
-    ),
-    show: str | None = typer.Option(
-        None, help="Draw head L.H's pattern, e.g. --show 0.2; L.avg draws layer L's mean head."
-    ),
+    probe: str | None = typer.Option(None, help=PROBE_HELP),
+    show: str | None = typer.Option(None, help=SHOW_HELP),
     seed: int = seed_option("Seed of the random probe and the position shuffle:"),
     content: bool = typer.Option(
         True, "--content/--no-content", help="Score content heads (runs a shuffled copy too)."
@@ -95,14 +100,17 @@ def heads(
     """Score every attention head of a model on a probe and label it (see docs/heads.md), or
     average the scores over many prompts (--prompts; shared among torchrun ranks)."""
     _check_heads_options(text, text_file, prompts, out, html_out, dist_timeout, syntax)
+    _check_probe(probe, text, text_file, prompts)
+    _check_outputs(html_out, offload_folder)
     load = _load_options(device, dtype, device_map, max_memory, offload_folder)
     if prompts is not None:
         where = Path(out) if out is not None else None
         _heads_over_prompts(model, Path(prompts), where, seed, content, load, dist_timeout, as_json)
     else:
-        file = Path(text_file) if text_file is not None else None
+        text = _read_text_file(text_file) if text_file is not None else text
         html = Path(html_out) if html_out is not None else None
-        _heads_on_probe(model, text, file, probe, show, seed, content, load, as_json, syntax, html)
+        _heads_on_probe(model, text, probe or "repeat", show, seed, content, load, as_json,
+                        syntax, html)  # fmt: skip
 
 
 def _check_heads_options(
@@ -119,14 +127,50 @@ def _check_heads_options(
         raise fail("give one of --text, --text-file and --prompts")
     if html_out is not None and prompts is not None:
         raise fail("--html draws one probe's patterns; --prompts averages scores only")
-    if html_out is not None and not Path(html_out).parent.is_dir():
-        raise fail(f"--html {html_out}: the folder {Path(html_out).parent} does not exist")
     if not 1 <= dist_timeout <= 86_400:  # NaN passes click's range check, not this one
         raise fail(f"--dist-timeout must be 1 to 86400 seconds, got {dist_timeout}")
     if out is not None and prompts is None:
         raise fail("--out writes the table of --prompts; for one probe use --json")
     if syntax and prompts is not None:
         raise fail("--syntax labels the heads of one probe; leave it out with --prompts")
+
+
+def _check_probe(
+    probe: str | None, text: str | None, text_file: str | None, prompts: str | None
+) -> None:
+    """A built-in probe takes no text (as :func:`headlab.measure.build_probe` and the API
+    say): --probe with --text, --text-file or --prompts would be quietly ignored."""
+    given = "--text" if text is not None else "--text-file" if text_file is not None else None
+    given = given or ("--prompts" if prompts is not None else None)
+    if probe is not None and probe != "text" and given is not None:
+        raise fail(f"probe {probe!r} takes no text; leave out --probe to score {given}, or "
+                   f"leave out {given} to run the {probe} probe")  # fmt: skip
+
+
+def _check_outputs(html_out: str | None, offload_folder: str | None) -> None:
+    """Every place ``heads`` writes, tried before any work: the --html file
+    (:func:`headlab.files.check_writable`) and the --offload-folder (a folder we can write in)."""
+    from headlab.cli.support import out_dir_problem
+    from headlab.files import check_writable
+
+    problem = None if html_out is None else check_writable(html_out, try_it=True)
+    if problem is not None:
+        raise fail(f"--html {problem}")
+    if offload_folder is not None:
+        problem = out_dir_problem(offload_folder, "--offload-folder")
+        if problem is not None:
+            raise fail(problem)
+
+
+def _read_text_file(text_file: str) -> str:
+    """--text-file's text, read before any work: a regular UTF-8 file of at most
+    :data:`headlab.scaling.MAX_PROMPT_CHARS` characters (exit 2 with the reason)."""
+    from headlab.scaling import read_text
+
+    try:
+        return read_text(text_file)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
 
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -176,7 +220,6 @@ def _parse_max_memory(spec: str) -> dict:
 def _heads_on_probe(
     model: str,
     text: str | None,
-    text_file: Path | None,
     probe: str,
     show: str | None,
     seed: int,
@@ -197,8 +240,9 @@ def _heads_on_probe(
         m, tokenizer = zoo.load(model, **load)
         L, h = m.config.n_layers, m.config.n_heads
         if target is not None and not (0 <= target[0] < L and -1 <= target[1] < h):
-            raise fail(f"--show {show}: this model has layers 0..{L - 1} and heads 0..{h - 1}")
-        p = _probe(m, tokenizer, text, text_file, probe, seed)
+            raise fail(f"--show {show}: this model has layers 0..{L - 1} and heads 0..{h - 1}; "
+                       "L.avg draws layer L's averaged head")  # fmt: skip
+        p = _probe(m, tokenizer, text, probe, seed)
         # the patterns of the other heads go, unless the HTML file draws them all
         keep = None if html is not None else {target} if target is not None else ()
         margins = _syntax_margins(m, tokenizer, model) if syntax else None
@@ -213,15 +257,11 @@ def _heads_on_probe(
         _write_head_page(report, model, html, out)
 
 
-def _probe(
-    m: Any, tokenizer: Any, text: str | None, text_file: Path | None, probe: str, seed: int
-) -> Any:
-    """The probe of ``headlab heads``: --text, --text-file or the built-in --probe."""
+def _probe(m: Any, tokenizer: Any, text: str | None, probe: str, seed: int) -> Any:
+    """The probe of ``headlab heads``: the text (of --text or --text-file) or the built-in
+    --probe."""
     from headlab.measure import build_probe
-    from headlab.scaling import read_text
 
-    if text_file is not None:
-        text = read_text(text_file)
     name = "text" if text is not None else probe
     return build_probe(name, tokenizer, m.config.max_len, m.config.vocab_size, text, seed)
 
@@ -336,7 +376,10 @@ def _syntax_margins(model: object, tokenizer: object, name: str) -> dict:
 def syntax_command(
     model: ModelName = "default",
     text_file: str | None = typer.Option(
-        None, "--text-file", help="English text to parse (default: the shipped evaluation text)."
+        None,
+        "--text-file",
+        help="English text to parse, a UTF-8 file of at most 100,000 characters (default: the "
+        "shipped evaluation text).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
 ) -> None:
@@ -344,13 +387,15 @@ def syntax_command(
     attended word is most often the parser's arc, against the best fixed-offset baseline."""
     import json
 
-    from headlab import zoo
+    from headlab import files, zoo
     from headlab.heads.syntax import ParserUnavailable, syntax_report
+    from headlab.scaling import MAX_PROMPT_CHARS
 
-    try:
-        text = None if text_file is None else Path(text_file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise fail(f"--text-file {text_file}: cannot read it as UTF-8 text ({exc})") from None
+    try:  # as heads reads it: a regular file, at most as long, but an empty text is no error
+        text = None if text_file is None else files.read_text(text_file, MAX_PROMPT_CHARS,
+                                                                 "text file")  # fmt: skip
+    except ValueError as exc:
+        raise fail(f"--text-file: cannot read it: {exc}") from None
     try:
         m, tokenizer = zoo.load(model)
         report = syntax_report(m, tokenizer, text, name=model).to_dict()
@@ -385,9 +430,11 @@ def _print_syntax_table(report: dict, model: str) -> None:
 
 
 def _parse_head(spec: str) -> tuple[int, int]:
-    """'L.H' → (L, H); 'L.avg' → (L, -1), the layer's averaged head."""
+    """'L.H' → (L, H); 'L.avg' → (L, -1), the layer's averaged head. A negative number is no
+    head: it comes back below −1 (or as layer −1), out of every model's range."""
     try:
         layer, head = spec.split(".")
-        return int(layer), -1 if head == "avg" else int(head)
+        number = int(head) if head != "avg" else -1
+        return int(layer), number - 1 if number < 0 and head != "avg" else number
     except ValueError:
         raise fail(f"--show takes LAYER.HEAD or LAYER.avg, e.g. 0.2; got {spec!r}") from None

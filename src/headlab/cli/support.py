@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from headlab.files import file_kind
 from headlab.training.train import Reporter
 
 # ---------------------------------------------------------------------------------------------
@@ -155,9 +156,25 @@ def out_dir_problem(path: str | Path, option: str = "--out") -> str | None:
         if not existing.exists():
             return f"{option} {text} is a link to nothing; name a directory"
         mode = existing.stat().st_mode
-        kind = "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a file"
+        kind = "a file" if stat.S_ISREG(mode) else file_kind(mode)
         return f"{option} {text} is {kind}, not a directory; name a new or existing directory"
-    return _unwritable(existing, option)
+    return _unwritable(existing, option) or _holds_special(existing, option)
+
+
+def _holds_special(directory: Path, option: str) -> str | None:
+    """A sentence if ``directory`` holds a device, FIFO or socket (its first 10,000 names are
+    looked at): a run writes its files there and never over one of those, so it would fail
+    after the work."""
+    try:
+        with os.scandir(directory) as entries:
+            for _, entry in zip(range(10_000), entries, strict=False):
+                mode = entry.stat(follow_symlinks=False).st_mode
+                if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+                    what = f"{entry.name} is {file_kind(mode)}"
+                    return f"{option} {directory}: {what}; remove it or choose another directory"
+    except OSError as exc:
+        return f"{option}: cannot list {directory} ({exc.strerror}); choose another directory"
+    return None
 
 
 def _nearest_existing(path: Path) -> Path:

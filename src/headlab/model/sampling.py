@@ -37,12 +37,22 @@ def pick_tokens(
     logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None
 ) -> Tensor:
     """logits (B, V) → next token ids (B,): argmax when temperature is 0, else a sample from
-    softmax(logits / temperature) over the top_k most likely tokens (all when None)."""
+    softmax(logits / temperature) over the top_k most likely tokens (all when None).
+
+    A temperature so small that logits / temperature overflows float32 (1e-320, say) picks
+    the argmax too: that is the limit of sampling as the temperature goes to 0. Sampling from
+    logits that are NaN or +infinity raises a ValueError: no distribution can be drawn."""
     if temperature == 0:
         return logits.argmax(dim=-1)
+    if torch.isnan(logits).any() or torch.isposinf(logits).any():
+        raise ValueError("the model's logits are not finite (NaN or infinity): cannot sample")
     scaled = logits.float() / temperature  # (B, V)
+    if (torch.isfinite(logits) & ~torch.isfinite(scaled)).any():
+        return logits.argmax(dim=-1)  # the temperature underflows: what sampling tends to
     if top_k is not None and top_k < scaled.shape[-1]:
         kth = scaled.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
+    if not torch.isfinite(probs).all():  # every logit −infinity
+        raise ValueError("the model's logits are all -infinity: no token can be picked")
     return torch.multinomial(probs, 1, generator=generator)[:, 0]
