@@ -54,7 +54,6 @@ class ModelInfo:
     source: str = ""  # where the weights are read from
 
 
-
 def _unicode(text: str) -> str:
     """``text`` if it is valid Unicode; a ValueError naming the first bad character if not."""
     try:
@@ -65,6 +64,7 @@ def _unicode(text: str) -> str:
             f"(U+{ord(text[e.start]):04X}); give plain text"
         ) from None
     return text
+
 
 class Tokenizer:
     """Text ↔ token ids for a model, with display labels for each token.
