@@ -232,3 +232,27 @@ def test_a_live_run_trains_on_the_threads_set_and_restores_them(monkeypatch) -> 
         monkeypatch.setenv("HEADLAB_LIVE_THREADS", bad)
         with pytest.raises(ValueError, match="HEADLAB_LIVE_THREADS"):
             settings.live_threads()
+
+
+def test_the_live_sections_code_link_shows_the_score_the_panel_draws():
+    """The "Show the code" link beside the live panel names the head score the panel's curves
+    are: the experiment's per-evaluation induction scores equal that function on the weights."""
+    import re
+    from pathlib import Path
+
+    import torch
+
+    import headlab.heads
+    from headlab.experiments import induction as ind
+
+    page = (Path(headlab.__file__).parent / "server/static/index.html").read_text()
+    live = page[
+        page.index('id="live-train-h"') : page.index("</section>", page.index("live-train-h"))
+    ]
+    linked = re.findall(r'data-code="headlab\.heads\.([a-z_]+)"', live)
+    assert linked == ["induction_score"]
+    model, data = ind.make_model(ind.LIVE, 2, 0), ind.held_out(ind.LIVE, 0)
+    with torch.no_grad():  # as the training loop evaluates
+        record, weights = ind.metrics(model.eval(), data)
+    score = getattr(headlab.heads, linked[0])
+    assert record["induction"] == [score(w, data.inputs).tolist() for w in weights]
