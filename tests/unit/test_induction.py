@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from headlab.cli import app
 from headlab.experiments import induction as ind
+from headlab.experiments import induction_ablation as ab
 from headlab.experiments.registry import experiments
 from headlab.files import finite, one_thread
 from headlab.heads import induction_mul_score
@@ -82,7 +83,7 @@ def test_head_mask_ablation_equals_zeroing_that_heads_slice_of_w_o() -> None:
     cfg = ind.QUICK
     model = ind.make_model(cfg, n_layers=2, seed=0)
     data = ind.held_out(cfg, seed=0)
-    ablated = ind.ablate(model, data, [(0, 2)])
+    ablated = ab.ablate(model, data, [(0, 2)])
     d_k = cfg.d_model // cfg.n_heads
     tokens = data.copies.tokens
     with torch.no_grad():
@@ -210,10 +211,10 @@ def test_shapley_values_of_a_known_game_by_hand() -> None:
     effects = {frozenset(s): (1.0 if {0, 1} & set(s) else 0.0)
                for r in range(4) for s in itertools.combinations(range(3), r)}  # fmt: skip
     # v({0}) = v({1}) = v({0,1}) = 1: by symmetry each gets 1/2, the idle head 0
-    assert ind.shapley(effects, 3) == pytest.approx([0.5, 0.5, 0.0])
+    assert ab.shapley(effects, 3) == pytest.approx([0.5, 0.5, 0.0])
     additive = {frozenset(s): sum((0.6, 0.3, 0.1)[i] for i in s)
                 for r in range(4) for s in itertools.combinations(range(3), r)}  # fmt: skip
-    assert ind.shapley(additive, 3) == pytest.approx([0.6, 0.3, 0.1])  # additive: own effect
+    assert ab.shapley(additive, 3) == pytest.approx([0.6, 0.3, 0.1])  # additive: own effect
 
 
 def test_feeder_rule_takes_joint_effects_not_one_heads_threshold() -> None:
@@ -226,15 +227,15 @@ def test_feeder_rule_takes_joint_effects_not_one_heads_threshold() -> None:
     # REFERENCES' seed 5: head 1 (attends to itself) removes 0.45 alone, the previous-token head
     # 0 only 0.28 (under the old single-head rule's 0.3), both together 0.95
     seed5 = game(lambda s: 0.95 if {0, 1} <= s else 0.45 if 1 in s else 0.28 if 0 in s else 0.05)
-    assert ind.choose_feeders(seed5, h) == {0, 1}
+    assert ab.choose_feeders(seed5, h) == {0, 1}
     # one head does the job alone: it is the only feeder
     alone = game(lambda s: 0.9 if 2 in s else 0.05 * len(s))
-    assert ind.choose_feeders(alone, h) == {2}
+    assert ab.choose_feeders(alone, h) == {2}
     # two redundant heads: either alone removes little, both together most of the gain
     spare = game(lambda s: 0.85 if {0, 3} <= s else 0.1)
-    assert ind.choose_feeders(spare, h) == {0, 3}
+    assert ab.choose_feeders(spare, h) == {0, 3}
     # nothing in layer 0 matters: no smaller set qualifies, so all of layer 0 is reported
-    assert ind.choose_feeders(game(lambda s: 0.02 * len(s)), h) == frozenset(range(h))
+    assert ab.choose_feeders(game(lambda s: 0.02 * len(s)), h) == frozenset(range(h))
 
 
 def test_registry_and_results_helpers() -> None:
@@ -327,8 +328,8 @@ def test_quick_run_finds_the_induction_head_and_its_previous_token_partner(quick
 def test_quick_run_ablation_removes_the_gain_only_for_the_feeders(quick) -> None:
     results, _ = quick
     # the rule: the feeders together remove most of the gain, the other layer-0 heads little
-    assert results["ablate_feeders_effect"] >= ind.MOST
-    assert results["ablate_others_effect"] <= ind.LITTLE
+    assert results["ablate_feeders_effect"] >= ab.MOST
+    assert results["ablate_others_effect"] <= ab.LITTLE
     assert set(results["ablation"]) == {f"{l}.{h}" for l in range(2) for h in range(4)}
     assert len(results["layer0_subsets"]) == 2**4 - 1
     feeders = "+".join(sorted(f["head"] for f in results["feeder_heads"]))
@@ -364,7 +365,7 @@ def _check_joint_ablations() -> None:
     # an untrained model has no gain to lose: give it a span of 1 nat so effects are losses
     final = {"repeated_loss": clean, "first_copy_loss": clean + 1.0,
              "prev_token": [[0.0] * 4, [0.0] * 4]}  # fmt: skip
-    study = ind.ablation_study(model, data, final)
+    study = ab.ablation_study(model, data, final)
     for name, effect in study["layer0_subsets"].items():
         heads = [int(x.split(".")[1]) for x in name.split("+")]
         loss = float(_zero_heads_in_w_o(model, heads, data.copies.tokens)[later].mean())

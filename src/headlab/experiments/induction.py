@@ -71,14 +71,7 @@ from headlab.experiments import write_results
 from headlab.experiments.design_common import spread
 
 # the ablation study's public names stay importable from the experiment (tests, benchmarks)
-from headlab.experiments.induction_ablation import LITTLE as LITTLE
-from headlab.experiments.induction_ablation import MOST as MOST
-from headlab.experiments.induction_ablation import ablate as ablate
-from headlab.experiments.induction_ablation import ablate_many as ablate_many
 from headlab.experiments.induction_ablation import ablation_study, parse_head
-from headlab.experiments.induction_ablation import choose_feeders as choose_feeders
-from headlab.experiments.induction_ablation import layer0_subsets as layer0_subsets
-from headlab.experiments.induction_ablation import shapley as shapley
 from headlab.experiments.induction_figures import figures
 from headlab.files import one_thread, torch_threads
 from headlab.heads import THRESHOLDS, induction_score, previous_mul_score, token_rule_targets
