@@ -113,9 +113,9 @@ class InductionConfig:
 
 DEFAULT = InductionConfig()
 # The live recipe: the page's "train it yourself" panel and `--quick` (so the tests assert on it)
-# (benchmarks/bench_phase_change.py; measured against other recipes in docs/induction.md). A vocabulary
-# of 48 and a higher rate after a shorter warm-up end the window at steps 275-300, not 400-450;
-# an evaluation every 25 steps places its end to within 25 steps.
+# (benchmarks/bench_phase_change.py; measured against other recipes in docs/induction.md). A
+# vocabulary of 48 and a higher rate after a shorter warm-up end the window at steps 275-300, not
+# 400-450; an evaluation every 25 steps places its end to within 25 steps.
 LIVE = InductionConfig(
     vocab_size=48,
     seq_len=24,
