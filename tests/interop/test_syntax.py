@@ -63,24 +63,28 @@ def two_hand_parsed_sentences() -> list[Sentence]:
 
 
 def test_syntactic_accuracy_on_a_hand_parsed_example():
-    """Two heads: head 0 looks one word right, head 1 looks at the verb. By hand:
-    det (The→dog, a→cat): head 0 predicts dog and cat (2/2); head 1 chased from both (0/2).
-    dobj (cat→chased): head 0 predicts '.' (0), head 1 chased (1); reverse (chased→cat): head 0
-    predicts 'a' (0), head 1 (chased looks at itself → its next choice 'dog') 0.
-    Baselines: det always at +1 (1.0); dobj at −2 (1.0)."""
+    """Two heads: head 0 looks one word right (the last word left), head 1 looks at the verb
+    (the verb at word 1, or 0). By Clark et al.'s rule, dependent→head reads each word's row,
+    head→dependent each word's column (the word that attends to it most). By hand:
+    det (The→dog, a→cat): rows of head 0 predict dog and cat (2/2); head 1 chased (0/2).
+    dobj (cat→chased): head 0's row gives '.', head 1's chased; columns: 'a' attends to cat
+    most under head 0, nobody under head 1 (0, 0). Baselines: det at +1 (1.0); dobj at −2."""
     sents = two_hand_parsed_sentences()
 
-    def preds(n_words: int, verb: int) -> torch.Tensor:
-        right = [min(w + 1, n_words - 1) if w + 1 < n_words else w - 1 for w in range(n_words)]
-        to_verb = [verb if w != verb else (1 if verb != 1 else 0) for w in range(n_words)]
-        return torch.tensor([[right, to_verb]])  # (L=1, h=2, W)
+    def reads(n_words: int, verb: int) -> torch.Tensor:
+        A = torch.zeros(1, 2, n_words, n_words)
+        for w in range(n_words):
+            A[0, 0, w, w + 1 if w + 1 < n_words else w - 1] = 1.0
+            A[0, 1, w, verb if w != verb else (1 if verb != 1 else 0)] = 1.0
+        return syntax.both_predictions(A)  # (2, L=1, h=2, W)
 
-    accuracy, counts, baselines = score_arcs([preds(6, 2), preds(5, 3)], sents)
+    accuracy, counts, baselines = score_arcs([reads(6, 2), reads(5, 3)], sents)
     assert counts == {"det": 2, "nsubj": 1, "dobj": 1, "poss": 1, "nsubjpass": 1, "auxpass": 1}
     assert accuracy["det"][0, 0].tolist() == [1.0, 0.0]  # dependent → head
     assert accuracy["dobj"][0, 0].tolist() == [0.0, 1.0]
     assert accuracy["dobj"][1, 0].tolist() == [0.0, 0.0]  # head → dependent
-    # nsubj dog→chased: head 0 predicts 'chased' (1), head 1 too; reverse chased→dog: head 1 only
+    # nsubj dog→chased: both rows predict 'chased'; only under head 1 does chased attend to
+    # dog more than any other word does
     assert accuracy["nsubj"][:, 0].tolist() == [[1.0, 1.0], [0.0, 1.0]]
     assert baselines["det"] == (1, 1.0)
     assert baselines["dobj"] == (-2, 1.0)
@@ -89,8 +93,8 @@ def test_syntactic_accuracy_on_a_hand_parsed_example():
 
 def test_report_rows_and_margins():
     sents = two_hand_parsed_sentences()
-    acc, counts, base = score_arcs([torch.zeros(1, 2, 6, dtype=torch.long),
-                                    torch.zeros(1, 2, 5, dtype=torch.long)], sents)  # fmt: skip
+    acc, counts, base = score_arcs([torch.zeros(2, 1, 2, 6, dtype=torch.long),
+                                    torch.zeros(2, 1, 2, 5, dtype=torch.long)], sents)  # fmt: skip
     report = syntax.SyntaxReport("m", 2, 11, acc, counts, base)
     assert report.best() == []  # every relation has fewer than MIN_ARCS arcs
     assert report.to_dict()["note"]
@@ -99,7 +103,7 @@ def test_report_rows_and_margins():
     rows = {r["relation"]: r for r in report.best()}
     assert set(rows["det"]) == {"relation", "layer", "head", "accuracy", "direction",
                                 "baseline_offset", "baseline_accuracy", "count"}  # fmt: skip
-    # every prediction is word 0: the determiner rows predict 'The' nowhere but det's reverse
+    # every prediction is word 0, the head of no arc: each head is there, at its best margin
     margins = report.margins()
     assert set(margins) == {(0, 0), (0, 1)}
     for value, relation in margins.values():

@@ -78,6 +78,8 @@ def sink_lines(report: HeadReport) -> list[str]:
         heads = ", ".join(f"{r['layer']}.{h}" for h in r["heads"]) or "none"
         out.append(f"layer {r['layer']}: {r['share']:.0%} of heads put more than "
                    f"{SINK_THRESHOLD} of their attention on the first token ({heads})")  # fmt: skip
+    if not report.start_token:
+        out.append(f"no start token: {report.sink_position['note']}")
     return out
 
 

@@ -83,6 +83,23 @@ class HeadReport:
     # key/value heads of the model (grouped-query attention: query head i reads K/V head
     # i // (h / n_kv_heads)); None: one per query head
     n_kv_heads: int | None = None
+    # whether the probe opens with a special start token; without one a sink rests on the
+    # first word, which the rare-word score therefore leaves out (targets.rare_word_targets)
+    start_token: bool = True
+
+    @property
+    def sink_position(self) -> dict[str, Any]:
+        """Where an attention sink rests on this probe: position 0, the start token or, in a
+        probe without one, the first word."""
+        token = self.tokens[0] if self.tokens else ""
+        what = "the start token" if self.start_token else f"the first word, {token.strip()!r}"
+        return {
+            "position": 0,
+            "token": token,
+            "start_token": self.start_token,
+            "note": f"a sink rests on {what}"
+            + ("" if self.start_token else "; the rare-word score leaves position 0 out"),
+        }
 
     def pattern(self, layer: int, head: int) -> Tensor:
         """The (n, n) pattern of head ``head`` of layer ``layer`` (−1: the averaged head) on
@@ -140,7 +157,11 @@ class HeadReport:
             "averaged": [s.to_dict() for s in self.averaged],
             "best": self.best,
             "thresholds": dict(THRESHOLDS),
-            "sinks": {"threshold": SINK_THRESHOLD, "layers": self.sinks},
+            "sinks": {
+                "threshold": SINK_THRESHOLD,
+                "layers": self.sinks,
+                "rests_on": self.sink_position,
+            },
         }
         if patterns:
             if self.patterns is None or self.averaged_patterns is None:
@@ -271,7 +292,8 @@ def _report(
     averaged = [_scored(l, -1, scores, offsets, rests, l * (h + 1) + h, None) for l in range(L)]
     common: dict[str, Any] = dict(probe=probe.name, tokens=list(probe.labels),
                                   ids=probe.tokens[0].tolist(), heads=heads, averaged=averaged,
-                                  text=probe.text, n_kv_heads=n_kv_heads)  # fmt: skip
+                                  text=probe.text, n_kv_heads=n_kv_heads,
+                                  start_token=not bool(probe.movable[:, 0].any()))  # fmt: skip
     if keep is None:
         patterns = torch.stack([torch.stack([s.kept[i] for i in range(h)]) for s in layers])
         avg = torch.stack([s.kept[-1] for s in layers])

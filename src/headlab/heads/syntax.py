@@ -6,12 +6,18 @@ Shape legend
 
 Clark, Khandelwal, Levy and Manning 2019, "What Does BERT Look At?": turn each head's token
 attention into word attention — attention *to* a word is the sum over its pieces, attention
-*from* a word the mean over its pieces, special tokens dropped — and let a head "predict" a
-word's syntactic head as the word it attends to most (itself excluded). For each dependency
-relation a head's accuracy is the share of arcs it predicts, in either direction (dependent →
-head, or head → dependent, as Clark et al. score both); the baseline is the best fixed offset
-(always predict the word δ away). Voita et al. 2019 call a head syntactic when it beats that
-baseline by at least 10 points on a relation.
+*from* a word the mean over its pieces, special tokens dropped — and score each dependency
+relation in both directions by the rule of Clark et al.'s released analysis code:
+
+    dependent→head   the word the dependent attends to most (itself excluded) is its head
+    head→dependent   the word that attends to the dependent most (itself excluded) is its head
+                     (their "transpose" mode: attention read by columns, not by rows)
+
+A possessive followed by "'s" is judged by the prediction of its "'s", as theirs is. Words that
+no token starts in (spaCy splits "cannot" into "can" + "not"; the tokenizer does not) have no
+attention of their own, so their arcs are left out, not counted as misses. The baseline is
+the best fixed offset δ = head − dependent in −3…+2, the offsets their code tries. Voita et al.
+2019 call a head syntactic when it beats that baseline by at least 10 points on a relation.
 
     load_parser      the pinned spaCy English pipeline (``pip install 'headlab[syntax]'``)
     parse_sentences  text → sentences with words, character spans and dependency arcs
@@ -45,6 +51,13 @@ EVAL_TEXT = Path(__file__).parents[1] / "data" / "syntax_eval.txt"
 MIN_ARCS = 20  # relations with fewer arcs in the text are left out (too few to compare heads)
 MARGIN = 0.10  # Voita et al. 2019: ≥ 10 points over the best fixed-offset baseline
 SKIPPED = ("ROOT", "punct", "dep", "")  # not relations between words worth a head
+OFFSETS = range(-3, 3)  # the fixed offsets of Clark et al.'s baseline (their range(-3, 3))
+POSSESSIVE_MARKS = ("'s", "’s", "s'", "'", "’")  # a poss arc is judged at its marker, as theirs
+# direction → the rule it scores (Clark et al.'s "normal" and "transpose" modes)
+DIRECTIONS = {
+    "dependent→head": "the word the dependent attends to most is its head",
+    "head→dependent": "the word that attends to the dependent most is its head",
+}
 
 
 class ParserUnavailable(ValueError):
@@ -144,6 +157,13 @@ def predictions(words: Tensor) -> Tensor:
     return torch.where(others.amax(-1) > 0, best, torch.full_like(best, -1))
 
 
+def both_predictions(words: Tensor) -> Tensor:
+    """Clark et al.'s two readings of word attention (L, h, W, W) → (2, L, h, W): [0] the word
+    each word attends to most (dependent→head), [1] the word that attends to each word most
+    (head→dependent, their "transpose" mode); −1 where there is none."""
+    return torch.stack([predictions(words), predictions(words.transpose(-1, -2))])
+
+
 @dataclass
 class Tally:
     """Per relation: arcs seen, and each head's hits in each direction, over many sentences."""
@@ -152,15 +172,15 @@ class Tally:
     hits: dict[str, Tensor] = field(default_factory=dict)  # relation → (2, L, h)
     offsets: dict[str, dict[int, int]] = field(default_factory=dict)  # relation → δ → arcs
 
-    def add(self, relation: str, dependent: int, head: int, pred: Tensor) -> None:
-        """One arc; pred (L, h, W) each head's most-attended word per word."""
+    def add(self, relation: str, dependent: int, head: int, pred: Tensor, at: int) -> None:
+        """One arc; pred (2, L, h, W) from :func:`both_predictions`; ``at`` the word whose
+        predictions judge it (the dependent, or the "'s" of a possessive)."""
         if relation not in self.hits:
-            self.hits[relation] = torch.zeros(2, *pred.shape[:2], dtype=torch.long)
+            self.hits[relation] = torch.zeros(2, *pred.shape[1:3], dtype=torch.long)
         self.count[relation] = self.count.get(relation, 0) + 1
-        self.hits[relation][0] += (pred[..., dependent] == head).long()  # dependent → head
-        self.hits[relation][1] += (pred[..., head] == dependent).long()  # head → dependent
+        self.hits[relation] += (pred[..., at] == head).long()  # both directions, Clark's rule
         by_offset = self.offsets.setdefault(relation, {})
-        by_offset[head - dependent] = by_offset.get(head - dependent, 0) + 1
+        by_offset[head - at] = by_offset.get(head - at, 0) + 1  # the baseline judged there too
 
 
 @dataclass(frozen=True)
@@ -186,7 +206,7 @@ class SyntaxReport:
             offset, base = self.baselines[rel]
             rows.append({"relation": rel, "layer": layer, "head": head,
                          "accuracy": round(float(acc.max()), 4),
-                         "direction": ("dependent→head", "head→dependent")[direction],
+                         "direction": list(DIRECTIONS)[direction],
                          "baseline_offset": offset, "baseline_accuracy": round(base, 4),
                          "count": self.counts[rel]})  # fmt: skip
         return sorted(rows, key=lambda r: -r["count"])
@@ -203,13 +223,13 @@ class SyntaxReport:
             for (layer, head), value in zip(torch.cartesian_prod(
                     torch.arange(margin.shape[0]), torch.arange(margin.shape[1])).tolist(),
                     margin.flatten().tolist(), strict=True):  # fmt: skip
-                if value > out.get((layer, head), (-1.0, ""))[0]:
+                if (layer, head) not in out or value > out[(layer, head)][0]:
                     out[(layer, head)] = (value, rel)
         return out
 
     def to_dict(self) -> dict[str, Any]:
         out = {"model": self.model, "sentences": self.sentences, "words": self.words,
-               "relations": self.best()}  # fmt: skip
+               "relations": self.best(), "directions": dict(DIRECTIONS)}  # fmt: skip
         if self.note or not out["relations"]:
             out["note"] = self.note or "no relation has enough arcs to compare heads"
         return out
@@ -226,23 +246,37 @@ def _sentence_tokens(tokenizer: Any, s: Sentence, max_len: int) -> tuple[list[in
     return ids, index
 
 
+def judged_at(s: Sentence, dependent: int, relation: str) -> int:
+    """The word whose predictions judge an arc: the dependent, or for a possessive followed
+    by its marker ("his brother 's car") the marker, as in Clark et al.'s code."""
+    after = dependent + 1
+    if relation == "poss" and after < len(s.words) and s.words[after] in POSSESSIVE_MARKS:
+        return after
+    return dependent
+
+
 def score_arcs(
-    predicted: list[Tensor], sentences: list[Sentence]
+    predicted: list[Tensor], sentences: list[Sentence], present: list[Tensor] | None = None
 ) -> tuple[dict[str, Tensor], dict[str, int], dict[str, tuple[int, float]]]:
     """Per relation, each head's accuracy in both directions, the arcs counted and the best
-    fixed-offset baseline: predicted[k] (L, h, W_k) is each head's most-attended word per word
-    of sentences[k] (:func:`predictions`). Returns ``(accuracy {relation: (2, L, h)}, counts,
-    baselines {relation: (offset, accuracy)})``; the baseline's offset is head − dependent,
-    ties going to the smaller |offset|."""
+    fixed-offset baseline: predicted[k] (2, L, h, W_k) is :func:`both_predictions` of
+    sentences[k]; present[k] (W_k,) bool marks the words some token starts in (arcs touching
+    another word are left out). Returns ``(accuracy {relation: (2, L, h)}, counts, baselines
+    {relation: (offset, accuracy)})``; the baseline's offset is head − dependent (− the
+    marker for a judged-at-its-marker possessive) in :data:`OFFSETS`, ties going to the smaller
+    |offset|."""
     tally = Tally()
-    for pred, s in zip(predicted, sentences, strict=True):
+    for k, (pred, s) in enumerate(zip(predicted, sentences, strict=True)):
+        seen = present[k].tolist() if present is not None else [True] * len(s.words)
         for dependent, head, rel in s.arcs():
-            tally.add(rel, dependent, head, pred)
+            at = judged_at(s, dependent, rel)
+            if seen[dependent] and seen[head] and seen[at]:
+                tally.add(rel, dependent, head, pred, at)
     accuracy = {r: tally.hits[r].float() / tally.count[r] for r in tally.hits}
     baselines = {}
     for r, by_offset in tally.offsets.items():
-        offset = max(by_offset, key=lambda d: (by_offset[d], -abs(d), d))
-        baselines[r] = (offset, by_offset[offset] / tally.count[r])
+        offset = max(OFFSETS, key=lambda d: (by_offset.get(d, 0), -abs(d), d))
+        baselines[r] = (offset, by_offset.get(offset, 0) / tally.count[r])
     return accuracy, tally.count, baselines
 
 
@@ -266,9 +300,11 @@ def analyse_syntax(
         )  # (L, B, h, n, n)
         for b, k in enumerate(members):
             s, _, index = runs[k]
-            predicted[k] = predictions(word_attention(weights[:, b], index, len(s.words)))
+            predicted[k] = both_predictions(word_attention(weights[:, b], index, len(s.words)))
     kept = [s for s, _, _ in runs]
-    accuracy, counts, baselines = score_arcs(predicted, kept)
+    present = [torch.isin(torch.arange(len(s.words)), torch.tensor(index, dtype=torch.long))
+               for s, _, index in runs]  # fmt: skip
+    accuracy, counts, baselines = score_arcs(predicted, kept, present)
     skipped = len(sentences) - len(kept)
     note = f"{skipped} sentence(s) longer than the model's context were skipped" if skipped else ""
     words = sum(len(s.words) for s in kept)

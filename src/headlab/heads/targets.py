@@ -124,16 +124,18 @@ def rare_word_targets(
     or an earlier one under a causal mask).
     """
     B, n = word_index.shape
-    rare = torch.zeros(B, n, dtype=torch.bool)
+    in_word = torch.zeros(B, n, dtype=torch.bool)  # every piece of the rarest word(s)
     for b in range(B):
         freq = torch.tensor(zipf[b], dtype=torch.float64)
         if freq.numel() == 0 or bool(freq.isnan().all()):
             continue
         lowest = freq.nan_to_num(nan=float("inf")).min()
         words = (freq == lowest).nonzero()[:, 0]
-        rare[b] = torch.isin(word_index[b], words) & (word_index[b] >= 0)
+        in_word[b] = torch.isin(word_index[b], words) & (word_index[b] >= 0)
+    rare = in_word.clone()
+    rare[:, 0] = False  # where a sink rests: attention there says nothing about rarity
     seen = rare.long().cumsum(-1) > 0 if causal else rare.any(-1, keepdim=True).expand(B, n)
-    rows = seen & ~rare & (word_index >= 0)
+    rows = seen & ~in_word & (word_index >= 0)
     return rare, rows
 
 
