@@ -90,10 +90,15 @@ REST_OF_LABEL = {"duplicate-token": "duplicate", "induction": "induction", "rare
                  "content": "content"}  # fmt: skip
 
 
-def label_head(scores: dict[str, float], offset: int = 0) -> str:
+def label_head(
+    scores: dict[str, float], offset: int = 0, floors: dict[str, float] | None = None
+) -> str:
     """The label of a head from its scores: tier by tier (:data:`TIERS`), the type that passes
     its threshold by the widest margin, measured as the share of the way from the threshold
     to a perfect score, (score − threshold) / (1 − threshold); "mixed" when none passes.
+    With ``floors`` (type → the random-weights mean + k · sd of its layer, from
+    :meth:`headlab.heads.baselines.Baselines.floors`) a type passes only at or above its floor
+    too: no label that random weights earn.
 
     A positional head is named by its offset: −1 previous-token, 0 current-token, +1
     next-token; any other offset is "positional".
@@ -102,7 +107,7 @@ def label_head(scores: dict[str, float], offset: int = 0) -> str:
         passing = {
             k: (scores[k] - THRESHOLDS[k]) / (1 - THRESHOLDS[k])
             for k in tier
-            if k in scores and scores[k] >= THRESHOLDS[k]
+            if k in scores and scores[k] >= max(THRESHOLDS[k], (floors or {}).get(k, 0.0))
         }
         if passing:
             best = max(passing, key=lambda k: passing[k])

@@ -174,6 +174,7 @@ class HeadReport:
 
 
 SyntacticScores = dict[tuple[int, int], tuple[float, str]]  # (layer, head) → (margin, relation)
+Floors = dict[int, dict[str, float]]  # layer → score type → the least score a label needs
 
 
 def _scored(
@@ -184,6 +185,7 @@ def _scored(
     rests: dict[str, list[float]],
     i: int,
     syntactic: SyntacticScores | None,
+    floors: Floors | None = None,
 ) -> HeadScore:
     """Head ``head`` of ``layer`` (−1: the averaged head), row ``i`` of the stacked scores."""
     values = {k: float(v[i]) for k, v in by_type.items()}
@@ -191,7 +193,7 @@ def _scored(
     if syntactic is not None and head >= 0:
         margin, relation = syntactic.get((layer, head), (0.0, ""))
         values["syntactic"] = max(0.0, float(margin))
-    label = label_head(values, int(offsets[i]))
+    label = label_head(values, int(offsets[i]), (floors or {}).get(layer) if head >= 0 else None)
     kind = REST_OF_LABEL.get(label)
     rest = float(rests[kind][i]) if kind in rests else None
     return HeadScore(layer, head, label, values, int(offsets[i]), rest, relation)
@@ -248,6 +250,7 @@ def analyse(
     keep: Keep = None,
     progress: Callable[[int, int], None] | None = None,
     syntactic: SyntacticScores | None = None,
+    floors: Floors | None = None,
 ) -> HeadReport:
     """Run ``model`` on ``probe`` and score and label every (layer, head) and each layer's
     averaged head: the one head analysis the CLI, the server and the experiments call.
@@ -263,6 +266,8 @@ def analyse(
     (:func:`headlab.measure.reduce_patterns`), so the extra memory is about one layer's
     (2B, h, n, n) plus the patterns kept: every head's by default, only ``keep``'s otherwise
     (``keep=()`` for scores alone). ``progress(done, L)`` is called after each layer.
+    ``floors`` (:meth:`headlab.heads.baselines.Baselines.floors`) make each label need its
+    margin over random weights too.
     model: a :class:`headlab.model.Transformer` (load it with :mod:`headlab.zoo`); probe: a
     :class:`headlab.measure.Probe` (build it with :func:`headlab.measure.build_probe`).
     """
@@ -272,7 +277,8 @@ def analyse(
     targets = build_targets(probe, causal=bool(model.config.causal))
     score = layer_scorer(targets, order if content else None, keep)
     layers = reduce_patterns(model, run, score, progress)
-    return _report(probe, layers, keep, syntactic, getattr(model.config, "n_kv_heads", None))
+    n_kv = getattr(model.config, "n_kv_heads", None)
+    return _report(probe, layers, keep, syntactic, n_kv, floors)
 
 
 def _report(
@@ -281,13 +287,14 @@ def _report(
     keep: Keep,
     syntactic: SyntacticScores | None = None,
     n_kv_heads: int | None = None,
+    floors: Floors | None = None,
 ) -> HeadReport:
     """The HeadReport of a probe from its layers' scores (layer-major; averaged heads apart)."""
     L, h = len(layers), layers[0].offsets.shape[0] - 1
     scores = {k: torch.cat([s.scores[k] for s in layers]).tolist() for k in layers[0].scores}
     rests = {k: torch.cat([s.rests[k] for s in layers]).tolist() for k in layers[0].rests}
     offsets = torch.cat([s.offsets for s in layers]).tolist()
-    heads = [_scored(l, i, scores, offsets, rests, l * (h + 1) + i, syntactic)
+    heads = [_scored(l, i, scores, offsets, rests, l * (h + 1) + i, syntactic, floors)
              for l in range(L) for i in range(h)]  # fmt: skip
     averaged = [_scored(l, -1, scores, offsets, rests, l * (h + 1) + h, None) for l in range(L)]
     common: dict[str, Any] = dict(probe=probe.name, tokens=list(probe.labels),
