@@ -1,0 +1,225 @@
+"""Composition scores (Elhage et al. 2021): how much one head's output feeds a later head's query,
+key or value, read off the weights alone.
+
+Shape legend
+    L   layers; h query heads per layer; h_kv key/value heads (groups) per layer
+    d   d_model; d_k the per-head width
+
+Row-vector convention (x W), as TransformerLens writes it: for head a,
+W_OV^a = W_V^a W_O^a and W_QK^a = W_Q^a W_K^aᵀ, each d × d of rank ≤ d_k. For a head a in an
+earlier layer than head b:
+
+    Q-composition   ‖W_OV^a W_QK^b‖_F  / (‖W_OV^a‖_F ‖W_QK^b‖_F)   a's output read by b's queries
+    K-composition   ‖W_OV^a W_QK^bᵀ‖_F / (‖W_OV^a‖_F ‖W_QK^b‖_F)   … by b's keys
+    V-composition   ‖W_OV^a W_OV^b‖_F  / (‖W_OV^a‖_F ‖W_OV^b‖_F)   … by b's values
+
+as TransformerLens's ``all_composition_scores`` computes them (0 unless a's layer < b's). The
+weights are those the residual stream meets, as TransformerLens folds them by default: a pre-norm
+block's gain scales the rows of W_Q, W_K, W_V, and for LayerNorm (which removes the mean) those
+are centred over d and W_O's output centred too; post-norm and norm-free models keep their
+weights. Rotary positions and biases are left out, as TransformerLens leaves them.
+
+Grouped-query models share W_K and W_V among the query heads of a group, which therefore read one
+subspace: the K- and V-group scores ‖W_OV^a W_K^g‖_F / (‖W_OV^a‖_F ‖W_K^g‖_F) (and W_V^g) say
+how much of head a's output lands in what group g of a later layer reads.
+
+Random matrices of the same shapes also score above 0 (about 1/√d for rank-d_k products in d
+dimensions): :func:`random_baseline` draws them, and a pair counts as composing when it
+stands K_SD standard deviations above their mean.
+
+Papers: Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits"; TransformerLens
+(Nanda and Bloom 2022).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from headlab.heads.baselines import K_SD
+
+MODES = ("q", "k", "v", "k_group", "v_group")
+BASELINE_DRAWS = 200  # random matrix pairs per mode
+
+
+@dataclass(frozen=True)
+class HeadWeights:
+    """One layer's per-head weights as the residual stream meets them (see the module
+    docstring): W_Q (h, d, d_k), W_K and W_V (h_kv, d, d_k), W_O (h, d_k, d)."""
+
+    W_Q: Tensor
+    W_K: Tensor
+    W_V: Tensor
+    W_O: Tensor
+
+
+def _split(linear: nn.Linear, heads: int) -> Tensor:
+    """A projection's weight (heads · d_k, d) as (heads, d, d_k): x @ W[i] is head i's part."""
+    w = linear.weight.detach().float()
+    return w.view(heads, -1, w.shape[-1]).transpose(1, 2)  # (heads, d, d_k)
+
+
+def head_weights(model: Any) -> list[HeadWeights]:
+    """Each layer's :class:`HeadWeights`, the norm folded in as TransformerLens folds it."""
+    c = model.config
+    h, h_kv = c.n_heads, c.n_kv_heads or c.n_heads
+    out = []
+    for block in model.blocks:
+        attn = block.attn
+        q, k, v = _split(attn.W_Q, h), _split(attn.W_K, h_kv), _split(attn.W_V, h_kv)
+        o = attn.W_O.weight.detach().float().T.reshape(h, -1, c.d_model)  # (h, d_k, d)
+        if c.norm == "pre":
+            gain = block.norm_attn.weight.detach().float()[None, :, None]  # (1, d, 1)
+            q, k, v = q * gain, k * gain, v * gain
+            if c.norm_kind == "layernorm":  # the norm removes the mean: only centred parts count
+                q, k, v = (w - w.mean(dim=1, keepdim=True) for w in (q, k, v))
+                o = o - o.mean(dim=-1, keepdim=True)
+        out.append(HeadWeights(q, k, v, o))
+    return out
+
+
+def _r(w: Tensor) -> Tensor:
+    """A square root of w's Gram matrix: R (N, d_k, d_k) with RᵀR = wᵀw for w (N, d, d_k), so
+    ‖w X‖_F = ‖R X‖_F for every X. The R of a QR would do, but a batched QR of d × d_k
+    matrices ran 100× slower here than this Cholesky in float64 (an eigendecomposition where
+    w is rank-deficient, as a centred d_k = d head is)."""
+    gram = w.double().transpose(-1, -2) @ w.double()  # (N, d_k, d_k)
+    lower, info = torch.linalg.cholesky_ex(gram)
+    r = lower.transpose(-1, -2)
+    bad = info != 0
+    if bool(bad.any()):
+        values, vectors = torch.linalg.eigh(gram[bad])
+        r[bad] = values.clamp_min(0).sqrt()[..., :, None] * vectors.transpose(-1, -2)
+    return r.float()
+
+
+def left_factor(W_V: Tensor, W_O: Tensor) -> Tensor:
+    """(N, d_k, d) with ‖left · X‖_F = ‖W_V W_O X‖_F for every X; W_V (N, d, d_k), W_O
+    (N, d_k, d)."""
+    return _r(W_V) @ W_O
+
+
+def right_factor(A: Tensor, B: Tensor | None = None) -> Tensor:
+    """(N, d, d_k) with ‖X · right‖_F = ‖X A Bᵀ‖_F for every X (A alone when B is None)."""
+    return A if B is None else A @ _r(B).transpose(-1, -2)
+
+
+def pair_scores(left: Tensor, right: Tensor) -> Tensor:
+    """‖left_a right_b‖_F / (‖left_a‖_F ‖right_b‖_F) for every a, b: (Na, d_k, d) and
+    (Nb, d, m) → (Na, Nb)."""
+    Na, k, d = left.shape
+    Nb, _, m = right.shape
+    product = left.reshape(Na * k, d) @ right.permute(1, 0, 2).reshape(d, Nb * m)
+    norms = product.view(Na, k, Nb, m).pow(2).sum(dim=(1, 3)).sqrt()  # (Na, Nb)
+    left_norm = left.flatten(1).norm(dim=1)  # (Na,)
+    right_norm = right.flatten(1).norm(dim=1)  # (Nb,)
+    return norms / (left_norm[:, None] * right_norm[None, :]).clamp_min(1e-30)
+
+
+def _right_factors(w: HeadWeights, group: Tensor) -> dict[str, Tensor]:
+    """Each mode's reading side of one layer: q, k, v (h, d, d_k); k_group, v_group (h_kv, ·)."""
+    K, V = w.W_K[group], w.W_V[group]  # (h, d, d_k): each query head's K/V head
+    return {
+        "q": right_factor(w.W_Q, K),  # W_QK = W_Q W_Kᵀ
+        "k": right_factor(K, w.W_Q),  # W_QKᵀ = W_K W_Qᵀ
+        "v": right_factor(V, w.W_O.transpose(1, 2)),  # W_OV = W_V W_O
+        "k_group": right_factor(w.W_K),
+        "v_group": right_factor(w.W_V),
+    }
+
+
+@dataclass(frozen=True)
+class Composition:
+    """Every pair's composition scores and the random-matrix baseline (see the module).
+
+    ``scores[mode]`` is (L, h, L, h) for q, k, v and (L, h, L, h_kv) for the groups, indexed
+    [earlier layer, head, later layer, head or group], 0 where the first layer is not earlier.
+    ``baseline[mode]`` is (mean, sd) of the same score on random matrices of the same shapes."""
+
+    scores: dict[str, Tensor]
+    baseline: dict[str, tuple[float, float]]
+    k: float = K_SD
+    draws: int = BASELINE_DRAWS
+    pairs: int = field(default=0)  # head pairs in different layers
+
+    def floor(self, mode: str) -> float:
+        """The least score that counts as composing: the random mean + k · sd."""
+        mean, sd = self.baseline[mode]
+        return mean + self.k * sd
+
+    def top(self, mode: str, n: int = 10) -> list[dict[str, Any]]:
+        """The ``n`` highest-scoring pairs of ``mode``, each with whether it clears the floor."""
+        s = self.scores[mode]
+        values, flat = s.flatten().topk(min(n, s.numel()))
+        out = []
+        for value, index in zip(values.tolist(), flat.tolist(), strict=True):
+            a, i, b, j = (int(x) for x in torch.unravel_index(torch.tensor(index), s.shape))
+            if value <= 0:
+                break
+            out.append({"from": [a, i], "to": [b, j], "score": round(value, 4),
+                        "above_baseline": value >= self.floor(mode)})  # fmt: skip
+        return out
+
+    def to_dict(self, n: int = 10) -> dict[str, Any]:
+        return {
+            "pairs": self.pairs,
+            "k": self.k,
+            "baseline": {
+                m: {
+                    "mean": round(a, 4),
+                    "sd": round(b, 4),
+                    "draws": self.draws,
+                    "floor": round(self.floor(m), 4),
+                }
+                for m, (a, b) in self.baseline.items()
+            },
+            "top": {m: self.top(m, n) for m in self.scores},
+        }
+
+
+def random_baseline(
+    d: int, d_k: int, draws: int = BASELINE_DRAWS, seed: int = 0
+) -> dict[str, tuple[float, float]]:
+    """Each mode's score on Gaussian matrices of the shapes a head has (W_Q, W_K, W_V d × d_k,
+    W_O d_k × d): (mean, sample sd) over ``draws`` pairs. Scores are scale-free, so the entries'
+    scale does not matter."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int) -> Tensor:
+        return torch.randn(draws, *shape, generator=g)
+
+    left = left_factor(rand(d, d_k), rand(d_k, d))
+    rights = {"q": right_factor(rand(d, d_k), rand(d, d_k)),
+              "k": right_factor(rand(d, d_k), rand(d, d_k)),
+              "v": right_factor(rand(d, d_k), rand(d, d_k)),
+              "k_group": rand(d, d_k), "v_group": rand(d, d_k)}  # fmt: skip
+    out = {}
+    for mode, right in rights.items():
+        product = torch.bmm(left, right).flatten(1).norm(dim=1)  # draw i with draw i
+        scores = (product / (left.flatten(1).norm(dim=1) * right.flatten(1).norm(dim=1))).double()
+        out[mode] = (float(scores.mean()), float(scores.std()))
+    return out
+
+
+@torch.no_grad()
+def composition_scores(model: Any) -> Composition:
+    """Q-, K- and V-composition of every pair of heads in different layers of ``model``, and
+    the K- and V-group scores, beside the random-matrix baseline (Elhage et al. 2021)."""
+    c = model.config
+    L, h = c.n_layers, c.n_heads
+    h_kv = c.n_kv_heads or h
+    group = torch.arange(h) // (h // h_kv)  # query head → its K/V head
+    weights = head_weights(model)
+    lefts = [left_factor(w.W_V[group], w.W_O) for w in weights]  # (h, d_k, d) per layer
+    rights = [_right_factors(w, group) for w in weights]
+    scores = {m: torch.zeros(L, h, L, h if m in ("q", "k", "v") else h_kv) for m in MODES}
+    for a in range(L - 1):
+        for mode in MODES:
+            later = torch.cat([r[mode] for r in rights[a + 1 :]])  # ((L − a − 1) · ·, d, ·)
+            s = pair_scores(lefts[a], later)  # (h, (L − a − 1) · ·)
+            scores[mode][a, :, a + 1 :] = s.view(h, L - a - 1, -1)
+    pairs = h * h * L * (L - 1) // 2
+    return Composition(scores, random_baseline(c.d_model, c.d_k), pairs=pairs)
