@@ -137,12 +137,17 @@ def spread(values: Tensor, dims: tuple[int, ...]) -> Tensor:
 
 
 def baselines(
-    model: Any, probe: Probe, seeds: tuple[int, ...] = BASELINE_SEEDS, content: bool = True
+    model: Any,
+    probe: Probe,
+    seeds: tuple[int, ...] = BASELINE_SEEDS,
+    content: bool = True,
+    shuffled: bool = True,
 ) -> Baselines:
     """The random-weights and shuffled-tokens baselines of every score of ``model`` on
-    ``probe``: 2 · S analyses (each one forward, two with ``content``)."""
+    ``probe``: 2 · S analyses (each one forward, two with ``content``); S without
+    ``shuffled`` (the labels need the random weights only)."""
     rand = random_weight_scores(model, probe, seeds, content)
-    shuf = shuffled_scores(model, probe, seeds, content)
+    shuf = shuffled_scores(model, probe, seeds, content) if shuffled else {}
     return Baselines(
         seeds=tuple(seeds),
         k=K_SD,
