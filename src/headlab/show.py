@@ -7,6 +7,8 @@ In Jupyter or VS Code the value of a cell's last line draws itself::
     show(report, model="default")               # report = headlab.heads.analyse(model, probe)
     show(report, grid=True)                     # the grid of every head, with its label
     show(trace_shapes(d_model=512, n_heads=8))  # the layer, drawn, with every shape
+    circuit_view(induction_circuit(model, probe))  # previous-token → induction heads (SVG)
+    evidence_view(evidence(model, probe))        # each label and the sentence backing it
 
 :func:`write_html` writes one page that works from ``file://`` (``headlab heads --html out.html``).
 The drawing code is the explainer page's own (``server/static/js``), bundled here into one script
@@ -229,4 +231,66 @@ def show(obj: Any, model: str = "", grid: bool = False) -> View:
     raise TypeError(
         f"headlab.show draws a HeadReport (headlab.heads.analyse) or a ShapeReport "
         f"(headlab.shapes.trace_shapes), or their to_dict() forms; got {type(obj).__name__}"
+    )
+
+
+@dataclass
+class Html:
+    """A ready HTML fragment that renders itself in a notebook (views drawn without the page's
+    scripts)."""
+
+    html: str
+
+    def _repr_html_(self) -> str:
+        return self.html
+
+
+def circuit_view(circuit: Any, model: str = "") -> Html:
+    """The induction circuit (:func:`headlab.heads.circuit.induction_circuit`, or its
+    ``to_dict()``) as an SVG graph: a column per layer, previous-token heads and induction heads
+    as nodes, each candidate edge as a line as thick as its K-composition above the random
+    floor, solid when drawn (above the floor and confirmed by ablation), dashed when not."""
+    d = circuit.to_dict() if hasattr(circuit, "to_dict") else dict(circuit)
+    nodes = [(tuple(p["head"]), "previous-token") for p in d["previous"]]
+    nodes += [(tuple(p["head"]), "induction") for p in d["induction"]]
+    layers = sorted({h[0] for h, _ in nodes}) or [0]
+    column = {layer: i for i, layer in enumerate(layers)}
+    rows: dict[int, int] = {}
+    where = {}
+    for head, _ in nodes:
+        rows[head[0]] = rows.get(head[0], 0) + 1
+        where[head] = (60 + 180 * column[head[0]], 40 + 44 * (rows[head[0]] - 1))
+    width, height = 120 + 180 * (len(layers) - 1), 60 + 44 * max(rows.values(), default=1)
+    top = max((e["k_composition"] for e in d["edges"]), default=1.0)
+    parts = []
+    for e in d["edges"]:
+        (x1, y1), (x2, y2) = where[tuple(e["from"])], where[tuple(e["to"])]
+        share = max(0.0, e["k_composition"] - d["k_floor"]) / max(top - d["k_floor"], 1e-9)
+        dash = "" if e["drawn"] else ' stroke-dasharray="4 3"'
+        parts.append(f'<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="#555" '
+                     f'stroke-width="{1 + 5 * share:.1f}"{dash}><title>{e["from"]} → {e["to"]}: '
+                     f'K {e["k_composition"]:.3f}</title></line>')  # fmt: skip
+    for head, label in nodes:
+        x, y = where[head]
+        fill = "#4c78a8" if label == "previous-token" else "#e45756"
+        parts.append(f'<circle cx="{x}" cy="{y}" r="13" fill="{fill}"><title>{label}</title>'
+                     f'</circle><text x="{x}" y="{y + 4}" text-anchor="middle" fill="white" '
+                     f'font-size="11">{head[0]}.{head[1]}</text>')  # fmt: skip
+    caption = html.escape(f"{model + ': ' if model else ''}previous-token (blue) → induction "
+                          f"(red); K-composition floor {d['k_floor']:.3f}; solid: confirmed "
+                          f"by {d['ablation']} ablation")  # fmt: skip
+    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'role="img" aria-label="{caption}">{"".join(parts)}</svg>')  # fmt: skip
+    return Html(f'<figure class="headlab-circuit">{svg}<figcaption>{caption}</figcaption></figure>')
+
+
+def evidence_view(evidence: Any) -> Html:
+    """Every head's label and the sentence that backs it (:func:`headlab.heads.evidence.
+    evidence`, or its ``to_dict()``), as a table."""
+    d = evidence.to_dict() if hasattr(evidence, "to_dict") else dict(evidence)
+    rows = "".join(f"<tr><td>{h['layer']}.{h['head']}</td><td>{html.escape(h['label'])}</td>"
+                   f"<td>{html.escape(h['evidence'])}</td></tr>" for h in d["heads"])  # fmt: skip
+    return Html(
+        '<table class="headlab-evidence"><thead><tr><th>head</th><th>label</th>'
+        f"<th>what backs it</th></tr></thead><tbody>{rows}</tbody></table>"
     )

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from headlab.cli.circuit import AblationOption, check_ablation, print_evidence
 from headlab.cli.common import (
     ModelName,
     console,
@@ -64,6 +65,10 @@ SHOW_HELP = (
     "Draw head L.H's pattern, e.g. --show 0.2 (layers and heads count from 0); L.avg draws "
     "layer L's averaged head."
 )
+EVIDENCE_HELP = (
+    "Back every label: scores beside random-weight and shuffled baselines (a label needs its "
+    "margin), each head ablated alone, composition scores, and a sentence per head."
+)
 HtmlOut = Annotated[str | None, typer.Option("--html", help=(
     "Also write the interactive head view and grid to one HTML file (opens from "
     "file://, no server, no network)."))]  # fmt: skip
@@ -96,10 +101,15 @@ def heads(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
     html_out: HtmlOut = None,
+    evidence: bool = typer.Option(False, "--evidence", help=EVIDENCE_HELP),
+    ablation: AblationOption = "mean",
 ) -> None:
     """Score every attention head of a model on a probe and label it (see docs/heads.md), or
     average the scores over many prompts (--prompts; shared among torchrun ranks)."""
     _check_heads_options(text, text_file, prompts, out, html_out, dist_timeout, syntax)
+    if evidence and prompts is not None:
+        raise fail("--evidence backs the labels of one probe; leave it out with --prompts")
+    mode = check_ablation(ablation) if evidence else None
     _check_probe(probe, text, text_file, prompts)
     _check_outputs(html_out, offload_folder)
     load = _load_options(device, dtype, device_map, max_memory, offload_folder)
@@ -110,7 +120,7 @@ def heads(
         text = _read_text_file(text_file) if text_file is not None else text
         html = Path(html_out) if html_out is not None else None
         _heads_on_probe(model, text, probe or "repeat", show, seed, content, load, as_json,
-                        syntax, html)  # fmt: skip
+                        syntax, html, mode)  # fmt: skip
 
 
 def _check_heads_options(
@@ -228,10 +238,12 @@ def _heads_on_probe(
     as_json: bool,
     syntax: bool = False,
     html: Path | None = None,
+    evidence: str | None = None,
 ) -> None:
     """One probe: the table (or JSON) of every head, and the pattern of --show's head; with
-    ``syntax`` the syntactic scores from the evaluation text too (headlab.heads.syntax), and with
-    ``html`` the interactive view of every head in one offline file."""
+    ``syntax`` the syntactic scores from the evaluation text too (headlab.heads.syntax), with
+    ``html`` the interactive view of every head in one offline file, and with ``evidence`` (an
+    ablation mode) each label's evidence (headlab.heads.evidence)."""
     from headlab import zoo
 
     target = _parse_head(show) if show is not None else None
@@ -246,11 +258,18 @@ def _heads_on_probe(
         # the patterns of the other heads go, unless the HTML file draws them all
         keep = None if html is not None else {target} if target is not None else ()
         margins = _syntax_margins(m, tokenizer, model) if syntax else None
-        report = _analyse(m, p, seed, content, keep, margins)
+        if evidence is not None:
+            backed = _evidence(m, p, evidence, seed, content, keep, margins)
+            report = backed.report
+        else:
+            report = _analyse(m, p, seed, content, keep, margins)
     except ValueError as exc:
         raise fail(str(exc)) from None
     out = err_console if as_json else console  # keep stdout pure JSON
-    _print_probe_report(report, model, as_json)
+    extra = {} if evidence is None else {"evidence": backed.to_dict()}
+    _print_probe_report(report, model, as_json, extra)
+    if evidence is not None and not as_json:
+        print_evidence(extra["evidence"])
     if target is not None:
         _draw_head(report, target, out)
     if html is not None:
@@ -277,14 +296,27 @@ def _analyse(m: Any, p: Any, seed: int, content: bool, keep: Any, margins: Any) 
                        progress=lambda done, total: bar(done, total, what))  # fmt: skip
 
 
-def _print_probe_report(report: Any, model: str, as_json: bool) -> None:
-    """Every head's scores as JSON on stdout, or as a table with the attention-sink lines."""
+def _evidence(m: Any, p: Any, mode: Any, seed: int, content: bool, keep: Any,
+              margins: Any) -> Any:  # fmt: skip
+    """:func:`headlab.heads.evidence.evidence` with a progress bar, a step per stage."""
+    from headlab.heads.evidence import STAGES, evidence
+
+    with progress_bar() as bar:
+        return evidence(m, p, mode, seed, content, keep, syntactic=margins,
+                        progress=lambda stage: bar(STAGES.index(stage), len(STAGES),
+                                                   "evidence"))  # fmt: skip
+
+
+def _print_probe_report(report: Any, model: str, as_json: bool, extra: dict | None = None) -> None:
+    """Every head's scores as JSON on stdout (with ``extra`` fields), or as a table with the
+    attention-sink lines."""
     import json
 
     from headlab.heads.render import heads_table, sink_lines
 
     if as_json:
-        typer.echo(json.dumps({"model": model, **report.to_dict()}, ensure_ascii=False))
+        body = {"model": model, **report.to_dict(), **(extra or {})}
+        typer.echo(json.dumps(body, ensure_ascii=False))
         return
     title = f"{model}: {report.probe} probe, {len(report.tokens)} tokens"
     console.print(heads_table(report, title))

@@ -58,6 +58,7 @@ SCORE_OF_LABEL = {**BEST_TYPES, "next-token": "next", "delimiter": "delimiter",
                   "diffuse": "diffuse"}  # fmt: skip
 ROWS_OF_LABEL = {"induction": "induction", "duplicate-token": "duplicate", "rare-word": "rare"}
 INDUCTION_DROP = 0.5  # a feeder: ablating it takes an induction score below half its value
+STAGES = ("baselines", "scores", "composition", "ablation")  # what evidence() runs, in order
 
 
 @dataclass(frozen=True)
@@ -217,10 +218,12 @@ def evidence(
     content: bool = True,
     keep: Any = (),
     progress: Callable[[str], None] | None = None,
+    syntactic: Any = None,
 ) -> Evidence:
     """Every head's :class:`HeadCard` on ``probe`` (module docstring). ``keep`` as for
-    :func:`headlab.heads.analyse` (default: no patterns); ``progress(stage)`` is called before
-    each stage. Ablations need a causal model; for another they are left out."""
+    :func:`headlab.heads.analyse` (default: no patterns), and ``syntactic`` its syntactic margins;
+    ``progress(stage)`` is called before each of :data:`STAGES`. Ablations need a causal model;
+    for another they are left out."""
     times: dict[str, float] = {}
 
     def stage(name: str, run: Callable[[], Any]) -> Any:
@@ -234,7 +237,7 @@ def evidence(
     base = stage("baselines", lambda: baselines(model, probe, content=content))
     floors = base.floors()
     report = stage("scores", lambda: analyse(model, probe, seed, content, keep=keep,
-                                             floors=floors))  # fmt: skip
+                                             syntactic=syntactic, floors=floors))  # fmt: skip
     comp = stage("composition", lambda: composition_scores(model))
     causal = bool(model.config.causal)
     ablations = stage("ablation", lambda: ablate_heads(model, probe, mode=mode)) if causal else None

@@ -1,0 +1,85 @@
+"""`headlab circuit`, `headlab heads --evidence` and the notebook views of both: JSON that
+matches the library's answer, one-line errors, and SVG/HTML drawn from the data."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import require
+from headlab import zoo
+from headlab.cli import app
+from headlab.show import circuit_view, evidence_view
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def built():
+    require(zoo._default_info().available, "the default model is not built")
+
+
+@pytest.fixture(scope="module")
+def circuit_json(built):
+    result = runner.invoke(app, ["circuit", "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_circuit_json_has_the_default_models_circuit(circuit_json):
+    d = circuit_json
+    assert d["model"] == "default" and d["ablation"] == "mean"
+    assert [p["head"] for p in d["previous"]] == [[0, 0]]
+    induction = {tuple(p["head"]) for p in d["induction"]}
+    assert {tuple(e["to"]) for e in d["edges"] if e["drawn"]} == induction
+    assert d["forwards"] == 2 and set(d["seconds"]) == {"labels", "composition", "ablation"}
+
+
+def test_circuit_text_names_every_edge(built):
+    result = runner.invoke(app, ["circuit", "--ablation", "zero"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "0.0 → 1.0: K-composition" in text and "(drawn)" in text
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["circuit", "--ablation", "resample"], "valid modes are mean, zero"),
+    (["heads", "--evidence", "--ablation", "half"], "valid modes are mean, zero"),
+    (["heads", "--evidence", "--prompts", "p.txt"], "leave it out with --prompts"),
+])  # fmt: skip
+def test_bad_evidence_options_exit_2_with_one_line(args, message):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert message in " ".join(result.stderr.split()) and "Traceback" not in result.output
+
+
+def test_heads_evidence_json_carries_every_card(built):
+    result = runner.invoke(app, ["heads", "--evidence", "--json"])
+    assert result.exit_code == 0, result.output
+    d = json.loads(result.stdout)
+    cards = d["evidence"]["heads"]
+    assert [(c["layer"], c["head"], c["label"]) for c in cards] == [
+        (h["layer"], h["head"], h["label"]) for h in d["heads"]]  # fmt: skip
+    for card in cards:
+        assert card["evidence"] and {"baselines", "ablation", "compositions"} <= set(card)
+    assert d["evidence"]["ablation"]["forwards"] == 3
+
+
+def test_the_circuit_view_draws_each_node_and_edge():
+    d = {"previous": [{"head": [0, 2], "score": 0.9}],
+         "induction": [{"head": [1, 1], "score": 0.8}, {"head": [2, 0], "score": 0.7}],
+         "edges": [{"from": [0, 2], "to": [1, 1], "k_composition": 0.3, "drawn": True},
+                   {"from": [0, 2], "to": [2, 0], "k_composition": 0.12, "drawn": False}],
+         "k_floor": 0.1, "ablation": "mean"}  # fmt: skip
+    html = circuit_view(d, model="m<1>")._repr_html_()
+    assert html.count("<circle") == 3 and html.count("<line") == 2
+    assert html.count("stroke-dasharray") == 1  # the edge ablation did not confirm
+    assert "m&lt;1&gt;" in html and "m<1>" not in html
+
+
+def test_the_evidence_view_escapes_each_sentence():
+    d = {"heads": [{"layer": 0, "head": 1, "label": "mixed", "evidence": "a < b & c"}]}
+    html = evidence_view(d)._repr_html_()
+    assert "<td>0.1</td><td>mixed</td><td>a &lt; b &amp; c</td>" in html
