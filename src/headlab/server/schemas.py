@@ -232,6 +232,13 @@ class HeadsRequest(TextRequest):
         "text (headlab.heads.syntax; needs headlab[syntax]); the answer's 'syntax' field says when "
         "that is unavailable",
     )
+    evidence: StrictBool = Field(
+        False,
+        description="also back every label (headlab.heads.evidence): each score beside its "
+        "random-weight and shuffled-token baselines, labels that need their margin over random "
+        "weights, every head mean-ablated alone, composition scores, and a sentence per head; "
+        "costs 6 more analyses and one partial forward per layer",
+    )
 
 
 class ModelOnText(BaseModel):
@@ -283,6 +290,12 @@ class HeadsResponse(ModelOnText):
         None,
         description="with syntax=true: 'available', 'note', the best head per relation on the "
         "evaluation text, and the text's words, parser arcs and each head's top link per word",
+    )
+    evidence: dict[str, Any] | None = Field(
+        None,
+        description="with evidence=true: per head its scores' baselines, ablation effects, "
+        "strongest compositions and the sentence backing its label ('heads'), the "
+        "composition baseline and top pairs, and what the evidence cost (forwards, seconds)",
     )
     weights: list[list[list[list[float]]]] = Field(
         description="[layer][head][query i][key j] on the probe's first sequence"

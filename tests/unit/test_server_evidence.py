@@ -1,0 +1,49 @@
+"""POST /api/heads with "evidence": true: the same cards as the library, labels with their
+margins, and a 422 naming the field for a value that is no boolean."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from conftest import require
+from headlab import zoo
+from headlab.heads.evidence import evidence
+from headlab.measure import build_probe
+from headlab.server import create_app
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[TestClient]:
+    require(zoo._default_info().available, "the default model is not built")
+    with TestClient(create_app(preload=())) as c:
+        yield c
+
+
+def test_evidence_is_opt_in_and_equals_the_librarys(client: TestClient) -> None:
+    plain = client.post("/api/heads", json={"model": "default"}).json()
+    assert plain.get("evidence") is None
+    r = client.post("/api/heads", json={"model": "default", "evidence": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    model, tokenizer = zoo.load("default")
+    c = model.config
+    want = evidence(model, build_probe("repeat", tokenizer, c.max_len, c.vocab_size)).to_dict()
+    got = body["evidence"]
+    assert [h["evidence"] for h in got["heads"]] == [h["evidence"] for h in want["heads"]]
+    assert [h["label"] for h in body["heads"]] == [h["label"] for h in want["heads"]]
+    assert got["ablation"]["forwards"] == want["ablation"]["forwards"]
+    assert body["weights"] and len(body["heads"]) == c.n_layers * c.n_heads
+
+
+def test_a_non_boolean_evidence_is_a_422_naming_the_field(client: TestClient) -> None:
+    r = client.post("/api/heads", json={"model": "default", "evidence": "yes"})
+    assert r.status_code == 422 and "evidence" in r.text
+
+
+def test_the_schema_documents_the_field(client: TestClient) -> None:
+    schema = client.get("/openapi.json").json()["components"]["schemas"]
+    assert "random-weight" in schema["HeadsRequest"]["properties"]["evidence"]["description"]
+    assert "evidence" in schema["HeadsResponse"]["properties"]
