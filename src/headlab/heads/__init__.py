@@ -8,6 +8,12 @@
     report    :func:`analyse`, the one analysis call, and its :class:`HeadReport`
     syntax    word-level attention against dependency parses (spaCy, ``headlab[syntax]``)
     render    terminal views of a report
+    baselines every score with random weights and on shuffled tokens; the floors a label needs
+    effects   exact single-head ablations (mean or zero), batched: losses and induction scores
+    composition  Q-, K-, V-composition of every pair of heads (Elhage et al. 2021), and groups
+    evidence  each head's card: scores beside baselines, ablation effects, compositions, a
+              sentence with the numbers (``headlab heads --evidence``)
+    circuit   previous-token → induction heads, each edge confirmed (``headlab circuit``)
 
 Each type is judged on the rows where it can act (a query with a choice of keys and a target);
 its threshold (:data:`THRESHOLDS`) and the paper it comes from:
