@@ -92,13 +92,23 @@ def heads(
     ),
     dist_timeout: DistTimeout = 60.0,
     syntax: bool = typer.Option(
-        False, "--syntax", help="Also score syntactic heads on the evaluation text (spaCy)."
+        False,
+        "--syntax",
+        help="Also score syntactic heads on the evaluation text (spaCy): a syn column beside "
+        "the others; the labels stay those without it.",
+    ),
+    syntax_labels: bool = typer.Option(
+        False,
+        "--syntax-labels",
+        help="Score syntactic heads and label with that score too (implies --syntax; other "
+        "heads' labels can change).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
     html_out: HtmlOut = None,
 ) -> None:
     """Score every attention head of a model on a probe and label it (see docs/heads.md), or
     average the scores over many prompts (--prompts; shared among torchrun ranks)."""
+    syntax = syntax or syntax_labels
     _check_heads_options(text, text_file, prompts, out, html_out, dist_timeout, syntax)
     _check_probe(probe, text, text_file, prompts)
     _check_outputs(html_out, offload_folder)
@@ -109,8 +119,9 @@ def heads(
     else:
         text = _read_text_file(text_file) if text_file is not None else text
         html = Path(html_out) if html_out is not None else None
+        rule = "labels" if syntax_labels else "scores" if syntax else ""
         _heads_on_probe(model, text, probe or "repeat", show, seed, content, load, as_json,
-                        syntax, html)  # fmt: skip
+                        rule, html)  # fmt: skip
 
 
 def _check_heads_options(
@@ -132,7 +143,7 @@ def _check_heads_options(
     if out is not None and prompts is None:
         raise fail("--out writes the table of --prompts; for one probe use --json")
     if syntax and prompts is not None:
-        raise fail("--syntax labels the heads of one probe; leave it out with --prompts")
+        raise fail("--syntax scores the heads of one probe; leave it out with --prompts")
 
 
 def _check_probe(
@@ -226,12 +237,13 @@ def _heads_on_probe(
     content: bool,
     load: dict,
     as_json: bool,
-    syntax: bool = False,
+    syntax: str = "",
     html: Path | None = None,
 ) -> None:
     """One probe: the table (or JSON) of every head, and the pattern of --show's head; with
-    ``syntax`` the syntactic scores from the evaluation text too (headlab.heads.syntax), and with
-    ``html`` the interactive view of every head in one offline file."""
+    ``syntax`` "scores" the syntactic scores from the evaluation text too (headlab.heads.syntax),
+    shown beside the others, "labels" also labelling with them; with ``html`` the interactive
+    view of every head in one offline file."""
     from headlab import zoo
 
     target = _parse_head(show) if show is not None else None
@@ -246,7 +258,7 @@ def _heads_on_probe(
         # the patterns of the other heads go, unless the HTML file draws them all
         keep = None if html is not None else {target} if target is not None else ()
         margins = _syntax_margins(m, tokenizer, model) if syntax else None
-        report = _analyse(m, p, seed, content, keep, margins)
+        report = _analyse(m, p, seed, content, keep, margins, syntax == "labels")
     except ValueError as exc:
         raise fail(str(exc)) from None
     out = err_console if as_json else console  # keep stdout pure JSON
@@ -266,7 +278,9 @@ def _probe(m: Any, tokenizer: Any, text: str | None, probe: str, seed: int) -> A
     return build_probe(name, tokenizer, m.config.max_len, m.config.vocab_size, text, seed)
 
 
-def _analyse(m: Any, p: Any, seed: int, content: bool, keep: Any, margins: Any) -> Any:
+def _analyse(
+    m: Any, p: Any, seed: int, content: bool, keep: Any, margins: Any, label_syntax: bool
+) -> Any:
     """:func:`headlab.heads.analyse` with a progress bar, a step per layer."""
     from headlab.heads import analyse
 
@@ -274,6 +288,7 @@ def _analyse(m: Any, p: Any, seed: int, content: bool, keep: Any, margins: Any) 
     with progress_bar() as bar:
         bar(0, layers, what)
         return analyse(m, p, seed, content, keep=keep, syntactic=margins,
+                       label_syntactic=label_syntax,
                        progress=lambda done, total: bar(done, total, what))  # fmt: skip
 
 

@@ -86,14 +86,16 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
     """Every head's pattern, scores and label, each layer's averaged head, the best head of
     each type the page offers and each layer's sink share: :func:`headlab.heads.analyse` on
     the probe, in one answer; with ``syntax`` also the syntactic heads (:mod:`headlab.heads.syntax`)
-    and, for a text, its parse and each head's top link per word."""
+    and, for a text, its parse and each head's top link per word: the syntactic score is shown
+    beside the others and takes part in the labels only with ``syntax_labels``."""
     from headlab import heads
 
     model, probe = load_probe(request, req)
-    found = syntax_table(request, req.model) if req.syntax else None
+    found = syntax_table(request, req.model) if req.wants_syntax() else None
     margins = found["report"].margins() if found and found.get("report") else None
-    report = heads.analyse(model, probe, syntactic=margins)
-    body = report.to_dict(patterns=True)
+    ruled = req.syntax_labels and margins is not None
+    report = heads.analyse(model, probe, syntactic=margins, label_syntactic=ruled)
+    body = {**report.to_dict(patterns=True), "syntax_labels": ruled}
     if found is not None:
         body["syntax"] = syntax_body(request, req.model, found, probe, report.patterns)
     return json_response(
