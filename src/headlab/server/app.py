@@ -40,8 +40,9 @@ def create_app(
 ) -> FastAPI:
     """The explainer's app. ``preload`` names models loaded at startup (missing ones are skipped
     and reported by ``/api/models``); at most ``max_loaded`` models stay in memory at once; a
-    live training run is stopped after ``live_seconds`` and trains on ``live_threads`` torch
-    threads (default :func:`settings.live_threads`)."""
+    live training run is stopped after ``live_seconds``; a run whose reader left threads on
+    "auto" trains on ``live_threads`` torch threads (default :func:`settings.live_threads`;
+    None: chosen per run from the machine's load)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
