@@ -106,7 +106,7 @@ def test_unknown_knob_values_get_a_clear_422(client: httpx.Client, body: dict, f
     assert r.status_code == 422
     assert r.json()["detail"].startswith(field)
     if field == "threads":  # the sentence names what is valid
-        assert 'should be one of "auto", 1, 2' in r.json()["detail"]
+        assert r.json()["detail"].startswith('threads: should be one of "auto", 1, 2')
     assert client.get("/api/live").json()["running"] is None  # nothing was started
     assert client.get("/api/health").status_code == 200
     assert threading.active_count() == baseline
@@ -175,6 +175,8 @@ def test_second_run_is_busy_and_cancel_stops_the_first(client: httpx.Client) -> 
         assert r.status_code == 200 and r.json() == {"cancelled": run["run_id"]}
         rest = list(stream)
     assert rest[-1][0] == "stopped" and rest[-1][1]["reason"] == "cancelled"
+    said = rest[-1][1]["text"]  # what the run did before it stopped, and on what
+    assert said.startswith(f"Run {run['run_id']} stopped: cancelled, after ") and "torch" in said
     assert "verdict" not in [n for n, _ in rest]
     wait_idle(client, baseline)
 
@@ -315,18 +317,18 @@ def test_the_ending_says_time_threads_why_and_whether_other_work_ran() -> None:
     from headlab.server.live import choose_threads, ending_text
 
     idle = choose_threads("auto", cores=2, load=0.05)
-    text = ending_text(idle, 9.14, 700, 0.62, "Run ab finished")
+    text = ending_text(idle, 9.14, 700, 0.62, "Run ab finished:")
     assert text == (
         "Run ab finished: 700 steps in 9.1 s on 2 torch threads "
         "(auto: load average 0.05 over the last minute on 2 cores)."
     )
     busy = choose_threads("auto", cores=2, load=1.31)
-    text = ending_text(busy, 24.3, 700, 1.9, "Run ab finished")
+    text = ending_text(busy, 24.3, 700, 1.9, "Run ab finished:")
     assert "on 1 torch thread (auto: load average 1.31" in text
     assert "Other work shared the cores (load average 1.31 at the start, 1.90 at the end" in text
     # the load at the end counts the run's own threads: 2 threads and 2.1 is no other work
-    assert "Other work" not in ending_text(idle, 9.0, 700, 2.1, "Run ab finished")
-    assert "Other work" in ending_text(idle, 90.0, 700, 3.2, "Run ab finished")
+    assert "Other work" not in ending_text(idle, 9.0, 700, 2.1, "Run ab finished:")
+    assert "Other work" in ending_text(idle, 90.0, 700, 3.2, "Run ab finished:")
 
 
 @pytest.mark.parametrize(("load", "threads"), [(0.0, 2), (1.5, 1)])

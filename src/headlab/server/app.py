@@ -139,6 +139,8 @@ async def _readable_422(request: Request, exc: RequestValidationError) -> JSONRe
             lines.append("body is not valid JSON; send a JSON object of the fields in /docs")
             continue
         where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
-        lines.append(f"{where}: {err.get('msg', 'invalid')}")
+        # a validator's own sentence, without Pydantic's "Value error, " before it
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        lines.append(f"{where}: {msg}")
     errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
     return JSONResponse(status_code=422, content={"detail": "; ".join(lines), "errors": errors})

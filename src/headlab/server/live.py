@@ -158,11 +158,12 @@ def choose_threads(
 def ending_text(
     threads: Threads, seconds: float, steps: int, load_end: float | None, ended: str
 ) -> str:
-    """How a run ended, in words: ``ended`` (e.g. "finished"), its steps, wall time, threads
+    """How a run ended, in words: ``ended`` (e.g. "Run ab finished:" or "Run ab stopped:
+    cancelled, after"), its steps, wall time, threads
     and why; and when the load averages say other work ran, that it shared the cores (the load
     at the end counts this run's own threads, hence it is discounted by them)."""
     unit = "thread" if threads.count == 1 else "threads"
-    text = (f"{ended}: {steps} steps in {seconds:.1f} s on {threads.count} torch {unit} "
+    text = (f"{ended} {steps} steps in {seconds:.1f} s on {threads.count} torch {unit} "
             f"({threads.why}).")  # fmt: skip
     others = [x for x in (threads.load, None if load_end is None else load_end - threads.count)
               if x is not None]  # fmt: skip
@@ -315,10 +316,10 @@ class LiveRuns:
             result = run_study(run.knobs, run.threads.count, run.push, run.token)
             if result is None:
                 reason = run.token.reason or "stopped"
-                run.push(Cancelled(run.id, reason, run.ending(f"stopped ({reason})")))
+                run.push(Cancelled(run.id, reason, run.ending(f"stopped: {reason}, after")))
             else:
                 steps = run.knobs.config().steps
-                run.push(Done(run.id, run.ending("finished", steps)))
+                run.push(Done(run.id, run.ending("finished:", steps)))
         except Exception as exc:  # a bug must end the stream with a message, not hang it
             run.push(Failed(run.id, f"{type(exc).__name__}: {exc}"))
         finally:
