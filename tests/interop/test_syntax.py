@@ -291,3 +291,24 @@ def test_heads_syntax_shows_the_scores_and_syntax_labels_labels_with_them(nlp):
     margins = syntax.syntax_report(model, tokenizer, name="default").margins()
     want = analyse(model, probe, syntactic=margins, label_syntactic=True)
     assert list(_labels(ruled).values()) == [s.label for s in want.heads]
+
+
+@pytest.mark.slow
+def test_headlab_syntax_names_heads_one_way_layer_dot_head_from_zero(nlp):
+    """`headlab syntax`'s table names each head as the rest of headlab does (layer.head, both
+    counted from 0, as --show and `headlab heads` take them), never also as "3-9"; its heads are
+    the library's."""
+    import re
+
+    from headlab import zoo
+
+    require(zoo._default_info().available, "the default model is not built")
+    result = runner.invoke(app, ["syntax", "--model", "default"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert not re.search(r"\b\d+-\d+\b", result.stdout), result.stdout
+    model, tokenizer = zoo.load("default")
+    rows = syntax.syntax_report(model, tokenizer, name="default").to_dict()["relations"]
+    table = [line.split() for line in result.stdout.splitlines()]
+    for r in rows:
+        line = next(cells for cells in table if cells[:1] == [r["relation"]])
+        assert f"{r['layer']}.{r['head']}" in line

@@ -296,13 +296,14 @@ def _print_probe_report(report: Any, model: str, as_json: bool) -> None:
     """Every head's scores as JSON on stdout, or as a table with the attention-sink lines."""
     import json
 
-    from headlab.heads.render import heads_table, sink_lines
+    from headlab.heads.render import heads_legend, heads_table, sink_lines
 
     if as_json:
         typer.echo(json.dumps({"model": model, **report.to_dict()}, ensure_ascii=False))
         return
     title = f"{model}: {report.probe} probe, {len(report.tokens)} tokens"
     console.print(heads_table(report, title))
+    console.print(heads_legend(report), highlight=False, soft_wrap=True)
     for line in sink_lines(report):
         console.print(line, highlight=False)
 
@@ -369,7 +370,7 @@ def _write_prompts_table(table: Any, info: dict, out: Path | None, as_json: bool
 
     from headlab import scaling
     from headlab.files import write_atomic
-    from headlab.heads.render import heads_table
+    from headlab.heads.render import heads_legend, heads_table
 
     if out is not None:
         write_atomic(out, scaling.table_text(table, out, info))
@@ -379,6 +380,7 @@ def _write_prompts_table(table: Any, info: dict, out: Path | None, as_json: bool
     elif out is None:
         title = f"{info['model']}: mean over {table.prompts} prompts ({table.tokens} tokens)"
         console.print(heads_table(table, title))
+        console.print(heads_legend(table), highlight=False, soft_wrap=True)
 
 
 def _syntax_margins(model: object, tokenizer: object, name: str) -> dict:
@@ -428,18 +430,21 @@ def _print_syntax_table(report: dict, model: str) -> None:
     """Per relation: the best head, its accuracy, and its margin over the offset baseline."""
     from rich.table import Table
 
-    table = Table("relation", "arcs", "head", "Clark L-H", "direction", "accuracy",
-                  "offset baseline", "margin",
+    table = Table("relation", "arcs", "head", "direction", "accuracy", "offset baseline",
+                  "margin",
                   title=f"{model}: {report['sentences']} sentences, {report['words']} words",
                   box=None, padding=(0, 1, 0, 0), header_style="bold underline")  # fmt: skip
     for r in report["relations"]:
         margin = r["accuracy"] - r["baseline_accuracy"]
         table.add_row(r["relation"], str(r["count"]), f"{r['layer']}.{r['head']}",
-                      f"{r['layer'] + 1}-{r['head'] + 1}",
                       r["direction"].replace("dependent", "dep"), f"{r['accuracy']:.1%}",
                       f"{r['baseline_accuracy']:.1%} (δ {r['baseline_offset']:+d})",
                       f"{margin:+.1%}")  # fmt: skip
     console.print(table)
+    # one naming: headlab's layer.head from 0; the paper's tables count from 1
+    console.print("head: layer.head, both counted from 0 as everywhere in headlab (Clark et al. "
+                  "2019 count both from 1: their layer 8, head 10 is 7.9 here)",
+                  highlight=False)  # fmt: skip
     if report.get("note"):
         console.print(f"note: {report['note']}", highlight=False)
 
