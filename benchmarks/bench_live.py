@@ -64,10 +64,13 @@ def one_run(asked: int | str, seed: int, cap: float) -> dict[str, Any]:
     total = time.perf_counter() - t0
     phase, walls = seen.get("phase") or {}, seen["walls"]
     end = phase["window"][1] if phase.get("found") else None
-    last = max(walls, default=0)  # the last evaluation: training steps per second up to it
+    # training steps per second, to the last evaluation (a run capped before its first: the
+    # steps over the whole time, setup included)
+    last = max(walls, default=0)
+    rate = last / walls[last] if last else seen["step"] / total
     return {"threads": threads.count, "load": load, "capped": result is None,
             "steps": seen["step"], "total_seconds": round(total, 2),
-            "steps_per_second": round(last / walls[last], 2) if last else None,
+            "steps_per_second": round(rate, 2),
             "phase_seconds": None if end is None else round(walls[end], 2),
             "window": phase.get("window") if phase.get("found") else None}  # fmt: skip
 

