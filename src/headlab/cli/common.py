@@ -94,9 +94,9 @@ def fetch_with_progress(name: str) -> None:
 
 @contextlib.contextmanager
 def progress_lines(prefix: str) -> Iterator[Callable[[int, int, str], None]]:
-    """``report(step, total, what)`` as plain lines on stderr: one per step ("PREFIX: step 2/5:
-    what (12 s)") and, while a step lasts, one every :data:`HEARTBEAT_SECONDS` ("PREFIX: still
-    what (42 s)"), from a thread that ends with the block. For output that is no terminal, where
+    """``report(step, total, what)`` as plain lines on stderr: one per step ("PREFIX, 12 s: step
+    2/5: what") and, while a step lasts, one every :data:`HEARTBEAT_SECONDS` ("PREFIX, 42 s:
+    still what"), from a thread that ends with the block. For output that is no terminal, where
     a fetch of minutes would otherwise say nothing until it ends."""
     import threading
     import time
@@ -105,7 +105,7 @@ def progress_lines(prefix: str) -> Iterator[Callable[[int, int, str], None]]:
     done = threading.Event()
 
     def say(text: str) -> None:
-        err_console.print(f"{prefix}: {text} ({time.monotonic() - start:.0f} s)",
+        err_console.print(f"{prefix}, {time.monotonic() - start:.0f} s: {text}",
                           highlight=False, soft_wrap=True)  # fmt: skip
 
     def report(step: int, total: int, what: str) -> None:
