@@ -98,15 +98,18 @@ def progress_lines(prefix: str) -> Iterator[Callable[[int, int, str], None]]:
     2/5: what") and, while a step lasts, one every :data:`HEARTBEAT_SECONDS` ("PREFIX, 42 s:
     still what"), from a thread that ends with the block. For output that is no terminal, where
     a fetch of minutes would otherwise say nothing until it ends."""
+    import sys
     import threading
     import time
 
     start, now = time.monotonic(), {"what": ""}
     done = threading.Event()
+    # stderr as it is now: a step may redirect sys.stderr for a while (loading SmolLM2 through
+    # transformers hides its tqdm bars so), which would swallow the lines written meanwhile
+    out = sys.stderr
 
     def say(text: str) -> None:
-        err_console.print(f"{prefix}, {time.monotonic() - start:.0f} s: {text}",
-                          highlight=False, soft_wrap=True)  # fmt: skip
+        print(f"{prefix}, {time.monotonic() - start:.0f} s: {text}", file=out, flush=True)
 
     def report(step: int, total: int, what: str) -> None:
         now["what"] = what
