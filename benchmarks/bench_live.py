@@ -11,10 +11,12 @@ to 1 thread idle. A run is stopped after ``--cap`` seconds: its figures are then
 (``capped``). The load average over the last minute is recorded before every run, since "idle"
 means only that this script added nothing.
 
-Runtime: about 3 × (settings) × (rounds) live runs, 10-12 s each on an idle 2-core machine;
-with the default 3 rounds, about 2 minutes for ``idle``, and for ``busy`` up to 3 × ``--cap``
-more when two threads collapse. Conditions given in separate calls are merged into the one
-results file (each keeps its own date and loads).
+Runtime: 3 settings × ``--rounds`` live runs per condition, each at most ``--cap`` seconds: on
+an idle 2-core machine about 10 s a run, so about 2 minutes for ``idle``; ``busy`` takes up to
+3 × ``--cap`` more, where two threads collapse. Measured on a 2-core machine that other work
+kept at a load average of about 8: ``idle`` with ``--cap 60``, 472 s; ``busy`` with ``--cap
+45``, 409 s. Conditions given in separate calls are merged into the one results file (each
+keeps its date, cap, rounds and loads); ``runtime_seconds`` is the last call's.
 
 Run: ``python benchmarks/bench_live.py [--conditions idle busy] [--rounds 3] [--cap 120]
 [--out benchmarks/results/live.json]``
@@ -93,6 +95,7 @@ def condition(name: str, rounds: int, seed: int, cap: float) -> dict[str, Any]:
             loop.wait()
     medians = {s: _medians(rs) for s, rs in runs.items()}
     return {"when": datetime.datetime.now().isoformat(timespec="seconds"),
+            "seed": seed, "rounds": rounds, "cap_seconds": cap,
             "busy_process": BUSY_LOOP if loop is not None else None,
             "loads_seen": [run["load"] for rs in runs.values() for run in rs],
             "runs": runs, "median": medians}  # fmt: skip
@@ -155,7 +158,6 @@ def main() -> None:
         "benchmark": "live run threads (benchmarks/bench_live.py)",
         "machine": {"cores": os.cpu_count(), "torch": torch.__version__,
                     "python": platform.python_version(), "platform": platform.platform()},
-        "settings": {"seed": args.seed, "rounds": args.rounds, "cap_seconds": args.cap},
         "conditions": {k: v for k, v in old.get("conditions", {}).items()
                        if k not in args.conditions},
     }  # fmt: skip

@@ -9,9 +9,11 @@ events. :data:`LIVE_KNOBS` is the one statement of what a reader may set: the ro
 requests against it and serves it, and the page builds its controls from it.
 
 Threads. A run trains on torch CPU threads, and how many matters more than anything else about
-its speed: on a two-core machine with other work running, two threads wait on each other and the
-run slowed 12-23×, while one thread slowed little; on an idle machine two threads were about 10%
-faster (benchmarks/bench_live.py measures both). The reader picks 1, 2 … or "auto"; "auto" is
+its speed: on a two-core machine with other work running, two threads wait on each other
+(benchmarks/bench_live.py, load average about 8.6: 15× fewer steps a second than one thread,
+21× beside one more busy process), while one thread slows little; on an idle machine two
+threads are faster, by about 10% (seed 0: 9.1 s against 10.3 s to the phase change). The
+reader picks 1, 2 … or "auto"; "auto" is
 :func:`auto_threads`, a rule on the machine's load average over the last minute, read when the
 run starts. The finished run says how long it took, on how many threads and why
 (:func:`ending_text`).
@@ -72,8 +74,8 @@ class Knob:
 AUTO = "auto"  # the threads knob's value that leaves the count to auto_threads
 AUTO_MOST = 2  # auto never picks more threads: the live model is small (d_model 64)
 # a core counts as free when at least this share of it was idle over the last minute: two
-# threads gained about 10% on an idle machine and lost 12-23x beside other work, so auto asks
-# for a nearly idle core before it trains on a second thread
+# threads gain about 10% on an idle machine and lose 15-21x beside other work (module
+# docstring), so auto asks for a nearly idle core before it trains on a second thread
 FREE_SHARE = 0.75
 
 
@@ -159,9 +161,9 @@ def ending_text(
     threads: Threads, seconds: float, steps: int, load_end: float | None, ended: str
 ) -> str:
     """How a run ended, in words: ``ended`` (e.g. "Run ab finished:" or "Run ab stopped:
-    cancelled, after"), its steps, wall time, threads
-    and why; and when the load averages say other work ran, that it shared the cores (the load
-    at the end counts this run's own threads, hence it is discounted by them)."""
+    cancelled, after"), its steps, wall time, threads and why; and when the load averages say
+    other work ran, that it shared the cores (the load at the end counts this run's own
+    threads, hence it is discounted by them)."""
     unit = "thread" if threads.count == 1 else "threads"
     text = (f"{ended} {steps} steps in {seconds:.1f} s on {threads.count} torch {unit} "
             f"({threads.why}).")  # fmt: skip
