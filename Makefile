@@ -1,17 +1,27 @@
-# headlab: `make serve` runs the explainer, `make test` runs every check. Both set up .venv first.
+# headlab: `make serve` runs the explainer, `make test` runs every check. Both set up .venv first:
+# serving installs headlab and what it needs to serve the default model (no extras); the checks
+# add the development set (.[dev]: transformers, spaCy, Playwright, schemathesis …).
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install -q --disable-pip-version-check
+SERVE_STAMP := $(VENV)/.serve-stamp
 STAMP  := $(VENV)/.installed-stamp
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: install test lint serve bench clean
+.PHONY: install install-serve test lint serve bench clean
 
-$(STAMP): pyproject.toml
+$(SERVE_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
+	$(PIP) torch==2.13.0
+	$(PIP) -e .
+	touch $(SERVE_STAMP)
+
+$(STAMP): $(SERVE_STAMP)
+	$(PIP) -e ".[dev]"
 	touch $(STAMP)
+
+install-serve: $(SERVE_STAMP)
 
 install: $(STAMP)
 
@@ -23,7 +33,7 @@ lint: $(STAMP)
 test: lint
 	$(VENV)/bin/pytest
 
-serve: $(STAMP)
+serve: $(SERVE_STAMP)
 	$(VENV)/bin/headlab serve --host $(HOST) --port $(PORT)
 
 bench: $(STAMP)

@@ -130,14 +130,25 @@ def diagram_code() -> dict[str, dict[str, Any]]:
     return out
 
 
-@dataclass
+@dataclass(repr=False)
 class View:
-    """Parts to draw (head views, grids, shape reports); renders itself in a notebook."""
+    """Parts to draw (head views, grids, shape reports); renders itself in a notebook.
+
+    Its plain-text form (a terminal, a notebook's text/plain beside the HTML) is a few lines
+    saying what it draws: the data it carries (every weight) is for the drawing alone.
+    """
 
     parts: list[dict[str, Any]] = field(default_factory=list)
 
     def __add__(self, other: View) -> View:
         return View([*self.parts, *other.parts])
+
+    def __repr__(self) -> str:
+        lines = [f"headlab view of {len(self.parts)} part{'s' * (len(self.parts) != 1)}:"]
+        lines += [f"  {_summary(part)}" for part in self.parts]
+        lines.append("  drawn in a notebook (Jupyter, VS Code); view.save('view.html') writes a "
+                     "page that opens in a browser")  # fmt: skip
+        return "\n".join(lines)
 
     def to_html(self) -> str:
         """A self-contained HTML fragment: stylesheet, data, script; unique ids per call."""
@@ -168,6 +179,24 @@ class View:
     def save(self, path: str | os.PathLike[str], title: str = "headlab") -> Path:
         """Write :meth:`page` to ``path`` atomically (a temporary file, then a rename)."""
         return write_html(path, self.page(title))
+
+
+def _summary(part: dict[str, Any]) -> str:
+    """One line about one part of a view: its model, probe and labels counted, or its layer."""
+    report = part["report"]
+    if part["kind"] == "shapes":
+        c = report["config"]
+        return (f"shapes of one {c.get('kind', '')} layer: d_model {c['d_model']}, "
+                f"{c['n_heads']} heads, batch {c['batch']}, {c['seq_len']} tokens")  # fmt: skip
+    labels: dict[str, int] = {}
+    for head in report["heads"]:
+        labels[head["label"]] = labels.get(head["label"], 0) + 1
+    counted = ", ".join(f"{label} {n}" for label, n in sorted(labels.items(), key=lambda x: -x[1]))
+    drawn = "grid and head view" if part["grid"] and part["detail"] else (
+        "grid" if part["grid"] else "head view")  # fmt: skip
+    return (f"{drawn} of {report['model'] or 'a model'}, {report['probe']} probe, "
+            f"{len(report['tokens'])} tokens, {report['n_layers']} layers × {report['n_heads']} "
+            f"heads; labels: {counted}")  # fmt: skip
 
 
 def write_html(path: str | os.PathLike[str], text: str) -> Path:

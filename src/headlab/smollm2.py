@@ -100,7 +100,7 @@ def fetch(progress: Progress | None = None) -> Path:
 
 def _sweep_cache() -> Path:
     """The model's directory, its cache folder made and swept of the leftovers of fetches
-    killed more than an hour ago (a fetch takes about a minute)."""
+    killed more than an hour ago (a fetch takes one to three minutes)."""
     final = model_dir()
     try:
         final.parent.mkdir(parents=True, exist_ok=True)

@@ -219,9 +219,11 @@ def evidence(
     keep: Any = (),
     progress: Callable[[str], None] | None = None,
     syntactic: Any = None,
+    label_syntactic: bool = False,
 ) -> Evidence:
     """Every head's :class:`HeadCard` on ``probe`` (module docstring). ``keep`` as for
-    :func:`headlab.heads.analyse` (default: no patterns), and ``syntactic`` its syntactic margins;
+    :func:`headlab.heads.analyse` (default: no patterns), ``syntactic`` its syntactic margins
+    (labelling with them only with ``label_syntactic``);
     ``progress(stage)`` is called before each of :data:`STAGES`. Ablations need a causal model;
     for another they are left out."""
     times: dict[str, float] = {}
@@ -237,7 +239,8 @@ def evidence(
     base = stage("baselines", lambda: baselines(model, probe, content=content))
     floors = base.floors()
     report = stage("scores", lambda: analyse(model, probe, seed, content, keep=keep,
-                                             syntactic=syntactic, floors=floors))  # fmt: skip
+                                             syntactic=syntactic, floors=floors,
+                                             label_syntactic=label_syntactic))  # fmt: skip
     comp = stage("composition", lambda: composition_scores(model))
     causal = bool(model.config.causal)
     ablations = stage("ablation", lambda: ablate_heads(model, probe, mode=mode)) if causal else None

@@ -86,21 +86,24 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
     """Every head's pattern, scores and label, each layer's averaged head, the best head of
     each type the page offers and each layer's sink share: :func:`headlab.heads.analyse` on
     the probe, in one answer; with ``syntax`` also the syntactic heads (:mod:`headlab.heads.syntax`)
-    and, for a text, its parse and each head's top link per word; with ``evidence`` each label's
-    evidence (:func:`headlab.heads.evidence.evidence`)."""
+    and, for a text, its parse and each head's top link per word: the syntactic score is shown
+    beside the others and takes part in the labels only with ``syntax_labels``; with
+    ``evidence`` each label's evidence (:func:`headlab.heads.evidence.evidence`)."""
     from headlab import heads
 
     model, probe = load_probe(request, req)
-    found = syntax_table(request, req.model) if req.syntax else None
+    found = syntax_table(request, req.model) if req.wants_syntax() else None
     margins = found["report"].margins() if found and found.get("report") else None
+    ruled = req.syntax_labels and margins is not None
     if req.evidence:  # labels then need their margins over random weights too
         from headlab.heads.evidence import evidence
 
-        backed = evidence(model, probe, keep=None, syntactic=margins)
+        backed = evidence(model, probe, keep=None, syntactic=margins, label_syntactic=ruled)
         report, extra = backed.report, {"evidence": backed.to_dict()}
     else:
-        report, extra = heads.analyse(model, probe, syntactic=margins), {}
-    body = {**report.to_dict(patterns=True), **extra}
+        report = heads.analyse(model, probe, syntactic=margins, label_syntactic=ruled)
+        extra = {}
+    body = {**report.to_dict(patterns=True), "syntax_labels": ruled, **extra}
     if found is not None:
         body["syntax"] = syntax_body(request, req.model, found, probe, report.patterns)
     return json_response(
