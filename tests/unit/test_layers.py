@@ -30,6 +30,7 @@ ORDER = (
     "shapes",
     "convert",
     "smollm2",
+    "gemma3",
     "zoo",
     "generation",
     "measure",

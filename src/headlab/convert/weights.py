@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from headlab.convert.families import hf_config
-from headlab.model import Transformer
+from headlab.model import SkipInit, Transformer
 
 
 def from_hf(hf_model: Any) -> Transformer:
@@ -30,7 +30,8 @@ def from_hf(hf_model: Any) -> Transformer:
     """
     config = hf_config(hf_model.config)
     state = {k: v.detach() for k, v in hf_model.state_dict().items()}
-    model = Transformer(config)
+    with SkipInit():  # fill() replaces every weight: drawing random ones first only costs time
+        model = Transformer(config)
     fill(model, converted_tensors(hf_model.config, state))
     dtype = torch.float64 if next(iter(state.values())).dtype == torch.float64 else torch.float32
     return model.to(dtype).eval()
