@@ -14,13 +14,11 @@ Masks: a boolean ``allowed`` is True where a query may attend to a key (the pola
 ``F.scaled_dot_product_attention``). ``torch.nn.MultiheadAttention`` uses the opposite polarity;
 :meth:`MultiHeadAttention.from_torch` and the tests convert at that boundary. With a cache the
 causal mask is aligned bottom-right: query i (absolute position offset + i) sees key j when
-j <= offset + i; a sliding window of w keeps only the w keys up to and including the query's own
-position (j > offset + i − w). A query with nothing allowed gets zero weights and a zero output,
-never NaN.
+j <= offset + i (and j > offset + i − w in a sliding window of w keys). A query with nothing
+allowed gets zero weights and a zero output, never NaN.
 
-Papers: Vaswani et al. 2017 (multi-head attention), Shazeer 2019 (multi-query attention),
-Ainslie et al. 2023 (grouped-query attention), Beltagy et al. 2020 (sliding-window attention),
-Gemma Team 2024 (logit soft-capping).
+Papers: Vaswani et al. 2017 (multi-head attention), Shazeer 2019 (MQA), Ainslie et al. 2023
+(GQA), Beltagy et al. 2020 (sliding windows), Gemma Team 2024 (soft-capping).
 """
 
 from __future__ import annotations
@@ -62,8 +60,7 @@ def attention(
     head. The softmax runs in at least float32 and subtracts the row maximum, so large logits
     stay finite in fp16 and bf16. ``dropout`` drops weights before they average the values
     (``weights`` is the pattern before dropout). ``trace`` records "scores" (the logits before
-    the mask, capped if ``softcap``, (B, h, n, s)) and "weights": this is the one place either
-    is computed.
+    the mask, capped, (B, h, n, s)) and "weights": this is the one place either is computed.
     """
     B, h, n, d_k = q.shape
     h_kv, s = k.shape[1], k.shape[2]
@@ -134,9 +131,8 @@ def causal_allowed(
     offset = s - n
     i = torch.arange(n, device=device)[:, None]
     j = torch.arange(s, device=device)[None, :]
-    if window is None:
-        return j <= offset + i  # (n, s)
-    return (j <= offset + i) & (j > offset + i - window)  # (n, s)
+    seen = j <= offset + i  # (n, s)
+    return seen if window is None else seen & (j > offset + i - window)
 
 
 def valid_head_counts(d_model: int) -> list[int]:
@@ -235,9 +231,8 @@ class KVCache:
 
 
 def _explicit_path(impl: Impl, return_weights: bool, trace: Trace, capped: bool) -> bool:
-    """Whether to attend on the explicit path: its weights are asked for or traced, it is
-    chosen, or the scores are soft-capped; "fused" (SDPA) computes no weights and caps
-    nothing, so with ``return_weights`` or a cap it is refused."""
+    """Whether to attend on the explicit path: weights asked for or traced, chosen, or scores
+    soft-capped; "fused" (SDPA) has neither weights nor caps, so with either it is refused."""
     if impl == "fused" and (return_weights or capped):
         why = "computes no attention weights" if return_weights else "has no soft-capping"
         raise ValueError(f'impl="fused" (SDPA) {why}; use impl="explicit" or "auto"')
@@ -251,11 +246,11 @@ class MultiHeadAttention(nn.Module):
     h·d_k → d_model, as in Vaswani et al. 2017 (MHA), Shazeer 2019 (MQA, h_kv = 1) and
     Ainslie et al. 2023 (GQA). Input and output are (B, n, d_model): the layer preserves shape.
 
-    The variants of the families headlab converts, all off by default: ``d_k`` other than
-    d_model // h (Gemma), no bias on W_O alone (``out_bias=False``, Qwen2), a ``scale`` other
-    than 1/√d_k (Gemma's query_pre_attn_scalar), score soft-capping (``softcap``, Gemma 2), a
-    sliding ``window`` on causal attention (Mistral, Gemma's local layers), and per-head norms
-    of queries and keys (``q_norm``/``k_norm`` modules a model sets; QK-norm, Gemma 3).
+    Off by default, the variants of the families headlab converts: ``d_k`` apart from d_model
+    // h (Gemma), ``out_bias=False`` (Qwen2: Q/K/V biases only), a ``scale`` other than 1/√d_k
+    (Gemma), soft-capped scores (``softcap``, Gemma 2; always the explicit path, SDPA has no
+    cap), a causal sliding ``window`` (Mistral, Gemma's local layers) and ``q_norm``/``k_norm``
+    modules a model sets (QK-norm, Gemma 3).
     """
 
     def __init__(
@@ -329,8 +324,7 @@ class MultiHeadAttention(nn.Module):
         rope: rotary embedding applied to queries and keys after the split (see model/layers.py).
         impl: "explicit" materialises the weights; "fused" calls SDPA (no weights: with
         ``return_weights`` a ValueError); "auto" picks fused unless weights are asked for or
-        recorded by an enabled ``trace`` ("fused" then records no weights or scores); a
-        soft-capped layer always attends on the explicit path (SDPA has no cap).
+        recorded by an enabled ``trace`` ("fused" then records no weights or scores).
         trace: a :class:`Trace` that receives each named intermediate tensor.
         """
         B, n = self._check_input(x)
@@ -343,10 +337,7 @@ class MultiHeadAttention(nn.Module):
         trace.record("q_proj", q).record("k_proj", k).record("v_proj", v)
         # 2) split the width into heads
         q, k, v = split_heads(q, h), split_heads(k, h_kv), split_heads(v, h_kv)  # (B, ·, n, d_k)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
-            q, k = rope(q, offset), rope(k, offset)
+        q, k = self._qk_positions(q, k, rope, offset)
         trace.record("q", q).record("k", k).record("v", v)
         if cache is not None:
             k, v = cache.append(k, v)  # (B, h_kv, s, d_k)
@@ -372,6 +363,16 @@ class MultiHeadAttention(nn.Module):
             return y, weights
         return y
 
+    def _qk_positions(
+        self, q: Tensor, k: Tensor, rope: Rope | None, offset: int
+    ) -> tuple[Tensor, Tensor]:
+        """Queries and keys as the scores see them: QK-norm'd (when set), then turned by RoPE."""
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = rope(q, offset), rope(k, offset)
+        return q, k
+
     def _explicit(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, trace: Trace
     ) -> tuple[Tensor, Tensor]:
@@ -379,7 +380,6 @@ class MultiHeadAttention(nn.Module):
         if g > 1 and trace.wants("k_rep"):  # only to show the repeated keys' shape
             trace.record("k_rep", repeat_kv(k, g)).record("v_rep", repeat_kv(v, g))
         dropout = self.dropout if self.training else 0.0
-        # (B, h, n, d_k), weights
         return attention(q, k, v, mask, self.scale, softcap=self.softcap, dropout=dropout,
                          trace=trace)  # fmt: skip
 
