@@ -267,3 +267,19 @@ def test_a_converted_model_saves_and_loads_with_its_variants(models, tmp_path):
     torch.testing.assert_close(run(loaded, x)[0], run(ours, x)[0], atol=0, rtol=0)
     plain = json.loads((Path(__file__).parents[2] / "src/headlab/weights/config.json").read_text())
     assert ModelConfig.from_dict(plain).to_dict() == plain  # no variant keys when none is used
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [(dict(local_layers=(0,)), "local_layers need a sliding_window"),
+     (dict(sliding_window=4, local_layers=(3,)), "local_layers must be in 0..1"),
+     (dict(rotary_dim=10), "rotary_dim must be in 1..d_k=8"),
+     (dict(rotary_dim=3), "even rotated width"),
+     (dict(head_dim=0), "d_k must be a positive integer"),
+     (dict(attn_softcap=-1.0), "attn_softcap must be positive"),
+     (dict(parallel_residual=True, attn_only=True), "parallel_residual needs")],
+)  # fmt: skip
+def test_a_variant_that_cannot_work_is_refused_naming_what_would(change, needle):
+    base = dict(vocab_size=10, d_model=32, n_layers=2, n_heads=4, positional="rotary")
+    with pytest.raises(ValueError, match=needle):
+        ModelConfig(**(base | change))
