@@ -9,6 +9,7 @@ In Jupyter or VS Code the value of a cell's last line draws itself::
     show(trace_shapes(d_model=512, n_heads=8))  # the layer, drawn, with every shape
     circuit_view(induction_circuit(model, probe))  # previous-token → induction heads (SVG)
     evidence_view(evidence(model, probe))        # each label and the sentence backing it
+    show(series)                                # headlab.series.compare: heads × checkpoints
 
 :func:`write_html` writes one page that works from ``file://`` (``headlab heads --html out.html``).
 The drawing code is the explainer page's own (``server/static/js``), bundled here into one script
@@ -246,20 +247,58 @@ def shapes_view(report: Any) -> View:
     return View([{"kind": "shapes", "report": d, "code": diagram_code()}])
 
 
+@dataclass
+class FigureView(View):
+    """A view drawn here, with no script: a table and a PNG figure (a series of checkpoints)."""
+
+    body: str = ""
+
+    def __add__(self, other: View) -> View:
+        raise TypeError("a figure view is shown on its own; show each view in its own cell")
+
+    def to_html(self) -> str:
+        return f'<div class="headlab-view headlab-figure">{self.body}</div>'
+
+
+def series_view(series: Any, kind: str = "induction") -> FigureView:
+    """A :class:`headlab.series.Series`: each head's label and ``kind`` score at each
+    checkpoint as a table (the heads whose label changes marked), above the heads ×
+    checkpoints figure (:meth:`~headlab.series.Series.figure`), inline as base64 PNG."""
+    values, labels, changed = series.scores(kind).flatten(1), series.labels(), series.changed()
+    head = "".join(f"<th>{html.escape(n)}</th>" for n in series.names)
+    rows = []
+    for i, (layer, h) in enumerate(series.heads):
+        cells = "".join(f"<td>{html.escape(labels[c][i])} {values[c, i]:.2f}</td>"
+                        for c in range(len(series.names)))  # fmt: skip
+        mark = "changed" if (layer, h) in changed else ""
+        rows.append(f"<tr><th>{layer}.{h}</th>{cells}<td>{mark}</td></tr>")
+    png = base64.b64encode(series.png(kind)).decode("ascii")
+    alt = f"{kind} score and label of every head at every checkpoint"
+    body = (f"<table><caption>{html.escape(kind)} score and label, {html.escape(series.probe)} "
+            f"probe</caption><tr><th>head</th>{head}<th></th></tr>{''.join(rows)}</table>"
+            f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{png}">')  # fmt: skip
+    return FigureView(body=body)
+
+
 def show(obj: Any, model: str = "", grid: bool = False) -> View:
     """The view of ``obj``: a HeadReport (or its dict) → :func:`head_view`; a ShapeReport (or
-    its dict) → :func:`shapes_view`. The returned :class:`View` renders in a notebook."""
+    its dict) → :func:`shapes_view`; a Series of checkpoints → :func:`series_view`. The
+    returned :class:`View` renders in a notebook."""
     from headlab.heads import HeadReport
+    from headlab.series import Series
     from headlab.shapes import ShapeReport
 
+    if isinstance(obj, Series):
+        return series_view(obj)
     is_dict = isinstance(obj, dict)
     if isinstance(obj, HeadReport) or (is_dict and {"weights", "heads"} <= obj.keys()):
         return head_view(obj, model, grid=grid)
     if isinstance(obj, ShapeReport) or (is_dict and {"config", "problems"} <= obj.keys()):
         return shapes_view(obj)
     raise TypeError(
-        f"headlab.show draws a HeadReport (headlab.heads.analyse) or a ShapeReport "
-        f"(headlab.shapes.trace_shapes), or their to_dict() forms; got {type(obj).__name__}"
+        f"headlab.show draws a HeadReport (headlab.heads.analyse), a ShapeReport "
+        f"(headlab.shapes.trace_shapes), or their to_dict() forms, or a Series "
+        f"(headlab.series.compare); got {type(obj).__name__}"
     )
 
 
