@@ -12,8 +12,9 @@ The convention, for any benchmark (this module is a convenience, not a requireme
       ...                                     # anything else: the raw measurements
     }
 
-``save(name, columns, rows, results)`` writes it atomically (headlab.files.write_json). It imports
-neither torch nor headlab's models, so a cold-start benchmark can use it too.
+``save(path_for(name), columns, rows, results)`` writes it atomically (headlab.files.write_json).
+It imports neither torch nor headlab's models, so a cold-start benchmark can use it too. A
+benchmark's ``--json PATH`` option defaults to ``path_for(name)``.
 """
 
 from __future__ import annotations
@@ -69,9 +70,19 @@ def command(argv: list[str] | None = None) -> str:
     return shlex.join(["python", str(shown), *argv[1:]])
 
 
-def save(name: str, columns: list[str], rows: list[list[Any]], results: Any = None,
-         **machine_extra: Any) -> Path:  # fmt: skip
-    """Write ``benchmarks/results/<name>.json`` (command, date, machine, table, results)."""
+def path_for(name: str) -> Path:
+    """The results file of benchmark ``name``: ``benchmarks/results/<name>.json``."""
+    return RESULTS / f"{name}.json"
+
+
+def save(
+    path: str | Path,
+    columns: list[str],
+    rows: list[list[Any]],
+    results: Any = None,
+    **machine_extra: Any,
+) -> Path:
+    """Write the results file ``path`` (command, date, machine, table, results), atomically."""
     from headlab.files import write_json
 
     record = {
@@ -81,4 +92,4 @@ def save(name: str, columns: list[str], rows: list[list[Any]], results: Any = No
         "table": {"columns": columns, "rows": rows},
         "results": results,
     }
-    return write_json(RESULTS / f"{name}.json", record)
+    return write_json(path, record)
