@@ -8,6 +8,7 @@ A results file is JSON, named by a source:
     experiments/NAME   src/headlab/experiments/results/NAME.json  (headlab experiment NAME --ship)
     bench/NAME         benchmarks/results/NAME.json                (``python benchmarks/....py``)
     data/NAME          docs/data/NAME.json                         (``python scripts/docs/data.py``)
+    model/card         src/headlab/weights/card.json               (``headlab train default``)
 
 A page asks for a table or one number with a marker, ``SOURCE#NAME`` naming the results file and
 what to take from it:
@@ -15,7 +16,7 @@ what to take from it:
     <!-- figure: experiments/induction#seeds -->       a table (see TABLES), or a benchmark's
                                                       ``#table``; expanded when the site builds
     <!-- value: experiments/induction#final.repeated_loss:.2f -->   one number: a dotted path
-                                                      into the JSON and a format, inline
+                                                      into the JSON and a format (or ``len``)
 
 Pages under docs/ carry the bare markers; the mkdocs hook expands them, so the site always shows
 what the results files hold. A file that is read outside the site (README.md) carries the
@@ -39,6 +40,7 @@ FOLDERS = {
     "experiments": ROOT / "src/headlab/experiments/results",
     "bench": ROOT / "benchmarks/results",
     "data": ROOT / "docs/data",
+    "model": ROOT / "src/headlab/weights",
 }
 FIGURE = re.compile(
     r"<!-- figure: (?P<ref>[\w./-]+#[\w.-]+) -->"
@@ -51,6 +53,9 @@ VALUE = re.compile(
 )
 
 
+FENCE = re.compile(r"(^```.*?^```[^\n]*$)", re.S | re.M)
+
+
 class FigureError(ValueError):
     """A marker names a results file, a table or a path that does not exist."""
 
@@ -60,7 +65,7 @@ def source_path(source: str) -> Path:
     kind, _, name = source.partition("/")
     if kind not in FOLDERS or not re.fullmatch(r"[\w.-]+", name):
         raise FigureError(
-            f"unknown source {source!r}: use experiments/NAME, bench/NAME or data/NAME"
+            f"unknown source {source!r}: use {', '.join(FOLDERS)} and a name, e.g. bench/shapes"
         )
     return FOLDERS[kind] / f"{name}.json"
 
@@ -75,8 +80,14 @@ def load(source: str) -> dict[str, Any]:
 
 
 def lookup(data: Any, path: str) -> Any:
-    """``a.b.0.c`` into nested dicts and lists; ``FigureError`` naming the missing step."""
-    for step in path.split("."):
+    """``a.b.0.c`` into nested dicts and lists; a key with dots in it (``"0.2"``, a head) is
+    found too. ``FigureError`` names the missing step."""
+    steps = path.split(".")
+    while steps:
+        step = steps.pop(0)
+        if isinstance(data, dict):
+            while step not in data and steps:  # a dotted key: take the next part along
+                step = f"{step}.{steps.pop(0)}"
         try:
             data = data[int(step)] if isinstance(data, list) else data[step]
         except (KeyError, IndexError, ValueError, TypeError):
@@ -307,13 +318,16 @@ def heads_counts(out: dict[str, Any]) -> str:
 
 
 def heads_sinks(out: dict[str, Any]) -> str:
+    """Each layer's share of sink heads, ten layers to a row."""
     s = out["sinks"]
-    rows = [[f"{x['share']:.0%}" for x in s["layers"]]]
-    columns = [f"layer {x['layer']}" for x in s["layers"]]
-    return table(columns, rows) + (
-        f"\n\nShare of each layer's heads with more than {s['threshold']} of their attention on the"
-        " first token (Gu et al. 2024's sink measure)."
-    )
+    shares = [f"{x['share']:.0%}" for x in s["layers"]]
+    rows = [[f"{i}–{min(i + 9, len(shares) - 1)}", *shares[i : i + 10]]
+            for i in range(0, len(shares), 10)]  # fmt: skip
+    width = min(10, len(shares))
+    note = (f"Share of each layer's heads with more than {s['threshold']} of their attention on the"
+            " first token (Gu et al. 2024's sink measure).")  # fmt: skip
+    rows = [r + [""] * (width + 1 - len(r)) for r in rows]
+    return table(["layers", *(f"+{i}" for i in range(width))], rows) + f"\n\n{note}"
 
 
 # Clark et al. 2019, Table 1 (BERT-base, layer-head 1-based, and its fixed-offset baseline).
@@ -408,6 +422,8 @@ def value(ref: str, fmt: str | None) -> str:
     data = load(source)
     x = lookup(data["output"] if source.startswith("data/") and path[:7] != "output." else data,
                path)  # fmt: skip
+    if fmt == "len":  # how many: seeds, heads
+        return str(len(x))
     try:
         return format(x, fmt) if fmt else str(x)
     except (TypeError, ValueError):
@@ -436,12 +452,16 @@ def expand(text: str, *, written: bool = False) -> str:
             m[0] if m["body"] is None else f"<!-- value: {m['ref']}{fmt} -->{body}<!-- /value -->"
         )
 
-    return VALUE.sub(number, FIGURE.sub(figure, text))
+    parts = FENCE.split(text)  # odd parts are code blocks: a marker shown in code stays code
+    return "".join(
+        p if i % 2 else VALUE.sub(number, FIGURE.sub(figure, p)) for i, p in enumerate(parts)
+    )
 
 
 def stale(text: str) -> list[str]:
     """The references whose written figure in ``text`` differs from its results file."""
     out = []
+    text = "".join(p for i, p in enumerate(FENCE.split(text)) if i % 2 == 0)
     for m in FIGURE.finditer(text):
         if m["body"] is not None and m["body"] != render(m["ref"]) + "\n":
             out.append(m["ref"])
