@@ -53,7 +53,8 @@ VALUE = re.compile(
 )
 
 
-FENCE = re.compile(r"(^```.*?^```[^\n]*$)", re.S | re.M)
+# code blocks and inline code: a marker shown as code is not expanded
+FENCE = re.compile(r"(^```.*?^```[^\n]*$|`[^`\n]+`)", re.S | re.M)
 
 
 class FigureError(ValueError):
@@ -452,7 +453,7 @@ def expand(text: str, *, written: bool = False) -> str:
             m[0] if m["body"] is None else f"<!-- value: {m['ref']}{fmt} -->{body}<!-- /value -->"
         )
 
-    parts = FENCE.split(text)  # odd parts are code blocks: a marker shown in code stays code
+    parts = FENCE.split(text)  # the odd parts are code
     return "".join(
         p if i % 2 else VALUE.sub(number, FIGURE.sub(figure, p)) for i, p in enumerate(parts)
     )
