@@ -13,7 +13,7 @@ head, or head → dependent, as Clark et al. score both); the baseline is the be
 (always predict the word δ away). Voita et al. 2019 call a head syntactic when it beats that
 baseline by at least 10 points on a relation.
 
-    load_parser      the pinned spaCy English pipeline (``pip install 'headlab[syntax]'``)
+    load_parser      the pinned spaCy English pipeline (``pip install -e '.[syntax]'``)
     parse_sentences  text → sentences with words, character spans and dependency arcs
     word_attention   (L, h, n, n) token attention → (L, h, W, W) word attention
     analyse_syntax   a model on parsed sentences → :class:`SyntaxReport`
