@@ -27,18 +27,26 @@ def summary(script: Path) -> str:
 def results_for(script: Path, files: dict[str, dict[str, Any]]) -> list[str]:
     """The results files (names) that belong to ``script``."""
     stem = script.stem.removeprefix("bench_")
-    return sorted(n for n, d in files.items() if d.get("script", stem) in (stem, script.name) or
-                  (n == stem and "script" not in d))  # fmt: skip
+    names = (stem, script.stem, script.name)
+    return sorted(n for n, d in files.items() if d.get("script", n) in names)
 
 
 def section(name: str, data: dict[str, Any]) -> list[str]:
-    lines = [f"**Measured** {data.get('date', '')} with `{data.get('command', '?')}` on: "
-             f"{figures.machine_line(data)}.", ""]  # fmt: skip
+    lines = [f"Ran on: {figures.machine_line(data)}.", ""]
     if "table" in data:
-        lines += [figures.render(f"bench/{name}#table"), ""]
-    else:
-        lines += [f"`benchmarks/results/{name}.json` holds no `table` to show.", ""]
-    return lines
+        return [*lines, figures.render(f"bench/{name}#table"), ""]
+    when = f", {data['date']}" if data.get("date") else ""
+    return [*lines, f"*`benchmarks/results/{name}.json`: `{data.get('command', '?')}`{when}; "
+            "it holds no `table` to show.*", ""]  # fmt: skip
+
+
+def not_measured(script: Path) -> str:
+    """What to run for a script with no results file, true to whether it writes one."""
+    run = f"`python benchmarks/{script.name}`"
+    if "path_for(" in script.read_text(encoding="utf-8"):
+        stem = script.stem.removeprefix("bench_")
+        return f"Not measured yet: run {run} to produce `benchmarks/results/{stem}.json`."
+    return f"This script prints its figures ({run}) but writes no results file yet."
 
 
 def benchmarks_section() -> str:
@@ -56,9 +64,7 @@ def benchmarks_section() -> str:
         for name in mine:
             lines += section(name, files[name])
         if not mine:
-            stem = script.stem.removeprefix("bench_")
-            lines += [f"Not measured yet: run `python benchmarks/{script.name}` to produce "
-                      f"`benchmarks/results/{stem}.json`.", ""]  # fmt: skip
+            lines += [not_measured(script), ""]
     for name in sorted(set(files) - claimed):
         lines += [f"### `{name}.json`", "", *section(name, files[name])]
     return "\n".join(lines)
