@@ -8,10 +8,13 @@
   file (scripts/docs/figures.py), and ``<!-- benchmarks -->``, every benchmark with its command,
   machine and results (scripts/docs/benchmark_pages.py).
 
-A marker that names a missing file, table or value stops the build with the page's name.
+A marker that names a missing file, table or value stops the build with the page's name. The
+docstrings' Sphinx roles (``:func:`analyse```) show as plain code.
 """
 
 from __future__ import annotations
+
+import re
 
 import figures
 from benchmark_pages import benchmarks_section
@@ -38,3 +41,11 @@ def on_page_markdown(markdown: str, page, config: dict, files: Files) -> str:
         return figures.expand(markdown)
     except figures.FigureError as e:
         raise PluginError(f"{page.file.src_uri}: {e}") from e
+
+
+ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|exc|obj):(?=<code)")
+
+
+def on_page_content(html: str, page, config: dict, files: Files) -> str:
+    """Drop the Sphinx role in front of a docstring's code: ``:func:`x``` reads as ``x``."""
+    return ROLE.sub("", html)
