@@ -210,9 +210,10 @@ def prune_survivors(d: dict[str, Any]) -> str:
     for m in d["models"]:
         if m["model"] == "trained-here":
             continue
-        last = ", ".join(f"{s['head']} ({s['label']})" for s in m["survivors"])
-        rows.append([m["model"], len(m["survivors"]), last])
-    return table(["model", "last heads standing", "heads (label)"], rows)
+        named = [f"{s['head']} ({s['label']})" for s in m["survivors"]]
+        more = f", … ({len(named) - 12} more)" if len(named) > 12 else ""
+        rows.append([m["model"], len(named), ", ".join(named[:12]) + more])
+    return table(["model", "last heads standing", "heads (label), the last first"], rows)
 
 
 def gqa_decode(d: dict[str, Any]) -> str:
