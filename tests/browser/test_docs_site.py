@@ -10,6 +10,7 @@ The site is `make docs`'s site/ when it is newer than everything it is built fro
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -139,3 +140,19 @@ def test_search_finds_pages_from_disk(site: Path, offline) -> None:
     assert any(u.endswith("/search/search_index.js") for u in page.seen), page.seen
     assert not errors, errors
     assert not left, f"requests left the machine: {left}"
+
+
+def test_no_page_refers_to_an_asset_outside_the_site(site: Path) -> None:
+    """Read, not run: no script, stylesheet, image, font or frame is addressed to another host
+    (links to papers may leave the site when a reader follows them; nothing loads from one)."""
+    asset = re.compile(
+        r"<(?:script|img|iframe|source|link)\b[^>]*?\b(?:src|href)=\"(https?:)?//", re.I
+    )
+    css_url = re.compile(r"url\(\s*['\"]?(https?:)?//", re.I)
+    found = []
+    for path in site.rglob("*"):
+        if path.suffix in {".html", ".css"}:
+            text = path.read_text(encoding="utf-8", errors="replace")
+            found += [f"{path.relative_to(site)}: {m[0]}" for m in asset.finditer(text)]
+            found += [f"{path.relative_to(site)}: {m[0]}" for m in css_url.finditer(text)]
+    assert not found, found
