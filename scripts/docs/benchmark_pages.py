@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import figures
+import tables
 
 BENCH = figures.ROOT / "benchmarks"
 
@@ -32,7 +33,7 @@ def results_for(script: Path, files: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def section(name: str, data: dict[str, Any]) -> list[str]:
-    lines = [f"Ran on: {figures.machine_line(data)}.", ""]
+    lines = [f"Ran on: {tables.machine_line(data)}.", ""]
     if "table" in data:
         return [*lines, figures.render(f"bench/{name}#table"), ""]
     when = f", {data['date']}" if data.get("date") else ""
