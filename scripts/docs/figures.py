@@ -13,8 +13,9 @@ A results file is JSON, named by a source:
 A page asks for a table or one number with a marker, ``SOURCE#NAME`` naming the results file and
 what to take from it:
 
-    <!-- figure: experiments/induction#seeds -->       a table (scripts/docs/tables.py), or a benchmark's
-                                                      ``#table``; expanded when the site builds
+    <!-- figure: experiments/induction#seeds -->       a table (scripts/docs/tables.py, or
+                                                      a benchmark's ``#table``), expanded when
+                                                      the site builds
     <!-- value: experiments/induction#final.repeated_loss:.2f -->   one number: a dotted path
                                                       into the JSON and a format (or ``len``)
 
