@@ -36,13 +36,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch._dynamo  # the optimizer's first import, before any clock (the server: at startup)
+# the optimizer's first import, before any clock (the server does it at startup)
+import torch._dynamo  # noqa: F401
 
 from headlab.files import write_json
 from headlab.server.live import AUTO, Knobs, choose_threads, machine_load, run_study
 from headlab.training.train import StopToken
 from headlab.training.watch import Evaluation, Event, Step
+from record import command, machine
 
 SETTINGS: tuple[int | str, ...] = (1, 2, AUTO)
 BUSY_LOOP = "while True: pass"  # one CPU-bound process: load +1, one core held
@@ -125,24 +126,44 @@ def ratios(results: dict[str, Any]) -> None:
             med["slowdown"] = round(ref / rate, 2) if ref and rate else None
 
 
-def table(results: dict[str, Any]) -> str:
-    """The medians, one line per condition and setting (×: over 1 thread idle)."""
-    rows = ["condition  threads  used  load   to phase change    total             steps/s  "
-            "slowdown  capped"]  # fmt: skip
+COLUMNS = [
+    "condition",
+    "threads asked",
+    "threads used",
+    "load average",
+    "to phase change (s)",
+    "× 1 thread idle",
+    "total (s)",
+    "× 1 thread idle",
+    "steps/s",
+    "slowdown",
+    "capped",
+]
+
+
+def rows(results: dict[str, Any]) -> list[list[str]]:
+    """The medians, one row per condition and setting (×: over 1 thread idle)."""
+    out = []
     for name, cond in results["conditions"].items():
         load = statistics.median(v for v in cond["loads_seen"] if v is not None)
         for setting, m in cond["median"].items():
-            used = ",".join(map(str, m["threads"]))
-            phase = "      —" if m["phase_seconds"] is None else f"{m['phase_seconds']:5.1f} s"
-            rows.append(f"{name:<10} {setting:<8} {used:<5} {load:5.2f}  {phase} ×"
-                        f"{_x(m['phase_seconds_ratio'])}   {m['total_seconds']:6.1f} s ×"
-                        f"{_x(m['total_seconds_ratio'])}  {_x(m['steps_per_second'])}    "
-                        f"{_x(m['slowdown'])}  {m['capped']}/{m['rounds']}")  # fmt: skip
-    return "\n".join(rows)
+            phase = "—" if m["phase_seconds"] is None else f"{m['phase_seconds']:.1f}"
+            out.append([name, setting, ",".join(map(str, m["threads"])), f"{load:.2f}", phase,
+                        _x(m["phase_seconds_ratio"]), f"{m['total_seconds']:.1f}",
+                        _x(m["total_seconds_ratio"]), _x(m["steps_per_second"]),
+                        _x(m["slowdown"]), f"{m['capped']}/{m['rounds']}"])  # fmt: skip
+    return out
+
+
+def table(results: dict[str, Any]) -> str:
+    """The rows of :func:`rows` as aligned text."""
+    every = [COLUMNS, *rows(results)]
+    widths = [max(len(r[i]) for r in every) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in every)
 
 
 def _x(value: float | None) -> str:
-    return "    —" if value is None else f"{value:5.2f}"
+    return "—" if value is None else f"{value:.2f}"
 
 
 def main() -> None:
@@ -155,9 +176,10 @@ def main() -> None:
     args = ap.parse_args()
     old = json.loads(args.out.read_text()) if args.out.exists() else {}
     results: dict[str, Any] = {
+        "command": command(),
+        "date": datetime.date.today().isoformat(),
         "benchmark": "live run threads (benchmarks/bench_live.py)",
-        "machine": {"cores": os.cpu_count(), "torch": torch.__version__,
-                    "python": platform.python_version(), "platform": platform.platform()},
+        "machine": machine(platform=platform.platform()),
         "conditions": {k: v for k, v in old.get("conditions", {}).items()
                        if k not in args.conditions},
     }  # fmt: skip
@@ -169,6 +191,7 @@ def main() -> None:
     )
     ratios(results)
     results["runtime_seconds"] = round(time.perf_counter() - t0, 1)
+    results["table"] = {"columns": COLUMNS, "rows": rows(results)}
     write_json(args.out, results)
     print(table(results))
     print(f"{results['runtime_seconds']:.0f} s; figures in {args.out}")
