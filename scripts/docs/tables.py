@@ -247,14 +247,15 @@ def syntax_relations(out: dict[str, Any]) -> str:
     rows = []
     for r in sorted(out["relations"], key=lambda r: -r["count"]):
         bert = CLARK_2019.get(r["relation"], ("", "", ""))
-        rows.append([f"`{r['relation']}`", r["count"], f"{r['layer'] + 1}-{r['head'] + 1}",
+        rows.append([f"`{r['relation']}`", r["count"], f"{r['layer']}.{r['head']}",
                      f"{100 * r['accuracy']:.1f}%", f"{100 * r['baseline_accuracy']:.1f}%",
                      r["direction"], bert[0], bert[1] and f"{bert[1]}%",
                      bert[2] and f"{bert[2]}%"])  # fmt: skip
     columns = ["relation", "arcs", "head", "accuracy", "offset baseline", "direction",
                "BERT-base head", "BERT-base", "its baseline"]  # fmt: skip
     note = (
-        "Heads numbered from 1 as in Clark et al. 2019, whose BERT-base columns are from Table 1."
+        "headlab's heads are named layer.head from 0; the BERT-base columns are Clark et al. "
+        "2019's Table 1, numbered layer-head from 1 as in the paper, measured by the same rule."
     )
     return table(columns, rows) + f"\n\n{note}"
 
