@@ -1,0 +1,306 @@
+"""The page at a desktop's 1280 px and a phone's 390 px, in the same headless Chromium as
+test_browser.py: controls that look like what they do, messages in the page's own words, every
+chart with all its data in view, and sentences that agree with the figures they quote.
+
+One page per width serves the module (the fixture ``reader``); each test sets what it reads and
+puts back what it changed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Iterator
+
+import pytest
+import test_browser
+from playwright.sync_api import expect
+
+from conftest import require
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+browser = test_browser.browser
+server = test_browser.server
+expect.set_options(timeout=30_000)
+WIDTHS = (1280, 390)
+EXPERIMENTS = ("one-vs-many", "induction", "prune", "gqa", "head-count")
+HAS_SPACY = importlib.util.find_spec("spacy") is not None
+
+
+def _syntax_labels_served() -> bool:
+    from headlab.server.schemas import HeadsRequest
+
+    return "syntax_labels" in HeadsRequest.model_fields
+
+
+needs_syntax_labels = pytest.mark.skipif(
+    not _syntax_labels_served(), reason="the server does not take syntax_labels yet"
+)
+
+
+@pytest.fixture(scope="module", params=WIDTHS, ids=lambda w: f"{w}px")
+def reader(request, browser, server: str) -> Iterator[object]:
+    context = browser.new_context(viewport={"width": request.param, "height": 900})
+    pg = context.new_page()
+    pg.width = request.param
+    pg.errors = []
+    pg.on("console", lambda m: m.type == "error" and pg.errors.append(f"console: {m.text}"))
+    pg.on("pageerror", lambda e: pg.errors.append(f"pageerror: {e}"))
+    pg.set_default_timeout(60_000)
+    pg.goto(server + "/")
+    pg.wait_for_selector("#shapes-table")
+    pg.wait_for_selector("#heads-grid button[data-head]", timeout=60_000)
+    yield pg
+    context.close()
+
+
+def heads_answer(pg, action) -> dict:
+    """Do ``action`` and return the /api/heads answer it causes (the page's one analysis)."""
+    with pg.expect_response(lambda r: r.url.endswith("/api/heads"), timeout=120_000) as info:
+        action()
+    response = info.value
+    assert response.ok, response.text()
+    pg.wait_for_function(
+        "n => document.querySelector('#heads-status')?.textContent.includes(n)",
+        arg=f"{response.json()['n_heads']} heads",
+    )
+    return response.json()
+
+
+def pick_model(pg, name: str) -> dict:
+    return heads_answer(pg, lambda: pg.select_option("#heads-model", name))
+
+
+# --- the controls ---------------------------------------------------------------------------
+
+
+def test_hidden_controls_stay_hidden(reader) -> None:
+    """A control the page hides is not drawn (the relation menu shows only while the syntactic
+    type is picked; a CSS display rule once overrode the hidden attribute)."""
+    shown = reader.evaluate(
+        "() => [...document.querySelectorAll('[hidden]')]"
+        ".filter(e => getComputedStyle(e).display !== 'none').map(e => e.id || e.tagName)"
+    )
+    assert shown == []
+    expect(reader.locator("#heads-relation")).to_be_hidden()
+    if HAS_SPACY:
+        reader.select_option("#heads-type", "syntactic")
+        expect(reader.locator("#heads-relation option").first).to_be_attached(timeout=120_000)
+        expect(reader.locator("#heads-relation")).to_be_visible()
+    for kind in ("previous-token", "induction", "averaged"):
+        reader.select_option("#heads-type", kind)
+        expect(reader.locator("#heads-relation")).to_be_hidden()
+    assert reader.errors == []
+
+
+# the effective opacity of an element: its own times its ancestors'
+OPACITY = """e => { let o = 1; for (let x = e; x; x = x.parentElement)
+  o *= parseFloat(getComputedStyle(x).opacity); return [o, getComputedStyle(e).cursor]; }"""
+
+
+def test_disabled_controls_look_disabled(reader) -> None:
+    """Cancel before a run, Back on the diagram's first step: dimmed, with a cursor that says
+    no; their enabled neighbours are not."""
+    reader.locator("#layer-diagram svg").focus()
+    reader.keyboard.press("Home")
+    for disabled, enabled in (("#live-cancel", "#live-train"), ("#layer-back", "#layer-next")):
+        expect(reader.locator(disabled)).to_be_disabled()
+        opacity, cursor = reader.eval_on_selector(disabled, OPACITY)
+        assert opacity <= 0.6 and cursor == "not-allowed", (disabled, opacity, cursor)
+        opacity, cursor = reader.eval_on_selector(enabled, OPACITY)
+        assert opacity == 1 and cursor == "pointer", (enabled, opacity, cursor)
+    assert reader.errors == []
+
+
+# each menu's widest option, measured in the menu's own font, against the room inside the menu
+# (its width less its padding and Chromium's arrow, 20 px)
+MENUS = """sel => [...document.querySelectorAll(sel)].filter(s => s.offsetWidth).map(s => {
+  const css = getComputedStyle(s);
+  const ctx = document.createElement('canvas').getContext('2d');
+  ctx.font = `${css.fontWeight} ${css.fontSize} ${css.fontFamily}`;
+  const widest = Math.max(...[...s.options].map(o => ctx.measureText(o.textContent).width));
+  const room = s.clientWidth - parseFloat(css.paddingLeft) - parseFloat(css.paddingRight) - 20;
+  return [s.id, Math.round(widest), Math.round(room)];
+})"""
+
+
+def test_every_menu_shows_its_options_whole(reader) -> None:
+    """No menu cuts its options ("previous-token heac"): each is as wide as its widest option,
+    and that fits the phone's width."""
+    menus = reader.evaluate(MENUS, "#heads-form select, #shapes-form select")
+    assert len(menus) >= 6
+    cut = [m for m in menus if m[1] > m[2]]
+    assert cut == [], cut
+    assert reader.errors == []
+
+
+def shapes_problem(pg) -> str:
+    box = pg.locator("#shapes-output .problems")
+    expect(box).to_be_visible()
+    return box.inner_text()
+
+
+@pytest.mark.parametrize("typed", ["", "0", "2.5", "70000"])
+def test_a_bad_head_count_is_named_in_words(reader, typed: str) -> None:
+    """The page checks the sizes against the limits the server serves (GET /api/shapes/limits)
+    and says what is valid; it sends nothing the server would refuse (a cleared box once went
+    out as 0 and came back as "n_heads: Input should be greater than or equal to 1")."""
+    from headlab.shapes.config import LIMITS
+
+    lo, hi = LIMITS["n_heads"]
+    sent: list[dict] = []
+    watch = lambda r: r.url.endswith("/api/shapes") and sent.append(r.post_data_json)  # noqa: E731
+    reader.on("request", watch)
+    reader.fill("#shapes-n_heads", typed)
+    text = shapes_problem(reader)
+    reader.wait_for_timeout(300)  # a request, if any, would have gone by now (debounce: 120 ms)
+    reader.remove_listener("request", watch)
+    assert f"h (query heads) must be a whole number from {lo:,} to {hi:,}" in text, text
+    assert "Input should" not in text
+    assert [b for b in sent if b.get("n_heads") in (0, None) or b["n_heads"] > hi] == []
+    reader.fill("#shapes-n_heads", "8")
+    expect(reader.locator("#shapes-table")).to_be_visible()
+    assert reader.errors == []
+
+
+def test_the_servers_refusal_is_put_in_words(reader) -> None:
+    """Should the server still refuse a size (its limits changed since the page loaded), the
+    page names the field in its own words, not pydantic's."""
+    body = {"detail": "d_model: Input should be less than or equal to 64",
+            "errors": [{"type": "less_than_equal", "loc": ["body", "d_model"],
+                        "msg": "Input should be less than or equal to 64"}]}  # fmt: skip
+    reader.route("**/api/shapes", lambda route: route.fulfill(status=422, json=body))
+    try:
+        reader.fill("#shapes-d_model", "640")
+        text = shapes_problem(reader)
+    finally:
+        reader.unroute("**/api/shapes")
+    assert "d_model (width)" in text and "64" in text, text
+    assert "Input should" not in text
+    reader.fill("#shapes-d_model", "512")
+    expect(reader.locator("#shapes-table")).to_be_visible()
+    # the browser logs the refusal it was served as a failed resource; nothing else may appear
+    reader.errors[:] = [e for e in reader.errors if "status of 422" not in e]
+    assert reader.errors == []
+
+
+def test_a_long_text_is_measured_in_words(reader) -> None:
+    """A text over the server's limit (the schema's maxLength) is refused by the page itself,
+    with its length and the limit, and nothing is sent."""
+    from headlab.server.schemas import MAX_TEXT_CHARS
+
+    text = ("The cat sat on the mat. " * 200)[: MAX_TEXT_CHARS + 431]
+    sent: list[str] = []
+    watch = lambda r: r.url.endswith("/api/heads") and sent.append(r.url)  # noqa: E731
+    reader.on("request", watch)
+    reader.fill("#heads-text", text)
+    reader.click("#heads-run")
+    status = reader.locator("#heads-status")
+    expect(status).to_contain_text(f"{len(text):,} characters")
+    reader.wait_for_timeout(300)
+    reader.remove_listener("request", watch)
+    assert f"the limit is {MAX_TEXT_CHARS:,}" in status.inner_text()
+    assert "String should" not in status.inner_text() and sent == []
+    reader.fill("#heads-text", "")
+    heads_answer(reader, lambda: reader.click("#heads-run"))
+    assert reader.errors == []
+
+
+# --- every chart shows all its data -----------------------------------------------------------
+
+# per visible svg in main: its box, and every text and point that falls outside it or outside
+# the viewport; and every figure or diagram box that scrolls sideways
+GEOMETRY = """() => {
+  const vw = document.documentElement.clientWidth;
+  const out = { svgs: 0, outside: [], scrolls: [] };
+  for (const svg of document.querySelectorAll('main svg')) {
+    const box = svg.getBoundingClientRect();
+    if (!box.width || svg.closest('button, .legend')) continue;
+    out.svgs += 1;
+    const name = svg.getAttribute('aria-label') || svg.closest('figure')?.dataset.figure || '?';
+    if (box.left < -0.5 || box.right > vw + 0.5)
+      out.outside.push([name, 'svg', box.left, box.right, vw]);
+    for (const el of svg.querySelectorAll('text, circle')) {
+      const r = el.getBoundingClientRect();
+      if (!r.width || getComputedStyle(el).visibility === 'hidden') continue;
+      if (r.left < box.left - 0.5 || r.right > box.right + 0.5 || r.top < box.top - 0.5
+          || r.bottom > box.bottom + 0.5 || r.right > vw + 0.5 || r.left < -0.5)
+        out.outside.push([name, el.textContent || el.tagName, Math.round(r.left),
+                          Math.round(r.right), Math.round(box.left), Math.round(box.right)]);
+    }
+  }
+  for (const el of document.querySelectorAll('main figure, main .hv-scroll, main .dg-figure')) {
+    if (el.offsetWidth && el.scrollWidth > el.clientWidth + 1)
+      out.scrolls.push([el.dataset.figure || el.className, el.scrollWidth, el.clientWidth]);
+  }
+  return out;
+}"""
+
+
+def open_everything(pg) -> None:
+    """Every stored run drawn and every fold opened, so that every chart is on the page."""
+    for name in EXPERIMENTS:
+        test_browser.reveal(pg, name)
+    pg.evaluate("() => document.querySelectorAll('main details').forEach(d => { d.open = true; })")
+    pg.wait_for_timeout(300)  # a fold's figures are drawn to its width as it opens
+
+
+def test_every_chart_shows_all_its_data(reader) -> None:
+    """At both widths every chart fits its box and the screen: each tick label and point lies
+    inside its svg and the viewport, and no figure scrolls sideways."""
+    open_everything(reader)
+    found = reader.evaluate(GEOMETRY)
+    assert found["svgs"] >= 12, found
+    assert found["outside"] == [], found["outside"][:12]
+    assert found["scrolls"] == [], found["scrolls"]
+    assert reader.errors == []
+
+
+def ticks(pg, figure: str) -> list[str]:
+    svg = pg.locator(f'figure[data-figure="{figure}"] svg')
+    return svg.evaluate("s => [...s.querySelectorAll('text.x-tick')].map(t => t.textContent)")
+
+
+def test_the_head_count_and_gqa_charts_reach_their_last_point(reader) -> None:
+    """The head-count chart's point is h = 1 … 32 (16 and 32 are the point of it); the GQA
+    chart's last context is 4096: each tick is drawn, inside the screen."""
+    from headlab.server.routes.experiments import shipped
+
+    files = shipped()
+    charts = (("head-count", "head-count-loss", "h"), ("gqa", "gqa-decode", "context"))
+    for name, figure, key in charts:
+        require(name in files, f"no stored {name} run")
+        data = json.loads(files[name].read_text())
+        rows = data["summary"] if name == "head-count" else data["decode"]
+        want = sorted({str(row[key]) for row in rows}, key=int)
+        test_browser.reveal(reader, name)
+        assert ticks(reader, figure) == want
+        last = reader.locator(f'figure[data-figure="{figure}"] text.x-tick').last
+        box = last.bounding_box()
+        assert box and box["x"] + box["width"] <= reader.width, (name, box)
+    assert reader.errors == []
+
+
+# --- the layer diagram -------------------------------------------------------------------------
+
+
+def test_diagram_labels_are_whole_words(reader) -> None:
+    """The layer diagram fits the width it is given: no label runs past its svg ("numbers
+    eac"), and every row's shape line is whole."""
+    reader.fill("#shapes-d_model", "512")
+    reader.fill("#shapes-n_heads", "8")
+    expect(reader.locator("#layer-diagram")).to_contain_text("(2, 8, 10, 64)")
+    svg = reader.locator("#layer-diagram svg")
+    box = svg.bounding_box()
+    assert box["x"] >= 0 and box["x"] + box["width"] <= reader.width
+    cut = svg.evaluate(
+        """s => { const b = s.getBoundingClientRect();
+           return [...s.querySelectorAll('text')].filter(t => {
+             const r = t.getBoundingClientRect();
+             return r.width && (r.right > b.right + 0.5 || r.left < b.left - 0.5); })
+           .map(t => t.textContent); }"""
+    )
+    assert cut == []
+    words = " ".join(svg.locator("text").all_text_contents())
+    assert "d_model numbers each" in words
+    assert reader.errors == []
