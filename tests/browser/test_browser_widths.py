@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from collections.abc import Iterator
+from itertools import pairwise
 
 import pytest
 import test_browser
@@ -55,15 +56,14 @@ def reader(request, browser, server: str) -> Iterator[object]:
 
 
 def heads_answer(pg, action) -> dict:
-    """Do ``action`` and return the /api/heads answer it causes (the page's one analysis)."""
+    """Do ``action`` and return the /api/heads answer it causes (the page's one analysis), once
+    the page has drawn it (the label summary is drawn last, as a new element)."""
+    pg.evaluate("() => document.getElementById('label-counts')?.setAttribute('data-old', '')")
     with pg.expect_response(lambda r: r.url.endswith("/api/heads"), timeout=120_000) as info:
         action()
     response = info.value
     assert response.ok, response.text()
-    pg.wait_for_function(
-        "n => document.querySelector('#heads-status')?.textContent.includes(n)",
-        arg=f"{response.json()['n_heads']} heads",
-    )
+    pg.wait_for_selector("#label-counts:not([data-old])")
     return response.json()
 
 
@@ -303,4 +303,245 @@ def test_diagram_labels_are_whole_words(reader) -> None:
     assert cut == []
     words = " ".join(svg.locator("text").all_text_contents())
     assert "d_model numbers each" in words
+    assert reader.errors == []
+
+
+# --- sentences that agree with their figures ---------------------------------------------------
+
+
+def signed(k: int) -> str:
+    return f"−{-k}" if k < 0 else f"+{k}" if k > 0 else "0"
+
+
+def pick_type(pg, kind: str) -> str:
+    pg.select_option("#heads-type", "previous-token" if kind != "previous-token" else "induction")
+    pg.select_option("#heads-type", kind)
+    return pg.inner_text("#heads-status")
+
+
+def row_of(answer: dict, best: dict) -> dict:
+    return next(
+        r for r in answer["heads"] if (r["layer"], r["head"]) == (best["layer"], best["head"])
+    )
+
+
+@pytest.mark.parametrize("model", ["default", "minilm"])
+def test_a_positional_pick_states_its_offset(reader, model: str) -> None:
+    """The positional pick says where the head looks (the shipped model's head 0.4: "attends 2
+    tokens back (offset −2)"); when the best positional score belongs to a head labelled
+    previous-token (MiniLM's 0.2 at offset −1), it says why instead of contradicting itself."""
+    available = [o.get_attribute("value") for o in reader.locator("#heads-model option").all()]
+    require(model in available, f"{model} is not available here")
+    answer = pick_model(reader, model)
+    best = answer["best"]["positional"]
+    offset = row_of(answer, best)["offset"]
+    status = pick_type(reader, "positional")
+    assert f"offset {signed(offset)}" in status, status
+    if best["labelled"]:
+        k = abs(offset)
+        assert (
+            f"attends {k} token{'s' if k > 1 else ''} {'back' if offset < 0 else 'ahead'}" in status
+        )
+    else:
+        assert f"labelled {best['label']}" in status and "fixed offset is" in status, status
+    pick_model(reader, "default")
+    assert reader.errors == []
+
+
+@pytest.mark.parametrize("model", ["default", "smollm2"])
+def test_a_head_rests_only_where_its_figure_says_so(reader, model: str) -> None:
+    """ "Where it has nothing to do it rests on the first token (0.00)" came with a figure that
+    says the opposite: the sentence is there only when the rest figure reaches the sink share
+    the answer uses (its sinks.threshold)."""
+    available = [o.get_attribute("value") for o in reader.locator("#heads-model option").all()]
+    require(model in available, f"{model} is not available here")
+    answer = pick_model(reader, model)
+    threshold = answer["sinks"]["threshold"]
+    checked = 0
+    for kind in ("induction", "content", "duplicate-token"):
+        best = answer["best"].get(kind)
+        if not best or not best["labelled"] or row_of(answer, best)["rest"] is None:
+            continue
+        rest = row_of(answer, best)["rest"]
+        status = pick_type(reader, kind) if kind != "duplicate-token" else None
+        if status is None:
+            continue
+        checked += 1
+        if rest >= threshold:
+            assert f"{rest:.2f}" in status and ("rests" in status or "goes to" in status), status
+        else:
+            assert "rests" not in status and f"({rest:.2f})" not in status, (kind, rest, status)
+    assert checked >= 2
+    pick_model(reader, "default")
+    assert reader.errors == []
+
+
+@pytest.mark.skipif(not HAS_SPACY, reason="spaCy: pip install 'headlab[syntax]'")
+def test_a_syntactic_head_is_best_only_when_it_beats_the_offset(reader) -> None:
+    """A relation whose best head follows fewer arcs than a fixed offset has no "best head":
+    the page says no head beats the offset (it said "Best pobj head … 56.4% against 67.9%")."""
+    reader.select_option("#heads-type", "syntactic")
+    expect(reader.locator("#heads-relation option").first).to_be_attached(timeout=120_000)
+    answer = heads_answer(reader, lambda: reader.click("#heads-run"))
+    rows = answer["syntax"]["relations"]
+    for row in rows:
+        reader.select_option("#heads-relation", row["relation"])
+        status = reader.inner_text("#heads-status")
+        beats = row["accuracy"] > row["baseline_accuracy"]
+        assert (f"Best {row['relation']} head" in status) == beats, (row, status)
+        if not beats:
+            assert f"No head follows {row['relation']} arcs better than a fixed offset" in status
+        assert f"({signed(row['baseline_offset'])})" in status
+    assert any(r["accuracy"] <= r["baseline_accuracy"] for r in rows)  # the case that contradicted
+    reader.select_option("#heads-type", "previous-token")
+    assert reader.errors == []
+
+
+def test_section_three_says_what_its_table_shows(reader) -> None:
+    """The FLOPs of 1 and 8 heads are equal in the table beside it: the section says "the
+    same", not "about", "nearly all" or "barely moves"."""
+    rows = reader.locator("#cost-table tbody tr")
+    expect(rows).to_have_count(2)
+    flops = [rows.nth(k).locator("td").nth(3).inner_text() for k in range(2)]
+    params = [rows.nth(k).locator("td").nth(2).inner_text() for k in range(2)]
+    section = " ".join(reader.inner_text("#many-heads").split())
+    if flops[0] == flops[1]:
+        assert "the same FLOPs" in section
+        for word in (" about ", "nearly all", "barely"):
+            assert word not in section, word
+    if params[0] == params[1]:
+        assert "The same parameters" in section
+    assert reader.errors == []
+
+
+# --- stored charts explained where they look wrong -----------------------------------------
+
+
+def stored(name: str) -> dict:
+    from headlab.server.routes.experiments import shipped
+
+    files = shipped()
+    require(name in files, f"no stored {name} run")
+    return json.loads(files[name].read_text())
+
+
+def test_the_prune_chart_says_why_its_lines_cross(reader) -> None:
+    """The shipped model's pruning curve falls as its 14th head goes and runs above the random
+    orders' mean from 9 to 13 heads: the caption names both, from the stored numbers, and why
+    (importance is the size of a slope, whatever its sign, measured once)."""
+    data = stored("prune")
+    m = next(m for m in data["models"] if m["model"] == data["models"][0]["model"])
+    curve, random = m["importance_curve"]["losses"], m["random_mean_losses"]
+    removed = m["importance_curve"]["removed"] or list(range(len(curve)))
+    falls = [(curve[k - 1] - curve[k], k) for k in range(1, len(curve))]
+    fall, at = max(falls)
+    above = [k for k in range(1, len(curve)) if curve[k] > random[k]]
+    runs: list[list[int]] = []
+    for k in above:
+        runs.append([*runs.pop(), k] if runs and runs[-1][-1] == k - 1 else [k])
+    longest = max(runs, key=len)
+    test_browser.reveal(reader, "prune")
+    note = reader.locator(f'[data-note="prune-{m["model"]}"]')
+    expect(note).to_be_visible()
+    text = note.inner_text()
+    if fall >= 0.05 * curve[0]:
+        assert f"from {curve[at - 1]:.3g} to {curve[at]:.3g}" in text, text
+        assert m["importance_curve"]["order"][removed[at] - 1] in text
+    if len(longest) >= 2:
+        assert f"From {removed[longest[0]]} to {removed[longest[-1]]} heads removed" in text
+    assert "whatever the slope's sign" in text
+    assert reader.errors == []
+
+
+def test_the_gqa_chart_names_its_outlier(reader) -> None:
+    """A variant that decodes faster with a longer cache (the stored run's h_kv = 1 at 2048,
+    ×3.33) is named as a disturbance of the timing, with the medians it rests on."""
+    data = stored("gqa")
+    odd = []
+    for k in {row["n_kv_heads"] for row in data["decode"]}:
+        mine = sorted(
+            (r for r in data["decode"] if r["n_kv_heads"] == k), key=lambda r: r["context"]
+        )
+        odd += [(k, a, b) for a, b in pairwise(mine) if b["tokens_per_s"] > a["tokens_per_s"]]
+    test_browser.reveal(reader, "gqa")
+    note = reader.locator('[data-note="gqa-decode"]')
+    if not odd:
+        expect(note).to_have_count(0)
+        return
+    text = note.inner_text()
+    for k, a, b in odd:
+        assert f"h_kv = {k} decoded faster with {b['context']} cached positions" in text
+        assert (
+            f"({b['tokens_per_s']:.1f} tokens/s" in text
+            and f"{a['context']} ({a['tokens_per_s']:.1f})" in text
+        )
+    assert f"median of {data['config']['repeats']} timings" in text
+    assert reader.errors == []
+
+
+# --- what the tokens are ---------------------------------------------------------------------
+
+
+def test_byte_tokens_are_explained_once(reader) -> None:
+    """Byte-level BPE shows "—" as three letters (â Ģ Ķ): a note beside the tokens says they are
+    bytes, and which, from the tokenizer's own pieces and Python's UTF-8."""
+    from headlab import zoo
+
+    test_browser._model_name()
+    _, tokenizer = zoo.load("default")
+    text = "Tea — “quoted” twice. Tea — “quoted” twice."
+    reader.fill("#heads-text", text)
+    heads_answer(reader, lambda: reader.click("#heads-run"))
+    note = reader.locator("#heads-tokens")
+    expect(note).to_be_visible()
+    said = note.inner_text()
+    dash = " ".join(f"{b:02X}" for b in "—".encode())
+    assert f"the bytes {dash}: “—”" in said or f"the bytes {dash}: “ —”" in said, said
+    dash_pieces = [
+        p for p in tokenizer.token_strings(tokenizer.encode("—")) if p != "<|endoftext|>"
+    ]
+    assert len(dash_pieces) > 1 and "".join(dash_pieces) != "—"  # the case: bytes, not a letter
+    assert " ".join(f"“{p}”" for p in dash_pieces) in said, said
+    assert "byte-level BPE" in said and "Ġ" in said
+    reader.fill("#heads-text", "")
+    heads_answer(reader, lambda: reader.click("#heads-run"))
+    assert reader.errors == []
+
+
+# --- labels that do not depend on what was asked before -----------------------------------------
+
+
+def grid_labels(pg) -> dict[str, str]:
+    return dict(
+        pg.eval_on_selector_all(
+            "#heads-grid button[data-head]",
+            "bs => bs.map(b => [b.dataset.head, b.querySelector('.head-name').textContent])",
+        )
+    )
+
+
+@pytest.mark.skipif(not HAS_SPACY, reason="spaCy: pip install 'headlab[syntax]'")
+@needs_syntax_labels
+def test_labels_do_not_depend_on_a_syntactic_pick(reader) -> None:
+    """Picking the syntactic type asks for the syntactic scores (shown beside the labels);
+    every label stays what it was. Only "label heads by syntax too" lets the syntactic score
+    into the labels, and unticking it brings the labels back."""
+    before = grid_labels(reader)
+    bodies: list[dict] = []
+    watch = lambda r: r.url.endswith("/api/heads") and bodies.append(r.post_data_json)  # noqa: E731
+    reader.on("request", watch)
+    answer = heads_answer(reader, lambda: reader.select_option("#heads-type", "syntactic"))
+    assert bodies[-1].get("syntax") is True and "syntax_labels" not in bodies[-1]
+    assert answer["syntax"] is not None and not answer.get("syntax_labels")
+    assert grid_labels(reader) == before
+    ruled = heads_answer(reader, lambda: reader.check("#heads-syntax-labels"))
+    assert bodies[-1].get("syntax_labels") is True and ruled["syntax_labels"] is True
+    shown = grid_labels(reader)
+    assert shown == {f"{r['layer']}.{r['head']}": f"{r['layer']}.{r['head']} {r['label']}"
+                     for r in ruled["heads"]}  # fmt: skip
+    expect(reader.locator("#heads-status")).to_contain_text("take the syntactic score into")
+    heads_answer(reader, lambda: reader.uncheck("#heads-syntax-labels"))
+    reader.remove_listener("request", watch)
+    assert grid_labels(reader) == before
+    reader.select_option("#heads-type", "previous-token")
     assert reader.errors == []
