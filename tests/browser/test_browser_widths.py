@@ -151,14 +151,16 @@ def test_a_bad_head_count_is_named_in_words(reader, typed: str) -> None:
     sent: list[dict] = []
     watch = lambda r: r.url.endswith("/api/shapes") and sent.append(r.post_data_json)  # noqa: E731
     reader.on("request", watch)
-    reader.fill("#shapes-n_heads", typed)
-    text = shapes_problem(reader)
-    reader.wait_for_timeout(300)  # a request, if any, would have gone by now (debounce: 120 ms)
-    reader.remove_listener("request", watch)
+    try:
+        reader.fill("#shapes-n_heads", typed)
+        text = shapes_problem(reader)
+        reader.wait_for_timeout(300)  # a request, if any, would have gone by now (debounce: 120 ms)
+    finally:
+        reader.remove_listener("request", watch)
+        reader.fill("#shapes-n_heads", "8")
     assert f"h (query heads) must be a whole number from {lo:,} to {hi:,}" in text, text
     assert "Input should" not in text
     assert [b for b in sent if b.get("n_heads") in (0, None) or b["n_heads"] > hi] == []
-    reader.fill("#shapes-n_heads", "8")
     expect(reader.locator("#shapes-table")).to_be_visible()
     assert reader.errors == []
 
@@ -175,6 +177,7 @@ def test_the_servers_refusal_is_put_in_words(reader) -> None:
         text = shapes_problem(reader)
     finally:
         reader.unroute("**/api/shapes")
+        reader.fill("#shapes-d_model", "512")
     assert "d_model (width)" in text and "64" in text, text
     assert "Input should" not in text
     reader.fill("#shapes-d_model", "512")
@@ -193,15 +196,17 @@ def test_a_long_text_is_measured_in_words(reader) -> None:
     sent: list[str] = []
     watch = lambda r: r.url.endswith("/api/heads") and sent.append(r.url)  # noqa: E731
     reader.on("request", watch)
-    reader.fill("#heads-text", text)
-    reader.click("#heads-run")
-    status = reader.locator("#heads-status")
-    expect(status).to_contain_text(f"{len(text):,} characters")
-    reader.wait_for_timeout(300)
-    reader.remove_listener("request", watch)
-    assert f"the limit is {MAX_TEXT_CHARS:,}" in status.inner_text()
-    assert "String should" not in status.inner_text() and sent == []
-    reader.fill("#heads-text", "")
+    try:
+        reader.fill("#heads-text", text)
+        reader.click("#heads-run")
+        status = reader.locator("#heads-status")
+        expect(status).to_contain_text(f"{len(text):,} characters")
+        reader.wait_for_timeout(300)
+        assert f"the limit is {MAX_TEXT_CHARS:,}" in status.inner_text()
+        assert "String should" not in status.inner_text() and sent == []
+    finally:
+        reader.remove_listener("request", watch)
+        reader.fill("#heads-text", "")  # the next tests run the built-in sentence
     heads_answer(reader, lambda: reader.click("#heads-run"))
     assert reader.errors == []
 
