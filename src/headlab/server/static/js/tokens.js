@@ -28,8 +28,12 @@ function utf8(bytes) {
   }
 }
 
-// The first run of tokens whose letters are the UTF-8 bytes of other characters: {tokens, bytes,
-// text}, or null when the tokens hold none (a WordPiece model, or plain ASCII text).
+const CONTROL = /[\x00-\x1f\x7f-\x9f]/;
+
+// The first run of tokens whose letters are the UTF-8 bytes of a printable character beyond
+// ASCII ("â" "Ģ" "Ķ" → "—"): {tokens, bytes, text}; else the first letter that stands for a byte
+// with no letter of its own (a control byte, random tokens' "Ĝ"): {tokens, bytes, text: null};
+// else null (a WordPiece model, or plain ASCII text).
 export function byteExample(tokens) {
   for (let i = 0; i < tokens.length; i += 1) {
     if (!/[^\x00-\x7f]/.test(tokens[i])) continue;
@@ -39,8 +43,12 @@ export function byteExample(tokens) {
       if (!more) break;
       bytes.push(...more);
       const text = utf8(bytes);
-      if (text !== null && text !== tokens.slice(i, j + 1).join("")) return { tokens: tokens.slice(i, j + 1), bytes, text };
+      if (text !== null && /[^\x00-\x7f]/.test(text) && !CONTROL.test(text)) return { tokens: tokens.slice(i, j + 1), bytes, text };
     }
+  }
+  for (const token of tokens) {
+    const ch = [...token].find((c) => c.charCodeAt(0) >= 0x100 && BYTE_OF.has(c) && c !== letterOf(32) && c !== letterOf(10));
+    if (ch) return { tokens: [ch], bytes: [BYTE_OF.get(ch)], text: null };
   }
   return null;
 }
@@ -59,8 +67,8 @@ export function tokenNote(model, tokens) {
   const ex = byteExample(tokens);
   if (ex) {
     parts.push(`Tokens like ${quoted(ex.tokens)} are bytes, not letters: ${model}'s tokenizer (byte-level BPE, as GPT-2's) works on the text's UTF-8 bytes and writes each byte as one letter. `
-      + `The printable bytes stand for themselves; the others become Ā to Ń (a space is ${letterOf(32)}, shown here as a space; a newline ${letterOf(10)}, shown as \\n). `
-      + `Here ${quoted(ex.tokens)} are the bytes ${hex(ex.bytes)}: “${ex.text}”.`);
+      + `The printable bytes stand for themselves; the other 68 (the space, control bytes, 7F to A0, AD) become Ā to Ń: a space is ${letterOf(32)}, shown here as a space, and a newline ${letterOf(10)}, shown as \\n. `
+      + (ex.text === null ? `Here “${ex.tokens[0]}” is the byte ${hex(ex.bytes)}, ${ex.bytes[0] < 0x80 ? "a control character with no letter of its own" : "one byte of a character that UTF-8 writes in several"}.` : `Here ${quoted(ex.tokens)} are the bytes ${hex(ex.bytes)}: “${ex.text}”.`));
   }
   return parts.join(" ");
 }
