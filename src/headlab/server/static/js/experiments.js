@@ -1,8 +1,10 @@
 // Draws an experiment's shipped results (GET /api/experiments/NAME). Each known experiment has its
 // own view; anything else gets its headline numbers and every per-step history as line charts.
 import { h, clear, fmtCompact, fmtBytes, fmtInt } from "./dom.js";
-import { lineChart, barChart, matrix } from "./figures.js";
+import { lineChart, CHART_WIDTH } from "./figures.js";
+import { barChart, matrix, BAR_WIDTH } from "./bars.js";
 import { figure } from "./export.js";
+import { pruneNote, gqaNote } from "./stored-notes.js";
 
 const isNum = (v) => typeof v === "number" && Number.isFinite(v);
 const pretty = (key) => String(key).replace(/_/g, " ");
@@ -22,10 +24,18 @@ function table(id, head, rows) {
     h("tbody", {}, rows.map((r) => h("tr", {}, r.map((c, k) => h("td", { class: k ? "num" : null }, c)))))));
 }
 
-function chart(name, series, opts, data) {
+// A line chart drawn to the width of its figure; `note` (optional) says what it shows where it
+// looks wrong, under its caption.
+function chart(name, series, opts, data, note = null) {
   const readout = h("p", { class: "note", "aria-live": "polite" }, "Hover the chart to read exact values; the buttons show or hide a line.");
-  const { svg, legend } = lineChart(series, { ...opts, readout });
-  return figure(svg, { name, caption: opts.title, data, extra: h("div", {}, legend, readout) });
+  const { svg, legend, draw } = lineChart(series, { ...opts, readout });
+  const why = note ? h("p", { class: "chart-note", "data-note": name }, note) : null;
+  return figure(svg, { name, caption: opts.title, data, extra: h("div", {}, why, legend, readout), fit: { max: CHART_WIDTH, draw } });
+}
+
+// A bar chart drawn to the width of its figure.
+function bars(items, opts, { name, data }) {
+  return figure(null, { name, caption: opts.title, data, fit: { max: BAR_WIDTH, draw: (width) => barChart(items, { ...opts, width }) } });
 }
 
 function seedsNote(r) {
@@ -47,7 +57,7 @@ function oneVsMany(name, r) {
   ]).filter((it) => isNum(it.value));
   if (items.length) {
     const title = "Held-out verb agreement accuracy (mean over seeds)";
-    out.push(figure(barChart(items, { title, format: (v) => v.toFixed(3) }), { name: `${name}-accuracy`, caption: title, data: rows }));
+    out.push(bars(items, { title, format: (v) => v.toFixed(3) }, { name: `${name}-accuracy`, data: rows }));
   }
   const ex = r.example;
   if (ex && Array.isArray(ex.attention)) {
@@ -56,8 +66,8 @@ function oneVsMany(name, r) {
     for (const a of ex.attention) {
       a.layers.forEach((weights, layer) => {
         const title = `${a.model}, ${a.depth} layer${a.depth > 1 ? "s" : ""}: layer ${layer}, from the verb slot`;
-        const svg = matrix(weights, ex.tokens.slice(0, weights[0].length), weights.map((_, k) => `head ${k}`), { title, readout });
-        grid.append(figure(svg, { name: `${name}-${a.model}-${a.depth}-${layer}`, caption: title, data: { tokens: ex.tokens, weights } }));
+        const draw = (width) => matrix(weights, ex.tokens.slice(0, weights[0].length), weights.map((_, k) => `head ${k}`), { title, readout, width });
+        grid.append(figure(null, { name: `${name}-${a.model}-${a.depth}-${layer}`, caption: title, data: { tokens: ex.tokens, weights }, fit: { max: 594, draw } }));
       });
     }
     out.push(readout, grid);
@@ -106,7 +116,7 @@ function prune(name, r) {
     const removed = m.importance_curve?.removed || []; // heads gone at each loss (a large model is measured every few heads)
     const series = [{ name: "least important first", points: curve.map((v, k) => [removed[k] ?? k, v]) }];
     if (Array.isArray(m.random_mean_losses)) series.push({ name: "random order (mean)", points: m.random_mean_losses.map((v, k) => [removed[k] ?? k, v]), dashed: true });
-    out.push(chart(`${name}-${m.model}`, series, { title: `${m.model}, seed ${m.seed ?? 0}: loss as heads are masked (${total} heads)`, xLabel: "heads pruned", yLabel: "loss" }, m));
+    out.push(chart(`${name}-${m.model}`, series, { title: `${m.model}, seed ${m.seed ?? 0}: loss as heads are masked (${total} heads)`, xLabel: "heads pruned", yLabel: "loss" }, m, pruneNote(m)));
     if (Array.isArray(m.survivors) && m.survivors.length) {
       out.push(h("p", {}, "Pruned last (most important): ", m.survivors.map((sv) => `${sv.head} (${sv.label})`).join(", "), "."));
     }
@@ -125,11 +135,11 @@ function gqa(name, r) {
   if (Array.isArray(r.decode)) {
     const kvs = [...new Set(r.decode.map((row) => row.n_kv_heads))];
     const series = kvs.map((k) => ({ name: `h_kv = ${k}`, points: r.decode.filter((row) => row.n_kv_heads === k).map((row) => [row.context, row.ratio_vs_mha]) }));
-    out.push(chart(`${name}-decode`, series, { title: "Decode speed with a KV cache, relative to MHA (same run)", xLabel: "context", yLabel: "tokens/s ÷ MHA's", logX: true }, r.decode));
+    out.push(chart(`${name}-decode`, series, { title: "Decode speed with a KV cache, relative to MHA (same run)", xLabel: "context", yLabel: "tokens/s ÷ MHA's", logX: true }, r.decode, gqaNote(r)));
   }
   const q = r.quality;
   if (q && Array.isArray(q.by_kv)) {
-    out.push(h("p", {}, `Quality (validation loss): MHA ${pm(q.mha)}; converted by mean-pooling K/V heads, then ${q.uptrain_steps} more steps (5% of ${q.steps}), against training with h_kv heads from scratch:`),
+    out.push(h("p", {}, `Quality (validation loss): MHA ${pm(q.mha)}; converted by mean-pooling K/V heads, then ${q.uptrain_steps} more steps (${Number((100 * q.uptrain_steps / q.steps).toPrecision(2))}% of ${q.steps}), against training with h_kv heads from scratch:`),
       table("gqa-quality-table", ["h_kv", "right after pooling", "after uptraining", "from scratch"], q.by_kv.map((row) => [String(row.n_kv_heads), pm(row.converted), pm(row.uptrained), pm(row.scratch)])));
   }
   return out;
@@ -179,7 +189,7 @@ function induction(name, r) {
   const ablation = r.ablation && typeof r.ablation === "object" ? Object.entries(r.ablation).filter(([, v]) => isNum(v)) : [];
   if (ablation.length) {
     const title = "Loss on the repeated copy with one head masked";
-    out.push(figure(barChart(ablation.map(([k, v]) => ({ label: `head ${k}`, value: v })), { title, format: (v) => v.toFixed(3) }), { name: `${name}-ablation`, caption: title, data: r.ablation }));
+    out.push(bars(ablation.map(([k, v]) => ({ label: `head ${k}`, value: v })), { title, format: (v) => v.toFixed(3) }, { name: `${name}-ablation`, data: r.ablation }));
   }
   if (r.phase_change_consistency && Array.isArray(r.seeds) && r.seeds.length > 1) {
     out.push(h("p", {}, `Over ${r.seeds.length} seeds the phase change came at step ${pm(r.phase_change_consistency, 0)} (range ${r.phase_change_consistency.min}–${r.phase_change_consistency.max}).`));

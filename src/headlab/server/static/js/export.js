@@ -46,14 +46,40 @@ export function exportJSON(data, name) {
 }
 
 // A <figure> with its caption and the three export buttons; `scroll` puts a tall svg in a box
-// that scrolls (keyboard-focusable, as the svg itself is) rather than shrinking it.
-export function figure(svg, { name, caption, data, extra, scroll = false }) {
+// that scrolls up and down (keyboard-focusable, as the svg itself is) rather than shrinking it.
+// `fit` = {max, draw(width) → svg} draws the figure to the width its box has (at most `max`
+// px) and again whenever that width changes (a phone turned sideways): a chart shows all its
+// data at any width, never a crop in a box that scrolls sideways. Then `svg` may be null.
+export function figure(svg, { name, caption, data, extra, scroll = false, fit = null }) {
+  let drawn = svg ?? fit.draw(fit.max);
   const label = (kind) => `Export ${caption ? `“${caption}”` : "figure"} as ${kind}`;
   const tools = h("div", { class: "figure-tools" },
-    h("button", { type: "button", "aria-label": label("SVG"), "data-export": "svg", onclick: () => exportSVG(svg, name) }, "SVG"),
-    h("button", { type: "button", "aria-label": label("PNG"), "data-export": "png", onclick: () => exportPNG(svg, name) }, "PNG"),
+    h("button", { type: "button", "aria-label": label("SVG"), "data-export": "svg", onclick: () => exportSVG(drawn, name) }, "SVG"),
+    h("button", { type: "button", "aria-label": label("PNG"), "data-export": "png", onclick: () => exportPNG(drawn, name) }, "PNG"),
     h("button", { type: "button", "aria-label": label("JSON data"), "data-export": "json", onclick: () => exportJSON(data, name) }, "JSON"),
   );
-  const body = scroll ? h("div", { class: "hv-scroll" }, svg) : svg;
-  return h("figure", { "data-figure": name }, body, caption ? h("figcaption", {}, caption) : null, extra || null, tools);
+  const body = scroll ? h("div", { class: "hv-scroll" }, drawn) : drawn;
+  const box = h("figure", { "data-figure": name }, body, caption ? h("figcaption", {}, caption) : null, extra || null, tools);
+  if (fit) {
+    let width = svg ? null : fit.max;
+    onWidth(scroll ? body : box, (room) => {
+      const next = Math.min(fit.max, Math.floor(room));
+      if (next === width) return;
+      width = next;
+      const again = fit.draw(width);
+      drawn.replaceWith(again);
+      drawn = again;
+    });
+  }
+  return box;
+}
+
+// Call back with the content width of `el` each time it changes (never while it is not laid
+// out, e.g. inside a closed <details>).
+export function onWidth(el, callback) {
+  if (typeof ResizeObserver === "undefined") return;
+  new ResizeObserver((entries) => {
+    const width = entries.at(-1).contentRect.width;
+    if (width > 0) callback(width);
+  }).observe(el);
 }

@@ -1,37 +1,44 @@
-// SVG figures drawn from API data: attention heatmaps, the two-column view, line and bar charts.
+// SVG figures drawn from API data: attention heatmaps, the two-column view, line charts. Each
+// takes the width it may use, so that a phone gets the whole figure, not a scrolling crop.
 import { viridis, viridisRGB, SERIES } from "./colour.js";
 import { h, s, showTip, hideTip } from "./dom.js";
+import { FONT, fitText, textWidth, titleLines } from "./svg-text.js";
 
-const FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'DejaVu Sans', sans-serif";
 const short = (t, k = 10) => (t.length > k ? `${t.slice(0, k - 1)}…` : t);
 
 // A heatmap of one head's weights: rows are queries i, columns keys j. `readout` (optional) is an
 // element that receives the exact weight under the pointer or the keyboard cursor. Labels are
 // drawn at LABEL px, one per CELL px, so they never shrink or overlap: a long input shows a
-// window of WINDOW × WINDOW cells, and a map of the whole pattern in the top-left corner holds a
-// box to drag (or the arrow keys) that moves it. Heatmaps of the same tokens move together.
-const CELL = 16, LABEL = 12, WINDOW = 22, PAD = 84;
+// window of WINDOW × WINDOW cells (fewer where `room`, the px it may use, is narrower), and a
+// map of the whole pattern in the top-left corner holds a box to drag (or the arrow keys) that
+// moves it. Heatmaps of the same tokens move together.
+const CELL = 16, LABEL = 12, WINDOW = 22, PAD = 84, MIN_WINDOW = 8;
+export const HEATMAP_WIDTH = PAD + WINDOW * CELL + 4;  // the widest a heatmap is drawn
 
-// `window` widens the window for a figure that must show a whole short pattern at once.
-export function heatmap(weights, tokens, { title = "", small = false, readout = null, window: win = WINDOW } = {}) {
+// `window` widens the window for a figure that must show a whole short pattern at once; `room`
+// is the width in px the heatmap may take (HEATMAP_WIDTH when not given).
+export function heatmap(weights, tokens, { title = "", small = false, readout = null, window: win = WINDOW, room = null } = {}) {
   if (small) return thumbnail(weights, title);
   const n = weights.length, m = weights[0]?.length ?? 0;
-  const k = Math.min(win, Math.max(n, m));
-  // a pattern that fits gets the window's width in pixels: larger cells when short, and when a
-  // wider window was asked for, smaller ones (down to LABEL px, where labels still fit)
-  const fit = Math.floor((WINDOW * CELL) / Math.max(n, m, 1));
-  const cell = Math.max(n, m) <= win ? Math.max(win > WINDOW ? LABEL : CELL, Math.min(22, fit)) : CELL;
+  // the whole pattern when it fits at LABEL px or more a cell (larger when short, up to 22 px),
+  // else a window of CELL px cells: WINDOW of them, or as many as `room` holds
+  const grid = Math.min(WINDOW * CELL, room ? Math.max(MIN_WINDOW * LABEL, room - PAD - 4) : Infinity);
+  const big = Math.max(n, m, 1);
+  const whole = big <= win && Math.floor(grid / big) >= LABEL;
+  const cell = whole ? Math.min(22, Math.floor(grid / big)) : CELL;
+  const k = whole ? big : Math.max(MIN_WINDOW, Math.min(win, Math.floor(grid / CELL)));
   const rows = Math.min(n, k), cols = Math.min(m, k);
   const windowed = n > rows || m > cols;
-  const head = 18 + (windowed ? 16 : 0);
-  const top = head + PAD, width = PAD + cols * cell + 4, height = top + rows * cell + 4;
+  const width = PAD + cols * cell + 4;
+  const heading = title ? titleLines(title, 0, 13, width) : { els: [], bottom: 0 };
+  const head = heading.bottom + 5 + (windowed ? 16 : 0);
+  const top = head + PAD, height = top + rows * cell + 4;
   const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, width, height, role: "img", "aria-label": title || "attention pattern",
     "font-family": FONT, class: "heatmap readable", "shape-rendering": "crispEdges", "data-n": n });
-  svg.append(s("rect", { width, height, fill: "#ffffff" }));
-  if (title) svg.append(s("text", { x: 0, y: 13, "font-size": 13, "font-weight": 600, fill: "#1d2330", text: title }));
-  const hint = windowed ? s("text", { x: 0, y: 30, "font-size": 11, fill: "#3d4555" }) : null;
+  svg.append(s("rect", { width, height, fill: "#ffffff" }), ...heading.els);
+  const hint = windowed ? s("text", { x: 0, y: heading.bottom + 17, "font-size": 11, fill: "#3d4555" }) : null;
   if (hint) svg.append(hint);
-  const view = { weights, tokens, svg, cell, top, rows, cols, hint, readout, cells: [], rowLabels: [], colLabels: [], n, m };
+  const view = { weights, tokens, svg, cell, top, rows, cols, hint, readout, cells: [], rowLabels: [], colLabels: [], n, m, width };
   drawCells(view);
   drawBands(view);
   drawLabels(view);
@@ -142,8 +149,15 @@ function placeWindow(view, i0, j0) {
   });
   view.rowLabels.forEach((t, r) => label(t, view.i0 + r, tokens));
   view.colLabels.forEach((t, c) => label(t, view.j0 + c, tokens));
-  if (view.hint) view.hint.textContent = `queries ${view.i0}–${view.i0 + rows - 1}, keys ${view.j0}–${view.j0 + cols - 1} of ${n}: drag the box, or use the arrow keys`;
+  if (view.hint) view.hint.textContent = hintText(view, rows, cols);
   if (view.brush) view.brush.place(view.i0, view.j0);
+}
+
+// "queries 0–21, keys 0–21 of 63: drag the box, or use the arrow keys", as much as fits
+function hintText(view, rows, cols) {
+  const where = `queries ${view.i0}–${view.i0 + rows - 1}, keys ${view.j0}–${view.j0 + cols - 1} of ${view.n}`;
+  const long = `${where}: drag the box, or use the arrow keys`;
+  return textWidth(long, 11) <= view.width ? long : fitText(`${where}: drag the box`, view.width, 11);
 }
 
 function label(t, k, tokens) {
@@ -273,16 +287,19 @@ function highlight(view, i, j) {
 
 // BertViz's view: queries on the left, keys on the right, one line per weight (its opacity and
 // width follow the weight). Hover or arrow to a token to see only its lines; Escape shows all.
-const ROW = 20, SIDE = 170, TWO_W = 640;
+const ROW = 20, SIDE = 170, VALUE = 30;
+export const TWO_COLUMN_WIDTH = 640;  // the widest the two-column view is drawn
 
-export function twoColumn(weights, tokens, { title = "", minWeight = 0.02, readout = null } = {}) {
+// `width`: the px it may take; a narrow view keeps every token, each label cut to its column.
+export function twoColumn(weights, tokens, { title = "", minWeight = 0.02, readout = null, width = TWO_COLUMN_WIDTH } = {}) {
   const n = weights.length, m = weights[0]?.length ?? 0;
-  const top = title ? 44 : 26, height = top + Math.max(n, m) * ROW + 6;
-  const svg = s("svg", { viewBox: `0 0 ${TWO_W} ${height}`, width: TWO_W, height, role: "img", "aria-label": title || "attention lines", "font-family": FONT, class: "two-column readable", tabindex: "0" });
-  svg.append(s("rect", { width: TWO_W, height, fill: "#ffffff" }));
-  if (title) svg.append(s("text", { x: 0, y: 14, "font-size": 13, "font-weight": 600, fill: "#1d2330", text: title }));
-  svg.append(s("text", { x: SIDE - 6, y: top - 10, "text-anchor": "end", "font-size": 12, fill: "#3d4555", text: "query (looks)" }),
-    s("text", { x: TWO_W - SIDE + 6, y: top - 10, "font-size": 12, fill: "#3d4555", text: "key (looked at)" }));
+  const W = Math.min(width, TWO_COLUMN_WIDTH), side = Math.min(SIDE, Math.floor(W * 0.34));
+  const heading = title ? titleLines(title, 0, 14, W) : { els: [], bottom: -4 };
+  const top = heading.bottom + 30, height = top + Math.max(n, m) * ROW + 6;
+  const svg = s("svg", { viewBox: `0 0 ${W} ${height}`, width: W, height, role: "img", "aria-label": title || "attention lines", "font-family": FONT, class: "two-column readable", tabindex: "0" });
+  svg.append(s("rect", { width: W, height, fill: "#ffffff" }), ...heading.els);
+  svg.append(s("text", { x: side - 6, y: top - 10, "text-anchor": "end", "font-size": 12, fill: "#3d4555", text: fitText("query (looks)", side - 6, 12) }),
+    s("text", { x: W - side + 6, y: top - 10, "font-size": 12, fill: "#3d4555", text: fitText("key (looked at)", side - 6, 12) }));
   const y = (k) => top + k * ROW + ROW / 2;
   const lines = s("g", { class: "hv-lines" });
   const byQuery = Array.from({ length: n }, () => []), byKey = Array.from({ length: m }, () => []);
@@ -290,16 +307,17 @@ export function twoColumn(weights, tokens, { title = "", minWeight = 0.02, reado
     for (let j = 0; j < m; j += 1) {
       const w = Number(weights[i][j]);
       if (!(w >= minWeight)) continue;
-      const line = s("line", { x1: SIDE, y1: y(i), x2: TWO_W - SIDE, y2: y(j), stroke: "#0072B2", "stroke-opacity": (0.1 + 0.9 * w).toFixed(3), "stroke-width": (0.6 + 3.4 * w).toFixed(2), class: "hv-line", "data-i": i, "data-j": j });
+      const line = s("line", { x1: side, y1: y(i), x2: W - side, y2: y(j), stroke: "#0072B2", "stroke-opacity": (0.1 + 0.9 * w).toFixed(3), "stroke-width": (0.6 + 3.4 * w).toFixed(2), class: "hv-line", "data-i": i, "data-j": j });
       lines.append(line);
       byQuery[i].push(line);
       byKey[j].push(line);
     }
   }
   svg.append(lines);
-  const left = tokens.slice(0, n).map((t, k) => s("text", { x: SIDE - 6, y: y(k) + LABEL / 3, "text-anchor": "end", "font-size": LABEL, fill: "#1d2330", class: "hv-tok hv-left", "data-k": k, text: short(t, 18) }));
-  const right = tokens.slice(0, m).map((t, k) => s("text", { x: TWO_W - SIDE + 6, y: y(k) + LABEL / 3, "font-size": LABEL, fill: "#1d2330", class: "hv-tok hv-right", "data-k": k, text: short(t, 14) }));
-  const values = tokens.slice(0, m).map((_, k) => s("text", { x: TWO_W - 4, y: y(k) + LABEL / 3, "text-anchor": "end", "font-size": 11, fill: "#3d4555", class: "hv-value" }));
+  const label = (t, room, max) => fitText(short(t, max), room, LABEL);
+  const left = tokens.slice(0, n).map((t, k) => s("text", { x: side - 6, y: y(k) + LABEL / 3, "text-anchor": "end", "font-size": LABEL, fill: "#1d2330", class: "hv-tok hv-left", "data-k": k, text: label(t, side - 8, 18) }));
+  const right = tokens.slice(0, m).map((t, k) => s("text", { x: W - side + 6, y: y(k) + LABEL / 3, "font-size": LABEL, fill: "#1d2330", class: "hv-tok hv-right", "data-k": k, text: label(t, side - 10 - VALUE, 14) }));
+  const values = tokens.slice(0, m).map((_, k) => s("text", { x: W - 4, y: y(k) + LABEL / 3, "text-anchor": "end", "font-size": 11, fill: "#3d4555", class: "hv-value" }));
   svg.append(...left, ...right, ...values);
   attachTwoColumn({ svg, weights, tokens, readout, left, right, values, byQuery, byKey, n });
   return svg;
@@ -355,38 +373,67 @@ function niceTicks(lo, hi, count = 6) {
 }
 
 // A line chart: series = [{name, points: [[x, y], ...], dashed?, colour?}]; shade = [x0, x1]
-// (optional window).
+// (optional window). Drawn `width` px wide (640 unless given); `draw(width)` draws it again at
+// another width (figure() does, to fit the room it is given), keeping which series are shown.
 // Legend entries are buttons that hide or show their series; hovering reads out the nearest point.
-export function lineChart(series, { title = "", xLabel = "", yLabel = "", shade = null, logX = false, readout = null } = {}) {
-  const W = 640, H = 300, L = 56, R = 12, T = title ? 26 : 10, B = 42;
+export const CHART_WIDTH = 640;
+
+export function lineChart(series, opts = {}) {
+  const shown = series.map(() => true);
+  let current = null;
+  const draw = (width = opts.width ?? CHART_WIDTH) => {
+    current = drawLines(series, shown, { ...opts, width });
+    return current;
+  };
+  const svg = draw();
+  const legend = h("div", { class: "chips", role: "group", "aria-label": "series shown" },
+    series.map((sr, k) => h("button", {
+      type: "button", class: "chip series", "aria-pressed": "true",
+      onclick: (e) => {
+        shown[k] = e.currentTarget.getAttribute("aria-pressed") !== "true";
+        e.currentTarget.setAttribute("aria-pressed", String(shown[k]));
+        current.querySelector(`g[data-index="${k}"]`)?.setAttribute("visibility", shown[k] ? "visible" : "hidden");
+      },
+    }, h("span", { "aria-hidden": "true", class: "swatch" }, "■ "), sr.name)));
+  legend.querySelectorAll(".swatch").forEach((el, k) => { el.style.color = series[k].colour || SERIES[k % SERIES.length]; });
+  return { svg, legend, draw };
+}
+
+const tickText = (v) => String(v);
+
+// The svg of lineChart at one width: the right margin holds half the last x label, the title
+// wraps, and linear x ticks are spaced so that their labels never meet.
+function drawLines(series, shown, { title = "", xLabel = "", yLabel = "", shade = null, logX = false, readout = null, width }) {
+  const W = width, L = 56;
   const tx = (v) => (logX ? Math.log2(Math.max(v, 1e-12)) : v);
   const all = series.flatMap((sr) => sr.points).filter((p) => Number.isFinite(p[1]));
   const xs = all.map((p) => tx(p[0])), ys = all.map((p) => p[1]);
   const [x0, x1] = [Math.min(...xs), Math.max(...xs)];
   let [y0, y1] = [Math.min(...ys), Math.max(...ys)];
   if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
+  const xticks = logX ? [...new Set(all.map((p) => p[0]))].sort((a, b) => a - b) : niceTicks(x0, x1, Math.max(2, Math.min(6, Math.floor((W - L) / 70))));
+  const R = Math.max(12, Math.ceil(textWidth(tickText(xticks.at(-1) ?? ""), 11) / 2) + 4);
+  const heading = title ? titleLines(title, L, 16, W - L) : { els: [], bottom: 0 };
+  const T = title ? heading.bottom + 10 : 10, B = 42, H = T + (W < 480 ? 200 : 232) + B;
   const px = (v) => L + ((tx(v) - x0) / (x1 - x0 || 1)) * (W - L - R);
   const py = (v) => T + (1 - (v - y0) / (y1 - y0)) * (H - T - B);
   const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, width: W, role: "img", "aria-label": title || "chart", "font-family": FONT });
-  svg.append(s("rect", { width: W, height: H, fill: "#ffffff" }));
-  if (title) svg.append(s("text", { x: L, y: 16, "font-size": 13, "font-weight": 600, fill: "#1d2330", text: title }));
+  svg.append(s("rect", { width: W, height: H, fill: "#ffffff" }), ...heading.els);
   if (shade) svg.append(s("rect", { x: px(shade[0]), y: T, width: Math.max(2, px(shade[1]) - px(shade[0])), height: H - T - B, fill: "#E69F00", "fill-opacity": 0.18 }));
-  for (const v of niceTicks(y0, y1)) {
+  for (const v of niceTicks(y0, y1, W < 480 ? 4 : 6)) {
     svg.append(s("line", { x1: L, x2: W - R, y1: py(v), y2: py(v), stroke: "#e3e6ec" }));
-    svg.append(s("text", { x: L - 6, y: py(v) + 4, "text-anchor": "end", "font-size": 11, fill: "#5a6273", text: String(v) }));
+    svg.append(s("text", { x: L - 6, y: py(v) + 4, "text-anchor": "end", "font-size": 11, fill: "#5a6273", text: tickText(v) }));
   }
-  const xticks = logX ? [...new Set(all.map((p) => p[0]))].sort((a, b) => a - b) : niceTicks(x0, x1);
-  for (const v of xticks) svg.append(s("text", { x: px(v), y: H - B + 16, "text-anchor": "middle", "font-size": 11, fill: "#5a6273", text: String(v) }));
+  for (const v of xticks) svg.append(s("text", { x: px(v), y: H - B + 16, "text-anchor": "middle", "font-size": 11, fill: "#5a6273", class: "x-tick", text: tickText(v) }));
   svg.append(s("text", { x: (L + W - R) / 2, y: H - 6, "text-anchor": "middle", "font-size": 12, fill: "#1d2330", text: xLabel }));
   svg.append(s("text", { x: 12, y: (T + H - B) / 2, transform: `rotate(-90 12 ${(T + H - B) / 2})`, "text-anchor": "middle", "font-size": 12, fill: "#1d2330", text: yLabel }));
-  const groups = series.map((sr, k) => {
+  series.forEach((sr, k) => {
     const pts = sr.points.filter((p) => Number.isFinite(p[1]));
-    const g = s("g", { "data-series": sr.name });
+    const g = s("g", { "data-series": sr.name, "data-index": k, visibility: shown[k] ? "visible" : "hidden" });
     const colour = sr.colour || SERIES[k % SERIES.length];
     g.append(s("polyline", { points: pts.map((p) => `${px(p[0]).toFixed(1)},${py(p[1]).toFixed(1)}`).join(" "), fill: "none", stroke: colour, "stroke-width": 2, "stroke-dasharray": sr.dashed ? "5 3" : null }));
     if (pts.length <= 40) pts.forEach((p) => g.append(s("circle", { cx: px(p[0]), cy: py(p[1]), r: 2.5, fill: colour })));
     svg.append(g);
-    return g;
   });
   const guide = s("line", { y1: T, y2: H - B, stroke: "#9aa3b5", visibility: "hidden" });
   svg.append(guide);
@@ -405,59 +452,5 @@ export function lineChart(series, { title = "", xLabel = "", yLabel = "", shade 
     if (readout) readout.textContent = text;
   });
   svg.addEventListener("mouseleave", () => { hideTip(); guide.setAttribute("visibility", "hidden"); });
-  const legend = h("div", { class: "chips", role: "group", "aria-label": "series shown" },
-    series.map((sr, k) => h("button", {
-      type: "button", class: "chip series", "aria-pressed": "true",
-      onclick: (e) => {
-        const on = e.currentTarget.getAttribute("aria-pressed") !== "true";
-        e.currentTarget.setAttribute("aria-pressed", String(on));
-        groups[k].setAttribute("visibility", on ? "visible" : "hidden");
-      },
-    }, h("span", { "aria-hidden": "true", class: "swatch" }, "■ "), sr.name)));
-  legend.querySelectorAll(".swatch").forEach((el, k) => { el.style.color = series[k].colour || SERIES[k % SERIES.length]; });
-  return { svg, legend };
-}
-
-// Horizontal bars: items = [{label, value, note}].
-export function barChart(items, { title = "", format = (v) => String(v), colour = "#0072B2" } = {}) {
-  const W = 640, L = 150, R = 90, rowH = 22, T = title ? 26 : 6;
-  const H = T + items.length * rowH + 8;
-  const max = Math.max(...items.map((it) => Math.abs(it.value)), 1e-12);
-  const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, width: W, role: "img", "aria-label": title || "bar chart", "font-family": FONT });
-  svg.append(s("rect", { width: W, height: H, fill: "#ffffff" }));
-  if (title) svg.append(s("text", { x: 0, y: 16, "font-size": 13, "font-weight": 600, fill: "#1d2330", text: title }));
-  items.forEach((it, k) => {
-    const y = T + k * rowH;
-    const w = Math.max(1, (Math.abs(it.value) / max) * (W - L - R));
-    svg.append(s("text", { x: L - 6, y: y + 15, "text-anchor": "end", "font-size": 11, fill: "#1d2330", text: it.label }));
-    svg.append(s("rect", { x: L, y: y + 3, width: w, height: rowH - 7, fill: it.colour || colour }));
-    svg.append(s("text", { x: L + w + 4, y: y + 15, "font-size": 11, fill: "#1d2330", text: format(it.value) }));
-  });
-  return svg;
-}
-
-// A rows × columns matrix of weights (e.g. each head's attention from one query to every token).
-export function matrix(rows, colLabels, rowLabels, { title = "", readout = null } = {}) {
-  const nr = rows.length, nc = colLabels.length;
-  const cell = Math.max(8, Math.min(24, Math.floor(520 / nc)));
-  const L = 70, T = 70 + (title ? 18 : 0);
-  const svg = s("svg", { viewBox: `0 0 ${L + nc * cell + 4} ${T + nr * cell + 4}`, width: L + nc * cell + 4, role: "img", "aria-label": title || "weights", "font-family": FONT, "shape-rendering": "crispEdges" });
-  svg.append(s("rect", { width: L + nc * cell + 4, height: T + nr * cell + 4, fill: "#ffffff" }));
-  if (title) svg.append(s("text", { x: 0, y: 13, "font-size": 13, "font-weight": 600, fill: "#1d2330", text: title }));
-  const fontSize = Math.min(11, cell - 2);
-  rows.forEach((row, i) => {
-    svg.append(s("text", { x: L - 4, y: T + i * cell + cell / 2 + 4, "text-anchor": "end", "font-size": 11, fill: "#1d2330", text: rowLabels[i] }));
-    row.forEach((w, j) => {
-      const rect = s("rect", { x: L + j * cell, y: T + i * cell, width: cell, height: cell, fill: viridis(w) });
-      const text = `${rowLabels[i]} → “${colLabels[j]}”: ${Number(w).toFixed(4)}`;
-      rect.addEventListener("mousemove", (e) => { showTip(e, text); if (readout) readout.textContent = text; });
-      rect.addEventListener("mouseleave", hideTip);
-      svg.append(rect);
-    });
-  });
-  colLabels.forEach((t, j) => {
-    const x = L + j * cell + cell / 2 + fontSize / 3;
-    svg.append(s("text", { x, y: T - 4, transform: `rotate(-90 ${x} ${T - 4})`, "font-size": fontSize, fill: "#1d2330", text: short(t) }));
-  });
   return svg;
 }

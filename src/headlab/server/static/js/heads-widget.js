@@ -1,164 +1,224 @@
 // Widget 2: what heads learn. One POST /api/heads per run answers every head's pattern, scores
 // and label (headlab.heads.analyse on the chosen model); every view is drawn from that answer.
-import { api } from "./api.js";
-import { h, clear, debounce, missing } from "./dom.js";
-import { heatmap, twoColumn, colourLegend, focusWindow } from "./figures.js";
+import { api, refusal, quoted } from "./api.js";
+import { h, clear, fmtInt, missing } from "./dom.js";
+import { heatmap, twoColumn, colourLegend, focusWindow, HEATMAP_WIDTH, TWO_COLUMN_WIDTH } from "./figures.js";
 import { figure } from "./export.js";
 import { headGrid } from "./headview.js";
+import { typeSentence, syntaxSentence, signed } from "./sentences.js";
+import { tokenNote } from "./tokens.js";
 
 export const HEAD_TYPES = [
   ["previous-token", "previous-token head"],
-  ["positional", "positional head (a fixed offset other than 0 and ±1)"],
-  ["current-token", "self / current-token head"],
+  ["positional", "positional (a fixed offset)"],
+  ["current-token", "current-token (self) head"],
   ["induction", "induction head"],
   ["content", "content head"],
-  ["syntactic", "syntactic head (pick a relation)"],
+  ["syntactic", "syntactic head (by relation)"],
   ["rare-word", "rare-word head"],
   ["sink", "attention sink (first token)"],
-  ["averaged", "one averaged head (mean of a layer)"],
+  ["averaged", "a layer's heads averaged"],
 ];
 
-function field(id, label, control) {
-  return h("label", { for: id }, label, control);
+function field(id, label, control, cls = null) {
+  return h("label", { for: id, class: cls }, label, control);
+}
+
+// The form and the boxes the answer is drawn into.
+function build(root) {
+  const el = {
+    model: h("select", { id: "heads-model", name: "model" }),
+    kind: h("select", { id: "heads-type", name: "type" }, HEAD_TYPES.map(([v, t]) => h("option", { value: v }, t))),
+    which: h("select", { id: "heads-which", name: "head" }),
+    relation: h("select", { id: "heads-relation", name: "relation" }),
+    input: h("select", { id: "heads-probe", name: "probe" }),  // filled from GET /api/probes
+    syntaxLabels: h("input", { type: "checkbox", id: "heads-syntax-labels", name: "syntax_labels" }),
+    text: h("textarea", { id: "heads-text", name: "text", rows: 3, spellcheck: "false" }),
+    run: h("button", { type: "submit", id: "heads-run" }, "Run the model"),
+    about: h("p", { class: "note", id: "heads-about" }),
+    status: h("p", { class: "note", id: "heads-status", role: "status", "aria-live": "polite" }),
+    tokens: h("p", { class: "note", id: "heads-tokens", hidden: true }),
+    view: h("div", { id: "heads-view" }),
+    grid: h("div", { id: "heads-grid" }),
+  };
+  el.relationField = field("heads-relation", "relation", el.relation);
+  el.relationField.hidden = true;
+  el.form = h("form", { id: "heads-form", "aria-label": "head viewer" },
+    h("div", { class: "controls flow" }, field("heads-model", "model", el.model), field("heads-type", "head type", el.kind), el.relationField,
+      field("heads-which", "or any head (layer.head)", el.which), field("heads-probe", "run the model on", el.input),
+      field("heads-syntax-labels", [el.syntaxLabels, "label heads by syntax too (may relabel other heads)"], null, "inline")),
+    el.about, field("heads-text", "text (a repeated phrase shows induction)", el.text), h("p", {}, el.run, " ", h("span", { class: "note" }, "Ctrl+Enter runs it too")));
+  root.append(h("div", { class: "widget-box" }, el.form, el.status, el.tokens, el.view, el.grid));
+  return el;
 }
 
 export function initHeads(root, summaryEl) {
-  const model = h("select", { id: "heads-model", name: "model" });
-  const kind = h("select", { id: "heads-type", name: "type" }, HEAD_TYPES.map(([v, t]) => h("option", { value: v }, t)));
-  const which = h("select", { id: "heads-which", name: "head" });
-  const relation = h("select", { id: "heads-relation", name: "relation" });
-  const relationField = field("heads-relation", "relation", relation);
-  relationField.hidden = true;
-  // the probes are the server's (GET /api/probes: headlab.measure.PROBES), filled in once
-  const input = h("select", { id: "heads-probe", name: "probe" });
-  let probes = [];
-  const readsText = () => probes.find((p) => p.name === input.value)?.takes_text ?? true;
-  const text = h("textarea", { id: "heads-text", name: "text", rows: 3, spellcheck: "false" });
-  const run = h("button", { type: "submit", id: "heads-run" }, "Run the model");
-  const form = h("form", { id: "heads-form", "aria-label": "head viewer" },
-    h("div", { class: "controls" }, field("heads-model", "model", model), field("heads-type", "head type", kind), relationField, field("heads-which", "or any head (layer.head)", which), field("heads-probe", "run the model on", input)),
-    field("heads-text", "text (a repeated phrase shows induction)", text), h("p", {}, run, " ", h("span", { class: "note" }, "Ctrl+Enter runs it too")));
-  const status = h("p", { class: "note", id: "heads-status", role: "status", "aria-live": "polite" });
-  const view = h("div", { id: "heads-view" });
-  const grid = h("div", { id: "heads-grid" });
-  root.append(h("div", { class: "widget-box" }, form, status, view, grid));
-
-  const state = { attention: null, heads: null, layer: 0, head: 0, averaged: false, syntactic: null, pickedAs: "" };
-
-  const draw = () => {
-    const a = state.attention;
-    if (!a) return;
-    const { layer, head } = state;
-    const label = labelOf(state, layer, head);
-    const readout = h("p", { class: "note", id: "heads-readout", "aria-live": "polite" }, "Hover a cell, or focus the heatmap and use the arrow keys, to read the exact weight.");
-    const headW = a.weights[layer][head];
-    // a long input shows a window of the pattern: put it where the chosen head acts
-    const acts = !state.averaged && (label === "induction" || state.pickedAs === "induction") ? "induction" : "";
-    focusWindow(state.averaged ? a.averaged_weights[layer] : headW, a.tokens, acts);
-    const headTitle = `head ${layer}.${head}${label ? ` — ${label}` : ""}`;
-    const avgLabel = a.averaged?.[layer]?.label;
-    const avgTitle = `layer ${layer}, all ${a.n_heads} heads averaged${avgLabel ? ` — ${avgLabel}` : ""}`;
-    const left = figure(heatmap(headW, a.tokens, { title: headTitle, readout }), { name: `head-${layer}-${head}`, caption: headTitle, data: { model: a.model, tokens: a.tokens, layer, head, weights: headW } });
-    const right = figure(heatmap(a.averaged_weights[layer], a.tokens, { title: avgTitle, readout }), { name: `head-${layer}-avg`, caption: avgTitle, data: { model: a.model, tokens: a.tokens, layer, weights: a.averaged_weights[layer] } });
-    // the averaged view puts the layer's mean first, the chosen head beside it
-    const pair = state.averaged ? [right, left] : [left, right];
-    const chosenW = state.averaged ? a.averaged_weights[layer] : headW;
-    const chosenTitle = state.averaged ? avgTitle : headTitle;
-    const arcTitle = `${chosenTitle}: query → key lines (weights ≥ 0.02)`;
-    const arc = figure(twoColumn(chosenW, a.tokens, { title: arcTitle, readout }), { name: `lines-${layer}-${state.averaged ? "avg" : head}`, caption: arcTitle, data: { tokens: a.tokens, weights: chosenW }, scroll: true });
-    const extra = state.syntactic ? syntaxFigures(a.syntax, layer, head, state.syntactic, readout) : [];
-    clear(view, colourLegend(), readout, h("div", { class: "pair" }, ...pair), ...extra, arc);
-    // the grid is drawn once per answer; a pick presses its button and opens its layer
-    grid.querySelectorAll("button[data-head]").forEach((b) => b.setAttribute("aria-pressed", String(!state.averaged && b.dataset.head === `${layer}.${head}`)));
-    const box = grid.querySelector(`details[data-layer="${layer}"]`);
-    if (box) box.open = true;
-  };
-
-  const drawGrid = () => {
-    const a = state.attention;
-    const kv = a.n_kv_heads || a.n_heads;
-    const shared = kv < a.n_heads
-      ? h("p", { class: "note", id: "heads-kv-note" }, `${a.model} shares each key/value head among ${a.n_heads / kv} query heads (grouped-query attention): each layer's heads are grouped by the K/V head they read. `,
-        h("button", { type: "button", class: "chip", id: "heads-to-shapes", onclick: () => showSizes(a.model) }, "this model's layer in the shape calculator"))
-      : null;
-    clear(grid, h("h3", {}, "All heads, with their labels"), shared, headGrid(a, {
-      labelOf: (l, k) => labelOf(state, l, k),
-      active: (l, k) => !state.averaged && l === state.layer && k === state.head,
-      onSelect: (l, k) => { state.pickedAs = ""; select(l, k, false); },
-      focus: [state.layer, state.head],
-    }));
-  };
-
+  const el = build(root);
+  const state = { attention: null, heads: null, layer: 0, head: 0, averaged: false, syntactic: null, pickedAs: "", wantSyntax: false, models: [], probes: [], maxChars: null };
+  const readsText = () => state.probes.find((p) => p.name === el.input.value)?.takes_text ?? true;
+  const draw = () => drawHead(el, state);
   const select = (layer, head, averaged, syntactic = null) => {
     Object.assign(state, { layer, head, averaged, syntactic });
-    which.value = `${layer}.${head}`;
+    el.which.value = `${layer}.${head}`;
     draw();
   };
-
   // syntactic heads cost a parse of the evaluation text (once per model on the server): the
-  // page asks for them from the first time the type is picked, in the same one answer
-  let wantSyntax = false;
+  // page asks for their scores from the first time the type is picked, in the same one answer
+  // (the labels stay the same unless "label heads by syntax too" is ticked)
   const choose = () => {
-    relationField.hidden = kind.value !== "syntactic";
-    if (kind.value === "syntactic" && !wantSyntax) { wantSyntax = true; status.textContent = "Scoring syntactic heads on the evaluation text (the first time takes a while)…"; submit(); return; }
-    state.pickedAs = kind.value;  // the head the type picks is shown where that type acts
-    pickType(state, kind.value, select, status, relation.value);
+    el.relationField.hidden = el.kind.value !== "syntactic";
+    if (el.kind.value === "syntactic" && !state.wantSyntax) { state.wantSyntax = true; el.status.textContent = "Scoring syntactic heads on the evaluation text (the first time takes a while)…"; submit(); return; }
+    state.pickedAs = el.kind.value;  // the head the type picks is shown where that type acts
+    pickType(state, el.kind.value, select, el.status, el.relation.value);
   };
-  kind.addEventListener("change", choose);
-  relation.addEventListener("change", choose);
-  which.addEventListener("change", () => {
-    const [l, k] = which.value.split(".").map(Number);
+  const submit = runner(el, state, { readsText, choose, select, summaryEl });
+  el.kind.addEventListener("change", choose);
+  el.relation.addEventListener("change", choose);
+  el.which.addEventListener("change", () => {
+    const [l, k] = el.which.value.split(".").map(Number);
     state.pickedAs = "";
-    if (kind.value === "averaged") { select(l, k, true); status.textContent = averagedStatus(state); return; }
+    if (el.kind.value === "averaged") { select(l, k, true); el.status.textContent = averagedStatus(state); return; }
     select(l, k, false);
   });
+  el.form.addEventListener("submit", (e) => { e.preventDefault(); submit(); });
+  el.text.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); submit(); } });
+  el.model.addEventListener("change", () => { describe(el, state); submit(); });
+  el.syntaxLabels.addEventListener("change", submit);
+  const showText = () => { el.text.disabled = !readsText(); el.text.parentElement.hidden = el.text.disabled; };
+  el.input.addEventListener("change", () => { showText(); describe(el, state); submit(); });
+  start(el, state, showText, submit);
+  return { submit, state };
+}
+
+// The vocabularies (models, probes) and the text limit, asked for once; then the first run.
+function start(el, state, showText, submit) {
+  const probesLoaded = api("/api/probes").then((rows) => {
+    state.probes = rows;
+    // a menu shows a probe's description up to its first parenthesis; the rest is its title
+    clear(el.input, rows.map((p) => h("option", { value: p.name, title: p.description }, p.description.split(" (")[0])));
+    el.input.value = rows.find((p) => p.takes_text)?.name ?? rows[0]?.name ?? "";  // start on the text box
+    showText();
+  });
+  // the longest text the server takes: the schema's own maxLength (headlab serve --max-text-chars)
+  api("/openapi.json").then((schema) => {
+    const text = schema.components?.schemas?.HeadsRequest?.properties?.text;
+    state.maxChars = (text?.anyOf || [text]).find((t) => Number.isInteger(t?.maxLength))?.maxLength ?? null;
+  }).catch(() => {});
+  Promise.all([loadModels(el, state), probesLoaded]).then(([ok]) => {
+    describe(el, state);
+    if (!ok) { clear(el.view, missing("No model is available to this server, so there are no patterns to show.")); return; }
+    submit();
+  }).catch((err) => { el.status.textContent = err.message; el.status.classList.add("error"); });
+}
+
+// "default: headlab's shipped model, …; run on the text you give": the menus show short names.
+function describe(el, state) {
+  const m = state.models.find((x) => x.name === el.model.value);
+  const p = state.probes.find((x) => x.name === el.input.value);
+  el.about.textContent = [m ? `${m.name}: ${m.description || "a model on this server"}` : "", p ? `run on ${p.description}` : ""].filter(Boolean).join("; ") + ".";
+}
+
+// The text box against the server's limit, in the page's words; "" when it may be sent.
+function textProblem(text, maxChars) {
+  const chars = [...text].length;  // the server counts characters, not UTF-16 units
+  return maxChars && chars > maxChars ? `The text is ${fmtInt(chars)} characters; the limit is ${fmtInt(maxChars)}. Shorten it and run again.` : "";
+}
+
+// A text the server refused after all (its limit is not the one the page read): in words.
+const refusedText = (err, text) => refusal(err, {
+  text: (item) => textProblem(text, quoted(item)) || "The server could not read this text; try a shorter or plainer one.",
+});
+
+// The one request per run; a newer run (another model, new text) wins over a slower older one.
+function runner(el, state, { readsText, choose, select, summaryEl }) {
   let runs = 0;
-  const submit = async () => {
-    const mine = ++runs;  // a newer run (another model, new text) wins over a slower older one
-    status.textContent = "Running the model…";
+  return async () => {
+    const mine = ++runs;
+    const typed = readsText() && el.text.value.trim();
+    const problem = typed ? textProblem(el.text.value, state.maxChars) : "";
+    if (problem) { el.status.textContent = problem; el.status.classList.add("error"); return; }
+    el.status.textContent = "Running the model…";
     try {
       // a probe that reads a text, with an empty box, is left to the server: it runs its
       // default (the built-in sentence with a repeat), which the answer then shows in the box
-      const typed = readsText() && text.value.trim();
-      const body = { model: model.value || "default" };
-      if (!readsText() || typed) body.probe = input.value;
-      if (typed) body.text = text.value;
-      const heads = await api("/api/heads", wantSyntax ? { ...body, syntax: true } : body);
+      const body = { model: el.model.value || "default" };
+      if (!readsText() || typed) body.probe = el.input.value;
+      if (typed) body.text = el.text.value;
+      if (el.syntaxLabels.checked) body.syntax_labels = true;
+      else if (state.wantSyntax) body.syntax = true;
+      const heads = await api("/api/heads", body);
       if (mine !== runs) return;
-      const attention = heads;
-      state.attention = attention;
-      if (readsText() && !text.value.trim()) text.value = attention.text;
-      state.heads = heads;
-      clear(which, attention.weights.flatMap((heads_, l) => heads_.map((_, k) => h("option", { value: `${l}.${k}` }, `${l}.${k}${labelOf(state, l, k) ? ` ${labelOf(state, l, k)}` : ""}`))));
-      status.textContent = `${attention.model}: ${attention.tokens.length} tokens, ${attention.n_layers} layers × ${attention.n_heads} heads.`;
-      fillRelations(relation, heads.syntax);
-      drawGrid();
-      choose();
-      summarise(summaryEl, state);
+      show(el, state, heads, { readsText, choose, select, summaryEl });
     } catch (err) {
       if (mine !== runs) return;
-      status.textContent = err.message;
-      status.classList.add("error");
+      el.status.textContent = refusedText(err, el.text.value);
+      el.status.classList.add("error");
       return;
     }
-    status.classList.remove("error");
+    el.status.classList.remove("error");
   };
-  form.addEventListener("submit", (e) => { e.preventDefault(); submit(); });
-  text.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); submit(); } });
-  model.addEventListener("change", submit);
-  const showText = () => { text.disabled = !readsText(); text.parentElement.hidden = text.disabled; };
-  input.addEventListener("change", () => { showText(); submit(); });
-  const probesLoaded = api("/api/probes").then((rows) => {
-    probes = rows;
-    clear(input, rows.map((p) => h("option", { value: p.name, title: p.name }, p.description)));
-    input.value = rows.find((p) => p.takes_text)?.name ?? rows[0]?.name ?? "";  // start on the text box
-    showText();
-  });
-  Promise.all([loadModels(model, status), probesLoaded]).then(([ok]) => {
-    if (!ok) { clear(view, missing("No model is available to this server, so there are no patterns to show.")); return; }
-    submit();
-  }).catch((err) => { status.textContent = err.message; status.classList.add("error"); });
-  return { submit, state };
+}
+
+function show(el, state, heads, { readsText, choose, select, summaryEl }) {
+  Object.assign(state, { attention: heads, heads });
+  if (readsText() && !el.text.value.trim()) el.text.value = heads.text;
+  clear(el.which, heads.weights.flatMap((heads_, l) => heads_.map((_, k) => h("option", { value: `${l}.${k}` }, `${l}.${k}${labelOf(state, l, k) ? ` ${labelOf(state, l, k)}` : ""}`))));
+  el.status.textContent = `${heads.model}: ${heads.tokens.length} tokens, ${heads.n_layers} layers × ${heads.n_heads} heads.`;
+  const note = tokenNote(heads.model, heads.tokens);
+  el.tokens.textContent = note;
+  el.tokens.hidden = !note;
+  fillRelations(el.relation, heads.syntax);
+  drawGrid(el, state, select);
+  choose();
+  summarise(summaryEl, state);
+}
+
+// The chosen head beside its layer's average, and its query → key lines; every figure drawn to
+// the width it is given.
+function drawHead(el, state) {
+  const a = state.attention;
+  if (!a) return;
+  const { layer, head } = state;
+  const label = labelOf(state, layer, head);
+  const readout = h("p", { class: "note", id: "heads-readout", "aria-live": "polite" }, "Hover a cell, or focus the heatmap and use the arrow keys, to read the exact weight.");
+  const headW = a.weights[layer][head];
+  // a long input shows a window of the pattern: put it where the chosen head acts
+  const acts = !state.averaged && (label === "induction" || state.pickedAs === "induction") ? "induction" : "";
+  focusWindow(state.averaged ? a.averaged_weights[layer] : headW, a.tokens, acts);
+  const headTitle = `head ${layer}.${head}${label ? ` — ${label}` : ""}`;
+  const avgLabel = a.averaged?.[layer]?.label;
+  const avgTitle = `layer ${layer}, all ${a.n_heads} heads averaged${avgLabel ? ` — ${avgLabel}` : ""}`;
+  const heat = (weights, title, name, data) => figure(null, { name, caption: title, data,
+    fit: { max: HEATMAP_WIDTH, draw: (room) => heatmap(weights, a.tokens, { title, readout, room }) } });
+  const left = heat(headW, headTitle, `head-${layer}-${head}`, { model: a.model, tokens: a.tokens, layer, head, weights: headW });
+  const right = heat(a.averaged_weights[layer], avgTitle, `head-${layer}-avg`, { model: a.model, tokens: a.tokens, layer, weights: a.averaged_weights[layer] });
+  // the averaged view puts the layer's mean first, the chosen head beside it
+  const pair = state.averaged ? [right, left] : [left, right];
+  const chosenW = state.averaged ? a.averaged_weights[layer] : headW;
+  const arcTitle = `${state.averaged ? avgTitle : headTitle}: query → key lines (weights ≥ 0.02)`;
+  const arc = figure(null, { name: `lines-${layer}-${state.averaged ? "avg" : head}`, caption: arcTitle, data: { tokens: a.tokens, weights: chosenW }, scroll: true,
+    fit: { max: TWO_COLUMN_WIDTH, draw: (width) => twoColumn(chosenW, a.tokens, { title: arcTitle, readout, width }) } });
+  const extra = state.syntactic ? syntaxFigures(a.syntax, layer, head, state.syntactic, readout) : [];
+  clear(el.view, colourLegend(), readout, h("div", { class: "pair" }, ...pair), ...extra, arc);
+  // the grid is drawn once per answer; a pick presses its button and opens its layer
+  el.grid.querySelectorAll("button[data-head]").forEach((b) => b.setAttribute("aria-pressed", String(!state.averaged && b.dataset.head === `${layer}.${head}`)));
+  const box = el.grid.querySelector(`details[data-layer="${layer}"]`);
+  if (box) box.open = true;
+}
+
+function drawGrid(el, state, select) {
+  const a = state.attention;
+  const kv = a.n_kv_heads || a.n_heads;
+  const shared = kv < a.n_heads
+    ? h("p", { class: "note", id: "heads-kv-note" }, `${a.model} shares each key/value head among ${a.n_heads / kv} query heads (grouped-query attention): each layer's heads are grouped by the K/V head they read. `,
+      h("button", { type: "button", class: "chip", id: "heads-to-shapes", onclick: () => showSizes(a.model) }, "this model's layer in the shape calculator"))
+    : null;
+  clear(el.grid, h("h3", {}, "All heads, with their labels"), shared, headGrid(a, {
+    labelOf: (l, k) => labelOf(state, l, k),
+    active: (l, k) => !state.averaged && l === state.layer && k === state.head,
+    onSelect: (l, k) => { state.pickedAs = ""; select(l, k, false); },
+    focus: [state.layer, state.head],
+  }));
 }
 
 // The shape calculator (widget 1) loads the model's own sizes: its preset "model:NAME".
@@ -190,7 +250,8 @@ const pct = (v) => `${(100 * Number(v)).toFixed(1)}%`;
 function fillRelations(select, syntax) {
   const before = select.value;
   const rows = syntax?.relations || [];
-  clear(select, rows.map((r) => h("option", { value: r.relation }, `${r.relation}: head ${r.layer}.${r.head}, ${pct(r.accuracy)} vs offset ${pct(r.baseline_accuracy)}`)));
+  clear(select, rows.map((r) => h("option", { value: r.relation, title: `${r.relation}: head ${r.layer}.${r.head}, ${pct(r.accuracy)} of its arcs; the best fixed offset, ${pct(r.baseline_accuracy)}` },
+    `${r.relation}: ${r.layer}.${r.head}, ${pct(r.accuracy)} (offset ${signed(r.baseline_offset)}: ${pct(r.baseline_accuracy)})`)));
   if (rows.some((r) => r.relation === before)) select.value = before;
 }
 
@@ -217,12 +278,7 @@ function pickType(state, type, select, status, relation) {
     return;
   }
   select(best.layer, best.head, false);
-  const score = Number(best.score).toFixed(3);
-  const rest = rowOf(state, best.layer, best.head)?.rest;
-  const resting = rest === null || rest === undefined ? "" : `; where it has nothing to do it rests on the first token (${Number(rest).toFixed(2)})`;
-  status.textContent = best.labelled
-    ? `Best ${type} head: ${best.layer}.${best.head} (score ${score}${resting}).`
-    : `No head is labelled ${type} on this input; the highest ${type} score is head ${best.layer}.${best.head} (${score}${best.passes_threshold === false ? "; below the threshold for that label" : ""}), labelled ${best.label}.`;
+  status.textContent = typeSentence(state.heads, type, best, rowOf(state, best.layer, best.head));
   if (type === "sink") status.textContent += sinkStatus(state);
 }
 
@@ -235,7 +291,7 @@ function pickSyntactic(state, select, status, relation) {
     return;
   }
   select(row.layer, row.head, false, row.relation);
-  status.textContent = `Best ${row.relation} head on the evaluation text (${syntax.relations.length} relations, Clark et al. 2019): ${row.layer}.${row.head}, ${pct(row.accuracy)} of ${row.count} arcs (${row.direction}) against ${pct(row.baseline_accuracy)} for the best fixed offset (${row.baseline_offset > 0 ? "+" : ""}${row.baseline_offset}).${syntax.note ? ` ${syntax.note}` : ""}`;
+  status.textContent = syntaxSentence(syntax, row, state.heads.thresholds?.syntactic ?? 0.1, Boolean(state.heads.syntax_labels));
 }
 
 // Word-level lines for a syntactic pick: the head's most attended word per word, and beside it
@@ -249,24 +305,28 @@ function syntaxFigures(syntax, layer, head, relation, readout) {
   syntax.links[layer][head].forEach((j, i) => { if (j >= 0) top[i][j] = 1; });
   const parsed = grid();
   for (const arc of syntax.arcs) parsed[arc.dependent][arc.head] = arc.relation === relation ? 1 : 0.35;
+  const lines = (weights, title, name, minWeight, data) => figure(null, { name, caption: title, data, scroll: true,
+    fit: { max: TWO_COLUMN_WIDTH, draw: (width) => twoColumn(weights, syntax.words, { title, readout, minWeight, width }) } });
   const headTitle = `head ${layer}.${head}: each word's most attended word`;
   const parseTitle = `parser: each word's syntactic head (${relation} arcs dark)`;
   return [h("div", { class: "pair", id: "heads-syntax" },
-    figure(twoColumn(top, syntax.words, { title: headTitle, readout, minWeight: 0.5 }), { name: `syntax-${layer}-${head}`, caption: headTitle, data: { words: syntax.words, links: syntax.links[layer][head] }, scroll: true }),
-    figure(twoColumn(parsed, syntax.words, { title: parseTitle, readout, minWeight: 0.3 }), { name: "syntax-parse", caption: parseTitle, data: { words: syntax.words, arcs: syntax.arcs }, scroll: true }))];
+    lines(top, headTitle, `syntax-${layer}-${head}`, 0.5, { words: syntax.words, links: syntax.links[layer][head] }),
+    lines(parsed, parseTitle, "syntax-parse", 0.3, { words: syntax.words, arcs: syntax.arcs }))];
 }
 
-async function loadModels(select, status) {
+async function loadModels(el, state) {
   try {
     const models = await api("/api/models");
     const available = models.filter((m) => m.available);
-    clear(select, available.map((m) => h("option", { value: m.name }, m.description ? `${m.name} — ${m.description}` : m.name)));
-    if (available.some((m) => m.name === "default")) select.value = "default";
+    state.models = available;
+    // the menu names the model; its description is the line under the menus
+    clear(el.model, available.map((m) => h("option", { value: m.name, title: m.description || m.name }, m.name)));
+    if (available.some((m) => m.name === "default")) el.model.value = "default";
     const absent = models.filter((m) => !m.available);
-    if (absent.length) status.textContent = `Not available here: ${absent.map((m) => `${m.name} (${m.reason})`).join("; ")}`;
+    if (absent.length) el.status.textContent = `Not available here: ${absent.map((m) => `${m.name} (${m.reason})`).join("; ")}`;
     return available.length > 0;
   } catch (err) {
-    status.textContent = err.message;
+    el.status.textContent = err.message;
     return false;
   }
 }

@@ -3,12 +3,14 @@
 // under GQA one key/value box spans the query heads that share it) → scores → softmax → A·V →
 // concatenate → W_O → added to the residual stream. Every row carries its live shape; stepping
 // through it highlights one stage, its rows of the shape table and the lines of code that run it.
+// Drawn to the width it is given: 880 px side by side (text left, picture right); narrower, each
+// row's text wraps above its picture, so that a phone shows every label whole.
 import { h, s, clear } from "./dom.js";
 import { SERIES } from "./colour.js";
+import { onWidth } from "./export.js";
+import { FONT, MONO, fitText, textWidth, wrapText } from "./svg-text.js";
 
-const FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'DejaVu Sans', sans-serif";
-const MONO = "ui-monospace, 'DejaVu Sans Mono', Menlo, Consolas, monospace";
-const W = 880, G0 = 360, GW = 510, MAX_LANES = 8;
+const W = 880, G0 = 360, GW = 510, MAX_LANES = 8, NARROW_G0 = 34;
 const FORWARD = "headlab.attention.MultiHeadAttention.forward";
 const ATTENTION = "headlab.attention.attention";
 const BLOCK = "headlab.model.Block.forward";
@@ -41,12 +43,24 @@ function text(x, y, str, { size = 12, weight = null, mono = false, anchor = null
   return s("text", { x, y, "font-size": size, "font-weight": weight, "font-family": mono ? MONO : FONT, "text-anchor": anchor, fill, class: cls, text: str });
 }
 
-// The left column of a row: its number and title, then one line per stage shape.
-function rowText(k, step, lines, y) {
+// A row's text within `room` px: its title wrapped, each shape line whole or broken after "=".
+function rowLines(step, lines, room) {
+  const title = wrapText(step.title, room, 13, 600);
+  const shapes = lines.flatMap((line) => {
+    if (textWidth(line, 12, 400, MONO) <= room) return [line];
+    const [lhs, rhs] = line.split(" = ");
+    return [`${lhs} =`, `  ${rhs}`].map((part) => fitText(part, room, 12, 400, MONO));
+  });
+  return { title, shapes, height: 20 * title.length + 16 * shapes.length + 4 };
+}
+
+// The text of a row: its number and title, then one line per stage shape.
+function rowText(k, text_, y) {
   const g = s("g", {});
   g.append(text(14, y + 15, `${k + 1}`, { size: 13, weight: 700, cls: "dg-label dg-num" }));
-  g.append(text(34, y + 15, step.title, { size: 13, weight: 600 }));
-  lines.forEach((line, m) => g.append(text(34, y + 33 + 16 * m, line, { mono: true, fill: "#3d4555" })));
+  text_.title.forEach((line, m) => g.append(text(34, y + 15 + 18 * m, line, { size: 13, weight: 600 })));
+  const top = y + 15 + 18 * (text_.title.length - 1);
+  text_.shapes.forEach((line, m) => g.append(text(34, top + 18 + 16 * m, line, { mono: true, fill: "#3d4555" })));
   return g;
 }
 
@@ -57,17 +71,18 @@ function stageLines(step, byName) {
   return stages.map((st) => `${named[st.name] ? `${named[st.name]}: ` : ""}${st.symbolic} = ${shapeOf(st)}`);
 }
 
-// x positions of the lanes (one per drawn query head, plus "…" for the hidden ones).
-function laneGeometry(plan) {
+// x positions of the lanes (one per drawn query head, plus "…" for the hidden ones) in the
+// picture that starts at x0 and is w wide.
+function laneGeometry(plan, x0, w) {
   const count = plan.heads.length + (plan.hidden ? 1 : 0);
-  const width = GW / count;
-  return { width, x: (i) => G0 + i * width, count };
+  const width = w / count;
+  return { width, x: (i) => x0 + i * width, count, x0, w };
 }
 
-function bar(y, width, height, fill, label) {
+function bar(geo, y, width, height, fill, label) {
   const g = s("g", {});
-  g.append(s("rect", { x: G0, y, width, height, rx: 3, fill, stroke: "#5a6273", "stroke-width": 0.8 }));
-  if (label && width > label.length * 7.5 + 8) g.append(text(G0 + 6, y + height / 2 + 4, label, { size: 11, fill: "#1d2330" }));
+  g.append(s("rect", { x: geo.x0, y, width, height, rx: 3, fill, stroke: "#5a6273", "stroke-width": 0.8 }));
+  if (label && width > textWidth(label, 11) + 12) g.append(text(geo.x0 + 6, y + height / 2 + 4, label, { size: 11, fill: "#1d2330" }));
   return g;
 }
 
@@ -76,7 +91,7 @@ function striped(y, height, plan, geo, opacity) {
   const g = s("g", {});
   plan.heads.forEach((i) => g.append(s("rect", { x: geo.x(i), y, width: geo.width, height, fill: headColour(i), "fill-opacity": opacity })));
   if (plan.hidden) g.append(s("rect", { x: geo.x(plan.heads.length), y, width: geo.width, height, fill: "#c9ced8" }));
-  g.append(s("rect", { x: G0, y, width: GW, height, rx: 3, fill: "none", stroke: "#5a6273", "stroke-width": 0.8 }));
+  g.append(s("rect", { x: geo.x0, y, width: geo.w, height, rx: 3, fill: "none", stroke: "#5a6273", "stroke-width": 0.8 }));
   return g;
 }
 
@@ -143,12 +158,12 @@ function patternGlyph(i, x, y, side, weights) {
 const ROW_HEIGHT = { x: 46, project: 70, split: 78, scores: 52, softmax: 52, av: 46, concat: 46, wo: 46, residual: 46 };
 
 function rowGraphic(step, y, plan, geo, c) {
-  const kvWidth = GW * (c.n_kv_heads / c.n_heads);
+  const GW_ = geo.w, kvWidth = GW_ * (c.n_kv_heads / c.n_heads);
   switch (step.key) {
-    case "x": return bar(y + 8, GW, 20, "#dfe3ea", "X");
+    case "x": return bar(geo, y + 8, GW_, 20, "#dfe3ea", "X");
     case "project": {
       const g = s("g", {});
-      g.append(striped(y + 4, 16, plan, geo, 0.35), bar(y + 24, kvWidth, 16, "#e8ebf1", "K"), bar(y + 44, kvWidth, 16, "#e8ebf1", "V"));
+      g.append(striped(y + 4, 16, plan, geo, 0.35), bar(geo, y + 24, kvWidth, 16, "#e8ebf1", "K"), bar(geo, y + 44, kvWidth, 16, "#e8ebf1", "V"));
       return g;
     }
     case "split": return splitGraphic(y + 2, plan, geo);
@@ -156,33 +171,36 @@ function rowGraphic(step, y, plan, geo, c) {
     case "softmax": return glyphRow(y + 6, plan, geo, 38, (i, x, yy, side) => patternGlyph(i, x, yy, side, true));
     case "av": return glyphRow(y + 8, plan, geo, 1e9, (i, x, yy, side) => s("rect", { x, y: yy, width: side, height: 22, rx: 3, fill: headColour(i), "fill-opacity": 0.8, "data-head": i }));
     case "concat": return striped(y + 8, 22, plan, geo, 0.85);
-    case "wo": return bar(y + 8, GW, 22, "#b9c3d6", "Y = Concat · W_O");
-    default: return bar(y + 8, GW, 22, "#dfe3ea", "x ← x + Y");
+    case "wo": return bar(geo, y + 8, GW_, 22, "#b9c3d6", "Y = Concat · W_O");
+    default: return bar(geo, y + 8, GW_, 22, "#dfe3ea", "x ← x + Y");
   }
 }
 
-// The whole figure for one report; returns the svg and each step's row band.
-function draw(report) {
+// The whole figure for one report, `width` px wide; returns the svg and each step's row band.
+// At W px and more the text sits left of the picture; narrower, above it.
+function draw(report, width = W) {
   const c = report.config;
   const byName = Object.fromEntries(report.stages.map((st) => [st.name, st]));
   const plan = lanes(c.n_heads, c.n_kv_heads);
-  const geo = laneGeometry(plan);
+  const wide = width >= W, full = wide ? W : width;
+  const geo = wide ? laneGeometry(plan, G0, GW) : laneGeometry(plan, NARROW_G0, full - NARROW_G0 - 8);
   const rows = [];
   let y = 8;
   const body = s("g", {});
   STEPS.forEach((step, k) => {
-    const lines = stageLines(step, byName);
-    const height = Math.max(ROW_HEIGHT[step.key], 24 + 16 * lines.length);
-    const band = s("rect", { x: 2, y, width: W - 4, height: height - 4, rx: 6, fill: "transparent", class: "dg-band", "data-step": k });
-    const row = s("g", { class: "dg-row", "data-step": step.key }, band, rowText(k, step, lines, y), rowGraphic(step, y + 4, plan, geo, c));
-    if (k < STEPS.length - 1) row.append(s("path", { d: `M ${G0 - 12} ${y + height - 14} l 0 10 l -4 -5 m 4 5 l 4 -5`, stroke: "#9aa3b5", fill: "none", "aria-hidden": "true" }));
+    const text_ = rowLines(step, stageLines(step, byName), (wide ? G0 - 12 : full) - 34 - 6);
+    const above = wide ? 0 : text_.height + 4;  // the picture's top, under the text when narrow
+    const height = wide ? Math.max(ROW_HEIGHT[step.key], text_.height) : above + ROW_HEIGHT[step.key];
+    const band = s("rect", { x: 2, y, width: full - 4, height: height - 4, rx: 6, fill: "transparent", class: "dg-band", "data-step": k });
+    const row = s("g", { class: "dg-row", "data-step": step.key }, band, rowText(k, text_, y), rowGraphic(step, y + 4 + above, plan, geo, c));
+    if (k < STEPS.length - 1) row.append(s("path", { d: `M ${geo.x0 - 12} ${y + height - 14} l 0 10 l -4 -5 m 4 5 l 4 -5`, stroke: "#9aa3b5", fill: "none", "aria-hidden": "true" }));
     body.append(row);
     rows.push({ band, row, y, height });
     y += height;
   });
-  const svg = s("svg", { viewBox: `0 0 ${W} ${y + 4}`, width: W, class: "layer-diagram readable", role: "img", "font-family": FONT,
+  const svg = s("svg", { viewBox: `0 0 ${full} ${y + 4}`, width: full, class: "layer-diagram readable", role: "img", "font-family": FONT,
     "aria-label": `One ${c.kind} attention layer: d_model ${c.d_model}, ${c.n_heads} query heads, ${c.n_kv_heads} key/value heads, n ${c.seq_len}, B ${c.batch}` });
-  svg.append(s("rect", { width: W, height: y + 4, fill: "#ffffff" }), body);
+  svg.append(s("rect", { width: full, height: y + 4, fill: "#ffffff" }), body);
   return { svg, rows };
 }
 
@@ -247,15 +265,20 @@ export function layerDiagram({ fetchCode = null, onStep = () => {}, prefix = "la
     e.preventDefault();
     go(state.step + moves[e.key]);
   });
+  // drawn to the holder's width (at most W), and again when that width changes
   const update = (report) => {
     state.report = report;
-    state.drawn = draw(report);
+    state.width = Math.min(W, Math.floor(holder.clientWidth) || W);
+    state.drawn = draw(report, state.width);
     state.drawn.rows.forEach((r, k) => r.row.addEventListener("click", () => go(k)));
     const svg = state.drawn.svg;
     svg.setAttribute("tabindex", "0");
     svg.setAttribute("aria-describedby", `${prefix}-step`);
+    const focused = holder.contains(document.activeElement);
     clear(holder, svg);
+    if (focused) svg.focus({ preventScroll: true });
     go(state.step);
   };
+  onWidth(holder, (width) => { if (state.report && Math.min(W, Math.floor(width)) !== state.width) update(state.report); });
   return { root, update, go, state };
 }

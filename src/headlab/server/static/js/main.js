@@ -23,7 +23,17 @@ async function costCompare(el) {
     h("thead", {}, h("tr", {}, h("th", {}, "heads"), h("th", {}, "d_k"), h("th", { class: "num" }, "parameters"), h("th", { class: "num" }, "FLOPs"), h("th", { class: "num" }, "attention-pattern memory"))),
     h("tbody", {}, rows.map((r) => h("tr", {}, h("td", {}, String(r.config.n_heads)), h("td", {}, String(r.config.sizes.d_k)),
       h("td", { class: "num" }, fmtInt(r.params.total)), h("td", { class: "num" }, fmtInt(r.flops.total)), h("td", { class: "num" }, fmtBytes(r.memory.n2_bytes))))))),
-    h("p", {}, `Same parameters; FLOPs ${(rows[1].flops.total / rows[0].flops.total).toFixed(3)}× those of one head. What grows is the pattern memory: h separate n × n weight matrices instead of one.`));
+    h("p", { id: "cost-sentence" }, costSentence(rows[0], rows[1])));
+}
+
+// What the table shows, in words that match its figures: "the same" only where they are equal.
+function costSentence(one, many) {
+  const times = (a, b) => `${(a / b).toFixed(3)}× those of one head`;
+  const params = many.params.total === one.params.total ? "The same parameters" : `Parameters ${times(many.params.total, one.params.total)}`;
+  const flops = many.flops.total === one.flops.total
+    ? ` and the same FLOPs: ${many.config.n_heads} score products of width ${many.config.sizes.d_k} cost what one of width ${one.config.sizes.d_k} does.`
+    : `; FLOPs ${times(many.flops.total, one.flops.total)}.`;
+  return `${params}${flops} What grows is the pattern memory, ${fmtBytes(many.memory.n2_bytes)} instead of ${fmtBytes(one.memory.n2_bytes)}: ${many.config.n_heads} separate n × n weight matrices instead of one.`;
 }
 
 async function paramsTable(el, asked) {

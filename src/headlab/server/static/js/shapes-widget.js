@@ -1,8 +1,8 @@
 // Widget 1: the shape and parameter calculator. Every value shown is the ShapeReport that
 // POST /api/shapes returns from tracing the real layer.
-import { api } from "./api.js";
+import { api, refusal, quoted } from "./api.js";
 import { h, clear, debounce, fmtInt, fmtBytes, fmtCompact } from "./dom.js";
-import { barChart } from "./figures.js";
+import { barChart, BAR_WIDTH } from "./bars.js";
 import { figure } from "./export.js";
 import { layerDiagram } from "./layer-diagram.js";
 
@@ -21,6 +21,7 @@ function numberInput(key, label, value) {
 }
 
 function applyLimits(form, limits) {
+  if (!limits?.sizes) return;
   for (const [key] of FIELDS) {
     const range = limits.sizes[key];
     if (range) Object.assign(form.elements[key], { min: range[0], max: range[1] });
@@ -28,18 +29,46 @@ function applyLimits(form, limits) {
   clear(form.elements.dtype, limits.dtypes.map((d) => h("option", { value: d }, d)));
 }
 
-function readForm(form) {
+// What a size must be, in the page's words: "h (query heads) must be a whole number from 1
+// to 65,536", from the limits the server serves (GET /api/shapes/limits).
+function sizeRule(key, limits) {
+  const label = FIELDS.find(([k]) => k === key)[1];
+  const range = limits?.sizes?.[key];
+  const within = range ? ` from ${fmtInt(range[0])} to ${fmtInt(range[1])}` : "";
+  return `${label} must be ${key === "n_kv_heads" ? "empty or " : ""}a whole number${within}`;
+}
+
+// The request body, or the first size that is not valid, said in words: nothing the server
+// would refuse is sent (a cleared box is not 0).
+function readForm(form, limits) {
   const body = {};
   for (const [key] of FIELDS) {
     const raw = form.elements[key].value.trim();
     if (raw === "" && key === "n_kv_heads") continue;
     const v = Number(raw);
-    if (!Number.isInteger(v)) return { error: `${key} must be a whole number, got “${raw}”` };
+    const range = limits?.sizes?.[key];
+    if (raw === "" || !Number.isInteger(v) || (range && (v < range[0] || v > range[1]))) {
+      return { error: `${sizeRule(key, limits)}; ${raw === "" ? "the box is empty" : `“${raw}” is not`}.` };
+    }
     body[key] = v;
   }
   if (form.elements.dtype.value) body.dtype = form.elements.dtype.value;  // else the server's default
   body.bias = form.elements.bias.checked;
   return { body };
+}
+
+// A size the server refused after all (its limits changed since the page asked): that size's
+// rule, with the bound the server quotes.
+function refusedSize(err, limits) {
+  const said = {};
+  for (const [key, label] of FIELDS) {
+    said[key] = (item) => {
+      const n = quoted(item);
+      if (n === null) return `${sizeRule(key, limits)}.`;
+      return `${label} must be ${/less/.test(item.type) ? "at most" : "at least"} ${fmtInt(n)} on this server.`;
+    };
+  }
+  return refusal(err, said);
 }
 
 function problemsBox(report, form, update) {
@@ -101,15 +130,16 @@ function paramTable(report) {
 function scaleChart(report) {
   const items = report.stages.map((st) => ({ label: st.label, value: st.elements, colour: st.n2 ? "#CC79A7" : "#0072B2" }));
   const c = report.config;
-  const svg = barChart(items, { title: `Elements per stage, to scale (d_model ${c.d_model}, h ${c.n_heads}, n ${c.seq_len}, B ${c.batch})`, format: fmtCompact });
-  return figure(svg, { name: "shapes-diagram", caption: "Block diagram: each bar's length is proportional to the tensor's element count", data: report });
+  const title = `Elements per stage, to scale (d_model ${c.d_model}, h ${c.n_heads}, n ${c.seq_len}, B ${c.batch})`;
+  const draw = (width) => barChart(items, { title, format: fmtCompact, width });
+  return figure(null, { name: "shapes-diagram", caption: "Block diagram: each bar's length is proportional to the tensor's element count", data: report, fit: { max: BAR_WIDTH, draw } });
 }
 
 // presetsAsked: the promise of GET /api/shapes/presets, which the page asks for once
 export function initShapes(root, presetsAsked) {
   const form = h("form", { class: "controls", id: "shapes-form", "aria-label": "layer sizes", onsubmit: (e) => e.preventDefault() });
   const preset = h("select", { id: "shapes-preset", name: "preset" }, h("option", { value: "" }, "custom"));
-  form.append(h("label", { for: "shapes-preset" }, "preset", preset));
+  form.append(h("label", { for: "shapes-preset", class: "wide" }, "preset", preset));
   for (const [key, label, value] of FIELDS) form.append(numberInput(key, label, value));
   form.append(h("label", { for: "shapes-dtype" }, "dtype", h("select", { id: "shapes-dtype", name: "dtype" })));
   form.append(h("label", { class: "inline", for: "shapes-bias" }, h("input", { id: "shapes-bias", name: "bias", type: "checkbox", checked: true }), "biases"));
@@ -127,10 +157,11 @@ export function initShapes(root, presetsAsked) {
 
   let seq = 0;
   let presets = {};
+  let limits = null;
   const update = async () => {
     const mine = ++seq;
-    const { body, error } = readForm(form);
-    if (error) { clear(out, h("div", { class: "problems" }, error)); return; }
+    const { body, error } = readForm(form, limits);
+    if (error) { clear(out, h("div", { class: "problems", id: "shapes-problems", role: "alert" }, error)); return; }
     try {
       const report = await api("/api/shapes", body);
       if (mine !== seq) return;
@@ -142,7 +173,7 @@ export function initShapes(root, presetsAsked) {
         h("details", { class: "more" }, h("summary", {}, "Each tensor to scale, and each parameter matrix"), scaleChart(report), paramTable(report)));
       layer.update(report);
     } catch (err) {
-      if (mine === seq) clear(out, h("div", { class: "problems", id: "shapes-problems" }, err.message));
+      if (mine === seq) clear(out, h("div", { class: "problems", id: "shapes-problems" }, refusedSize(err, limits)));
     }
   };
   const later = debounce(update, 120);
@@ -167,10 +198,10 @@ export function initShapes(root, presetsAsked) {
     const mine = Object.entries(sizes);
     if (!mine.length) return;
     for (const [name, z] of mine) presets[`model:${name}`] = { ...z, title: name };
-    const kvText = (z) => (z.n_kv_heads && z.n_kv_heads < z.n_heads ? `, GQA h_kv ${z.n_kv_heads}` : "");
-    preset.append(h("optgroup", { label: "models on this server (their own sizes)" }, mine.map(([name, z]) => h("option", { value: `model:${name}` },
-      `${name}: d_model ${z.d_model}, h ${z.n_heads}${kvText(z)}, ${z.n_layers} layers`))));
+    const kvText = (z) => (z.n_kv_heads && z.n_kv_heads < z.n_heads ? `, h_kv ${z.n_kv_heads}` : "");
+    preset.append(h("optgroup", { label: "models on this server (their own sizes)" }, mine.map(([name, z]) => h("option", { value: `model:${name}`, title: `${z.n_layers} layers` },
+      `${name}: d_model ${z.d_model}, h ${z.n_heads}${kvText(z)}`))));
   }).catch(() => {});
-  api("/api/shapes/limits").then((limits) => applyLimits(form, limits)).catch(() => {}).finally(update);
+  api("/api/shapes/limits").then((got) => { limits = got; applyLimits(form, got); }).catch(() => {}).finally(update);
   return { update, form, layer };
 }
