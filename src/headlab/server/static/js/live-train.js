@@ -165,10 +165,12 @@ export async function initLiveTrain(root) {
     st.drawn.patternStep = st.patternStep;
     const tokens = st.tokens.map(String);
     const { induction, prev_token: prev } = st.patterns;
+    // on a narrow screen each pattern gets the panel's width (the pair stacks); else its own size
+    const room = patterns.clientWidth && patterns.clientWidth < 520 ? patterns.clientWidth : null;
     clear(patterns, colourLegend(), h("div", { class: "pair" },
       // the whole context at once: the copy and its source are both in view
-      heatmap(induction.weights, tokens, { title: `best induction head ${induction.head}, step ${st.patternStep}`, window: tokens.length }),
-      heatmap(prev.weights, tokens, { title: `best previous-token head ${prev.head}, step ${st.patternStep}`, window: tokens.length })));
+      heatmap(induction.weights, tokens, { title: `best induction head ${induction.head}, step ${st.patternStep}`, window: tokens.length, room }),
+      heatmap(prev.weights, tokens, { title: `best previous-token head ${prev.head}, step ${st.patternStep}`, window: tokens.length, room })));
   };
 
   const finish = (text, error = false) => {
