@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-stamp
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: install install-serve test test-models lint serve bench clean
+.PHONY: install install-serve test test-models lint serve static bench clean
 
 $(SERVE_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -41,6 +41,15 @@ test-models: $(STAMP)
 
 serve: $(SERVE_STAMP)
 	$(VENV)/bin/headlab serve --host $(HOST) --port $(PORT)
+
+# the explainer as a static site (SITE, default site/): onnxruntime-web from npm through
+# web/package-lock.json, the default model exported to ONNX; serve it with python -m http.server
+SITE ?= site
+web/node_modules/.package-lock.json: web/package-lock.json
+	cd web && npm ci --no-audit --no-fund --ignore-scripts
+
+static: $(STAMP) web/node_modules/.package-lock.json
+	$(VENV)/bin/headlab static $(SITE)
 
 bench: $(STAMP)
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
