@@ -36,11 +36,10 @@ function load() {
   return loaded;
 }
 
-// nested arrays (L, h, n, n) from a flat Float32Array, rounded to 4 decimals as the server sends
+// nested arrays (L, h, n, n) from a flat Float32Array, unrounded: the weights PyTorch's graph gives
 function nest(data, dims) {
-  const round = (x) => Math.round(x * 1e4) / 1e4;
   const build = (offset, d) => {
-    if (d === dims.length - 1) return Array.from(data.subarray(offset, offset + dims[d]), round);
+    if (d === dims.length - 1) return Array.from(data.subarray(offset, offset + dims[d]));
     const step = dims.slice(d + 1).reduce((a, b) => a * b, 1);
     return Array.from({ length: dims[d] }, (_, i) => build(offset + i * step, d + 1));
   };
