@@ -187,3 +187,57 @@ def test_axe_finds_nothing_serious(page) -> None:
     results = Axe().run(page).response
     assert results["passes"], "axe ran no checks"
     assert serious(results) == []
+
+
+def _random_size(rng: random.Random) -> dict:
+    """A size within the API's limits: small ones (often indivisible), and now and then huge."""
+    from headlab.shapes import LIMITS
+
+    def pick(name: str) -> int:
+        lo, hi = LIMITS[name]
+        return rng.choice([rng.randint(lo, min(hi, 64)), rng.randint(lo, min(hi, 4096)), rng.randint(lo, hi)])
+
+    body = {name: pick(name) for name in ("d_model", "n_heads", "seq_len", "batch")}
+    body["n_kv_heads"] = rng.choice([None, pick("n_kv_heads"), rng.randint(1, 8)])
+    body["cache_len"] = rng.choice([0, 0, pick("cache_len")])
+    body["bias"] = rng.random() < 0.5
+    body["dtype"] = rng.choice(["float32", "float16", "bfloat16", "float64", "bf16", "fp16"])
+    if rng.random() < 0.5:  # a divisible width, so that most reports are valid and complete
+        body["d_model"] = min(body["n_heads"] * rng.randint(1, 64), LIMITS["d_model"][1])
+        if body["n_kv_heads"] is not None and rng.random() < 0.7:
+            body["n_kv_heads"] = rng.choice([h for h in range(1, 9) if body["n_heads"] % h == 0])
+    return body
+
+
+def _as_doubles(value: object) -> object:
+    """Python's JSON as the browser's numbers hold it: integers are doubles there."""
+    if isinstance(value, dict):
+        return {k: _as_doubles(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_doubles(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def test_shapes_widget_equals_headlab_shapes(page) -> None:
+    from headlab.server.schemas import ShapesRequest
+    from headlab.shapes import trace_shapes
+
+    rng = random.Random(0)
+    bodies = [{"d_model": 100, "n_heads": 6}, {"d_model": 96, "n_heads": 6, "n_kv_heads": 4}]
+    bodies += [_random_size(rng) for _ in range(600)]
+    got = page.evaluate(
+        """async (bodies) => {
+            const { shapesReport } = await import("./static/offline/shapes.js");
+            return bodies.map((b) => shapesReport(b));
+        }""",
+        bodies,
+    )
+    valid = 0
+    for body, report in zip(bodies, got, strict=True):
+        want = trace_shapes(**ShapesRequest(**body).model_dump())  # the API's defaults
+        assert _as_doubles(report) == _as_doubles({**want.to_dict(), **want.config.head_counts()}), body
+        valid += want.valid
+    assert 100 < valid < len(bodies)  # both kinds were checked
+    assert "is not divisible by n_heads=6" in got[0]["problems"][0]

@@ -3,10 +3,12 @@
 //   GET  /api/…           the answer the real server gave when the site was built (api/….json)
 //   POST /api/attention   the default model, exported to ONNX by PyTorch, run by onnxruntime-web
 //   POST /api/heads       the same run: every head's weights and each layer's averaged head
+//   POST /api/shapes      widget 1's report, computed here (shapes.js)
 //   POST /api/live/…      refused: live training needs `headlab serve`
 // Everything is read from this site's own folder: no other address is ever asked.
 
 import { Tokenizer } from "./tokenizer.js";
+import { shapesReport } from "./shapes.js";
 
 const HERE = new URL(".", import.meta.url);  // static/offline/
 const SITE = new URL("../../", HERE);         // the site's root
@@ -98,6 +100,17 @@ async function heads(body) {
   });
 }
 
+// widget 1: each size within the server's limits (stored), then the report computed here
+async function shapes(body) {
+  const limits = await (await stored("shapes/limits")).json();
+  for (const [field, [lo, hi]] of Object.entries(limits.sizes)) {
+    const v = body[field];
+    if (v === undefined || (v === null && field === "n_kv_heads")) continue;
+    if (!Number.isInteger(v) || v < lo || v > hi) return reply(422, { detail: `${field}: must be a whole number from ${lo} to ${hi}, got ${JSON.stringify(v)}` });
+  }
+  return reply(200, shapesReport(body));
+}
+
 // a GET answer written at build time: api/<route>.json
 async function stored(route) {
   const response = await pageFetch(new URL(`api/${route}.json`, SITE));
@@ -112,6 +125,7 @@ async function answer(path, init) {
   if (method === "GET") return stored(route);
   if (route === "attention") return attention(body);
   if (route === "heads") return heads(body);
+  if (route === "shapes") return shapes(body);
   if (route.startsWith("live")) return reply(503, { detail: LIVE_NOTE });
   return reply(501, { detail: `/api/${route} needs the headlab server (\`headlab serve\`)` });
 }
