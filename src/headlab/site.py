@@ -10,8 +10,9 @@ Shape legend
     L   layers;  h   heads;  n   tokens (query and key positions: no cache)
 
 The exported graph is :class:`PatternGraph`: the model's own forward, traced, whose outputs are
-every layer's attention weights and each layer's averaged head (:func:`headlab.heads.averaged_pattern`),
-so the browser draws the numbers PyTorch computes, not a re-implementation of them.
+every layer's attention weights and each layer's averaged head
+(:func:`headlab.heads.averaged_pattern`), so the browser draws the numbers PyTorch computes, not
+a re-implementation of them.
 """
 
 from __future__ import annotations
@@ -79,7 +80,11 @@ def export_onnx(model: nn.Module, path: Path) -> Path:
             str(path),
             input_names=["tokens"],
             output_names=["weights", "averaged"],
-            dynamic_axes={"tokens": {1: "n"}, "weights": {2: "n", 3: "n"}, "averaged": {1: "n", 2: "n"}},
+            dynamic_axes={
+                "tokens": {1: "n"},
+                "weights": {2: "n", 3: "n"},
+                "averaged": {1: "n", 2: "n"},
+            },
             dynamo=False,
             opset_version=17,
         )
@@ -105,15 +110,26 @@ def api_answers(out: Path) -> list[str]:
     return routes
 
 
+# browsers refuse ES modules from file:// (no origin): a classic script, which they do run, says so
+FILE_NOTE = """<script>
+if (location.protocol === "file:") document.addEventListener("DOMContentLoaded", () => {
+  document.getElementById("server-status").textContent = "This browser will not run the page's "
+    + "scripts from a file (file://). Serve the folder instead: python -m http.server -d FOLDER "
+    + "8000, then open http://127.0.0.1:8000/";
+});
+</script>
+"""
+
+
 def page_html() -> str:
     """The page's index.html for the site: paths relative (the site may live in a folder), the
-    in-browser API loaded before the page's own script, and a line for browsers that cannot run it."""
+    in-browser API loaded before the page's own script, a line for browsers that cannot run it."""
     html = (PAGE / "index.html").read_text(encoding="utf-8").replace('"/static/', '"static/')
     script = '<script type="module" src="static/js/main.js"></script>'
     offline = '<script type="module" src="static/offline/offline-api.js"></script>\n'
     noscript = (
         "<noscript><p>This page runs a model in your browser: it needs JavaScript and "
-        "WebAssembly.</p></noscript>\n"
+        "WebAssembly.</p></noscript>\n" + FILE_NOTE
     )
     if script not in html:
         raise ValueError(f"index.html no longer loads {script}: the static site cannot hook in")

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 from playwright.sync_api import sync_playwright
+from test_browser import ARGS, CHROMIUM
 
 from conftest import require
-from test_browser import ARGS, CHROMIUM
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,8 +142,9 @@ def test_typed_sentence_draws_pytorchs_weights(page, tmp_path: Path) -> None:
 
 
 def _random_text(rng: random.Random) -> str:
-    pieces = ["the", " cat", "Mary", "  ", "\n", "'s", "'ll", "é", "日本", "🙂", "123", "4.5", ",", "!?",
-              "<|endoftext|>", " ", "\t", "don't", "ÀÉ", "x" * 7, "—", "\u00a0", "Zürich"]  # fmt: skip
+    pieces = ["the", " cat", "Mary", "  ", "\n", "'s", "'ll", "é", "日本", "🙂", "123", "4.5",
+              ",", "!?", "<|endoftext|>", " ", "\t", "don't", "ÀÉ", "x" * 7, "—", "\u00a0",
+              "Zürich"]  # fmt: skip
     return "".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
 
 
@@ -152,7 +153,13 @@ def test_tokenizer_equals_pythons(page) -> None:
 
     _, tokenizer = zoo.load("default")
     rng = random.Random(0)
-    texts = [SENTENCE, "Hello world", " leading", "trailing  ", *(_random_text(rng) for _ in range(300))]
+    texts = [
+        SENTENCE,
+        "Hello world",
+        " leading",
+        "trailing  ",
+        *(_random_text(rng) for _ in range(300)),
+    ]
     got = page.evaluate(
         """async (texts) => {
             const { Tokenizer } = await import("./static/offline/tokenizer.js");
@@ -181,7 +188,6 @@ def test_too_long_text_says_what_the_server_says(page) -> None:
 
 def test_axe_finds_nothing_serious(page) -> None:
     from axe_playwright_python.sync_playwright import Axe
-
     from test_browser_learners import serious
 
     results = Axe().run(page).response
@@ -195,7 +201,9 @@ def _random_size(rng: random.Random) -> dict:
 
     def pick(name: str) -> int:
         lo, hi = LIMITS[name]
-        return rng.choice([rng.randint(lo, min(hi, 64)), rng.randint(lo, min(hi, 4096)), rng.randint(lo, hi)])
+        return rng.choice(
+            [rng.randint(lo, min(hi, 64)), rng.randint(lo, min(hi, 4096)), rng.randint(lo, hi)]
+        )
 
     body = {name: pick(name) for name in ("d_model", "n_heads", "seq_len", "batch")}
     body["n_kv_heads"] = rng.choice([None, pick("n_kv_heads"), rng.randint(1, 8)])
@@ -237,7 +245,9 @@ def test_shapes_widget_equals_headlab_shapes(page) -> None:
     valid = 0
     for body, report in zip(bodies, got, strict=True):
         want = trace_shapes(**ShapesRequest(**body).model_dump())  # the API's defaults
-        assert _as_doubles(report) == _as_doubles({**want.to_dict(), **want.config.head_counts()}), body
+        assert _as_doubles(report) == _as_doubles(
+            {**want.to_dict(), **want.config.head_counts()}
+        ), body
         valid += want.valid
     assert 100 < valid < len(bodies)  # both kinds were checked
     assert "is not divisible by n_heads=6" in got[0]["problems"][0]

@@ -25,7 +25,9 @@ def exported(tmp_path_factory) -> tuple[object, object]:
 @pytest.mark.parametrize("n", [2, 9, 64])
 def test_onnx_weights_equal_pytorchs_for_any_length(exported, n: int) -> None:
     model, session = exported
-    tokens = torch.randint(1, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
+    tokens = torch.randint(
+        1, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(n)
+    )
     tokens[0, 0] = 0
     weights, averaged = session.run(None, {"tokens": tokens.numpy()})
     want = run_patterns(model, tokens)[:, 0]  # (L, h, n, n)

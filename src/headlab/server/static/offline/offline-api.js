@@ -2,7 +2,8 @@
 // scripts run unchanged without `headlab serve` (loaded before them by the site's index.html only).
 //   GET  /api/…           the answer the real server gave when the site was built (api/….json)
 //   POST /api/attention   the default model, exported to ONNX by PyTorch, run by onnxruntime-web
-//   POST /api/heads       the same run: every head's weights and each layer's averaged head
+//   POST /api/heads       the same run: every head's weights and each layer's averaged head; the
+//                         scores and labels are not computed here (each head says "unlabelled")
 //   POST /api/shapes      widget 1's report, computed here (shapes.js)
 //   POST /api/live/…      refused: live training needs `headlab serve`
 // Everything is read from this site's own folder: no other address is ever asked.
@@ -150,7 +151,7 @@ function relabel(root) {
   }
   const status = document.getElementById("server-status");
   if (status && status.textContent.startsWith("Connected to headlab")) {
-    status.textContent = "A static copy of the explainer: the default model runs in your browser (onnxruntime-web); stored figures name the run that made them; live training needs `headlab serve`.";
+    status.textContent = "A static copy of the explainer: the default model runs in your browser (onnxruntime-web) and the shape calculator computes here; stored figures name the run that made them. Head labels and scores, other models and live training need `headlab serve`.";
   }
 }
 new MutationObserver(() => relabel(document)).observe(document.documentElement, { childList: true, subtree: true, characterData: true });
