@@ -131,6 +131,9 @@ async function answer(path, init) {
   return reply(501, { detail: `/api/${route} needs the headlab server (\`headlab serve\`)` });
 }
 
+// start fetching and compiling the runtime and the model now, while the page draws the rest
+load().catch(() => {});  // a failure is reported by the request that needs them
+
 window.fetch = async (input, init) => {
   const path = typeof input === "string" ? input : input.url;
   if (typeof path === "string" && path.startsWith("/api/")) {
