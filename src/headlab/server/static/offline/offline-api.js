@@ -1,0 +1,164 @@
+// The static site's API: answers the page's fetch("/api/…") calls in the browser, so the page's own
+// scripts run unchanged without `headlab serve` (loaded before them by the site's index.html only).
+//   GET  /api/…           the answer the real server gave when the site was built (api/….json)
+//   POST /api/attention   the default model, exported to ONNX by PyTorch, run by onnxruntime-web
+//   POST /api/heads       the same run: every head's weights and each layer's averaged head; the
+//                         scores and labels are not computed here (each head says "unlabelled")
+//   POST /api/shapes      widget 1's report, computed here (shapes.js)
+//   POST /api/live/…      refused: live training needs `headlab serve`
+// Everything is read from this site's own folder: no other address is ever asked.
+
+import { Tokenizer } from "./tokenizer.js";
+import { shapesReport } from "./shapes.js";
+
+const HERE = new URL(".", import.meta.url);  // static/offline/
+const SITE = new URL("../../", HERE);         // the site's root
+const pageFetch = window.fetch.bind(window);
+const LIVE_NOTE = "live training needs the headlab server (`headlab serve`): this static site shows the stored run only";
+const NO_WASM = "This page runs the model in your browser and needs WebAssembly, which this browser does not offer. Use a current Chrome, Firefox or Safari, or run `headlab serve`.";
+
+function reply(status, body) {
+  return new Response(JSON.stringify(body), { status, headers: { "content-type": "application/json" } });
+}
+
+// the model, tokenizer and runtime, loaded once on the first request that needs them
+let loaded = null;
+function load() {
+  if (!loaded) loaded = (async () => {
+    if (typeof WebAssembly !== "object") throw new Error(NO_WASM);
+    const ort = await import(new URL("ort.wasm.bundle.min.mjs", HERE).href);
+    ort.env.wasm.wasmPaths = HERE.href;  // the runtime's .wasm from this folder, never a CDN
+    ort.env.wasm.numThreads = 1;         // threads need cross-origin isolation a static host rarely gives
+    const [session, tokenizer, config] = await Promise.all([
+      ort.InferenceSession.create(new URL("model.onnx", HERE).href, { executionProviders: ["wasm"] }),
+      pageFetch(new URL("tokenizer.json", HERE)).then((r) => r.json()).then((j) => new Tokenizer(j)),
+      pageFetch(new URL("config.json", HERE)).then((r) => r.json()),
+    ]);
+    return { ort, session, tokenizer, config };
+  })();
+  return loaded;
+}
+
+// nested arrays (L, h, n, n) from a flat Float32Array, unrounded: the weights PyTorch's graph gives
+function nest(data, dims) {
+  const build = (offset, d) => {
+    if (d === dims.length - 1) return Array.from(data.subarray(offset, offset + dims[d]));
+    const step = dims.slice(d + 1).reduce((a, b) => a * b, 1);
+    return Array.from({ length: dims[d] }, (_, i) => build(offset + i * step, d + 1));
+  };
+  return build(0, 0);
+}
+
+// the text of a request as the server checks it: a sentence saying what is wrong, or null
+function textProblem(body) {
+  if (body.model && body.model !== "default") return `model: only 'default' runs in this static site (asked for '${body.model}')`;
+  if (body.probe && !["text", "repeat"].includes(body.probe)) return `probe: 'text' and 'repeat' run in this static site; the '${body.probe}' probe needs \`headlab serve\``;
+  if (body.probe === "repeat" && body.text !== undefined) return "probe 'repeat' takes no text; leave the text out or use probe 'text'";
+  if (typeof body.text === "string" && !body.text.trim()) return "the text is empty: give at least one word";
+  return null;
+}
+
+// every layer's attention weights on the request's text: the shared part of /api/attention and /api/heads
+export async function runText(body) {
+  const { ort, session, tokenizer, config } = await load();
+  const problem = textProblem(body);
+  if (problem) return { error: problem };
+  // no text: the built-in sentence with a repeat, as the server's "repeat" probe
+  const probe = typeof body.text === "string" ? "text" : "repeat";
+  const text = probe === "text" ? body.text : config.repeat_sentence;
+  const ids = tokenizer.encode(text);
+  if (ids.length > config.max_len) return { error: `the text is ${ids.length} tokens but the model takes at most ${config.max_len}; shorten it` };
+  const n = ids.length;
+  const tokens = new ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, n]);
+  const out = await session.run({ tokens });
+  const [L, h] = out.weights.dims;
+  return { probe, text, ids, tokens: tokenizer.labels(ids), n, L, h, weights: out.weights.data, averaged: out.averaged.data, config };
+}
+
+async function attention(body) {
+  const run = await runText(body);
+  if (run.error) return reply(422, { detail: run.error });
+  return reply(200, {
+    model: "default", text: run.text, tokens: run.tokens, ids: run.ids, causal: run.config.causal,
+    n_layers: run.L, n_heads: run.h, n_kv_heads: run.config.n_kv_heads || run.config.n_heads,
+    weights: nest(run.weights, [run.L, run.h, run.n, run.n]), averaged: nest(run.averaged, [run.L, run.n, run.n]),
+    computed: "in your browser (onnxruntime-web)",
+  });
+}
+
+async function heads(body) {
+  const run = await runText(body);
+  if (run.error) return reply(422, { detail: run.error });
+  const rows = [];
+  for (let l = 0; l < run.L; l++) for (let k = 0; k < run.h; k++) rows.push({ layer: l, head: k, label: "unlabelled", offset: 0, scores: {}, rest: null });
+  return reply(200, {
+    model: "default", text: run.text, probe: run.probe, tokens: run.tokens, ids: run.ids, causal: run.config.causal,
+    n_layers: run.L, n_heads: run.h, n_kv_heads: run.config.n_kv_heads || run.config.n_heads,
+    heads: rows, averaged: [], best: {}, thresholds: {}, sinks: { threshold: 0, layers: [], rests_on: null },
+    weights: nest(run.weights, [run.L, run.h, run.n, run.n]),
+    averaged_weights: nest(run.averaged, [run.L, run.n, run.n]),
+    syntax_labels: false, computed: "in your browser (onnxruntime-web)",
+  });
+}
+
+// widget 1: each size within the server's limits (stored), then the report computed here
+async function shapes(body) {
+  const limits = await (await stored("shapes/limits")).json();
+  for (const [field, [lo, hi]] of Object.entries(limits.sizes)) {
+    const v = body[field];
+    if (v === undefined || (v === null && field === "n_kv_heads")) continue;
+    if (!Number.isInteger(v) || v < lo || v > hi) return reply(422, { detail: `${field}: must be a whole number from ${lo} to ${hi}, got ${JSON.stringify(v)}` });
+  }
+  return reply(200, shapesReport(body));
+}
+
+// a GET answer written at build time: api/<route>.json
+async function stored(route) {
+  const response = await pageFetch(new URL(`api/${route}.json`, SITE));
+  if (!response.ok) return reply(404, { detail: `this static site has no stored answer for /api/${route}` });
+  return reply(200, await response.json());
+}
+
+async function answer(path, init) {
+  const method = (init?.method || "GET").toUpperCase();
+  const route = decodeURIComponent(path.slice("/api/".length));
+  const body = init?.body ? JSON.parse(init.body) : {};
+  if (method === "GET") return stored(route);
+  if (route === "attention") return attention(body);
+  if (route === "heads") return heads(body);
+  if (route === "shapes") return shapes(body);
+  if (route.startsWith("live")) return reply(503, { detail: LIVE_NOTE });
+  return reply(501, { detail: `/api/${route} needs the headlab server (\`headlab serve\`)` });
+}
+
+// start fetching and compiling the runtime and the model now, while the page draws the rest
+load().catch(() => {});  // a failure is reported by the request that needs them
+
+window.fetch = async (input, init) => {
+  const path = typeof input === "string" ? input : input.url;
+  if (typeof path === "string" && path.startsWith("/api/")) {
+    try {
+      return await answer(path, init);
+    } catch (err) {
+      return reply(500, { detail: err.message || String(err) });
+    }
+  }
+  return pageFetch(input, init);
+};
+
+// every figure says where its numbers come from: "live" ones are computed in this browser here
+const SAY = { "badge-live": "computed in your browser", "badge-stored": "stored" };
+function relabel(root) {
+  for (const [cls, words] of Object.entries(SAY)) {
+    for (const el of root.querySelectorAll(`.${cls}`)) if (el.textContent !== words) el.textContent = words;
+  }
+  const status = document.getElementById("server-status");
+  if (status && status.textContent.startsWith("Connected to headlab")) {
+    status.textContent = "A static copy of the explainer: the default model runs in your browser (onnxruntime-web) and the shape calculator computes here; stored figures name the run that made them. Head labels and scores, other models and live training need `headlab serve`.";
+  }
+}
+new MutationObserver(() => relabel(document)).observe(document.documentElement, { childList: true, subtree: true, characterData: true });
+document.addEventListener("DOMContentLoaded", () => {
+  relabel(document);
+  if (typeof WebAssembly !== "object") document.getElementById("server-status").textContent = NO_WASM;
+});

@@ -1,0 +1,188 @@
+"""The static site: the explainer page with the default model running in the reader's browser.
+
+``build(out)`` writes a folder any static host serves (``python -m http.server``): the page's own
+files unchanged, ``index.html`` with its paths made relative and one more script
+(``offline-api.js``) that answers the page's ``fetch('/api/…')`` calls in the browser; the
+default model exported to ONNX by PyTorch's exporter; onnxruntime-web's WASM build and the
+tokenizer's JSON; and every GET answer the page asks for, written once from the real app.
+
+Shape legend
+    L   layers;  h   heads;  n   tokens (query and key positions: no cache)
+
+The exported graph is :class:`PatternGraph`: the model's own forward, traced, whose outputs are
+every layer's attention weights and each layer's averaged head
+(:func:`headlab.heads.averaged_pattern`), so the browser draws the numbers PyTorch computes, not
+a re-implementation of them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+import headlab
+from headlab.files import write_atomic, write_json
+
+PACKAGE = Path(headlab.__file__).parent
+PAGE = PACKAGE / "server" / "static"
+# onnxruntime-web's files the site needs: the WASM-only ES module bundle and its runtime
+ORT_FILES = ("ort.wasm.bundle.min.mjs", "ort-wasm-simd-threaded.wasm", "ort-wasm-simd-threaded.mjs")
+# the GET routes the page reads, answered once at build time by the real app
+GET_ROUTES = (
+    "health",
+    "models",
+    "models/sizes",
+    "probes",
+    "shapes/presets",
+    "shapes/limits",
+    "experiments",
+    "live",
+)
+
+
+class PatternGraph(nn.Module):
+    """The default model's forward as an exported graph: tokens (1, n) → weights (L, h, n, n)
+    and each layer's averaged head (L, n, n); the unembedding is left out (patterns only)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        from headlab.heads import averaged_pattern
+        from headlab.trace import Trace
+
+        kept: list[Tensor] = []
+        trace = Trace(only=("weights",), reduce=lambda _name, w: kept.append(w[0]))
+        self.model.hidden_states(tokens, trace=trace)  # type: ignore[operator]
+        weights = torch.stack(kept)  # (L, h, n, n)
+        return weights, averaged_pattern(weights)  # (L, h, n, n), (L, n, n)
+
+
+def export_onnx(model: nn.Module, path: Path) -> Path:
+    """Export :class:`PatternGraph` of ``model`` to ``path`` (one file, weights inside), with a
+    variable number of tokens n. Inputs: ``tokens`` int64 (1, n); outputs ``weights``
+    (L, h, n, n) and ``averaged`` (L, n, n), float32."""
+    graph = PatternGraph(model.eval()).eval()
+    example = torch.tensor([[0, 5, 6, 7, 5, 6]], dtype=torch.long)
+    # the TorchScript tracer: the model's input checks (token ids in range) are data-dependent,
+    # which torch.export refuses; traced, they run once on the example and drop out of the graph
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        torch.onnx.export(
+            graph,
+            (example,),
+            str(path),
+            input_names=["tokens"],
+            output_names=["weights", "averaged"],
+            dynamic_axes={
+                "tokens": {1: "n"},
+                "weights": {2: "n", 3: "n"},
+                "averaged": {1: "n", 2: "n"},
+            },
+            dynamo=False,
+            opset_version=17,
+        )
+    return path
+
+
+def api_answers(out: Path) -> list[str]:
+    """Write every GET answer the page reads to ``out/api/…json``, from the real app (the
+    default model only). Returns the routes written."""
+    from fastapi.testclient import TestClient
+
+    from headlab.server.app import create_app
+    from headlab.server.routes.code import linked
+    from headlab.server.routes.experiments import shipped
+
+    routes = [*GET_ROUTES, *(f"experiments/{name}" for name in shipped())]
+    routes += [f"code/{name}" for name in linked()]
+    with TestClient(create_app(preload=("default",))) as client:
+        for route in routes:
+            response = client.get(f"/api/{route}")
+            response.raise_for_status()
+            write_json(out / "api" / f"{route}.json", response.json())
+    return routes
+
+
+# browsers refuse ES modules from file:// (no origin): a classic script, which they do run, says so
+FILE_NOTE = """<script>
+if (location.protocol === "file:") document.addEventListener("DOMContentLoaded", () => {
+  document.getElementById("server-status").textContent = "This browser will not run the page's "
+    + "scripts from a file (file://). Serve the folder instead: python -m http.server -d FOLDER "
+    + "8000, then open http://127.0.0.1:8000/";
+});
+</script>
+"""
+
+
+def page_html() -> str:
+    """The page's index.html for the site: paths relative (the site may live in a folder), the
+    in-browser API loaded before the page's own script, a line for browsers that cannot run it."""
+    html = (PAGE / "index.html").read_text(encoding="utf-8").replace('"/static/', '"static/')
+    script = '<script type="module" src="static/js/main.js"></script>'
+    offline = '<script type="module" src="static/offline/offline-api.js"></script>\n'
+    noscript = (
+        "<noscript><p>This page runs a model in your browser: it needs JavaScript and "
+        "WebAssembly.</p></noscript>\n" + FILE_NOTE
+    )
+    if script not in html:
+        raise ValueError(f"index.html no longer loads {script}: the static site cannot hook in")
+    html = html.replace(script, offline + script)
+    return html.replace("<body>\n", "<body>\n" + noscript, 1)
+
+
+def site_config(model: nn.Module) -> dict[str, Any]:
+    """What the in-browser API needs to know of the model and the probes, read from the library."""
+    from headlab.measure import REPEAT_SENTENCE
+
+    c: Any = model.config
+    return {
+        "max_len": int(c.max_len),
+        "causal": bool(c.causal),
+        "n_heads": int(c.n_heads),
+        "n_kv_heads": int(c.n_kv_heads or c.n_heads),
+        "repeat_sentence": REPEAT_SENTENCE,
+    }
+
+
+def ort_dist(web: Path) -> Path:
+    """onnxruntime-web's dist folder under ``web/node_modules`` (``npm ci`` in ``web/``)."""
+    dist = web / "node_modules" / "onnxruntime-web" / "dist"
+    missing = [f for f in ORT_FILES if not (dist / f).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"onnxruntime-web is not installed under {web}: missing {', '.join(missing)}; "
+            f"run `npm ci` in {web} (make static does)"
+        )
+    return dist
+
+
+def build(out: Path, web: Path, model: nn.Module | None = None) -> dict[str, Any]:
+    """Write the static site to ``out`` (created or replaced). ``web`` holds ``node_modules``
+    from ``npm ci``; ``model`` defaults to the shipped default model. Returns what was written:
+    ``{"files": count, "bytes": total, "routes": [...]}``."""
+    from headlab import zoo
+
+    dist = ort_dist(web)
+    if model is None:
+        model, _ = zoo.load("default")
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(PAGE, out / "static")
+    write_atomic(out / "index.html", page_html().encode("utf-8"))
+    offline = out / "static" / "offline"
+    offline.mkdir(parents=True, exist_ok=True)
+    for name in ORT_FILES:
+        shutil.copy2(dist / name, offline / name)
+    shutil.copy2(PACKAGE / "weights" / "tokenizer.json", offline / "tokenizer.json")
+    write_json(offline / "config.json", site_config(model))
+    export_onnx(model, offline / "model.onnx")
+    routes = api_answers(out)
+    files = [p for p in out.rglob("*") if p.is_file()]
+    return {"files": len(files), "bytes": sum(p.stat().st_size for p in files), "routes": routes}

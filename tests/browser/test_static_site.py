@@ -1,0 +1,253 @@
+"""The static site (`headlab static`) in a real headless Chromium: served by a plain
+http.server on 127.0.0.1 with every other request blocked, the default model runs in the browser
+(onnxruntime-web) and draws PyTorch's weights; the tokenizer equals Python's; axe finds nothing
+serious."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from playwright.sync_api import sync_playwright
+from test_browser import ARGS, CHROMIUM
+
+from conftest import require
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+SENTENCE = "Mary gave the red kite to John, and then Mary gave the red kite to Sue."
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory) -> Path:
+    """The site, built by the same command `make static` runs (npm ci first, if needed)."""
+    if not (ROOT / "web" / "node_modules" / "onnxruntime-web").is_dir():
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
+                       cwd=ROOT / "web", check=True)  # fmt: skip
+    out = tmp_path_factory.mktemp("static") / "site"
+    cmd = [sys.executable, "-m", "headlab.cli", "static", str(out)]
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="session")
+def origin(site: Path) -> Iterator[str]:
+    handler = functools.partial(_Quiet, directory=str(site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    require(Path(CHROMIUM).exists(), "Chromium is not installed (apt-get install chromium)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+def open_site(browser, origin: str) -> object:
+    """A page on the site; every request outside ``origin`` is blocked and recorded in
+    ``page.errors`` with console and page errors."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
+    pg = context.new_page()
+    pg.errors = []
+
+    def gate(route) -> None:
+        url = route.request.url
+        if url.startswith((origin + "/", "data:", "blob:")):
+            route.continue_()
+        else:
+            pg.errors.append(f"request outside the site: {url}")
+            route.abort()
+
+    context.route("**/*", gate)
+    pg.on("console", lambda m: m.type == "error" and pg.errors.append(f"console: {m.text}"))
+    pg.on("pageerror", lambda e: pg.errors.append(f"pageerror: {e}"))
+    pg.goto(origin + "/")
+    pg.wait_for_selector("#heads-grid button[data-head]", timeout=60_000)
+    return pg
+
+
+@pytest.fixture(scope="session")
+def page(browser, origin: str) -> Iterator[object]:
+    pg = open_site(browser, origin)
+    yield pg
+    pg.context.close()
+
+
+def run_sentence(page, text: str) -> None:
+    if page.input_value("#heads-probe") != "text":
+        page.select_option("#heads-probe", "text")
+    page.fill("#heads-text", text)
+    page.eval_on_selector("#heads-status", "e => { e.textContent = ''; }")
+    page.click("#heads-run")
+    page.wait_for_function(
+        "() => { const t = document.querySelector('#heads-status').textContent;"
+        " return t !== '' && t !== 'Running the model…'; }"
+    )
+
+
+def drawn_weights(page, layer: int, head: int, tmp_path: Path) -> dict:
+    """The weights the head viewer draws for one head: its figure's own JSON export."""
+    page.click(f'#heads-grid button[data-head="{layer}.{head}"]')
+    fig = page.locator(f'#heads-view figure[data-figure="head-{layer}-{head}"]')
+    with page.expect_download() as info:
+        fig.locator('button[data-export="json"]').click()
+    path = tmp_path / f"{layer}-{head}.json"
+    info.value.save_as(path)
+    data: dict = json.loads(path.read_text())
+    return data
+
+
+def test_typed_sentence_draws_pytorchs_weights(page, tmp_path: Path) -> None:
+    from headlab import zoo
+    from headlab.measure import run_patterns
+
+    model, tokenizer = zoo.load("default")
+    run_sentence(page, SENTENCE)
+    ids = tokenizer.encode(SENTENCE)
+    want = run_patterns(model, torch.tensor([ids]))[:, 0]  # (L, h, n, n)
+    L, h = want.shape[:2]
+    for layer in range(L):
+        for head in range(h):
+            got = drawn_weights(page, layer, head, tmp_path)
+            assert got["tokens"] == tokenizer.token_strings(ids)
+            diff = (torch.tensor(got["weights"]) - want[layer, head]).abs().max().item()
+            assert diff < 1e-5, (layer, head, diff)
+    assert page.errors == []
+
+
+def _random_text(rng: random.Random) -> str:
+    pieces = ["the", " cat", "Mary", "  ", "\n", "'s", "'ll", "é", "日本", "🙂", "123", "4.5",
+              ",", "!?", "<|endoftext|>", " ", "\t", "don't", "ÀÉ", "x" * 7, "—", "\u00a0",
+              "Zürich"]  # fmt: skip
+    return "".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
+
+
+def test_tokenizer_equals_pythons(page) -> None:
+    from headlab import zoo
+
+    _, tokenizer = zoo.load("default")
+    rng = random.Random(0)
+    texts = [
+        SENTENCE,
+        "Hello world",
+        " leading",
+        "trailing  ",
+        *(_random_text(rng) for _ in range(300)),
+    ]
+    got = page.evaluate(
+        """async (texts) => {
+            const { Tokenizer } = await import("./static/offline/tokenizer.js");
+            const json = await (await fetch("./static/offline/tokenizer.json")).json();
+            const t = new Tokenizer(json);
+            return texts.map((x) => { const ids = t.encode(x); return [ids, t.labels(ids)]; });
+        }""",
+        texts,
+    )
+    for text, (ids, labels) in zip(texts, got, strict=True):
+        assert ids == tokenizer.encode(text), text
+        assert labels == tokenizer.token_strings(ids), text
+
+
+def test_too_long_text_says_what_the_server_says(page) -> None:
+    from headlab import zoo
+    from headlab.measure import build_probe
+
+    model, tokenizer = zoo.load("default")
+    text = "word " * 80
+    with pytest.raises(ValueError) as said:
+        build_probe("text", tokenizer, model.config.max_len, model.config.vocab_size, text)
+    run_sentence(page, text)
+    assert page.inner_text("#heads-status") == str(said.value)
+
+
+def test_axe_finds_nothing_serious(page) -> None:
+    from axe_playwright_python.sync_playwright import Axe
+    from test_browser_learners import serious
+
+    results = Axe().run(page).response
+    assert results["passes"], "axe ran no checks"
+    assert serious(results) == []
+
+
+def _random_size(rng: random.Random) -> dict:
+    """A size within the API's limits: small ones (often indivisible), and now and then huge."""
+    from headlab.shapes import LIMITS
+
+    def pick(name: str) -> int:
+        lo, hi = LIMITS[name]
+        return rng.choice(
+            [rng.randint(lo, min(hi, 64)), rng.randint(lo, min(hi, 4096)), rng.randint(lo, hi)]
+        )
+
+    body = {name: pick(name) for name in ("d_model", "n_heads", "seq_len", "batch")}
+    body["n_kv_heads"] = rng.choice([None, pick("n_kv_heads"), rng.randint(1, 8)])
+    body["cache_len"] = rng.choice([0, 0, pick("cache_len")])
+    body["bias"] = rng.random() < 0.5
+    body["dtype"] = rng.choice(["float32", "float16", "bfloat16", "float64", "bf16", "fp16"])
+    if rng.random() < 0.5:  # a divisible width, so that most reports are valid and complete
+        body["d_model"] = min(body["n_heads"] * rng.randint(1, 64), LIMITS["d_model"][1])
+        if body["n_kv_heads"] is not None and rng.random() < 0.7:
+            body["n_kv_heads"] = rng.choice([h for h in range(1, 9) if body["n_heads"] % h == 0])
+    return body
+
+
+def _as_doubles(value: object) -> object:
+    """Python's JSON as the browser's numbers hold it: integers are doubles there."""
+    if isinstance(value, dict):
+        return {k: _as_doubles(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_doubles(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def test_shapes_widget_equals_headlab_shapes(page) -> None:
+    from headlab.server.schemas import ShapesRequest
+    from headlab.shapes import trace_shapes
+
+    rng = random.Random(0)
+    bodies = [{"d_model": 100, "n_heads": 6}, {"d_model": 96, "n_heads": 6, "n_kv_heads": 4}]
+    bodies += [_random_size(rng) for _ in range(600)]
+    got = page.evaluate(
+        """async (bodies) => {
+            const { shapesReport } = await import("./static/offline/shapes.js");
+            return bodies.map((b) => shapesReport(b));
+        }""",
+        bodies,
+    )
+    valid = 0
+    for body, report in zip(bodies, got, strict=True):
+        want = trace_shapes(**ShapesRequest(**body).model_dump())  # the API's defaults
+        assert _as_doubles(report) == _as_doubles(
+            {**want.to_dict(), **want.config.head_counts()}
+        ), body
+        valid += want.valid
+    assert 100 < valid < len(bodies)  # both kinds were checked
+    assert "is not divisible by n_heads=6" in got[0]["problems"][0]
