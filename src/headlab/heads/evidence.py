@@ -36,7 +36,7 @@ from torch import Tensor
 from headlab.heads.attribution import Attributions, attribute_heads
 from headlab.heads.baselines import Baselines, baselines
 from headlab.heads.composition import Composition, composition_scores
-from headlab.heads.effects import Ablations, Mode, ablate_heads
+from headlab.heads.effects import CHUNK, Ablations, Mode, ablate_heads
 from headlab.heads.labels import BEST_TYPES, THRESHOLDS
 from headlab.heads.report import HeadReport, HeadScore, analyse
 from headlab.heads.targets import build_targets
@@ -91,6 +91,13 @@ class Evidence:
     cards: list[HeadCard]
     seconds: dict[str, float] = field(default_factory=dict)
     exact: Ablations | None = None  # the heads ablated exactly beside the estimate
+
+    def loss_effect(self, rows: Tensor) -> Tensor:
+        """(L·h,): each head's ablation effect on the mean loss over ``rows`` (B, n − 1), exact
+        where measured (:func:`reported_effect`)."""
+        if self.ablations is None:
+            raise ValueError("no ablation was run: it needs a causal model")
+        return reported_effect(self.ablations, self.exact, rows)
 
     def card(self, layer: int, head: int) -> HeadCard:
         return next(c for c in self.cards if (c.score.layer, c.score.head) == (layer, head))
@@ -239,7 +246,9 @@ def _effect(score: HeadScore, ablation: dict[str, Any]) -> str:
     return _rise(ablation.get("where_it_acts"), where, estimated, exact.get("where_it_acts"))
 
 
-Exact = bool | Collection[tuple[int, int]]  # True: every head exactly; else heads to check
+# True: every head exactly; None: exactly when that costs no more than the estimate; else the
+# heads to ablate exactly beside the estimate
+Exact = bool | Collection[tuple[int, int]] | None
 CHECK = 10  # heads ablated exactly beside the estimate: the first by each estimated loss rise
 
 
@@ -254,17 +263,41 @@ def _checked(a: Attributions, rows: dict[str, Tensor], check: int) -> set[tuple[
     return out
 
 
-def _measure(model: Any, probe: Probe, mode: Mode, exact: Exact, check: int,
-             rows: dict[str, Tensor], induction: list[tuple[int, int]],
-             ) -> tuple[Any, Ablations | None]:  # fmt: skip
-    """Every head's ablation effects, estimated (or exact when ``exact`` is True), and the
-    exact ablations of the heads ``exact`` names and of the ``check`` the estimate ranks first."""
-    if exact is True:
+def _exact_is_cheap(model: Any, rows: dict[str, Tensor], induction: list[Any]) -> bool:
+    """Whether ablating every head exactly costs no more model passes than the estimate (a
+    forward, and a backward of about two passes per metric): true of small models."""
+    L, h = model.config.n_layers, model.config.n_heads
+    exact = 1 + sum(-(-h // CHUNK) * (L - l) / L for l in range(L))
+    metrics = len({tuple(r.flatten().tolist()) for r in rows.values()}) + len(induction)
+    return exact <= 1 + 2 * metrics
+
+
+def measure_ablations(model: Any, probe: Probe, rows: dict[str, Tensor],
+                      induction: list[tuple[int, int]], mode: Mode = "mean", exact: Exact = (),
+                      check: int = CHECK) -> tuple[Any, Ablations | None]:  # fmt: skip
+    """Every head's ablation effects on the loss over each of ``rows`` (:func:`loss_rows`) and
+    on the scores of ``induction``'s heads: estimated (or exact when ``exact`` is True), and
+    the exact ablations of the heads ``exact`` names, of ``induction``'s and of the ``check``
+    the estimate ranks first. :func:`reported_effect` reads the two together."""
+    if exact is True or (exact is None and _exact_is_cheap(model, rows, induction)):
         return ablate_heads(model, probe, mode=mode), None
     estimate = attribute_heads(model, probe, list(rows.values()), induction, mode)
-    picked = set() if exact is False else set(exact)
+    picked = set() if exact is False or exact is None else set(exact)
     picked |= _checked(estimate, rows, check) | set(induction)
     return estimate, ablate_heads(model, probe, sorted(picked), mode) if picked else None
+
+
+def reported_effect(estimate: Ablations | Attributions, exact: Ablations | None,
+                    rows: Tensor) -> Tensor:  # fmt: skip
+    """(L·h,) layer-major: each head's ablation effect on the mean loss over ``rows``
+    (B, n − 1) as the evidence quotes it: exact where the head was ablated exactly, the
+    estimate elsewhere."""
+    out = estimate.loss_effect(rows).clone()
+    if exact is not None:
+        measured = exact.loss_effect(rows)
+        for s, head in enumerate(exact.heads):
+            out[estimate.index(*head)] = measured[s]
+    return out
 
 
 def evidence(
@@ -276,15 +309,16 @@ def evidence(
     keep: Any = (),
     progress: Callable[[str], None] | None = None,
     syntactic: Any = None,
-    exact: Exact = (),
+    exact: Exact = None,
     check: int = CHECK,
 ) -> Evidence:
     """Every head's :class:`HeadCard` on ``probe`` (module docstring). ``keep`` as for
     :func:`headlab.heads.analyse` (default: no patterns), and ``syntactic`` its syntactic margins;
     ``progress(stage)`` is called before each of :data:`STAGES`. Ablation effects are estimated
     for every head (:mod:`headlab.heads.attribution`) unless ``exact`` is True (every head
-    ablated exactly); the (layer, head) pairs ``exact`` lists, the induction heads and the
-    ``check`` heads the estimate ranks first on every token and on a later copy are also
+    ablated exactly) or None (the default) on a model small enough that exact ablation of
+    every head costs no more model passes than the estimate (the default model); the
+    (layer, head) pairs ``exact`` lists, the induction heads and the ``check`` heads the estimate ranks first on every token and on a later copy are also
     ablated exactly, and their cards show both figures. Ablations need a causal model; for
     another they are left out."""
     times: dict[str, float] = {}
@@ -305,8 +339,8 @@ def evidence(
     causal = bool(model.config.causal)
     rows = loss_rows(probe, causal)
     induction = [(s.layer, s.head) for s in report.heads if s.label == "induction"]
-    ablations, checked = stage("ablation", lambda: _measure(
-        model, probe, mode, exact, check, rows, induction)) if causal else (None, None)  # fmt: skip
+    ablations, checked = stage("ablation", lambda: measure_ablations(
+        model, probe, rows, induction, mode, exact, check)) if causal else (None, None)  # fmt: skip
     cards = []
     for s in report.heads:
         b = base.of_head(s.layer, s.head)
