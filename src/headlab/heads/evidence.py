@@ -314,13 +314,13 @@ def evidence(
 ) -> Evidence:
     """Every head's :class:`HeadCard` on ``probe`` (module docstring). ``keep`` as for
     :func:`headlab.heads.analyse` (default: no patterns), and ``syntactic`` its syntactic margins;
-    ``progress(stage)`` is called before each of :data:`STAGES`. Ablation effects are estimated
-    for every head (:mod:`headlab.heads.attribution`) unless ``exact`` is True (every head
-    ablated exactly) or None (the default) on a model small enough that exact ablation of
+    ``progress(stage)`` is called before each of :data:`STAGES`. Ablation effects are
+    estimated for every head (:mod:`headlab.heads.attribution`) unless ``exact`` is True (every
+    head ablated exactly) or None (the default) on a model small enough that exact ablation of
     every head costs no more model passes than the estimate (the default model); the
-    (layer, head) pairs ``exact`` lists, the induction heads and the ``check`` heads the estimate ranks first on every token and on a later copy are also
-    ablated exactly, and their cards show both figures. Ablations need a causal model; for
-    another they are left out."""
+    (layer, head) pairs ``exact`` lists, the induction heads and the ``check`` heads the
+    estimate ranks first on every token and on a later copy are also ablated exactly, and their
+    cards show both figures. Ablations need a causal model; for another they are left out."""
     times: dict[str, float] = {}
 
     def stage(name: str, run: Callable[[], Any]) -> Any:
