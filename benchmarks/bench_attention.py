@@ -5,13 +5,13 @@ contender alike: headlab's fused path, headlab's explicit path, ``torch.nn.Multi
 a plain 10-line SDPA module, for inference and for forward + backward. It prints median times,
 ratios (below 1.0 means headlab is faster) and GFLOP/s beside a same-size matmul (the roofline).
 
-Run: ``make bench`` or ``python benchmarks/bench_attention.py [--rounds 15] [--json out.json]``.
+Run: ``make bench`` or ``python benchmarks/bench_attention.py [--rounds 15] [--threads N]``; the
+results go to benchmarks/results/attention.json (``--json PATH`` elsewhere).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from headlab import MultiHeadAttention
+from record import path_for, save
 
 CONFIGS = [(8, 128, 512, 8), (4, 512, 512, 8), (1, 1024, 768, 12)]
 
@@ -114,7 +115,7 @@ def report(rounds: int) -> list[dict[str, object]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--json", default=path_for("attention"), help="where the results go")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     args = parser.parse_args()
     if args.threads:
@@ -134,9 +135,21 @@ def main() -> None:
             f"{r['explicit / fused']:>11.2f}{r['fused GFLOP/s']:>9.0f}{r['matmul GFLOP/s']:>8.0f}"
             f"{r['fused share of matmul rate']:>7.0%}"
         )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+    save(args.json, COLUMNS, [_cells(r) for r in rows], rows, threads=torch.get_num_threads())
+
+
+COLUMNS = ["(B, n, d_model, h)", "mode", "fused ms", "/ nn.MultiheadAttention",
+           "/ plain SDPA module", "explicit / fused", "GFLOP/s", "matmul GFLOP/s",
+           "share"]  # fmt: skip
+
+
+def _cells(r: dict) -> list[str]:
+    """A row of the documentation's table (a ratio below 1.0: headlab's fused path is faster)."""
+    return [f"({r['B']}, {r['n']}, {r['d_model']}, {r['h']})", r["mode"],
+            f"{r['ms']['headlab fused']:.1f}", f"{r['fused / nn.MultiheadAttention']:.2f}",
+            f"{r['fused / plain SDPA']:.2f}", f"{r['explicit / fused']:.2f}",
+            f"{r['fused GFLOP/s']:.0f}", f"{r['matmul GFLOP/s']:.0f}",
+            f"{r['fused share of matmul rate']:.0%}"]  # fmt: skip
 
 
 if __name__ == "__main__":

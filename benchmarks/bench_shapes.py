@@ -8,13 +8,13 @@ CPU forward pass of the small layer. It prints medians, each as a ratio to that 
 process's peak resident memory at start, after one warm-up call of each and after all rounds
 (meta tensors hold no storage, so an 800 TB attention pattern should not move it).
 
-Run: ``make bench`` or ``python benchmarks/bench_shapes.py [--rounds 200] [--json out.json]``.
+Run: ``make bench`` or ``python benchmarks/bench_shapes.py [--rounds 200]``; the results go to
+benchmarks/results/shapes.json (``--json PATH`` elsewhere).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import statistics
 import time
@@ -23,7 +23,9 @@ from collections.abc import Callable
 import torch
 
 from headlab import MultiHeadAttention
-from headlab.shapes import _meta_module, trace_shapes
+from headlab.shapes import trace_shapes
+from headlab.shapes.report import _meta_module
+from record import path_for, save
 
 # (label, d_model, h, n, B, h_kv, bias, dtype, cache_len)
 CONFIGS = [
@@ -71,7 +73,7 @@ def measure(rounds: int) -> tuple[dict[str, float], float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
-    parser.add_argument("--json", type=str, default=None, help="also write the results here")
+    parser.add_argument("--json", default=path_for("shapes"), help="where the results go")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rss_start = peak_rss_mib()
@@ -88,10 +90,11 @@ def main() -> None:
     )
     report = trace_shapes(12288, 96, 131072, 64)
     print(f"the huge config's attention pattern alone would be {report.memory['n2_bytes']:,} bytes")
-    if args.json:
-        with open(args.json, "w") as f:
-            rss = [rss_start, rss_before, rss_after]
-            json.dump({"median_s": medians, "peak_rss_mib": rss}, f, indent=2)
+    rss = {"start": rss_start, "after warm-up": rss_before, "after all rounds": rss_after}
+    rows = [[name, f"{sec * 1e3:.3f}", f"{sec / ref:.2f}"] for name, sec in medians.items()]
+    rows += [[f"peak RSS {when} (MiB)", f"{mib:.0f}", ""] for when, mib in rss.items()]
+    columns = ["call", f"median ms ({args.rounds} rounds)", "× reference"]
+    save(args.json, columns, rows, {"median_s": medians, "peak_rss_mib": rss}, threads=1)
 
 
 if __name__ == "__main__":

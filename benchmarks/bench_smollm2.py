@@ -13,7 +13,8 @@ scoring, load times and memory, all measured in one run.
 3. In-context copying: next-token loss on 30 random tokens and on the same 30 tokens repeated.
 
 Run: ``python benchmarks/bench_smollm2.py [--rounds 10] [--threads 1] [--first-load]``
-(needs ``headlab models --fetch smollm2`` once, and ``headlab[smollm2]`` for transformers).
+(needs ``headlab models --fetch smollm2`` once, and the ``smollm2`` extra for transformers); the
+results go to benchmarks/results/smollm2.json (``--json PATH`` elsewhere).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from headlab.measure import (
     repeated_random_tokens,
     token_losses,
 )
+from record import path_for, save
 
 TEXT = (
     "The river was high after the rain, and the ferry waited at the bank until the water fell. "
@@ -143,6 +145,7 @@ def main() -> int:
     parser.add_argument("--loads", type=int, default=5, help="fresh processes for the load")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--first-load", action="store_true", help="also time a first fetch")
+    parser.add_argument("--json", default=path_for("smollm2"), help="where the results go")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if not smollm2.is_fetched():
@@ -169,6 +172,13 @@ def main() -> int:
     first, second = copying()
     print(f"30 random tokens, 4 sequences: {first:.2f} nats on the first copy, {second:.2f} on "
           "the repeat")  # fmt: skip
+    rows = [[name, f"{t * 1e3:.1f}", f"{t / base:.2f}"] for name, t in medians.items()]
+    rows += [["cached load, fresh process (s)", f"{loads['load_s']:.2f}", ""],
+             ["transformers' GGUF load (s)", f"{hf_load:.1f}", ""]]  # fmt: skip
+    columns = ["SmolLM2-135M, 64 tokens", f"median ms ({args.rounds} rounds)", "× HF forward"]
+    results = {"median_s": medians, "hf_load_s": hf_load, **loads,
+               "copy_losses": {"first": first, "repeat": second}}  # fmt: skip
+    save(args.json, columns, rows, results, threads=args.threads)
     return 0
 
 

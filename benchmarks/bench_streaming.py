@@ -19,7 +19,8 @@ streaming. A keep-everything run that would need more than ``--max-fraction`` (d
 the memory available is skipped and says so.
 
 Run: ``python benchmarks/bench_streaming.py [--n 512 1024 2048] [--repeats 3] [--threads 1]
-[--max-fraction 0.5] [--json out.json]``
+[--max-fraction 0.5]``; the results go to benchmarks/results/streaming.json (``--json PATH``
+elsewhere).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from headlab.heads import analyse, build_targets, layer_scorer, shuffle_position
 from headlab.heads.report import _report
 from headlab.measure import Probe, random_repeat_probe, run_patterns
 from headlab.model import ModelConfig, Transformer
+from record import path_for, save
 
 SMOLLM2_SHAPE = ModelConfig(
     vocab_size=49152,
@@ -132,7 +134,7 @@ def main() -> int:
     parser.add_argument("--n", type=int, nargs="+", default=[512, 1024, 2048])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--json", type=str, default=None, help="also write the results here")
+    parser.add_argument("--json", default=path_for("streaming"), help="where the results go")
     parser.add_argument("--max-fraction", type=float, default=0.5,
                         help="skip keep-everything when its estimate exceeds this share of the "
                              "available memory")  # fmt: skip
@@ -166,8 +168,11 @@ def main() -> int:
             print(f"{'':>6} keep-everything / streaming: memory "
                   f"{k['peak_extra_bytes'] / s['peak_extra_bytes']:.1f}×, "
                   f"time {k['seconds'] / s['seconds']:.2f}×")  # fmt: skip
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    cells = [[r["n"], r["path"], f"{r['seconds']:.1f}", f"{r['peak_extra_bytes'] / MIB:,.0f}",
+              f"{2 * c.n_heads * r['n'] ** 2 * 4 / MIB:,.0f}"] for r in rows]  # fmt: skip
+    columns = ["n", "path", f"time s (median of {args.repeats})", "peak extra MiB",
+               "one layer's (2, h, n, n) float32, MiB"]  # fmt: skip
+    save(args.json, columns, cells, rows, threads=args.threads)
     return 0
 
 

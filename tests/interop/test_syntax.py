@@ -222,3 +222,97 @@ def test_the_api_answers_syntactic_heads_with_the_texts_parse(nlp):
     links = predictions(word_attention(weights, index, len(flat)))
     assert links.tolist() == syn["links"]
     assert all("syntactic" in h["scores"] for h in body["heads"])
+
+
+def _labels(body: dict) -> dict[str, str]:
+    return {f"{h['layer']}.{h['head']}": h["label"] for h in body["heads"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["minilm", "default"])
+def test_a_heads_label_does_not_change_because_syntax_was_asked_for(nlp, name):
+    """Labels are a function of the model, the probe and the label rules: the same request
+    without syntax is the oracle. ``syntax`` adds the syntactic score beside the others;
+    ``syntax_labels`` alone lets it take part in labelling (then each label is the labelling
+    rule applied to the head's scores, the syntactic one among them), and the Python API and
+    the route agree."""
+    from fastapi.testclient import TestClient
+
+    from headlab import zoo
+    from headlab.heads import analyse, label_head
+    from headlab.measure import build_probe
+    from headlab.server import create_app
+
+    require(name != "minilm" or HAS_MINILM, "all-MiniLM-L6-v2 not installed")
+    require(name != "default" or zoo._default_info().available, "the default model is not built")
+    ask = {"model": name, "probe": "repeat"}
+    with TestClient(create_app(preload=())) as client:
+        plain, scored, relabelled = (
+            client.post("/api/heads", json={**ask, **extra}).json()
+            for extra in ({}, {"syntax": True}, {"syntax_labels": True})
+        )
+    assert "syntax" not in plain or plain["syntax"] is None
+    assert scored["syntax"]["available"]
+    assert all("syntactic" in h["scores"] for h in scored["heads"])
+    assert _labels(scored) == _labels(plain)
+    assert scored["best"]["sink"] == plain["best"]["sink"]
+    assert relabelled["syntax"]["available"], relabelled
+
+    model, tokenizer = zoo.load(name)
+    probe = build_probe("repeat", tokenizer, model.config.max_len, model.config.vocab_size)
+    margins = syntax.syntax_report(model, tokenizer, name=name).margins()
+    alone, beside = analyse(model, probe), analyse(model, probe, syntactic=margins)
+    assert [s.label for s in beside.heads] == [s.label for s in alone.heads]
+    assert all("syntactic" in s.scores for s in beside.heads)
+    ruled = analyse(model, probe, syntactic=margins, label_syntactic=True)
+    assert [s.label for s in ruled.heads] == [label_head(s.scores, s.offset) for s in ruled.heads]
+    assert [s.label for s in ruled.heads] == list(_labels(relabelled).values())
+    if name == "minilm":  # a syntactic head there passes Voita's 10 points: labels move
+        assert "syntactic" in _labels(relabelled).values()
+        assert _labels(relabelled) != _labels(plain)
+
+
+@pytest.mark.slow
+def test_heads_syntax_shows_the_scores_and_syntax_labels_labels_with_them(nlp):
+    """`headlab heads --syntax` adds the syntactic scores and keeps the labels of `headlab
+    heads`; `--syntax-labels` labels with them, as the library does when asked."""
+    from headlab import zoo
+    from headlab.heads import analyse
+    from headlab.measure import build_probe
+
+    require(zoo._default_info().available, "the default model is not built")
+    plain, scored, ruled = (
+        runner.invoke(app, ["heads", "--model", "default", "--json", *extra])
+        for extra in ([], ["--syntax"], ["--syntax-labels"])
+    )
+    for result in (plain, scored, ruled):
+        assert result.exit_code == 0, result.output
+    plain, scored, ruled = (json.loads(r.stdout) for r in (plain, scored, ruled))
+    assert _labels(scored) == _labels(plain)
+    assert all("syntactic" in h["scores"] for h in scored["heads"] + ruled["heads"])
+    model, tokenizer = zoo.load("default")
+    probe = build_probe("repeat", tokenizer, model.config.max_len, model.config.vocab_size)
+    margins = syntax.syntax_report(model, tokenizer, name="default").margins()
+    want = analyse(model, probe, syntactic=margins, label_syntactic=True)
+    assert list(_labels(ruled).values()) == [s.label for s in want.heads]
+
+
+@pytest.mark.slow
+def test_headlab_syntax_names_heads_one_way_layer_dot_head_from_zero(nlp):
+    """`headlab syntax`'s table names each head as the rest of headlab does (layer.head, both
+    counted from 0, as --show and `headlab heads` take them), never also as "3-9"; its heads are
+    the library's."""
+    import re
+
+    from headlab import zoo
+
+    require(zoo._default_info().available, "the default model is not built")
+    result = runner.invoke(app, ["syntax", "--model", "default"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert not re.search(r"\b\d+-\d+\b", result.stdout), result.stdout
+    model, tokenizer = zoo.load("default")
+    rows = syntax.syntax_report(model, tokenizer, name="default").to_dict()["relations"]
+    table = [line.split() for line in result.stdout.splitlines()]
+    for r in rows:
+        line = next(cells for cells in table if cells[:1] == [r["relation"]])
+        assert f"{r['layer']}.{r['head']}" in line

@@ -249,3 +249,25 @@ def test_the_help_states_the_one_text_limit_heads_and_syntax_share():
     for command in ("heads", "syntax"):
         shown = " ".join(run(command, "--help").stdout.replace("│", " ").split())
         assert f"at most {MAX_PROMPT_CHARS:,} characters" in shown, command
+
+
+def test_the_table_of_heads_explains_every_column_head():
+    """Under the table, a legend gives each column head in words: every abbreviation the header
+    shows is in it, with the label rule's own name for the type (headlab.heads.LABELS)."""
+    import re
+
+    from headlab.heads import LABELS
+    from headlab.heads.render import SHORT
+
+    require(zoo._default_info().available, "the default model is not built")
+    result = run("heads", "--model", "default")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    header = next(line.split() for line in lines if line.split()[:3] == ["L", "H", "label"])
+    legend = next((line for line in lines if line.startswith("columns: ")), "")
+    assert legend, result.stdout
+    for column in header:
+        assert re.search(rf"(^|[ ·]){re.escape(column)} [a-z(−-]", legend), (column, legend)
+    for kind, short in SHORT.items():
+        if short in header:
+            assert f"{short} {LABELS[kind]}" in legend, (short, legend)

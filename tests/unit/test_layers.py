@@ -30,6 +30,7 @@ ORDER = (
     "shapes",
     "convert",
     "smollm2",
+    "gemma3",
     "zoo",
     "generation",
     "measure",
@@ -39,6 +40,7 @@ ORDER = (
     "training",  # the loop, the watched run, tasks
     "default_model",
     "experiments",
+    "series",  # head roles across checkpoints: heads on each, the figure (experiments' pyplot)
     "verify",
     "show",  # notebook views and the offline file: heads, shapes; reads the page's scripts
     "server",

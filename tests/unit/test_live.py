@@ -92,6 +92,12 @@ def wait_idle(client: httpx.Client, baseline: int, seconds: float = 60) -> None:
         ({"n_layers": True}, "n_layers"),
         ({"n_heads": "4"}, "n_heads"),
         ({"lr": 0.1}, "lr"),
+        ({"threads": 0}, "threads"),
+        ({"threads": "two"}, "threads"),
+        ({"threads": "2"}, "threads"),  # a JSON number or "auto", not a string that reads as one
+        ({"threads": True}, "threads"),
+        ({"threads": 1.5}, "threads"),
+        ({"threads": None}, "threads"),
     ],
 )
 def test_unknown_knob_values_get_a_clear_422(client: httpx.Client, body: dict, field: str) -> None:
@@ -99,6 +105,8 @@ def test_unknown_knob_values_get_a_clear_422(client: httpx.Client, body: dict, f
     r = client.post(URL, json=body)
     assert r.status_code == 422
     assert r.json()["detail"].startswith(field)
+    if field == "threads":  # the sentence names what is valid
+        assert r.json()["detail"].startswith('threads: should be one of "auto", 1, 2')
     assert client.get("/api/live").json()["running"] is None  # nothing was started
     assert client.get("/api/health").status_code == 200
     assert threading.active_count() == baseline
@@ -119,7 +127,12 @@ def test_the_status_names_the_recipe_and_the_knobs(client: httpx.Client) -> None
 
 @pytest.mark.parametrize(
     ("name", "good", "bad"),
-    [("seed", [0, 9999], [-1, 10000]), ("n_layers", [1, 2], [0, 3]), ("n_heads", [2, 8], [3, 16])],
+    [
+        ("seed", [0, 9999], [-1, 10000]),
+        ("n_layers", [1, 2], [0, 3]),
+        ("n_heads", [2, 8], [3, 16]),
+        ("threads", ["auto", 1, 2, 2.0], [0, 3, -1, "Auto", "1"]),
+    ],
 )
 def test_the_served_knobs_are_what_the_request_accepts(
     client: httpx.Client, name: str, good: list[int], bad: list[int]
@@ -162,6 +175,8 @@ def test_second_run_is_busy_and_cancel_stops_the_first(client: httpx.Client) -> 
         assert r.status_code == 200 and r.json() == {"cancelled": run["run_id"]}
         rest = list(stream)
     assert rest[-1][0] == "stopped" and rest[-1][1]["reason"] == "cancelled"
+    said = rest[-1][1]["text"]  # what the run did before it stopped, and on what
+    assert said.startswith(f"Run {run['run_id']} stopped: cancelled, after ") and "torch" in said
     assert "verdict" not in [n for n, _ in rest]
     wait_idle(client, baseline)
 
@@ -232,6 +247,8 @@ def test_a_live_run_trains_on_the_threads_set_and_restores_them(monkeypatch) -> 
         monkeypatch.setenv("HEADLAB_LIVE_THREADS", bad)
         with pytest.raises(ValueError, match="HEADLAB_LIVE_THREADS"):
             settings.live_threads()
+    monkeypatch.delenv("HEADLAB_LIVE_THREADS")
+    assert settings.live_threads() is None  # unset: each run chooses from the machine's load
 
 
 def test_the_live_sections_code_link_shows_the_score_the_panel_draws():
@@ -256,3 +273,112 @@ def test_the_live_sections_code_link_shows_the_score_the_panel_draws():
         record, weights = ind.metrics(model.eval(), data)
     score = getattr(headlab.heads, linked[0])
     assert record["induction"] == [score(w, data.inputs).tolist() for w in weights]
+
+
+# --- threads: the rule, the choice, the words -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cores", "load", "threads"),
+    [
+        (2, 0.0, 2),  # idle: both cores
+        (2, 0.2, 2),  # a core counts as free when at least 3/4 of it was idle
+        (2, 0.3, 1),
+        (2, 1.0, 1),  # one other busy process: one thread
+        (2, 7.5, 1),  # never fewer than one
+        (1, 0.0, 1),  # never more than the cores
+        (8, 0.0, 2),  # never more than AUTO_MOST
+        (8, 6.2, 2),
+        (8, 6.3, 1),
+        (2, None, 1),  # no load average on this system: the safe choice
+        (2, float("nan"), 1),
+    ],
+)
+def test_auto_threads_count_the_free_cores_in_the_load(cores, load, threads) -> None:
+    from headlab.server.live import AUTO_MOST, auto_threads
+
+    assert AUTO_MOST == 2
+    assert auto_threads(cores, load) == threads
+
+
+def test_the_threads_a_run_gets_and_why() -> None:
+    from headlab.server.live import choose_threads
+
+    picked = choose_threads(1, cores=2, load=0.0)
+    assert (picked.count, picked.why) == (1, "as picked")
+    fixed = choose_threads("auto", cores=2, load=0.0, fixed=3)
+    assert fixed.count == 3 and "--live-threads" in fixed.why
+    busy = choose_threads("auto", cores=2, load=1.24)
+    assert busy.count == 1 and busy.why == "auto: load average 1.24 over the last minute on 2 cores"
+    assert "no load average" in choose_threads("auto", cores=2, load=None).why
+
+
+def test_the_ending_says_time_threads_why_and_whether_other_work_ran() -> None:
+    from headlab.server.live import choose_threads, ending_text
+
+    idle = choose_threads("auto", cores=2, load=0.05)
+    text = ending_text(idle, 9.14, 700, 0.62, "Run ab finished:")
+    assert text == (
+        "Run ab finished: 700 steps in 9.1 s on 2 torch threads "
+        "(auto: load average 0.05 over the last minute on 2 cores)."
+    )
+    busy = choose_threads("auto", cores=2, load=1.31)
+    text = ending_text(busy, 24.3, 700, 1.9, "Run ab finished:")
+    assert "on 1 torch thread (auto: load average 1.31" in text
+    assert "Other work shared the cores (load average 1.31 at the start, 1.90 at the end" in text
+    # the load at the end counts the run's own threads: 2 threads and 2.1 is no other work
+    assert "Other work" not in ending_text(idle, 9.0, 700, 2.1, "Run ab finished:")
+    assert "Other work" in ending_text(idle, 90.0, 700, 3.2, "Run ab finished:")
+
+
+@pytest.mark.parametrize(("load", "threads"), [(0.0, 2), (1.5, 1)])
+def test_an_auto_run_trains_on_the_threads_the_load_allows(monkeypatch, load, threads) -> None:
+    """LiveRuns reads the load (injected here) when a run starts; the run trains on the threads
+    the rule gives, says so in its run and done events, and restores the process's count."""
+    import asyncio
+
+    import torch
+
+    from headlab.experiments import induction as ind
+    from headlab.server.live import Knobs, LiveRuns
+    from headlab.training.watch import Done
+
+    seen: list[int] = []
+    monkeypatch.setattr(ind, "study", lambda *a, **kw: seen.append(torch.get_num_threads()) or {})
+    before, pushed = torch.get_num_threads(), []
+    runs = LiveRuns(load=lambda: load, cores=2)
+    loop = asyncio.new_event_loop()
+    run = runs.start(Knobs(), loop)
+    assert run.thread is not None
+    run.thread.join(timeout=30)
+    loop.run_until_complete(asyncio.sleep(0))
+    while not run.events.empty():
+        pushed.append(run.events.get_nowait())
+    loop.close()
+    assert seen == [threads] and torch.get_num_threads() == before
+    assert run.describe()["threads"] == threads and run.describe()["load"] == load
+    done = next(e for e in pushed if isinstance(e, Done)).to_dict()
+    unit = "thread" if threads == 1 else "threads"
+    assert done["threads"] == threads and f"steps in {done['seconds']:.1f} s" in done["text"]
+    assert f"on {threads} torch {unit} (auto: load average {load:.2f}" in done["text"]
+
+
+def test_the_stream_names_the_threads_and_ends_with_time_and_threads(
+    client: httpx.Client, monkeypatch
+) -> None:
+    """The run event says how many threads and why; done says the wall time, the steps and
+    the threads in one sentence; GET /api/live says what auto would pick now."""
+    from headlab.experiments import induction as ind
+
+    monkeypatch.setattr(ind, "study", lambda *a, **kw: {})
+    auto = client.get("/api/live").json()["auto"]
+    assert auto["threads"] >= 1 and auto["threads_why"].startswith("auto: ")
+    baseline = threading.active_count()
+    with client.stream("POST", URL, json={"threads": 1}) as r:
+        got = dict(events(r))
+    assert (got["run"]["threads"], got["run"]["threads_why"]) == (1, "as picked")
+    done = got["done"]
+    assert done["threads"] == 1 and done["steps"] == ind.LIVE.steps and done["seconds"] >= 0
+    assert done["text"].startswith(f"Run {got['run']['run_id']} finished: {ind.LIVE.steps} steps")
+    assert "on 1 torch thread (as picked)" in done["text"]
+    wait_idle(client, baseline)

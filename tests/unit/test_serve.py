@@ -441,3 +441,30 @@ def test_connections_beyond_the_limit_are_closed_at_once(served) -> None:
         for s in clients:
             s.close()
     assert _wait_for(lambda: _open_files(pid) <= before + 2, CLIENT_TIMEOUT + 10)
+
+
+def test_make_serve_installs_what_serving_needs_and_make_test_the_development_set(tmp_path):
+    """`make serve` installed the whole development set (Playwright, spaCy, schemathesis: a
+    2.3 GB .venv) though serving the default model needs headlab's own dependencies alone;
+    `make test` still installs .[dev]. Read from make's own plan (make -n), nothing installed."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    root = Path(__file__).resolve().parents[2]
+
+    def plan(target: str) -> str:
+        done = subprocess.run([make, "-n", target, f"VENV={tmp_path / 'venv'}"], cwd=root,
+                              capture_output=True, text=True, check=True)  # fmt: skip
+        return done.stdout
+
+    serve, test = plan("serve"), plan("test")
+    installs = [line for line in serve.splitlines() if "pip install" in line]
+    assert any(line.endswith("torch==2.13.0") for line in installs), serve
+    assert any(line.endswith("-e .") for line in installs), serve
+    assert "[" not in " ".join(installs), serve  # no extras: no .[dev], no .[syntax]
+    assert "headlab serve" in serve
+    assert '-e ".[dev]"' in test and "torch==2.13.0" in test

@@ -978,3 +978,16 @@ def test_the_live_stream_is_documented_as_an_event_stream(client: TestClient) ->
     documented = client.get("/openapi.json").json()["paths"]["/api/live/induction"]["post"]
     assert list(documented["responses"]["200"]["content"]) == ["text/event-stream"]
     assert "application/json" in documented["responses"]["409"]["content"]
+
+
+def test_head_answers_on_every_get_route_of_the_app(client: TestClient) -> None:
+    """`curl -I` on any GET route (the page, the API's GETs, the schema, the docs) answers as
+    GET does, without a body: every GET the schema documents, so a new one is covered too."""
+    schema = client.get("/openapi.json").json()["paths"]
+    paths = sorted(p for p, ops in schema.items() if "get" in ops and "{" not in p)
+    assert {"/api/live", "/api/models", "/api/probes", "/api/health"} <= set(paths), paths
+    pages = ["/", "/docs", "/openapi.json", "/static/css/style.css", "/api/experiments/induction"]
+    for path in [*paths, *pages]:
+        get, head = client.get(path), client.head(path)
+        assert head.status_code == get.status_code == 200, path
+        assert head.content == b"" and head.headers["content-type"] == get.headers["content-type"]

@@ -152,3 +152,23 @@ def test_cli_html_rejects_what_it_cannot_write(tmp_path: Path) -> None:
     result = runner.invoke(app, ["heads", "--prompts", str(prompts), "--html", "x.html"])
     assert result.exit_code == 2
     assert "--prompts averages scores only" in result.output
+
+
+def test_a_view_says_what_it_is_in_a_few_lines_of_plain_text(report) -> None:
+    """A view printed in a terminal, or saved as a notebook's text/plain, was 185,577 characters
+    (the whole dataclass, weights and all): now a few lines naming the model, the probe, the
+    heads' labels counted, and how to see more; the HTML form still carries everything."""
+    from collections import Counter
+
+    view = S.show(report, model="default", grid=True)
+    text = repr(view)
+    assert len(text) <= 1000 and len(text.splitlines()) <= 8, text
+    assert str(view) == text
+    assert "default" in text and "repeat probe" in text and f"{len(report.tokens)} tokens" in text
+    for label, count in Counter(s.label for s in report.heads).items():
+        assert f"{label} {count}" in text, (label, text)
+    assert ".save(" in text and "notebook" in text  # how to see the rest
+    assert len(view.to_html()) > 100 * len(text)  # the drawing keeps the data
+    both = view + S.show(trace_shapes(d_model=512, n_heads=8, seq_len=10, batch=2))
+    text = repr(both)
+    assert len(text) <= 1000 and "shapes" in text and "d_model 512" in text, text

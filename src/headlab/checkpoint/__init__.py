@@ -406,7 +406,8 @@ def model_config_of(model: nn.Module) -> Any:
     config = getattr(model, "config", None)
     if config is None or not is_dataclass(config) or isinstance(config, type):
         return None
-    return jsonable(asdict(config))
+    to_dict = getattr(config, "to_dict", None)  # a ModelConfig leaves out unused variants
+    return jsonable(to_dict() if callable(to_dict) else asdict(config))
 
 
 def jsonable(value: Any) -> Any:

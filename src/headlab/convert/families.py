@@ -1,29 +1,70 @@
 """Per-family config builders: the headlab :class:`~headlab.model.ModelConfig` of a Hugging Face
-GPT-2, BERT or Llama config, refusing a variant whose arithmetic headlab does not reproduce.
+config, one builder per family, refusing a variant whose arithmetic headlab does not reproduce.
+
+    bert         post-LN encoder, learned positions
+    gpt2         pre-LN decoder, learned positions
+    llama        pre-RMSNorm, RoPE, grouped-query attention, SwiGLU
+    qwen2        Llama with biases on W_Q, W_K, W_V (none on W_O); optional sliding window on
+                 the layers from ``max_window_layers`` on
+    mistral      Llama with a sliding window on every layer
+    gemma2       queries scaled by query_pre_attn_scalar^−½, scores and logits soft-capped,
+                 a sliding window on alternate layers, embeddings × √d_model, (1 + w) RMSNorms
+                 before and after each sub-layer, GeGLU, d_k chosen apart from d_model / h
+    gemma3_text  Gemma 2's layout with QK-norm, local layers (window, RoPE base 10,000) among
+                 global ones (RoPE base 1,000,000), no score soft-capping
+    gpt_neox     (Pythia) LayerNorm, parallel residual, RoPE on a leading fraction of each head
+    phi3         Llama's arithmetic with W_Q, W_K, W_V fused and the gate and up projections
+                 fused; optional partial rotary and sliding window
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from headlab.model import ModelConfig
-
-SUPPORTED = ("bert", "gpt2", "llama")
 
 _GPT2_ACT = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}
 _GPT2_ACT |= {"relu": "relu", "silu": "silu"}
 
 
 def hf_config(c: Any) -> ModelConfig:
-    """The headlab config of a Hugging Face BERT, GPT-2 or Llama config."""
-    configs = {"bert": bert_config, "gpt2": gpt2_config, "llama": llama_config}
+    """The headlab config of a Hugging Face config of a family in :data:`SUPPORTED`."""
     kind = getattr(c, "model_type", None)
-    if kind not in configs:
+    if kind not in _BUILDERS:
         raise ValueError(
             f"cannot convert a {kind!r} model; supported Hugging Face families: "
             f"{', '.join(SUPPORTED)}"
         )
-    return configs[kind](c)
+    return _BUILDERS[kind](c)
+
+
+def _rope(c: Any, family: str, params: dict | None = None) -> tuple[float, float]:
+    """(base θ, rotated fraction of each head) of a config's default RoPE; scaled RoPE
+    variants (linear, dynamic, YaRN, longrope, llama3) are refused."""
+    rope = params if params is not None else (getattr(c, "rope_parameters", None) or {})
+    rope_type = rope.get("rope_type", "default")
+    if rope_type != "default":
+        raise ValueError(f"{family} rope_type {rope_type!r}: only the default RoPE converts")
+    theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
+    return float(theta), float(rope.get("partial_rotary_factor", 1.0))
+
+
+def _head_dim(c: Any) -> int | None:
+    """A config's head width when it is not hidden / heads (else None: headlab's default)."""
+    d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return None if d * c.num_attention_heads == c.hidden_size else d
+
+
+def _local_layers(c: Any) -> tuple[int, ...]:
+    """The layers a config marks "sliding_attention" (all of them when it has no layer_types
+    but a sliding window: Mistral, Phi-3)."""
+    if getattr(c, "sliding_window", None) is None:
+        return ()
+    types = getattr(c, "layer_types", None)
+    if types is None:
+        return tuple(range(c.num_hidden_layers))
+    return tuple(l for l, t in enumerate(types) if t == "sliding_attention")
 
 
 def gpt2_config(c: Any) -> ModelConfig:
@@ -74,40 +115,117 @@ def bert_config(c: Any) -> ModelConfig:
     )
 
 
-def llama_config(c: Any) -> ModelConfig:
-    """The headlab config of a ``LlamaConfig`` (default RoPE, head_dim = hidden / heads)."""
-    rope = getattr(c, "rope_parameters", None) or {}
-    rope_type = rope.get("rope_type", "default")
-    theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
-    if rope_type != "default":
-        raise ValueError(f"Llama rope_type {rope_type!r}: only the default RoPE converts")
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    if head_dim * c.num_attention_heads != c.hidden_size:
-        raise ValueError(
-            f"Llama head_dim={head_dim} × {c.num_attention_heads} heads != hidden_size="
-            f"{c.hidden_size}; headlab needs d_k = d_model / h"
-        )
+def llama_config(c: Any, family: str = "Llama") -> ModelConfig:
+    """The headlab config of a ``LlamaConfig`` (default RoPE). Qwen2, Mistral and Phi-3 share
+    its arithmetic: their builders start from it under their own ``family`` name."""
+    theta, fraction = _rope(c, family)
     if c.hidden_act != "silu":
-        raise ValueError(f"Llama activation {c.hidden_act!r} is not supported (only silu)")
-    if c.attention_bias != getattr(c, "mlp_bias", False):
-        raise ValueError("Llama attention_bias and mlp_bias must agree to convert")
+        raise ValueError(f"{family} activation {c.hidden_act!r} is not supported (only silu)")
+    bias = getattr(c, "attention_bias", False)
+    if bias != getattr(c, "mlp_bias", False):
+        raise ValueError(f"{family} attention_bias and mlp_bias must agree to convert")
+    head_dim = _head_dim(c)
+    d_k = head_dim or c.hidden_size // c.num_attention_heads
     return ModelConfig(
-        vocab_size=c.vocab_size,
-        d_model=c.hidden_size,
-        n_layers=c.num_hidden_layers,
-        n_heads=c.num_attention_heads,
-        n_kv_heads=c.num_key_value_heads,
-        d_ff=c.intermediate_size,
-        max_len=c.max_position_embeddings,
-        positional="rotary",
-        rope_theta=float(theta),
-        norm="pre",
-        norm_kind="rmsnorm",
-        norm_eps=c.rms_norm_eps,
-        causal=True,
-        activation="silu",
-        mlp="gated",
-        bias=c.attention_bias,
-        mlp_bias=c.attention_bias,
+        vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads, n_kv_heads=c.num_key_value_heads, head_dim=head_dim,
+        d_ff=c.intermediate_size, max_len=c.max_position_embeddings, positional="rotary",
+        rope_theta=theta, rotary_dim=None if fraction == 1.0 else int(d_k * fraction),
+        norm="pre", norm_kind="rmsnorm", norm_eps=c.rms_norm_eps, causal=True,
+        activation="silu", mlp="gated", bias=bias, mlp_bias=bias,
         tie_embeddings=bool(c.tie_word_embeddings),
+    )  # fmt: skip
+
+
+def qwen2_config(c: Any) -> ModelConfig:
+    """The headlab config of a ``Qwen2Config``: biases on W_Q, W_K, W_V only; the sliding
+    window (when ``use_sliding_window``) on the layers its layer_types mark."""
+    local = _local_layers(c)
+    return replace(
+        llama_config(c, "Qwen2"),
+        bias=True,
+        attn_out_bias=False,
+        sliding_window=c.sliding_window if local else None,
+        local_layers=local,
     )
+
+
+def mistral_config(c: Any) -> ModelConfig:
+    """The headlab config of a ``MistralConfig``: a sliding window on every layer."""
+    local = _local_layers(c)
+    window = c.sliding_window if local else None
+    return replace(llama_config(c, "Mistral"), sliding_window=window, local_layers=local)
+
+
+def phi3_config(c: Any) -> ModelConfig:
+    """The headlab config of a ``Phi3Config`` (the fused projections are split by the weights'
+    converter; partial rotary and the sliding window come as in Llama and Mistral)."""
+    local = _local_layers(c)
+    window = c.sliding_window if local else None
+    return replace(llama_config(c, "Phi-3"), sliding_window=window, local_layers=local)
+
+
+def gemma2_config(c: Any) -> ModelConfig:
+    """The headlab config of a ``Gemma2Config``."""
+    return _gemma_config(c, "Gemma 2", _rope(c, "Gemma 2")[0])
+
+
+def _gemma_config(c: Any, family: str, theta: float) -> ModelConfig:
+    """What Gemma 2 and 3 share: sandwich (1 + w) RMSNorms, GeGLU, embeddings × √d_model,
+    queries scaled by query_pre_attn_scalar^−½, soft-capping where the config asks for it."""
+    if getattr(c, "use_bidirectional_attention", False):
+        raise ValueError(f"{family} with use_bidirectional_attention: only causal converts")
+    act = getattr(c, "hidden_activation", None) or c.hidden_act
+    if act not in ("gelu_pytorch_tanh", "gelu_new", "gelu"):
+        raise ValueError(f"{family} activation {act!r} is not supported")
+    local = _local_layers(c)
+    return ModelConfig(
+        vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads, n_kv_heads=c.num_key_value_heads, head_dim=_head_dim(c),
+        d_ff=c.intermediate_size, max_len=c.max_position_embeddings, positional="rotary",
+        rope_theta=theta, norm="sandwich", norm_kind="rmsnorm", norm_eps=c.rms_norm_eps,
+        causal=True, activation="gelu" if act == "gelu" else "gelu_tanh", mlp="gated",
+        bias=c.attention_bias, mlp_bias=False, tie_embeddings=bool(c.tie_word_embeddings),
+        sliding_window=c.sliding_window if local else None, local_layers=local,
+        attn_scale=float(c.query_pre_attn_scalar) ** -0.5,
+        attn_softcap=c.attn_logit_softcapping, logit_softcap=c.final_logit_softcapping,
+        embed_scale=float(c.hidden_size) ** 0.5,
+    )  # fmt: skip
+
+
+def gemma3_config(c: Any) -> ModelConfig:
+    """The headlab config of a ``Gemma3TextConfig``: Gemma 2's plus QK-norm and a RoPE base per
+    layer type. transformers' Gemma 3 attention caps no scores (QK-norm bounds them instead),
+    whatever attn_logit_softcapping says; headlab computes what it computes."""
+    rope = c.rope_parameters
+    theta, _ = _rope(c, "Gemma 3", rope["full_attention"])
+    local_theta, _ = _rope(c, "Gemma 3", rope.get("sliding_attention", rope["full_attention"]))
+    base = _gemma_config(c, "Gemma 3", theta)
+    local = local_theta if base.local_layers else None
+    return replace(base, qk_norm=True, attn_softcap=None, rope_theta_local=local)
+
+
+def gpt_neox_config(c: Any) -> ModelConfig:
+    """The headlab config of a ``GPTNeoXConfig`` (Pythia): RoPE on the first
+    ⌊d_k · partial_rotary_factor⌋ dims of each head, the parallel residual when set."""
+    theta, fraction = _rope(c, "GPT-NeoX")
+    if c.hidden_act not in _GPT2_ACT:
+        raise ValueError(f"GPT-NeoX activation {c.hidden_act!r} is not supported")
+    d_k = c.hidden_size // c.num_attention_heads
+    return ModelConfig(
+        vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads, d_ff=c.intermediate_size,
+        max_len=c.max_position_embeddings, positional="rotary", rope_theta=theta,
+        rotary_dim=None if fraction == 1.0 else int(d_k * fraction), norm="pre",
+        norm_eps=c.layer_norm_eps, causal=True, activation=_GPT2_ACT[c.hidden_act],  # type: ignore[arg-type]
+        bias=c.attention_bias, mlp_bias=True,
+        tie_embeddings=bool(c.tie_word_embeddings), parallel_residual=c.use_parallel_residual,
+    )  # fmt: skip
+
+
+_BUILDERS = {
+    "bert": bert_config, "gpt2": gpt2_config, "llama": llama_config, "qwen2": qwen2_config,
+    "mistral": mistral_config, "gemma2": gemma2_config, "gemma3_text": gemma3_config,
+    "gpt_neox": gpt_neox_config, "phi3": phi3_config,
+}  # fmt: skip
+SUPPORTED = tuple(_BUILDERS)  # the model_type of every family headlab converts

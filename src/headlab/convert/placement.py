@@ -61,8 +61,9 @@ def dispatch(
             dtype=dtype or torch.float32,
         )
     # RoPE is applied inside each block, on the block's own device (Rotary follows its input)
-    if model.rotary is not None:
-        remove_hook_from_module(model.rotary)
+    for rotary in (model.rotary, model.rotary_local):
+        if rotary is not None:
+            remove_hook_from_module(rotary)
     return model.eval()
 
 
@@ -123,9 +124,11 @@ def device_placement(
     found = infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=NO_SPLIT)
     # one entry per unit (accelerate may answer {"": "disk"}); the rotary tables, which have
     # no weights, stay on the device that runs offloaded blocks (the CPU without a GPU)
-    placement = {u: _device_of(u, found) for u in units if u != "rotary"}
-    if model.rotary is not None:
-        placement["rotary"] = next((d for d in placement.values() if d != "disk"), "cpu")
+    tables = ("rotary", "rotary_local")
+    placement = {u: _device_of(u, found) for u in units if u not in tables}
+    for name in tables:
+        if getattr(model, name) is not None:
+            placement[name] = next((d for d in placement.values() if d != "disk"), "cpu")
     return placement
 
 

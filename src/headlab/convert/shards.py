@@ -106,7 +106,7 @@ def checkpoint_config(directory: str | Path) -> ModelConfig:
 
 
 def convert_checkpoint(source: str | Path, out: str | Path) -> Path:
-    """Write the model in ``source`` (a Hugging Face BERT/GPT-2/Llama directory, or headlab's
+    """Write the model in ``source`` (a Hugging Face directory of a supported family, or headlab's
     own ``Transformer.save`` directory) to ``out`` as a headlab checkpoint accelerate can
     dispatch: ``config.json`` (headlab's), one safetensors shard per block plus one for the
     rest, and ``model.safetensors.index.json``. A tied embedding is written twice, as the

@@ -1,5 +1,10 @@
 """Weights in: each family's Hugging Face state dict as (headlab name, tensor) pairs, and the pairs
 copied into a :class:`~headlab.model.Transformer` (:func:`from_hf`).
+
+What a family's weights need beyond renaming: GPT-2's Conv1D keeps (in, out) and packs W_Q, W_K,
+W_V side by side; BERT's segment-0 embedding folds into the position table; Gemma's RMSNorms
+multiply by (1 + w), so their gains are stored as 1 + w; GPT-NeoX fuses W_Q, W_K, W_V per head
+([q_0 k_0 v_0 q_1 k_1 v_1 …]); Phi-3 stacks them ([W_Q; W_K; W_V]) and stacks gate over up.
 """
 
 from __future__ import annotations
@@ -11,19 +16,22 @@ import torch
 from torch import Tensor
 
 from headlab.convert.families import hf_config
-from headlab.model import Transformer
+from headlab.model import SkipInit, Transformer
 
 
 def from_hf(hf_model: Any) -> Transformer:
-    """A headlab Transformer with the weights of a Hugging Face BERT, GPT-2 or Llama model.
+    """A headlab Transformer with the weights of a Hugging Face model of a family in
+    :data:`headlab.convert.SUPPORTED` (BERT, GPT-2, Llama, Qwen2, Mistral, Gemma 2, Gemma 3,
+    GPT-NeoX, Phi-3).
 
-    Accepts the bare models (``BertModel``, ``GPT2Model``, ``LlamaModel``) and their heads
-    (``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``BertFor…`` — whose task heads are dropped).
+    Accepts the bare models (``BertModel``, ``GPT2Model``, ``LlamaModel`` …) and their heads
+    (``GPT2LMHeadModel``, ``…ForCausalLM``, ``BertFor…`` — whose task heads are dropped).
     Returns the converted model in eval mode, float32 unless the source is float64.
     """
     config = hf_config(hf_model.config)
     state = {k: v.detach() for k, v in hf_model.state_dict().items()}
-    model = Transformer(config)
+    with SkipInit():  # fill() replaces every weight: drawing random ones first only costs time
+        model = Transformer(config)
     fill(model, converted_tensors(hf_model.config, state))
     dtype = torch.float64 if next(iter(state.values())).dtype == torch.float64 else torch.float32
     return model.to(dtype).eval()
@@ -33,7 +41,11 @@ def converted_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str
     """Every weight of the headlab model of HF config ``c`` as (headlab name, tensor), from the
     HF state ``state`` (names as in its checkpoint; a lazy mapping reads only what is asked).
     Block l's weights come together, in block order: a writer can flush layer by layer."""
-    families = {"bert": _bert_tensors, "gpt2": _gpt2_tensors, "llama": _llama_tensors}
+    families = {
+        "bert": _bert_tensors, "gpt2": _gpt2_tensors, "llama": _llama_tensors,
+        "qwen2": _llama_tensors, "mistral": _llama_tensors, "gemma2": _gemma_tensors,
+        "gemma3_text": _gemma_tensors, "gpt_neox": _gpt_neox_tensors, "phi3": _phi3_tensors,
+    }  # fmt: skip
     hf_config(c)  # refuses an unsupported family or variant with its reason
     return families[c.model_type](c, state)
 
@@ -141,7 +153,7 @@ def _bert_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str, Te
         yield from _linear(b + "norm_mlp", s, p + "output.LayerNorm")
 
 
-# --- Llama -------------------------------------------------------------------------------------
+# --- Llama, Qwen2, Mistral ---------------------------------------------------------------------
 
 
 def _llama_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str, Tensor]]:
@@ -156,6 +168,98 @@ def _llama_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str, T
         for ours, theirs in (("W_gate", "gate"), ("W_in", "up"), ("W_out", "down")):
             yield from _linear(f"{b}mlp.{ours}", s, f"{p}mlp.{theirs}_proj")
     yield from _linear("final_norm", s, "norm")
+    yield from _unembed(c, state, s, "embed_tokens.weight")
+
+
+def _unembed(
+    c: Any,
+    state: Mapping[str, Tensor],
+    s: Mapping[str, Tensor],
+    embed: str,
+    heads: tuple[str, ...] = ("lm_head",),
+) -> Iterator[tuple[str, Tensor]]:
+    """The unembedding of an untied model: its LM head (the first of ``heads`` the state has),
+    or the embedding for a bare model."""
     if not c.tie_word_embeddings:
-        head = "lm_head.weight"
-        yield "unembed.weight", state[head] if head in state else s["embed_tokens.weight"]
+        names = [h + ".weight" for h in heads if h + ".weight" in state]
+        yield "unembed.weight", state[names[0]] if names else s[embed]
+
+
+# --- Gemma 2, Gemma 3 --------------------------------------------------------------------------
+
+
+def _gain(s: Mapping[str, Tensor], name: str) -> Tensor:
+    """A Gemma RMSNorm's gain: it multiplies by (1 + w), headlab's by its weight."""
+    return 1.0 + s[name + ".weight"]
+
+
+def _gemma_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str, Tensor]]:
+    s = _strip(state, ("model.",))
+    yield "embed.weight", s["embed_tokens.weight"]
+    norms = (("norm_attn", "input_layernorm"), ("norm_attn_out", "post_attention_layernorm"),
+             ("norm_mlp", "pre_feedforward_layernorm"),
+             ("norm_mlp_out", "post_feedforward_layernorm"))  # fmt: skip
+    for l in range(c.num_hidden_layers):
+        p, b = f"layers.{l}.", f"blocks.{l}."
+        for ours, theirs in norms:
+            yield f"{b}{ours}.weight", _gain(s, p + theirs)
+        for ours, theirs in (("W_Q", "q"), ("W_K", "k"), ("W_V", "v"), ("W_O", "o")):
+            yield from _linear(f"{b}attn.{ours}", s, f"{p}self_attn.{theirs}_proj")
+        if c.model_type == "gemma3_text":
+            yield f"{b}attn.q_norm.weight", _gain(s, p + "self_attn.q_norm")
+            yield f"{b}attn.k_norm.weight", _gain(s, p + "self_attn.k_norm")
+        for ours, theirs in (("W_gate", "gate"), ("W_in", "up"), ("W_out", "down")):
+            yield from _linear(f"{b}mlp.{ours}", s, f"{p}mlp.{theirs}_proj")
+    yield "final_norm.weight", _gain(s, "norm")
+    yield from _unembed(c, state, s, "embed_tokens.weight")
+
+
+# --- GPT-NeoX (Pythia) -------------------------------------------------------------------------
+
+
+def _gpt_neox_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str, Tensor]]:
+    s = _strip(state, ("gpt_neox.",))
+    h, d = c.num_attention_heads, c.hidden_size // c.num_attention_heads
+    yield "embed.weight", s["embed_in.weight"]
+    for l in range(c.num_hidden_layers):
+        p, b = f"layers.{l}.", f"blocks.{l}."
+        yield from _linear(b + "norm_attn", s, p + "input_layernorm")
+        # the fused rows are (head, [q k v], d_k): each head's q, k and v side by side
+        qkv = p + "attention.query_key_value"
+        weight = s[qkv + ".weight"].view(h, 3, d, -1)  # (h, 3, d_k, d_model)
+        bias = s[qkv + ".bias"].view(h, 3, d) if qkv + ".bias" in s else None
+        for i, name in enumerate(("W_Q", "W_K", "W_V")):
+            yield f"{b}attn.{name}.weight", weight[:, i].reshape(h * d, -1)
+            if bias is not None:
+                yield f"{b}attn.{name}.bias", bias[:, i].reshape(h * d)
+        yield from _linear(b + "attn.W_O", s, p + "attention.dense")
+        yield from _linear(b + "norm_mlp", s, p + "post_attention_layernorm")
+        yield from _linear(b + "mlp.W_in", s, p + "mlp.dense_h_to_4h")
+        yield from _linear(b + "mlp.W_out", s, p + "mlp.dense_4h_to_h")
+    yield from _linear("final_norm", s, "final_layer_norm")
+    # transformers 5 names the head lm_head; Pythia's files (and older versions) embed_out
+    yield from _unembed(c, state, s, "embed_in.weight", heads=("lm_head", "embed_out"))
+
+
+# --- Phi-3 -------------------------------------------------------------------------------------
+
+
+def _phi3_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str, Tensor]]:
+    s = _strip(state, ("model.",))
+    d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    widths = [c.num_attention_heads * d, c.num_key_value_heads * d, c.num_key_value_heads * d]
+    yield "embed.weight", s["embed_tokens.weight"]
+    for l in range(c.num_hidden_layers):
+        p, b = f"layers.{l}.", f"blocks.{l}."
+        yield from _linear(b + "norm_attn", s, p + "input_layernorm")
+        # qkv_proj's rows are [W_Q; W_K; W_V], gate_up_proj's [W_gate; W_up]
+        q, k, v = s[p + "self_attn.qkv_proj.weight"].split(widths, dim=0)
+        yield from ((f"{b}attn.{n}.weight", w) for n, w in (("W_Q", q), ("W_K", k), ("W_V", v)))
+        yield from _linear(b + "attn.W_O", s, p + "self_attn.o_proj")
+        yield from _linear(b + "norm_mlp", s, p + "post_attention_layernorm")
+        gate, up = s[p + "mlp.gate_up_proj.weight"].chunk(2, dim=0)
+        yield f"{b}mlp.W_gate.weight", gate
+        yield f"{b}mlp.W_in.weight", up
+        yield from _linear(b + "mlp.W_out", s, p + "mlp.down_proj")
+    yield from _linear("final_norm", s, "norm")
+    yield from _unembed(c, state, s, "embed_tokens.weight")

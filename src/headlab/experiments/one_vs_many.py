@@ -131,7 +131,7 @@ def train_one(kind: str, depth: int, seed: int, cfg: OneVsManyConfig) -> tuple[T
 
 @torch.no_grad()
 def attention_rows(model: Transformer, tokens: Tensor, slot: int) -> list[list[list[float]]]:
-    """Every layer's attention from ``<v>`` on one sentence: [layer][head][key position]."""
+    """Every layer's attention from ``<v>`` on one sentence: ``[layer][head][key position]``."""
     model.eval()
     weights = run_patterns(model, tokens[None])  # (L, 1, h, n, n)
     return [w[0, :, slot, : slot + 1].tolist() for w in weights]  # each (h, slot + 1)

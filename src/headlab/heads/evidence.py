@@ -309,11 +309,13 @@ def evidence(
     keep: Any = (),
     progress: Callable[[str], None] | None = None,
     syntactic: Any = None,
+    label_syntactic: bool = False,
     exact: Exact = None,
     check: int = CHECK,
 ) -> Evidence:
     """Every head's :class:`HeadCard` on ``probe`` (module docstring). ``keep`` as for
-    :func:`headlab.heads.analyse` (default: no patterns), and ``syntactic`` its syntactic margins;
+    :func:`headlab.heads.analyse` (default: no patterns), ``syntactic`` its syntactic margins
+    (labelling with them only with ``label_syntactic``);
     ``progress(stage)`` is called before each of :data:`STAGES`. Ablation effects are
     estimated for every head (:mod:`headlab.heads.attribution`) unless ``exact`` is True (every
     head ablated exactly) or None (the default) on a model small enough that exact ablation of
@@ -334,7 +336,8 @@ def evidence(
     base = stage("baselines", lambda: baselines(model, probe, content=content))
     floors = base.floors()
     report = stage("scores", lambda: analyse(model, probe, seed, content, keep=keep,
-                                             syntactic=syntactic, floors=floors))  # fmt: skip
+                                             syntactic=syntactic, floors=floors,
+                                             label_syntactic=label_syntactic))  # fmt: skip
     comp = stage("composition", lambda: composition_scores(model))
     causal = bool(model.config.causal)
     rows = loss_rows(probe, causal)

@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 from torch import Tensor
 
-from headlab.heads import SCORE_TYPES, SINK_THRESHOLD, THRESHOLDS, HeadReport, HeadScore
+from headlab.heads import LABELS, SCORE_TYPES, SINK_THRESHOLD, THRESHOLDS, HeadReport, HeadScore
 
 
 class Scored(Protocol):
@@ -35,6 +35,14 @@ SHORT = {
     "diffuse": "diff",
 }
 RAMP = " .:-=+*#%@"  # light to heavy, so the heatmap reads without colour too
+# what a score column measures, beside the label it gives (LABELS), where the name alone is short
+MEANS = {
+    "positional": "(one fixed offset, δ)",
+    "first_token": "(weight on the first token)",
+    "delimiter": "(weight on delimiters)",
+    "diffuse": "(spread evenly)",
+    "syntactic": "(margin over the offset baseline)",
+}
 
 
 def heads_table(report: Scored, title: str = "") -> Table:
@@ -63,6 +71,20 @@ def heads_table(report: Scored, title: str = "") -> Table:
         rest = "" if s.rest is None else _short(s.rest)
         table.add_row(str(s.layer), head, label, *cells, f"{s.offset:+d}", rest)
     return table
+
+
+def heads_legend(report: Scored) -> str:
+    """One line under :func:`heads_table`: every column head of that table in words."""
+    rows = [*report.heads, *report.averaged]
+    kinds = [k for k in SCORE_TYPES if any(k in s.scores for s in rows)]
+    scores = [" ".join(filter(None, (SHORT[k], LABELS[k], MEANS.get(k)))) for k in kinds]
+    return " · ".join([
+        "columns: L layer, H head (both from 0; avg: the layer's averaged head)",
+        *scores,
+        "δ the positional score's offset (−1: the token before)",
+        "rest where the head rests off the rows its label scores",
+        "a score in bold passes its label's threshold (docs/heads.md)",
+    ])  # fmt: skip
 
 
 def _short(value: float) -> str:

@@ -186,14 +186,18 @@ def _scored(
     i: int,
     syntactic: SyntacticScores | None,
     floors: Floors | None = None,
+    label_syntactic: bool = False,
 ) -> HeadScore:
-    """Head ``head`` of ``layer`` (−1: the averaged head), row ``i`` of the stacked scores."""
+    """Head ``head`` of ``layer`` (−1: the averaged head), row ``i`` of the stacked scores.
+    The syntactic score is reported beside the others; it takes part in the label only with
+    ``label_syntactic`` (a label must not change because another score was asked for)."""
     values = {k: float(v[i]) for k, v in by_type.items()}
     relation = ""
     if syntactic is not None and head >= 0:
         margin, relation = syntactic.get((layer, head), (0.0, ""))
         values["syntactic"] = max(0.0, float(margin))
-    label = label_head(values, int(offsets[i]), (floors or {}).get(layer) if head >= 0 else None)
+    ruled = values if label_syntactic else {k: v for k, v in values.items() if k != "syntactic"}
+    label = label_head(ruled, int(offsets[i]), (floors or {}).get(layer) if head >= 0 else None)
     kind = REST_OF_LABEL.get(label)
     rest = float(rests[kind][i]) if kind in rests else None
     return HeadScore(layer, head, label, values, int(offsets[i]), rest, relation)
@@ -251,6 +255,7 @@ def analyse(
     progress: Callable[[int, int], None] | None = None,
     syntactic: SyntacticScores | None = None,
     floors: Floors | None = None,
+    label_syntactic: bool = False,
 ) -> HeadReport:
     """Run ``model`` on ``probe`` and score and label every (layer, head) and each layer's
     averaged head: the one head analysis the CLI, the server and the experiments call.
@@ -261,7 +266,9 @@ def analyse(
     probe sequence; ``content=False`` runs the probe alone and leaves "content" out. The
     rare-word score needs the ``wordfreq`` package (``headlab[syntax]``) and a text probe;
     ``syntactic`` gives each head's margin over the offset baseline on its best relation
-    (:meth:`headlab.heads.syntax.SyntaxReport.margins`), measured on a parsed text.
+    (:meth:`headlab.heads.syntax.SyntaxReport.margins`), measured on a parsed text, reported
+    among each head's scores; it takes part in the labels only with ``label_syntactic`` (by
+    default a head's label is the same whether or not the syntactic score was asked for).
     Each layer's weights are scored as that layer runs and then dropped
     (:func:`headlab.measure.reduce_patterns`), so the extra memory is about one layer's
     (2B, h, n, n) plus the patterns kept: every head's by default, only ``keep``'s otherwise
@@ -278,7 +285,7 @@ def analyse(
     score = layer_scorer(targets, order if content else None, keep)
     layers = reduce_patterns(model, run, score, progress)
     n_kv = getattr(model.config, "n_kv_heads", None)
-    return _report(probe, layers, keep, syntactic, n_kv, floors)
+    return _report(probe, layers, keep, syntactic, n_kv, floors, label_syntactic)
 
 
 def _report(
@@ -288,13 +295,15 @@ def _report(
     syntactic: SyntacticScores | None = None,
     n_kv_heads: int | None = None,
     floors: Floors | None = None,
+    label_syntactic: bool = False,
 ) -> HeadReport:
     """The HeadReport of a probe from its layers' scores (layer-major; averaged heads apart)."""
     L, h = len(layers), layers[0].offsets.shape[0] - 1
     scores = {k: torch.cat([s.scores[k] for s in layers]).tolist() for k in layers[0].scores}
     rests = {k: torch.cat([s.rests[k] for s in layers]).tolist() for k in layers[0].rests}
     offsets = torch.cat([s.offsets for s in layers]).tolist()
-    heads = [_scored(l, i, scores, offsets, rests, l * (h + 1) + i, syntactic, floors)
+    heads = [_scored(l, i, scores, offsets, rests, l * (h + 1) + i, syntactic, floors,
+                     label_syntactic)
              for l in range(L) for i in range(h)]  # fmt: skip
     averaged = [_scored(l, -1, scores, offsets, rests, l * (h + 1) + h, None) for l in range(L)]
     common: dict[str, Any] = dict(probe=probe.name, tokens=list(probe.labels),

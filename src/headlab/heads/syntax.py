@@ -19,7 +19,7 @@ attention of their own, so their arcs are left out, not counted as misses. The b
 the best fixed offset δ = head − dependent in −3…+2, the offsets their code tries. Voita et al.
 2019 call a head syntactic when it beats that baseline by at least 10 points on a relation.
 
-    load_parser      the pinned spaCy English pipeline (``pip install 'headlab[syntax]'``)
+    load_parser      the pinned spaCy English pipeline (``pip install -e '.[syntax]'``)
     parse_sentences  text → sentences with words, character spans and dependency arcs
     word_attention   (L, h, n, n) token attention → (L, h, W, W) word attention
     analyse_syntax   a model on parsed sentences → :class:`SyntaxReport`

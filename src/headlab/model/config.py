@@ -10,14 +10,14 @@ from typing import Literal
 from headlab.attention import check_config
 
 Positional = Literal["learned", "rotary", "none"]
-NormPlace = Literal["pre", "post", "none"]
+NormPlace = Literal["pre", "post", "sandwich", "none"]
 NormKind = Literal["layernorm", "rmsnorm"]
 Activation = Literal["gelu", "gelu_tanh", "relu", "silu"]
 MlpKind = Literal["standard", "gated"]
 
 _CHOICES = {
     "positional": ("learned", "rotary", "none"),
-    "norm": ("pre", "post", "none"),
+    "norm": ("pre", "post", "sandwich", "none"),
     "norm_kind": ("layernorm", "rmsnorm"),
     "activation": ("gelu", "gelu_tanh", "relu", "silu"),
     "mlp": ("standard", "gated"),
@@ -26,7 +26,11 @@ _CHOICES = {
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Everything that fixes a Transformer's shape and arithmetic (weights aside)."""
+    """Everything that fixes a Transformer's shape and arithmetic (weights aside).
+
+    The fields after ``init_std`` are the variants of the Hugging Face families headlab
+    converts (:mod:`headlab.convert`); their defaults leave the GPT-style model unchanged.
+    """
 
     vocab_size: int  # V, number of token ids
     d_model: int  # width of the residual stream
@@ -37,7 +41,7 @@ class ModelConfig:
     max_len: int = 1024  # longest sequence the model accepts (learned positions need a table)
     positional: Positional = "learned"  # absolute learned table, rotary (RoPE) or none
     rope_theta: float = 10000.0  # RoPE base; used only when positional == "rotary"
-    norm: NormPlace = "pre"  # where the norms sit: pre-LN, post-LN (BERT) or none
+    norm: NormPlace = "pre"  # pre-LN, post-LN (BERT), sandwich (pre and post, Gemma) or none
     norm_kind: NormKind = "layernorm"  # LayerNorm (GPT-2, BERT) or RMSNorm (Llama)
     norm_eps: float = 1e-5  # epsilon inside every norm
     embed_norm: bool = False  # a norm right after the embeddings (BERT)
@@ -50,8 +54,22 @@ class ModelConfig:
     tie_embeddings: bool = True  # unembedding = embedding matrix transposed
     dropout: float = 0.0  # attention-weight and residual dropout (training only)
     init_std: float = 0.02  # standard deviation of the random initial weights
+    head_dim: int | None = None  # d_k; None = d_model // n_heads (Gemma 3 270M: 256 at 640 / 4)
+    rotary_dim: int | None = None  # leading dims of a head RoPE turns; None = all (NeoX: d_k / 4)
+    rope_theta_local: float | None = None  # RoPE base on local layers; None = rope_theta (Gemma 3)
+    sliding_window: int | None = None  # keys a local layer's query sees, itself included (Mistral)
+    local_layers: tuple[int, ...] = ()  # the layers with the sliding window; others see all keys
+    attn_scale: float | None = None  # factor on q·k; None = 1/√d_k (Gemma: query_pre_attn_scalar)
+    attn_softcap: float | None = None  # scores → c·tanh(scores / c) before the softmax (Gemma 2)
+    logit_softcap: float | None = None  # logits → c·tanh(logits / c) (Gemma 2)
+    qk_norm: bool = False  # RMSNorm over each head's queries and keys, before RoPE (Gemma 3)
+    embed_scale: float = 1.0  # token embeddings times this (Gemma: √d_model)
+    parallel_residual: bool = False  # x + attn(norm(x)) + mlp(norm'(x)) (GPT-NeoX, Pythia)
+    attn_out_bias: bool | None = None  # W_O's bias; None = as ``bias`` (Qwen2: Q/K/V only)
 
     def __post_init__(self) -> None:
+        # read back from JSON the layers are a list; the config stays hashable and equal
+        object.__setattr__(self, "local_layers", tuple(self.local_layers))
         problems = self.problems()
         if problems:
             raise ValueError("invalid ModelConfig: " + "; ".join(problems))
@@ -67,16 +85,43 @@ class ModelConfig:
         for name, valid in _CHOICES.items():
             if getattr(self, name) not in valid:
                 out.append(f"{name} must be one of {', '.join(valid)}; got {getattr(self, name)!r}")
-        out += check_config(self.d_model, self.n_heads, self.n_kv_heads)
-        if self.positional == "rotary" and self.n_heads > 0 and (self.d_model // self.n_heads) % 2:
-            out.append(f"rotary positions need an even d_k, got {self.d_model // self.n_heads}")
+        out += check_config(self.d_model, self.n_heads, self.n_kv_heads, self.head_dim)
+        if self.positional == "rotary" and self.n_heads > 0 and self.rotary_width % 2:
+            out.append(f"rotary positions need an even rotated width, got {self.rotary_width}")
         if not 0.0 <= self.dropout < 1.0:
             out.append(f"dropout must be in [0, 1), got {self.dropout}")
+        return out + self._variant_problems()
+
+    def _variant_problems(self) -> list[str]:
+        out = []
+        if self.rotary_dim is not None and self.n_heads > 0 and not 0 < self.rotary_dim <= self.d_k:
+            out.append(f"rotary_dim must be in 1..d_k={self.d_k} or None, got {self.rotary_dim}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            out.append(
+                f"sliding_window must be a positive integer or None, got {self.sliding_window}"
+            )
+        if self.local_layers and (self.sliding_window is None or not self.causal):
+            out.append("local_layers need a sliding_window and a causal model")
+        bad = [l for l in self.local_layers if not 0 <= l < self.n_layers]
+        if bad:
+            out.append(f"local_layers must be in 0..{self.n_layers - 1}, got {bad}")
+        for name in ("attn_softcap", "logit_softcap", "attn_scale"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                out.append(f"{name} must be positive or None, got {value}")
+        if self.parallel_residual and (self.norm != "pre" or self.attn_only):
+            out.append('parallel_residual needs norm="pre" and an MLP (attn_only=False)')
         return out
 
     @property
     def d_k(self) -> int:
-        return self.d_model // self.n_heads
+        """Each head's width: ``head_dim``, else d_model // n_heads."""
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def rotary_width(self) -> int:
+        """How many leading dims of each query and key head RoPE turns."""
+        return self.rotary_dim if self.rotary_dim is not None else self.d_k
 
     @property
     def hidden(self) -> int:
@@ -84,7 +129,13 @@ class ModelConfig:
         return self.d_ff if self.d_ff is not None else 4 * self.d_model
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Every field, less the family variants left at their defaults: the config of a model
+        that uses none of them reads (and resumes from a checkpoint) as before they existed."""
+        data = asdict(self)
+        for f in fields(self)[_FIRST_VARIANT:]:
+            if data[f.name] == f.default:
+                del data[f.name]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelConfig:
@@ -94,3 +145,6 @@ class ModelConfig:
         if unknown:
             raise ValueError(f"unknown ModelConfig fields {unknown}; known: {sorted(known)}")
         return cls(**data)
+
+
+_FIRST_VARIANT = [f.name for f in fields(ModelConfig)].index("head_dim")

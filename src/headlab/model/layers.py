@@ -27,37 +27,44 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-def make_norm(config: ModelConfig) -> nn.Module:
-    """The norm this config asks for (LayerNorm or RMSNorm), or identity when norm == "none"."""
+def make_norm(config: ModelConfig, width: int | None = None) -> nn.Module:
+    """The norm this config asks for (LayerNorm or RMSNorm) over ``width`` (d_model unless
+    given), or identity when norm == "none"."""
+    width = config.d_model if width is None else width
     if config.norm == "none":
         return nn.Identity()
     if config.norm_kind == "rmsnorm":
-        return RMSNorm(config.d_model, config.norm_eps)
-    return nn.LayerNorm(config.d_model, eps=config.norm_eps)
+        return RMSNorm(width, config.norm_eps)
+    return nn.LayerNorm(width, eps=config.norm_eps)
 
 
 class Rotary(nn.Module):
     """Rotary position embedding (Su et al. 2021), half-split layout as in HF Llama.
 
-    Rotates each (x_i, x_{i + d_k/2}) pair of a query or key (B, heads, n, d_k) by the angle
-    position · θ^(−2i/d_k). Called as the ``rope`` hook of :class:`MultiHeadAttention`.
+    Rotates each (x_i, x_{i + r/2}) pair of the first r = ``rotary_dim`` dims of a query or key
+    (B, heads, n, d_k) by the angle position · θ^(−2i/r); the other d_k − r dims pass unturned
+    (partial rotary, GPT-NeoX and Phi-3; r = d_k by default). Called as the ``rope`` hook of
+    :class:`MultiHeadAttention`.
     """
 
-    def __init__(self, d_k: int, theta: float) -> None:
+    def __init__(self, d_k: int, theta: float, rotary_dim: int | None = None) -> None:
         super().__init__()
-        inv_freq = 1.0 / theta ** (torch.arange(0, d_k, 2, dtype=torch.float32) / d_k)
+        r = d_k if rotary_dim is None else rotary_dim
+        inv_freq = 1.0 / theta ** (torch.arange(0, r, 2, dtype=torch.float32) / r)
         self.inv_freq: Tensor
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (d_k/2,)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (r/2,)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        n, d_k = x.shape[-2], x.shape[-1]  # x (B, heads, n, d_k)
+        n, r = x.shape[-2], 2 * self.inv_freq.shape[0]  # x (B, heads, n, d_k)
         pos = torch.arange(offset, offset + n, device=x.device, dtype=torch.float32)
-        freqs = pos[:, None] * self.inv_freq.to(x.device)[None, :]  # (n, d_k/2), on x's device
-        angles = torch.cat([freqs, freqs], dim=-1)  # (n, d_k)
+        freqs = pos[:, None] * self.inv_freq.to(x.device)[None, :]  # (n, r/2), on x's device
+        angles = torch.cat([freqs, freqs], dim=-1)  # (n, r)
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        x1, x2 = x[..., : d_k // 2], x[..., d_k // 2 :]
-        rotated = torch.cat([-x2, x1], dim=-1)  # (B, heads, n, d_k)
-        return x * cos + rotated * sin
+        turned, passed = x[..., :r], x[..., r:]  # (B, heads, n, r), (B, heads, n, d_k − r)
+        x1, x2 = turned[..., : r // 2], turned[..., r // 2 :]
+        rotated = torch.cat([-x2, x1], dim=-1)  # (B, heads, n, r)
+        out = turned * cos + rotated * sin
+        return out if passed.shape[-1] == 0 else torch.cat([out, passed], dim=-1)
 
 
 class MLP(nn.Module):
@@ -88,17 +95,32 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One transformer block: attention and (unless attention-only) an MLP, each residual."""
+    """One transformer block: attention and (unless attention-only) an MLP, each residual.
 
-    def __init__(self, config: ModelConfig) -> None:
+    Block ``layer`` is local (a sliding window) when the config lists it in ``local_layers``.
+    With norm="sandwich" each sub-layer's output is normed too, ``norm_attn_out`` and
+    ``norm_mlp_out``, before it joins the residual stream (Gemma 2 and 3); with
+    ``parallel_residual`` attention and MLP both read the block's input (GPT-NeoX).
+    """
+
+    def __init__(self, config: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.config = config
+        self.local = layer in config.local_layers
         self.norm_attn = make_norm(config)
         self.attn = MultiHeadAttention(
-            config.d_model, config.n_heads, config.n_kv_heads, config.bias, config.dropout
-        )
+            config.d_model, config.n_heads, config.n_kv_heads, config.bias, config.dropout,
+            d_k=config.head_dim, out_bias=config.attn_out_bias, scale=config.attn_scale,
+            softcap=config.attn_softcap, window=config.sliding_window if self.local else None,
+        )  # fmt: skip
+        if config.qk_norm:
+            self.attn.q_norm = make_norm(config, config.d_k)
+            self.attn.k_norm = make_norm(config, config.d_k)
+        sandwich = config.norm == "sandwich"
+        self.norm_attn_out = make_norm(config) if sandwich else None
         self.norm_mlp = None if config.attn_only else make_norm(config)
         self.mlp = None if config.attn_only else MLP(config)
+        self.norm_mlp_out = make_norm(config) if sandwich and self.mlp is not None else None
         self.drop = nn.Dropout(config.dropout)
 
     def forward(
@@ -126,12 +148,29 @@ class Block(nn.Module):
         )
         assert isinstance(a, Tensor)
         a = self.drop(a)
+        if self.norm_attn_out is not None:
+            a = self.norm_attn_out(a)
         trace.record("attn_out", a)
+        if self.config.parallel_residual:
+            return self._parallel(x, a, trace)
         x = self.norm_attn(x + a) if post else x + a
         trace.record("resid_mid", x)
         if self.mlp is not None and self.norm_mlp is not None:
             m = self.drop(self.mlp(x if post else self.norm_mlp(x)))
+            if self.norm_mlp_out is not None:
+                m = self.norm_mlp_out(m)
             trace.record("mlp_out", m)
             x = self.norm_mlp(x + m) if post else x + m
+        trace.record("resid_post", x)
+        return x
+
+    def _parallel(self, x: Tensor, a: Tensor, trace: Trace) -> Tensor:
+        """GPT-NeoX's parallel residual: the MLP reads the block's input x, not x + a, and
+        both outputs join the stream at once (resid_mid is x + a, what attention added)."""
+        assert self.mlp is not None and self.norm_mlp is not None
+        trace.record("resid_mid", x + a)
+        m = self.drop(self.mlp(self.norm_mlp(x)))
+        trace.record("mlp_out", m)
+        x = m + a + x  # the order GPT-NeoX adds them in
         trace.record("resid_post", x)
         return x

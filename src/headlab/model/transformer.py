@@ -49,11 +49,18 @@ class Transformer(nn.Module):
             nn.Embedding(config.max_len, config.d_model) if config.positional == "learned" else None
         )
         self.embed_norm = make_norm(config) if config.embed_norm else None
-        self.rotary = (
-            Rotary(config.d_k, config.rope_theta) if config.positional == "rotary" else None
+        rotary = config.positional == "rotary"
+        self.rotary = Rotary(config.d_k, config.rope_theta, config.rotary_dim) if rotary else None
+        # Gemma 3's local layers turn queries and keys with their own, lower RoPE base
+        local_theta = rotary and config.rope_theta_local is not None and config.local_layers
+        self.rotary_local = (
+            Rotary(config.d_k, config.rope_theta_local, config.rotary_dim)  # type: ignore[arg-type]
+            if local_theta
+            else None
         )
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
-        self.final_norm = make_norm(config) if config.norm == "pre" else nn.Identity()
+        self.blocks = nn.ModuleList(Block(config, l) for l in range(config.n_layers))
+        pre = config.norm in ("pre", "sandwich")
+        self.final_norm = make_norm(config) if pre else nn.Identity()
         self.unembed = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.drop = nn.Dropout(config.dropout)
         self._init_weights()
@@ -96,7 +103,14 @@ class Transformer(nn.Module):
         x = self.hidden_states(
             tokens, trace=trace, head_mask=head_mask, allowed=allowed, cache=cache
         )
-        return self.unembed(x)  # (B, n, V)
+        return self.logits(x)  # (B, n, V)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """The final hidden state (…, d_model) → logits (…, V), soft-capped to (−c, c) as
+        c · tanh(logits / c) when the config has ``logit_softcap`` c (Gemma 2)."""
+        logits = self.unembed(hidden)
+        c = self.config.logit_softcap
+        return logits if c is None else c * torch.tanh(logits / c)
 
     def hidden_states(
         self,
@@ -115,6 +129,8 @@ class Transformer(nn.Module):
         key_allowed = self._check_allowed(allowed, B, n)
         layer_caches: list[KVCache | None] = list(cache) if cache else [None] * len(self.blocks)
         x = self.embed(tokens)  # (B, n, d_model)
+        if self.config.embed_scale != 1.0:  # Gemma: √d_model, as a tensor of the weights' dtype
+            x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
         if self.pos_embed is not None:
             positions = torch.arange(offset, offset + n, device=tokens.device)
             x = x + self.pos_embed(positions)  # (B, n, d_model)
@@ -124,7 +140,9 @@ class Transformer(nn.Module):
         trace.record("embed", x)
         for l, block in enumerate(self.blocks):
             scope = trace.scope(f"blocks.{l}")
-            x = block(x, scope, masks[l], key_allowed, self.rotary, layer_caches[l])
+            local = self.rotary_local is not None and l in self.config.local_layers
+            rope = self.rotary_local if local else self.rotary
+            x = block(x, scope, masks[l], key_allowed, rope, layer_caches[l])
         x = self.final_norm(x)
         trace.record("final", x)
         return x
@@ -240,7 +258,7 @@ class Transformer(nn.Module):
         hidden = self.hidden_states(tokens, cache=cache)[:, -1]  # (B, d_model)
         out, done = [tokens], torch.zeros(B, dtype=torch.bool, device=tokens.device)
         for step in range(max_new_tokens):
-            logits = self.unembed(hidden)  # (B, V)
+            logits = self.logits(hidden)  # (B, V)
             new = pick_tokens(logits, temperature, top_k, generator)  # (B,)
             if eos_id is not None:
                 new = new.masked_fill(done, eos_id)

@@ -40,8 +40,9 @@ def create_app(
 ) -> FastAPI:
     """The explainer's app. ``preload`` names models loaded at startup (missing ones are skipped
     and reported by ``/api/models``); at most ``max_loaded`` models stay in memory at once; a
-    live training run is stopped after ``live_seconds`` and trains on ``live_threads`` torch
-    threads (default :func:`settings.live_threads`)."""
+    live training run is stopped after ``live_seconds``; a run whose reader left threads on
+    "auto" trains on ``live_threads`` torch threads (default :func:`settings.live_threads`;
+    None: chosen per run from the machine's load)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -138,6 +139,8 @@ async def _readable_422(request: Request, exc: RequestValidationError) -> JSONRe
             lines.append("body is not valid JSON; send a JSON object of the fields in /docs")
             continue
         where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
-        lines.append(f"{where}: {err.get('msg', 'invalid')}")
+        # a validator's own sentence, without Pydantic's "Value error, " before it
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        lines.append(f"{where}: {msg}")
     errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()]
     return JSONResponse(status_code=422, content={"detail": "; ".join(lines), "errors": errors})

@@ -230,7 +230,8 @@ class HeadsRequest(TextRequest):
         False,
         description="also score syntactic heads on the shipped evaluation text and parse the "
         "text (headlab.heads.syntax; needs headlab[syntax]); the answer's 'syntax' field says when "
-        "that is unavailable",
+        "that is unavailable. Each head's scores then include 'syntactic', shown beside the "
+        "others: the labels stay those of the same request without syntax",
     )
     evidence: StrictBool = Field(
         False,
@@ -245,6 +246,16 @@ class HeadsRequest(TextRequest):
         "ablates those exactly beside the first-order estimate of every head "
         "(headlab.heads.attribution); null: exact where that costs no more than the estimate",
     )
+    syntax_labels: StrictBool = Field(
+        False,
+        description="label the heads with the syntactic score too (implies syntax=true): a "
+        "head whose syntactic margin passes its threshold by the widest share may be labelled "
+        "'syntactic', so other heads' labels can change",
+    )
+
+    def wants_syntax(self) -> bool:
+        """Whether the answer carries the syntactic scores (syntax_labels implies syntax)."""
+        return self.syntax or self.syntax_labels
 
 
 class ModelOnText(BaseModel):
@@ -302,6 +313,9 @@ class HeadsResponse(ModelOnText):
         description="with evidence=true: per head its scores' baselines, ablation effects, "
         "strongest compositions and the sentence backing its label ('heads'), the "
         "composition baseline and top pairs, and what the evidence cost (forwards, seconds)",
+    )
+    syntax_labels: bool = Field(
+        False, description="whether the labels took the syntactic score into account"
     )
     weights: list[list[list[list[float]]]] = Field(
         description="[layer][head][query i][key j] on the probe's first sequence"

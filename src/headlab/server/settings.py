@@ -3,7 +3,8 @@
 
     HEADLAB_MAX_TOKENS      tokens one request may run (default 128, at most 4,096)
     HEADLAB_MAX_TEXT_CHARS  characters in a request's text (default 2,000, at most 100,000)
-    HEADLAB_LIVE_THREADS    torch threads of a live training run (default 2, or 1 on one core)
+    HEADLAB_LIVE_THREADS    torch threads of a live run left on "auto" (default: unset, chosen
+                            per run from the machine's load, headlab.server.live.auto_threads)
     HEADLAB_CLIENT_TIMEOUT  seconds a client may take to send a request's headers, or its body,
                             or to start a request on a new connection (default 10, at most 3,600)
 
@@ -23,7 +24,7 @@ MAX_WEIGHTS = 8_000_000  # about 60 MB of JSON at 4 decimals
 LIMITS = {  # name: (default, ceiling)
     "HEADLAB_MAX_TOKENS": (128, 4096),
     "HEADLAB_MAX_TEXT_CHARS": (2000, 100_000),
-    "HEADLAB_LIVE_THREADS": (min(2, os.cpu_count() or 1), 256),
+    "HEADLAB_LIVE_THREADS": (1, 256),  # unset: live_threads() is None, the server's auto rule
     "HEADLAB_CLIENT_TIMEOUT": (10, 3600),
 }
 
@@ -52,10 +53,13 @@ def max_text_chars() -> int:
     return setting("HEADLAB_MAX_TEXT_CHARS")
 
 
-def live_threads() -> int:
-    """Torch threads a live training run uses: two by default, where the machine has two
-    cores (measured on 2 idle cores: the live recipe's phase change ends 1.6× sooner than on
-    one thread); on a machine busier than its cores, one thread is faster."""
+def live_threads() -> int | None:
+    """Torch threads of a live training run whose reader left threads on "auto": None when
+    HEADLAB_LIVE_THREADS is unset, for the server's rule on the machine's load
+    (:func:`headlab.server.live.auto_threads`: on a machine busier than its cores one thread,
+    which slows little, where two wait on each other and slowed 12-23×)."""
+    if not os.environ.get("HEADLAB_LIVE_THREADS", "").strip():
+        return None
     return setting("HEADLAB_LIVE_THREADS")
 
 

@@ -27,6 +27,8 @@ def _sizes(zoo: Any, name: str) -> dict[str, Any] | None:
         c = zoo.model_config(name)
     except (ValueError, OSError, ImportError):
         return None
+    if c.d_k * c.n_heads != c.d_model:  # the calculator takes d_k = d_model / h; Gemma 3's is not
+        return None
     return {
         "d_model": c.d_model,
         "n_heads": c.n_heads,

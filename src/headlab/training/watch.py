@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from torch import Tensor, nn
@@ -145,9 +145,11 @@ class Verdict:
 class Done:
     name: ClassVar[str] = "done"
     run_id: str
+    # how it went, as the server measured it (seconds, steps, threads, text); may be empty
+    ending: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"event": self.name, "run_id": self.run_id}
+        return {"event": self.name, "run_id": self.run_id, **self.ending}
 
 
 @dataclass(frozen=True)
@@ -155,9 +157,11 @@ class Cancelled:
     name: ClassVar[str] = "stopped"
     run_id: str
     reason: str  # the stop token's reason
+    ending: dict[str, Any] = field(default_factory=dict)  # as Done's
 
     def to_dict(self) -> dict[str, Any]:
-        return {"event": self.name, "run_id": self.run_id, "reason": self.reason}
+        return {"event": self.name, "run_id": self.run_id, "reason": self.reason,
+                **self.ending}  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -86,16 +86,18 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
     """Every head's pattern, scores and label, each layer's averaged head, the best head of
     each type the page offers and each layer's sink share: :func:`headlab.heads.analyse` on
     the probe, in one answer; with ``syntax`` also the syntactic heads (:mod:`headlab.heads.syntax`)
-    and, for a text, its parse and each head's top link per word; with ``evidence`` each label's
-    evidence (:func:`headlab.heads.evidence.evidence`)."""
+    and, for a text, its parse and each head's top link per word: the syntactic score is shown
+    beside the others and takes part in the labels only with ``syntax_labels``; with
+    ``evidence`` each label's evidence (:func:`headlab.heads.evidence.evidence`)."""
     from headlab import heads
 
     if req.exact is not None and not req.evidence:
         raise HTTPException(422, "exact picks the heads that evidence ablates exactly: add "
                             '"evidence": true or leave exact out')  # fmt: skip
     model, probe = load_probe(request, req)
-    found = syntax_table(request, req.model) if req.syntax else None
+    found = syntax_table(request, req.model) if req.wants_syntax() else None
     margins = found["report"].margins() if found and found.get("report") else None
+    ruled = req.syntax_labels and margins is not None
     if req.evidence:  # labels then need their margins over random weights too
         from headlab.heads.evidence import evidence
 
@@ -104,11 +106,13 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
             if not (0 <= l < L and 0 <= i < h):
                 raise HTTPException(422, f"exact: head [{l}, {i}] is not in this model's "
                                     f"layers 0..{L - 1} and heads 0..{h - 1}")  # fmt: skip
-        backed = evidence(model, probe, keep=None, syntactic=margins, exact=req.exact)
+        backed = evidence(model, probe, keep=None, syntactic=margins, label_syntactic=ruled,
+                          exact=req.exact)  # fmt: skip
         report, extra = backed.report, {"evidence": backed.to_dict()}
     else:
-        report, extra = heads.analyse(model, probe, syntactic=margins), {}
-    body = {**report.to_dict(patterns=True), **extra}
+        report = heads.analyse(model, probe, syntactic=margins, label_syntactic=ruled)
+        extra = {}
+    body = {**report.to_dict(patterns=True), "syntax_labels": ruled, **extra}
     if found is not None:
         body["syntax"] = syntax_body(request, req.model, found, probe, report.patterns)
     return json_response(

@@ -5,7 +5,9 @@ stream (``text/event-stream``) that lasts as long as the run: ``run`` (its id, k
 recipe), then the watched run's events (:mod:`headlab.training.watch`, each as its
 ``to_dict()``): ``start``, ``step``, ``eval``, ``phase_change`` (once, when first detected),
 ``verdict``, then ``done``, ``stopped`` or ``error``. The knobs a request may set, and their
-ranges, are :data:`headlab.server.live.LIVE_KNOBS`, served by ``GET /api/live``. One
+ranges, are :data:`headlab.server.live.LIVE_KNOBS`, served by ``GET /api/live`` (``threads``:
+"auto" or a count; the ``run`` event says how many the run trains on and why, and ``done`` or
+``stopped`` its wall time, steps and a sentence saying both). One
 run trains at a time: a second request gets 409 with the running run's id. Closing the stream
 (a closed tab, a dropped connection) stops the run; so does ``DELETE /api/live/runs/{id}``.
 """
@@ -25,7 +27,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from headlab.experiments import induction as ind
 from headlab.files import finite
-from headlab.server.live import LIVE_KNOBS, Busy, Knobs, LiveRun, LiveRuns
+from headlab.server.live import AUTO, LIVE_KNOBS, Busy, Knobs, LiveRun, LiveRuns
 from headlab.server.schemas import ALWAYS, Strict, json_integer, json_problems
 from headlab.training.watch import Event
 
@@ -51,11 +53,24 @@ class LiveRequest(Strict):
     seed: int = _knob("seed")
     n_layers: int = _knob("n_layers")
     n_heads: int = _knob("n_heads")
+    threads: int | str = _knob("threads")
 
     @field_validator("seed", "n_layers", "n_heads", mode="before")
     @classmethod
     def _json_integers(cls, value: Any) -> Any:
         return json_integer(value)  # true is not 1, "3" is not 3
+
+    @field_validator("threads", mode="before")
+    @classmethod
+    def _threads(cls, value: Any) -> Any:
+        """ "auto" or a count on offer, checked here whatever its JSON type (2.0 is 2; true,
+        "2" and 1.5 are refused naming the choices)."""
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        problem = LIVE_KNOBS["threads"].problem(value)
+        if problem is not None:
+            raise ValueError(f"{problem}, not {json.dumps(value, default=str)}")
+        return value
 
     @field_validator("seed", "n_layers", "n_heads")
     @classmethod
@@ -73,13 +88,15 @@ def _runs(request: Request) -> LiveRuns:
 
 @router.get("/live")
 def live_status(request: Request) -> dict[str, Any]:
-    """The running run's id (or null), the live recipe and the knobs a request may set."""
+    """The running run's id (or null), the live recipe, the knobs a request may set and what
+    "auto" threads would be now (``auto``: threads, why, cores, load)."""
     runs = _runs(request)
     return {
         "running": runs.running(),
         "recipe": asdict(ind.LIVE),
         "knobs": {name: knob.describe() for name, knob in LIVE_KNOBS.items()},
         "max_seconds": runs.max_seconds,
+        "auto": runs.threads_now(AUTO).describe(),
     }
 
 

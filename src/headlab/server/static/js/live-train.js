@@ -2,8 +2,11 @@
 // server and answers with server-sent events; the panel draws the losses, every head's scores and
 // the patterns of the two heads that matter as they change, shades the phase change when the
 // server detects it, and ends with the ablation verdict. The run stops if this page goes away.
-// The knobs (seed, layers, heads) and their ranges come from GET /api/live: the server states them
-// once, validates requests against them, and the page builds its controls from that answer.
+// The knobs (seed, layers, heads, threads) and their ranges come from GET /api/live: the server
+// states them once, validates requests against them, and the page builds its controls from that
+// answer. The phase-change window is provisional while the run trains (a later evaluation can
+// move it) and final only with the verdict; the run's last message (the server's sentence) says
+// how long it took, on how many threads and why.
 import { api } from "./api.js";
 import { h, clear } from "./dom.js";
 import { lineChart, heatmap, colourLegend } from "./figures.js";
@@ -12,18 +15,35 @@ import { lineChart, heatmap, colourLegend } from "./figures.js";
 const fmt = (v, d = 3) => (Number.isFinite(v) ? (Math.abs(v) < 0.5 * 10 ** -d ? 0 : v).toFixed(d) : "—");
 const DRAW_MS = 400;  // the live charts redraw at most this often
 
+// One colour per thing across both live charts: the losses in black, green and purple; the
+// induction heads of the last layer in blues, the previous-token heads of layer 0 in oranges
+// (a shade per head), an ideal head in grey. No colour of one chart means another thing in the
+// other (the phase-change window's shading is the one amber).
+const LOSS_COLOURS = { train: "#000000", first: "#009E73", repeated: "#CC79A7" };
+const IDEAL_COLOUR = "#9aa3b5";
+const ramp = (hue, k, n) => `hsl(${hue}, 75%, ${Math.round(28 + (n > 1 ? (k / (n - 1)) * 36 : 0))}%)`;
+const inductionColour = (k, n) => ramp(210, k, n);
+const prevTokenColour = (k, n) => ramp(18, k, n);
+
 function field(id, label, control) {
   return h("label", { for: id }, label, control);
 }
 
 // One control per knob the server offers: a number input for a range, a select for choices.
 function knobControl(name, knob) {
-  const id = `live-${name.replace(/^n_/, "")}`;  // live-seed, live-layers, live-heads
+  const id = `live-${name.replace(/^n_/, "")}`;  // live-seed, live-layers, live-heads, live-threads
   const control = knob.choices
     ? h("select", { id, name }, knob.choices.map((c) => h("option", { value: String(c.value), selected: c.value === knob.default }, c.text)))
     : h("input", { id, name, type: "number", min: knob.min, max: knob.max, step: 1, value: knob.default });
   control.title = knob.help;
-  return [control, field(id, knob.label, control)];
+  return [control, field(id, knob.label, control), knob];
+}
+
+// The value a control sends, typed as the server offered it ("auto" stays a string, 2 a number).
+function knobValue(control, knob) {
+  if (!knob.choices) return Number(control.value);
+  const chosen = knob.choices.find((c) => String(c.value) === control.value);
+  return chosen ? chosen.value : control.value;
 }
 
 // Server-sent events from a fetch() body: "event: NAME\ndata: JSON\n\n" frames.
@@ -50,14 +70,17 @@ async function* sseEvents(response) {
 }
 
 export async function initLiveTrain(root) {
-  let knobs;
+  let knobs, auto;
   try {
-    ({ knobs } = await api("/api/live"));
+    ({ knobs, auto } = await api("/api/live"));
   } catch (err) {
     clear(root, h("p", { class: "error" }, `Could not load the live panel: ${err.message}`));
     return;
   }
   const controls = Object.fromEntries(Object.entries(knobs).map(([name, knob]) => [name, knobControl(name, knob)]));
+  if (controls.threads && auto) {  // what auto would pick now, beside the picker
+    controls.threads[0].title = `${knobs.threads.help}. Now: ${auto.threads} (${auto.threads_why}).`;
+  }
   const train = h("button", { type: "submit", id: "live-train" }, "Train");
   const cancel = h("button", { type: "button", id: "live-cancel", disabled: true }, "Cancel");
   const form = h("form", { id: "live-form", "aria-label": "train an induction model", novalidate: true },
@@ -87,11 +110,11 @@ export async function initLiveTrain(root) {
   const draw = (st) => {
     if (!st || !st.evals.length) return;
     const shade = st.phase?.found ? st.phase.window : null;
-    const line = (key, name, dashed = false) => ({ name, dashed, points: st.evals.map((e) => [e.step, e[key]]) });
+    const line = (key, name, colour, dashed = false) => ({ name, colour, dashed, points: st.evals.map((e) => [e.step, e[key]]) });
     const lossSeries = [
-      { name: "training loss", points: st.steps },
-      line("first_copy_loss", "first copy"),
-      line("repeated_loss", "repeated copy", true),
+      { name: "training loss", colour: LOSS_COLOURS.train, points: st.steps },
+      line("first_copy_loss", "first copy", LOSS_COLOURS.first),
+      line("repeated_loss", "repeated copy", LOSS_COLOURS.repeated, true),
     ].filter((sr) => sr.points.length);
     const l = lineChart(lossSeries, { title: "Loss on a probe's first and repeated copy", xLabel: "step", yLabel: "loss (nats)", shade });
     clear(losses, l.svg, l.legend);
@@ -101,24 +124,38 @@ export async function initLiveTrain(root) {
     // evaluation brought new ones (a step event changes the training loss alone)
     if (st.drawn.evals !== st.evals.length || st.drawn.phase !== shade?.join()) drawScores(st, shade);
     if (st.patterns && st.drawn.patternStep !== st.patternStep) drawPatterns(st);
-    if (st.phase?.found) {
-      phase.hidden = false;
-      // seconds of training (the server's clock) to the evaluation that ends the window
-      const end = st.evals.find((r) => r.step === st.phase.window[1]);
-      const when = end && Number.isFinite(end.wall) ? `, over ${end.wall.toFixed(1)} s after training started` : "";
-      phase.textContent = `Phase change detected: steps ${st.phase.window[0]}–${st.phase.window[1]} (steepest at step ${st.phase.step})${when}.`;
+    showPhase(st);
+  };
+
+  // The window as the detector sees it so far: each evaluation can still move it, so it is
+  // marked provisional until the verdict, which states the final one (or that none was found).
+  const showPhase = (st) => {
+    if (!st.phase?.found && !st.final) return;
+    phase.hidden = false;
+    phase.dataset.state = st.final ? "final" : st.stopped ? "unfinished" : "provisional";
+    if (!st.phase?.found) {
+      phase.textContent = "No phase change found in this run (final).";
+      return;
     }
+    // seconds of training (the server's clock) to the evaluation that ends the window
+    const end = st.evals.find((r) => r.step === st.phase.window[1]);
+    const when = end && Number.isFinite(end.wall) ? `, over ${end.wall.toFixed(1)} s after training started` : "";
+    const steps = `steps ${st.phase.window[0]}–${st.phase.window[1]} (steepest at step ${st.phase.step})${when}`;
+    phase.textContent = st.final ? `Phase change (final): ${steps}.`
+      : st.stopped ? `Phase change so far: ${steps}; the run stopped before its end, so this window is not final.`
+      : `Phase change so far: ${steps}; may still move until the run ends.`;
   };
 
   const drawScores = (st, shade) => {
     st.drawn.evals = st.evals.length;
     st.drawn.phase = shade?.join();
     const last = st.evals.at(-1).induction.length - 1;
-    const perHead = (key, layer, label) => st.evals[0][key][layer].map((_, k) => ({
-      name: `${label} ${layer}.${k}`, dashed: key === "prev_token", points: st.evals.map((e) => [e.step, e[key][layer][k]]),
+    const perHead = (key, layer, label, colour) => st.evals[0][key][layer].map((_, k, all) => ({
+      name: `${label} ${layer}.${k}`, dashed: key === "prev_token", colour: colour(k, all.length),
+      points: st.evals.map((e) => [e.step, e[key][layer][k]]),
     }));
-    const headSeries = [...perHead("induction", last, "induction"), ...perHead("prev_token", 0, "previous-token")];
-    headSeries.push({ name: "ideal induction head", dashed: true, colour: "#9aa3b5", points: st.evals.map((e) => [e.step, st.ceiling]) });
+    const headSeries = [...perHead("induction", last, "induction", inductionColour), ...perHead("prev_token", 0, "previous-token", prevTokenColour)];
+    headSeries.push({ name: "ideal induction head", dashed: true, colour: IDEAL_COLOUR, points: st.evals.map((e) => [e.step, st.ceiling]) });
     const sc = lineChart(headSeries, { title: `Induction score of layer ${last}'s heads, previous-token score of layer 0's`, xLabel: "step", yLabel: "score", shade });
     clear(scores, sc.svg, sc.legend);
     scores.dataset.points = String(st.evals.length);
@@ -159,7 +196,9 @@ export async function initLiveTrain(root) {
     if (name === "run") {
       state.runId = e.run_id;
       root.dataset.run = e.run_id;
-      status.textContent = `Run ${e.run_id}: ${e.n_layers} layer(s), ${e.n_heads} heads, seed ${e.seed}, ${e.recipe.steps} steps on the server…`;
+      root.dataset.threads = String(e.threads);
+      const unit = e.threads === 1 ? "thread" : "threads";
+      status.textContent = `Run ${e.run_id}: ${e.n_layers} layer(s), ${e.n_heads} heads, seed ${e.seed}, ${e.recipe.steps} steps on the server, on ${e.threads} torch ${unit} (${e.threads_why})…`;
     } else if (name === "start") {
       state.tokens = e.tokens;
       state.ceiling = e.ceiling;
@@ -174,12 +213,16 @@ export async function initLiveTrain(root) {
       redraw();
     } else if (name === "verdict") {
       state.phase = e.phase_change;
+      state.final = true;
       draw(state);
+      showPhase(state);
       showVerdict(e);
     } else if (name === "done") {
-      finish(`Run ${state.runId} finished: ${state.total} steps.`);
+      finish(e.text || `Run ${state.runId} finished: ${state.total} steps.`);
     } else if (name === "stopped") {
-      finish(`Run ${state.runId} stopped: ${e.reason}.`);
+      state.stopped = true;  // a window seen so far is no result
+      showPhase(state);
+      finish(e.text || `Run ${state.runId} stopped: ${e.reason}.`);
     } else if (name === "error") {
       finish(`Run ${state.runId} failed: ${e.detail}`, true);
     }
@@ -187,15 +230,16 @@ export async function initLiveTrain(root) {
 
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
-    state = { runId: null, steps: [], evals: [], phase: null, patterns: null, tokens: [], ceiling: null, total: 0,
+    state = { runId: null, steps: [], evals: [], phase: null, final: false, stopped: false, patterns: null, tokens: [], ceiling: null, total: 0,
       drawn: { evals: 0, phase: undefined, patternStep: null } };
     clear(losses); clear(scores); clear(patterns); clear(verdict);
     phase.hidden = true;
+    delete phase.dataset.state;
     train.disabled = true;
     root.dataset.state = "running";
     status.classList.remove("error");
     status.textContent = "Starting…";
-    const body = Object.fromEntries(Object.entries(controls).map(([name, [control]]) => [name, Number(control.value)]));
+    const body = Object.fromEntries(Object.entries(controls).map(([name, [control, , knob]]) => [name, knobValue(control, knob)]));
     let response;
     try {
       response = await fetch("/api/live/induction", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });

@@ -1,0 +1,95 @@
+"""Where a benchmark's results go: ``benchmarks/results/<name>.json``, the file the documentation
+renders (scripts/docs/figures.py, ``<!-- figure: bench/<name>#table -->``; the benchmarks page lists
+every file there).
+
+The convention, for any benchmark (this module is a convenience, not a requirement):
+
+    {
+      "command": "python benchmarks/bench_attention.py --rounds 15",   # what was run, exactly
+      "date": "2026-12-02",
+      "machine": {...} or "a sentence",       # where: CPU, cores, torch, load average
+      "table": {"columns": [...], "rows": [[...], ...]},   # what the docs show, formatted
+      ...                                     # anything else: the raw measurements
+    }
+
+``save(path_for(name), columns, rows, results)`` writes it atomically (headlab.files.write_json).
+It imports neither torch nor headlab's models, so a cold-start benchmark can use it too. A
+benchmark's ``--json PATH`` option defaults to ``path_for(name)``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shlex
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(**extra: Any) -> dict[str, Any]:
+    """The machine in a few fields: CPU, cores, OS, Python, torch, the 1-minute load average."""
+    try:
+        torch = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch = "not installed"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {
+        "cpu": _cpu(),
+        "cores": os.cpu_count(),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "torch": torch,
+        "load_average": None if load is None else round(load, 2),
+        **extra,
+    }
+
+
+def command(argv: list[str] | None = None) -> str:
+    """The command line that ran, as a user would type it: ``python benchmarks/x.py --a 1``."""
+    argv = sys.argv if argv is None else argv
+    script = Path(argv[0]).resolve()
+    try:
+        shown = script.relative_to(RESULTS.parent.parent)
+    except ValueError:
+        shown = script
+    return shlex.join(["python", str(shown), *argv[1:]])
+
+
+def path_for(name: str) -> Path:
+    """The results file of benchmark ``name``: ``benchmarks/results/<name>.json``."""
+    return RESULTS / f"{name}.json"
+
+
+def save(
+    path: str | Path,
+    columns: list[str],
+    rows: list[list[Any]],
+    results: Any = None,
+    **machine_extra: Any,
+) -> Path:
+    """Write the results file ``path`` (command, date, machine, table, results), atomically."""
+    from headlab.files import write_json
+
+    record = {
+        "command": command(),
+        "date": datetime.date.today().isoformat(),
+        "machine": machine(**machine_extra),
+        "table": {"columns": columns, "rows": rows},
+        "results": results,
+    }
+    return write_json(path, record)
