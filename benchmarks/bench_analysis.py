@@ -93,9 +93,11 @@ def _hf_forward(hf: Any, x: torch.Tensor) -> object:
 
 def measure(fns: dict[str, Callable[[], object]], slow: set[str], rounds: int,
             slow_rounds: int) -> dict[str, float]:  # fmt: skip
-    """Median seconds of each call, interleaved round by round after one warm-up each."""
-    for fn in fns.values():
-        fn()
+    """Median seconds of each call, interleaved round by round after one warm-up each (the
+    slow ones, seconds long, warm up in the fast ones' first round)."""
+    for name, fn in fns.items():
+        if name not in slow:
+            fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
     for r in range(rounds):
         for name, fn in fns.items():
