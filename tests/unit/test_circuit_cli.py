@@ -48,6 +48,9 @@ def test_circuit_text_names_every_edge(built):
     (["circuit", "--ablation", "resample"], "valid modes are mean, zero"),
     (["heads", "--evidence", "--ablation", "half"], "valid modes are mean, zero"),
     (["heads", "--evidence", "--prompts", "p.txt"], "leave it out with --prompts"),
+    (["heads", "--exact", "all"], "add --evidence"),
+    (["heads", "--evidence", "--exact", "1-2"], "--exact takes all or LAYER.HEAD"),
+    (["heads", "--evidence", "--exact", "0.9"], "layers 0..1 and heads 0..7"),
 ])  # fmt: skip
 def test_bad_evidence_options_exit_2_with_one_line(args, message):
     result = runner.invoke(app, args)
@@ -65,6 +68,16 @@ def test_heads_evidence_json_carries_every_card(built):
     for card in cards:
         assert card["evidence"] and {"baselines", "ablation", "compositions"} <= set(card)
     assert d["evidence"]["ablation"]["forwards"] == 3
+    assert d["evidence"]["ablation"]["method"] == "exact"  # cheaper than the estimate here
+
+
+def test_heads_evidence_exact_heads_stand_beside_the_estimate(built):
+    result = runner.invoke(app, ["heads", "--evidence", "--json", "--exact", "0.0,1.3"])
+    assert result.exit_code == 0, result.output
+    d = json.loads(result.stdout)["evidence"]
+    assert d["ablation"]["method"] == "attribution" and d["exact_ablation"]["method"] == "exact"
+    cards = {(c["layer"], c["head"]): c for c in d["heads"]}
+    assert "exact" in cards[(0, 0)]["ablation"] and "exact" in cards[(1, 3)]["ablation"]
 
 
 def test_the_circuit_view_draws_each_node_and_edge():

@@ -47,3 +47,21 @@ def test_the_schema_documents_the_field(client: TestClient) -> None:
     schema = client.get("/openapi.json").json()["components"]["schemas"]
     assert "random-weight" in schema["HeadsRequest"]["properties"]["evidence"]["description"]
     assert "evidence" in schema["HeadsResponse"]["properties"]
+
+
+def test_exact_heads_come_back_beside_the_estimate(client: TestClient) -> None:
+    r = client.post("/api/heads", json={"model": "default", "evidence": True, "exact": [[0, 0]]})
+    assert r.status_code == 200, r.text
+    got = r.json()["evidence"]
+    assert got["ablation"]["method"] == "attribution" and "exact" in got["heads"][0]["ablation"]
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"exact": True}, 'add "evidence": true'),
+    ({"evidence": True, "exact": [[0, 9]]}, "layers 0..1 and heads 0..7"),
+    ({"evidence": True, "exact": "some"}, "exact"),
+])  # fmt: skip
+def test_a_bad_exact_is_a_422_naming_the_field(client: TestClient, body, message) -> None:
+    r = client.post("/api/heads", json={"model": "default", **body})
+    detail = r.json()["detail"]
+    assert r.status_code == 422 and message in detail and "exact" in detail

@@ -69,6 +69,10 @@ EVIDENCE_HELP = (
     "Back every label: scores beside random-weight and shuffled baselines (a label needs its "
     "margin), each head ablated alone, composition scores, and a sentence per head."
 )
+EXACT_HELP = (
+    "With --evidence: 'all' ablates every head exactly; LAYER.HEAD,... ablates those exactly "
+    "beside the first-order estimate of every head (default: exact where that is as cheap)."
+)
 HtmlOut = Annotated[str | None, typer.Option("--html", help=(
     "Also write the interactive head view and grid to one HTML file (opens from "
     "file://, no server, no network)."))]  # fmt: skip
@@ -112,6 +116,7 @@ def heads(
     html_out: HtmlOut = None,
     evidence: bool = typer.Option(False, "--evidence", help=EVIDENCE_HELP),
     ablation: AblationOption = "mean",
+    exact: str | None = typer.Option(None, "--exact", help=EXACT_HELP),
 ) -> None:
     """Score every attention head of a model on a probe and label it (see docs/heads.md), or
     average the scores over many prompts (--prompts; shared among torchrun ranks)."""
@@ -120,6 +125,9 @@ def heads(
     if evidence and prompts is not None:
         raise fail("--evidence backs the labels of one probe; leave it out with --prompts")
     mode = check_ablation(ablation) if evidence else None
+    if exact is not None and not evidence:
+        raise fail("--exact picks heads to ablate exactly for --evidence; add --evidence")
+    picked = _parse_exact(exact)
     _check_probe(probe, text, text_file, prompts)
     _check_outputs(html_out, offload_folder)
     load = _load_options(device, dtype, device_map, max_memory, offload_folder)
@@ -131,7 +139,7 @@ def heads(
         html = Path(html_out) if html_out is not None else None
         rule = "labels" if syntax_labels else "scores" if syntax else ""
         _heads_on_probe(model, text, probe or "repeat", show, seed, content, load, as_json,
-                        rule, html, mode)  # fmt: skip
+                        rule, html, mode, picked)  # fmt: skip
 
 
 def _check_heads_options(
@@ -250,6 +258,7 @@ def _heads_on_probe(
     syntax: str = "",
     html: Path | None = None,
     evidence: str | None = None,
+    exact: Any = None,
 ) -> None:
     """One probe: the table (or JSON) of every head, and the pattern of --show's head; with
     ``syntax`` "scores" the syntactic scores from the evaluation text too (headlab.heads.syntax),
@@ -272,7 +281,8 @@ def _heads_on_probe(
         margins = _syntax_margins(m, tokenizer, model) if syntax else None
         ruled = syntax == "labels"
         if evidence is not None:
-            backed = _evidence(m, p, evidence, seed, content, keep, margins, ruled)
+            _check_exact(exact, L, h)
+            backed = _evidence(m, p, evidence, seed, content, keep, margins, ruled, exact)
             report = backed.report
         else:
             report = _analyse(m, p, seed, content, keep, margins, ruled)
@@ -312,13 +322,32 @@ def _analyse(
                        progress=lambda done, total: bar(done, total, what))  # fmt: skip
 
 
+def _parse_exact(spec: str | None) -> Any:
+    """--exact's value: None (not given), True ('all') or a list of (layer, head)."""
+    if spec is None or spec == "all":
+        return None if spec is None else True
+    try:
+        return [tuple(int(x) for x in part.split(".", 1)) for part in spec.split(",")]
+    except ValueError:
+        raise fail(f"--exact takes all or LAYER.HEAD,... e.g. 0.2,1.5; got {spec!r}") from None
+
+
+def _check_exact(exact: Any, L: int, h: int) -> None:
+    """Exit 2 when --exact names a head the model does not have."""
+    for pair in exact if isinstance(exact, list) else []:
+        if len(pair) != 2 or not (0 <= pair[0] < L and 0 <= pair[1] < h):
+            raise fail(f"--exact {'.'.join(map(str, pair))}: this model has layers "
+                       f"0..{L - 1} and heads 0..{h - 1}")  # fmt: skip
+
+
 def _evidence(m: Any, p: Any, mode: Any, seed: int, content: bool, keep: Any,
-              margins: Any, ruled: bool) -> Any:  # fmt: skip
+              margins: Any, ruled: bool, exact: Any = None) -> Any:  # fmt: skip
     """:func:`headlab.heads.evidence.evidence` with a progress bar, a step per stage."""
     from headlab.heads.evidence import STAGES, evidence
 
     with progress_bar() as bar:
         return evidence(m, p, mode, seed, content, keep, syntactic=margins, label_syntactic=ruled,
+                        exact=exact,
                         progress=lambda stage: bar(STAGES.index(stage), len(STAGES),
                                                    "evidence"))  # fmt: skip
 

@@ -10,6 +10,7 @@
     render    terminal views of a report
     baselines every score with random weights and on shuffled tokens; the floors a label needs
     effects   exact single-head ablations (mean or zero), batched: losses and induction scores
+    attribution  every head's ablation effect at once, to first order (attribution patching)
     composition  Q-, K-, V-composition of every pair of heads (Elhage et al. 2021), and groups
     evidence  each head's card: scores beside baselines, ablation effects, compositions, a
               sentence with the numbers (``headlab heads --evidence``)

@@ -18,7 +18,7 @@ It is batched twice over: the heads of one layer are ablated side by side along 
 copy of the probe with its own head mask), and only the blocks from the ablated layer on run
 again, from the residual stream the clean run left there. SmolLM2's 270 heads cost one clean
 forward plus one partial forward per layer (per ``chunk`` heads of it). This is the exact
-estimator; a faster one (attribution patching) returns the same :class:`Ablations` beside it.
+estimator; :mod:`headlab.heads.attribution` estimates every head's effects at once beside it.
 
 Papers: Michel et al. 2019 (head masks); Olsson et al. 2022 (induction heads and their feeders).
 """
@@ -59,6 +59,7 @@ class Ablations:
     forwards: int  # forward passes run, the clean one included
     model_passes: float  # the same in whole-model equivalents: 1 + Σ_chunks (L − l) / L
     seconds: float  # wall time
+    method = "exact"  # beside headlab.heads.attribution's "attribution"
 
     def index(self, layer: int, head: int) -> int:
         """The row of head ``layer``.``head``; KeyError when it was not ablated."""
@@ -77,7 +78,8 @@ class Ablations:
         return self.losses[:, rows].mean(dim=-1) - clean
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "heads": len(self.heads), "forwards": self.forwards,
+        return {"method": self.method, "mode": self.mode, "heads": len(self.heads),
+                "forwards": self.forwards,
                 "model_passes": round(self.model_passes, 2),
                 "seconds": round(self.seconds, 2)}  # fmt: skip
 

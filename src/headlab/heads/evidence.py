@@ -8,9 +8,12 @@ Shape legend
 
     1. the analysis with each label needing its margin over random weights
        (:mod:`headlab.heads.baselines`: random weights and shuffled tokens, 3 seeds each)
-    2. every head ablated alone (:func:`headlab.heads.effects.ablate_heads`, mean by default):
-       the loss on a later copy's tokens, the loss on the rows where the head's type can act,
-       and every other head's induction score
+    2. every head ablated alone, mean by default: the loss on a later copy's tokens, the loss
+       on the rows where the head's type can act, and the induction heads' scores. Estimated
+       for every head at once by attribution patching (:func:`headlab.heads.attribution.
+       attribute_heads`, a few forwards and backwards) unless ``exact`` asks for exact
+       ablation (:func:`headlab.heads.effects.ablate_heads`) of every head (True) or of the
+       heads it names, whose cards then show the exact figure beside the estimate
     3. the composition scores of every pair (:mod:`headlab.heads.composition`)
 
 and gives each head a :class:`HeadCard`. Beside each ablation effect stands the median effect of
@@ -23,16 +26,17 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from headlab.heads.attribution import Attributions, attribute_heads
 from headlab.heads.baselines import Baselines, baselines
 from headlab.heads.composition import Composition, composition_scores
-from headlab.heads.effects import Ablations, Mode, ablate_heads
+from headlab.heads.effects import CHUNK, Ablations, Mode, ablate_heads
 from headlab.heads.labels import BEST_TYPES, THRESHOLDS
 from headlab.heads.report import HeadReport, HeadScore, analyse
 from headlab.heads.targets import build_targets
@@ -83,9 +87,17 @@ class Evidence:
     report: HeadReport
     baselines: Baselines
     composition: Composition
-    ablations: Ablations | None
+    ablations: Ablations | Attributions | None  # every head's effects, estimated or exact
     cards: list[HeadCard]
     seconds: dict[str, float] = field(default_factory=dict)
+    exact: Ablations | None = None  # the heads ablated exactly beside the estimate
+
+    def loss_effect(self, rows: Tensor) -> Tensor:
+        """(L·h,): each head's ablation effect on the mean loss over ``rows`` (B, n − 1), exact
+        where measured (:func:`reported_effect`)."""
+        if self.ablations is None:
+            raise ValueError("no ablation was run: it needs a causal model")
+        return reported_effect(self.ablations, self.exact, rows)
 
     def card(self, layer: int, head: int) -> HeadCard:
         return next(c for c in self.cards if (c.score.layer, c.score.head) == (layer, head))
@@ -96,6 +108,7 @@ class Evidence:
             "k": self.baselines.k,
             "baseline_seeds": list(self.baselines.seeds),
             "ablation": None if self.ablations is None else self.ablations.to_dict(),
+            "exact_ablation": None if self.exact is None else self.exact.to_dict(),
             "composition": self.composition.to_dict(5),
             "seconds": {k: round(v, 2) for k, v in self.seconds.items()},
             "heads": [c.to_dict() for c in self.cards],
@@ -118,12 +131,13 @@ def loss_rows(probe: Probe, causal: bool) -> dict[str, Tensor]:
     return rows
 
 
-def _ablation(a: Ablations, rows: dict[str, Tensor], label: str, layer: int, head: int,
-              induction_heads: list[tuple[int, int]]) -> dict[str, Any]:  # fmt: skip
-    """One head's ablation effects, each beside the median of its layer's heads."""
+def _ablation(a: Ablations | Attributions, rows: dict[str, Tensor], label: str, layer: int,
+              head: int, induction_heads: list[tuple[int, int]]) -> dict[str, Any]:  # fmt: skip
+    """One head's ablation effects, each beside the median of its layer's heads; ``method``
+    says whether they are exact or a first-order estimate (:mod:`headlab.heads.attribution`)."""
     s = a.index(layer, head)
     kind = ROWS_OF_LABEL.get(label, "any")
-    out: dict[str, Any] = {"mode": a.mode, "rows": kind}
+    out: dict[str, Any] = {"mode": a.mode, "method": a.method, "rows": kind}
     for name, where in (("later_copy", rows["copy"]), ("where_it_acts", rows[kind])):
         effect = a.loss_effect(where)
         layer_effects = [float(effect[i]) for i, (l, _) in enumerate(a.heads) if l == layer]
@@ -138,6 +152,16 @@ def _ablation(a: Ablations, rows: dict[str, Tensor], label: str, layer: int, hea
             drops.append({"head": [l, i], "from": round(before, 4), "to": round(after, 4)})
     out["induction_scores"] = sorted(drops, key=lambda d: d["to"] - d["from"])
     return out
+
+
+def _exact(a: Ablations, rows: dict[str, Tensor], label: str, layer: int, head: int,
+           induction_heads: list[tuple[int, int]]) -> dict[str, Any]:  # fmt: skip
+    """The exact figures of one head ablated exactly beside the estimate: loss rises and the
+    induction scores it leaves (no layer median: only the heads asked for were ablated)."""
+    full = _ablation(a, rows, label, layer, head, induction_heads)
+    rises = {k: None if full[k] is None else full[k]["loss_rise"]
+             for k in ("later_copy", "where_it_acts")}  # fmt: skip
+    return {**rises, "induction_scores": full["induction_scores"]}
 
 
 def _compositions(c: Composition, layer: int, head: int, n: int = 3) -> dict[str, list]:
@@ -156,14 +180,18 @@ def _compositions(c: Composition, layer: int, head: int, n: int = 3) -> dict[str
     return out
 
 
-def _rise(effect: dict[str, Any] | None, where: str) -> str:
-    """ "raises the loss on … by 0.59 nats (median head of its layer: 0.05)"."""
+def _rise(effect: dict[str, Any] | None, where: str, estimated: bool = False,
+          exact: float | None = None) -> str:  # fmt: skip
+    """ "raises the loss on … by 0.59 nats (median head of its layer: 0.05)"; an estimate
+    says so, with the exact figure when the head was also ablated exactly."""
     if effect is None:
         return ""
     value, median = effect["loss_rise"], effect["layer_median"]
     verb = "raises" if value >= 0 else "lowers"
-    return (f"ablating it {verb} the loss on {where} by {abs(value):.2f} nats (the median head "
-            f"of its layer: {median:+.2f})")  # fmt: skip
+    how = "" if not estimated else " (a first-order estimate" + (
+        ")" if exact is None else f"; exact: {exact:+.2f})")  # fmt: skip
+    return (f"ablating it {verb} the loss on {where} by {abs(value):.2f} nats{how} (the median "
+            f"head of its layer: {median:+.2f})")  # fmt: skip
 
 
 def _closest(score: HeadScore, floors: dict[str, float]) -> str:
@@ -194,20 +222,82 @@ def sentence(score: HeadScore, base: dict[str, Any], ablation: dict[str, Any],
         first = f"{score.scores[kind]:.2f} {phrase}{chance}"
     if not ablation:
         return first
+    return f"{first}; {second}" if (second := _effect(score, ablation)) else first
+
+
+def _effect(score: HeadScore, ablation: dict[str, Any]) -> str:
+    """The sentence's second half: the induction score it drops, or the loss it raises."""
+    estimated, exact = ablation.get("method") == "attribution", ablation.get("exact", {})
     drops = ablation.get("induction_scores", [])
     fed = [d for d in drops if d["from"] > 0 and d["to"] <= INDUCTION_DROP * d["from"]]
     if fed:
         d = fed[0]
-        second = (f"ablating it drops head {d['head'][0]}.{d['head'][1]}'s induction score from "
-                  f"{d['from']:.2f} to {d['to']:.2f}")  # fmt: skip
-    elif score.label == "induction":
-        second = _rise(ablation.get("later_copy"), "a later copy's tokens")
-    else:
-        where = {"any": "every token", "induction": "tokens seen before",
-                 "duplicate": "tokens with another copy",
-                 "rare": "tokens that see the rarest word"}[ablation["rows"]]  # fmt: skip
-        second = _rise(ablation.get("where_it_acts"), where)
-    return f"{first}; {second}" if second else first
+        sure = [e["to"] for e in exact.get("induction_scores", []) if e["head"] == d["head"]]
+        how = "" if not estimated else " (a first-order estimate" + (
+            f"; exact: {sure[0]:.2f})" if sure else ")")  # fmt: skip
+        return (f"ablating it drops head {d['head'][0]}.{d['head'][1]}'s induction score from "
+                f"{d['from']:.2f} to {d['to']:.2f}{how}")  # fmt: skip
+    if score.label == "induction":
+        return _rise(ablation.get("later_copy"), "a later copy's tokens", estimated,
+                     exact.get("later_copy"))  # fmt: skip
+    where = {"any": "every token", "induction": "tokens seen before",
+             "duplicate": "tokens with another copy",
+             "rare": "tokens that see the rarest word"}[ablation["rows"]]  # fmt: skip
+    return _rise(ablation.get("where_it_acts"), where, estimated, exact.get("where_it_acts"))
+
+
+# True: every head exactly; None: exactly when that costs no more than the estimate; else the
+# heads to ablate exactly beside the estimate
+Exact = bool | Collection[tuple[int, int]] | None
+CHECK = 10  # heads ablated exactly beside the estimate: the first by each estimated loss rise
+
+
+def _checked(a: Attributions, rows: dict[str, Tensor], check: int) -> set[tuple[int, int]]:
+    """The ``check`` heads with the largest estimated effect (either sign) on the loss over
+    every token, and on a later copy's tokens."""
+    out: set[tuple[int, int]] = set()
+    for kind in ("any", "copy"):
+        effect = a.loss_effect(rows[kind])
+        if not bool(effect.isnan().all()):
+            out |= {a.heads[int(s)] for s in effect.abs().argsort(descending=True)[:check]}
+    return out
+
+
+def _exact_is_cheap(model: Any, rows: dict[str, Tensor], induction: list[Any]) -> bool:
+    """Whether ablating every head exactly costs no more model passes than the estimate (a
+    forward, and a backward of about two passes per metric): true of small models."""
+    L, h = model.config.n_layers, model.config.n_heads
+    exact = 1 + sum(-(-h // CHUNK) * (L - l) / L for l in range(L))
+    metrics = len({tuple(r.flatten().tolist()) for r in rows.values()}) + len(induction)
+    return exact <= 1 + 2 * metrics
+
+
+def measure_ablations(model: Any, probe: Probe, rows: dict[str, Tensor],
+                      induction: list[tuple[int, int]], mode: Mode = "mean", exact: Exact = (),
+                      check: int = CHECK) -> tuple[Any, Ablations | None]:  # fmt: skip
+    """Every head's ablation effects on the loss over each of ``rows`` (:func:`loss_rows`) and
+    on the scores of ``induction``'s heads: estimated (or exact when ``exact`` is True), and
+    the exact ablations of the heads ``exact`` names, of ``induction``'s and of the ``check``
+    the estimate ranks first. :func:`reported_effect` reads the two together."""
+    if exact is True or (exact is None and _exact_is_cheap(model, rows, induction)):
+        return ablate_heads(model, probe, mode=mode), None
+    estimate = attribute_heads(model, probe, list(rows.values()), induction, mode)
+    picked = set() if exact is False or exact is None else set(exact)
+    picked |= _checked(estimate, rows, check) | set(induction)
+    return estimate, ablate_heads(model, probe, sorted(picked), mode) if picked else None
+
+
+def reported_effect(estimate: Ablations | Attributions, exact: Ablations | None,
+                    rows: Tensor) -> Tensor:  # fmt: skip
+    """(L·h,) layer-major: each head's ablation effect on the mean loss over ``rows``
+    (B, n − 1) as the evidence quotes it: exact where the head was ablated exactly, the
+    estimate elsewhere."""
+    out = estimate.loss_effect(rows).clone()
+    if exact is not None:
+        measured = exact.loss_effect(rows)
+        for s, head in enumerate(exact.heads):
+            out[estimate.index(*head)] = measured[s]
+    return out
 
 
 def evidence(
@@ -220,12 +310,19 @@ def evidence(
     progress: Callable[[str], None] | None = None,
     syntactic: Any = None,
     label_syntactic: bool = False,
+    exact: Exact = None,
+    check: int = CHECK,
 ) -> Evidence:
     """Every head's :class:`HeadCard` on ``probe`` (module docstring). ``keep`` as for
     :func:`headlab.heads.analyse` (default: no patterns), ``syntactic`` its syntactic margins
     (labelling with them only with ``label_syntactic``);
-    ``progress(stage)`` is called before each of :data:`STAGES`. Ablations need a causal model;
-    for another they are left out."""
+    ``progress(stage)`` is called before each of :data:`STAGES`. Ablation effects are
+    estimated for every head (:mod:`headlab.heads.attribution`) unless ``exact`` is True (every
+    head ablated exactly) or None (the default) on a model small enough that exact ablation of
+    every head costs no more model passes than the estimate (the default model); the
+    (layer, head) pairs ``exact`` lists, the induction heads and the ``check`` heads the
+    estimate ranks first on every token and on a later copy are also ablated exactly, and their
+    cards show both figures. Ablations need a causal model; for another they are left out."""
     times: dict[str, float] = {}
 
     def stage(name: str, run: Callable[[], Any]) -> Any:
@@ -243,14 +340,17 @@ def evidence(
                                              label_syntactic=label_syntactic))  # fmt: skip
     comp = stage("composition", lambda: composition_scores(model))
     causal = bool(model.config.causal)
-    ablations = stage("ablation", lambda: ablate_heads(model, probe, mode=mode)) if causal else None
     rows = loss_rows(probe, causal)
     induction = [(s.layer, s.head) for s in report.heads if s.label == "induction"]
+    ablations, checked = stage("ablation", lambda: measure_ablations(
+        model, probe, rows, induction, mode, exact, check)) if causal else (None, None)  # fmt: skip
     cards = []
     for s in report.heads:
         b = base.of_head(s.layer, s.head)
         a = {} if ablations is None else _ablation(ablations, rows, s.label, s.layer, s.head,
                                                    induction)  # fmt: skip
+        if checked is not None and (s.layer, s.head) in checked.heads:
+            a["exact"] = _exact(checked, rows, s.label, s.layer, s.head, induction)
         cards.append(HeadCard(s, b, a, _compositions(comp, s.layer, s.head),
                               sentence(s, b, a, floors[s.layer])))  # fmt: skip
-    return Evidence(report, base, comp, ablations, cards, times)
+    return Evidence(report, base, comp, ablations, cards, times, checked)

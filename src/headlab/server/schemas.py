@@ -240,6 +240,12 @@ class HeadsRequest(TextRequest):
         "weights, every head mean-ablated alone, composition scores, and a sentence per head; "
         "costs 6 more analyses and one partial forward per layer",
     )
+    exact: StrictBool | list[tuple[int, int]] | None = Field(
+        None,
+        description="with evidence: true ablates every head exactly; a list of [layer, head] "
+        "ablates those exactly beside the first-order estimate of every head "
+        "(headlab.heads.attribution); null: exact where that costs no more than the estimate",
+    )
     syntax_labels: StrictBool = Field(
         False,
         description="label the heads with the syntactic score too (implies syntax=true): a "

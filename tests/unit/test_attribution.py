@@ -1,0 +1,132 @@
+"""Attribution patching (headlab.heads.attribution) against the model itself: its first-order
+term against a central difference of real forwards, and every head's effect as the evidence
+quotes it against exact ablation (headlab.heads.effects.ablate_heads, tested in test_effects)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from scipy.stats import spearmanr
+
+from conftest import require
+from headlab import zoo
+from headlab.heads.attribution import attribute_heads
+from headlab.heads.effects import ablate_heads
+from headlab.heads.evidence import evidence, loss_rows, measure_ablations, reported_effect
+from headlab.measure import build_probe
+
+
+@pytest.fixture(scope="module")
+def default():
+    require(zoo._default_info().available, "the default model is not built")
+    return zoo.load("default")
+
+
+@pytest.fixture(scope="module")
+def repeat(default):
+    model, tokenizer = default
+    return build_probe("repeat", tokenizer, model.config.max_len, model.config.vocab_size)
+
+
+def moved_loss(model, tokens, rows, layer, head, eps):
+    """The mean loss over ``rows`` with one head's output moved a share ``eps`` toward its mean
+    over the probe (negative: away from it), by one plain forward."""
+    dk = model.config.d_k
+
+    def move(module, args):  # fmt: skip
+        x = args[0].clone()
+        part = x[..., head * dk : (head + 1) * dk]
+        x[..., head * dk : (head + 1) * dk] = part + eps * (part.mean(dim=(0, 1)) - part)
+        return (x,)
+
+    handle = model.blocks[layer].attn.W_O.register_forward_pre_hook(move)
+    try:
+        with torch.no_grad():
+            logits = model(tokens)[:, :-1].double()
+    finally:
+        handle.remove()
+    loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:],
+                                             reduction="none")  # fmt: skip
+    return loss[rows].mean()
+
+
+def test_the_first_order_term_is_the_slope_of_the_real_loss(default, repeat):
+    """Plain attribution patching gives, per head, d loss / d ε of moving the head toward its
+    mean: a central difference of two real forwards per head says the same."""
+    model, _ = default
+    rows = loss_rows(repeat, True)["any"]
+    at = attribute_heads(model, repeat, [rows], path=(0.0,))
+    est = at.loss_effect(rows)
+    eps = 1e-2
+    slope = torch.tensor([float(moved_loss(model, repeat.tokens, rows, l, i, eps)
+                                - moved_loss(model, repeat.tokens, rows, l, i, -eps)) / (2 * eps)
+                          for l, i in at.heads])  # fmt: skip
+    assert torch.allclose(est, slope.float(), rtol=2e-2, atol=2e-3), (est, slope)
+
+
+def agreement(exact: torch.Tensor, reported: torch.Tensor, top: int | None = None):
+    """Spearman ρ over every head (or the ``top`` by exact effect) and the top-5 overlap."""
+    order = exact.argsort(descending=True)
+    pick = order if top is None else order[:top]
+    rho = spearmanr(exact[pick].numpy(), reported[pick].numpy()).statistic
+    overlap = len(set(order[:5].tolist()) & set(reported.argsort(descending=True)[:5].tolist()))
+    return float(rho), overlap
+
+
+def test_the_default_models_effects_are_exact_or_ranked_as_exact(default, repeat):
+    """Exact ablation of the 2-layer default model's 16 heads costs fewer passes than the
+    estimate, so the evidence ablates them exactly; the joint path (module docstring) ranks
+    them as exact ablation does."""
+    model, _ = default
+    rows = loss_rows(repeat, True)
+    exact = ablate_heads(model, repeat).loss_effect(rows["any"])
+    measured, checked = measure_ablations(model, repeat, rows, [], exact=None)
+    assert measured.method == "exact" and checked is None
+    assert torch.equal(reported_effect(measured, checked, rows["any"]), exact)
+    joint = attribute_heads(model, repeat, [rows["any"]], path=(0.1, 0.5, 0.9))
+    rho, overlap = agreement(exact, joint.loss_effect(rows["any"]))
+    assert rho >= 0.9 and overlap >= 4
+
+
+def test_cards_say_the_estimate_is_first_order_and_quote_the_exact_figure(default, repeat):
+    model, _ = default
+    ev = evidence(model, repeat, exact=[(0, 0)], check=1)
+    assert ev.ablations is not None and ev.ablations.method == "attribution"
+    assert ev.exact is not None and (0, 0) in ev.exact.heads
+    quoted = 0
+    for card in ev.cards:
+        text, a = card.sentence, card.ablation
+        if "nats" in text or "induction score from" in text:
+            assert "(a first-order estimate" in text
+        head = (card.score.layer, card.score.head)
+        if head in ev.exact.heads:
+            assert "exact" in a
+            alone = ablate_heads(model, repeat, [head])  # the oracle: this head alone
+            rows = loss_rows(repeat, True)
+            kind = a["rows"]
+            want = float(alone.loss_effect(rows["copy" if card.score.label == "induction"
+                                                else kind])[0])  # fmt: skip
+            found = re.search(r"exact: ([-+]?\d+\.\d+)\)", text)
+            if found and "nats" in text:
+                assert float(found.group(1)) == pytest.approx(want, abs=0.006)
+                quoted += 1
+        else:
+            assert "exact:" not in text
+    assert quoted >= 1
+
+
+@pytest.mark.slow
+def test_smollm2s_quoted_effects_rank_its_heads_as_exact_ablation():
+    """SmolLM2's 270 heads on the repeat probe: the top 20 by exact effect ranked alike."""
+    require(zoo.is_fetched("smollm2"), "smollm2 is not fetched: headlab models --fetch smollm2")
+    model, tokenizer = zoo.load("smollm2")
+    probe = build_probe("repeat", tokenizer, 128, model.config.vocab_size)
+    rows = loss_rows(probe, True)
+    exact = ablate_heads(model, probe).loss_effect(rows["any"])
+    estimate, checked = measure_ablations(model, probe, rows, [])
+    reported = reported_effect(estimate, checked, rows["any"])
+    rho_all, overlap = agreement(exact, reported)
+    rho_top, _ = agreement(exact, reported, top=20)
+    assert rho_all >= 0.9 and rho_top >= 0.9 and overlap >= 4
