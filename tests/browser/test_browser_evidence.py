@@ -9,6 +9,7 @@ One page per width serves the module (the fixture ``shown``): it ticks "show the
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -158,3 +159,43 @@ def test_axe_finds_nothing_serious_in_the_evidence(shown) -> None:
     assert results["passes"], "axe ran no checks"
     assert serious(results) == []
     assert pg.errors == []
+
+
+def test_live_run_grows_the_circuit(browser, server: str) -> None:
+    """During a live run the training panel redraws the circuit at each evaluation: every
+    layer-0 and last-layer head a node, an edge exactly where the K-composition the server sent
+    clears the random floor, the step it was read at moving on."""
+    context = browser.new_context(viewport={"width": 390, "height": 900})
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+    pg.goto(server + "/")
+    pg.wait_for_selector("#live-train")
+    pg.fill("#live-seed", "0")
+    pg.click("#live-train")
+    graph = pg.locator("#live-circuit-graph")
+    box = pg.locator("#live-circuit")
+    expect(graph).to_have_count(1, timeout=600_000)
+    steps = [int(box.get_attribute("data-step"))]
+    deadline = time.monotonic() + 600
+    while len(steps) < 3:
+        assert time.monotonic() < deadline, f"the circuit stayed at steps {steps}"
+        step = int(box.get_attribute("data-step") or 0)
+        if step != steps[-1]:
+            steps.append(step)
+            floor = float(graph.get_attribute("data-floor"))
+            ks = [float(k) for k in graph.locator("line[data-edge]").evaluate_all("ls => ls.map(l => l.dataset.k)")]
+            assert all(k >= floor for k in ks), (ks, floor)
+            heads = int(pg.input_value("#live-heads")) if pg.locator("#live-heads").count() else None
+            if heads:
+                assert graph.locator("[data-node]").count() == 2 * heads
+            # nothing is confirmed before the run's ablations
+            assert graph.locator('line[data-confirmed="true"]').count() == 0
+        pg.wait_for_timeout(200)
+    assert steps == sorted(steps)
+    b = graph.bounding_box()
+    assert b["x"] >= 0 and b["x"] + b["width"] <= 390.5
+    pg.click("#live-cancel")
+    expect(pg.locator("#live-status")).to_contain_text("stopped", timeout=120_000)
+    assert errors == []
+    context.close()

@@ -88,8 +88,10 @@ export function circuitGraph(circuit, { width = CIRCUIT_WIDTH, title = "" } = {}
   const at = new Map();
   perLayer.forEach((p) => p.forEach((n, k) => at.set(name(n.head), [x(n.head[0]), top + (rows - p.length) * gap / 2 + k * gap + r])));
   const edges = (circuit.edges || []).filter((e) => e.above_baseline);
-  const maxK = Math.max(1e-9, ...edges.map((e) => Number(e.k_composition) || 0));
-  const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, width: W, role: "img", id: "circuit-graph", "font-family": FONT,
+  // width by how far the score stands above the floor: every drawn edge is above it
+  const floor = Number(circuit.k_floor) || 0;
+  const span = Math.max(1e-9, ...edges.map((e) => (Number(e.k_composition) || 0) - floor));
+  const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, width: W, role: "img", class: "circuit-graph", id: circuit.live ? "live-circuit-graph" : "circuit-graph", "data-floor": circuit.k_floor, "font-family": FONT,
     "aria-label": title || `induction circuit: ${edges.length} edges above the random floor, ${edges.filter((e) => e.confirmed_by_ablation).length} confirmed by ablation` });
   svg.append(s("rect", { width: W, height: H, fill: "#ffffff" }), ...heading.els);
   layers.forEach((l) => svg.append(s("text", { x: x(l), y: top - 10, "text-anchor": "middle", "font-size": 11, fill: "#3d4555", text: `layer ${l}` })));
@@ -97,10 +99,12 @@ export function circuitGraph(circuit, { width = CIRCUIT_WIDTH, title = "" } = {}
     const [a, b] = [at.get(name(e.from)), at.get(name(e.to))];
     if (!a || !b) continue;
     const ok = Boolean(e.confirmed_by_ablation);
+    const untested = e.confirmed_by_ablation === null || e.confirmed_by_ablation === undefined;  // a live run ablates at its end
     const s_ = e.induction_score;
-    const text = `${name(e.from)} → ${name(e.to)}: K-composition ${num(e.k_composition, 3)} (floor ${num(circuit.k_floor, 3)}); ${ok ? "confirmed" : "not confirmed"} by ablation${s_ ? ` (induction score ${num(s_.clean)} → ${num(s_.ablated)})` : ""}`;
-    const line = s("line", { x1: a[0] + r, y1: a[1], x2: b[0] - r, y2: b[1], stroke: ok ? "#0072B2" : "#D55E00", "stroke-width": (1 + 7 * (Number(e.k_composition) || 0) / maxK).toFixed(2),
-      "stroke-dasharray": ok ? null : "5 4", "data-edge": `${name(e.from)}-${name(e.to)}`, "data-k": e.k_composition, "data-confirmed": String(ok) }, s("title", {}, text));
+    const said = untested ? "not ablated yet" : `${ok ? "confirmed" : "not confirmed"} by ablation`;
+    const text = `${name(e.from)} → ${name(e.to)}: K-composition ${num(e.k_composition, 3)} (floor ${num(circuit.k_floor, 3)}); ${said}${s_ ? ` (induction score ${num(s_.clean)} → ${num(s_.ablated)})` : ""}`;
+    const line = s("line", { x1: a[0] + r, y1: a[1], x2: b[0] - r, y2: b[1], stroke: ok ? "#0072B2" : untested ? "#56B4E9" : "#D55E00", "stroke-width": (1.5 + 6.5 * Math.max(0, (Number(e.k_composition) || 0) - floor) / span).toFixed(2),
+      "stroke-dasharray": ok ? null : "5 4", "data-edge": `${name(e.from)}-${name(e.to)}`, "data-k": e.k_composition, "data-confirmed": untested ? "untested" : String(ok) }, s("title", {}, text));
     line.addEventListener("mousemove", (ev) => showTip(ev, text));
     line.addEventListener("mouseleave", hideTip);
     svg.append(line);
@@ -115,11 +119,34 @@ export function circuitGraph(circuit, { width = CIRCUIT_WIDTH, title = "" } = {}
   return svg;
 }
 
+// A live run's evaluation (`circuit`: server/live.py's circuit_scores; `record`: the eval's
+// per-head scores) as circuitGraph's input: every layer-0 and last-layer head a node, every
+// pair an edge; `verdict` (the run's end) confirms the edges from a feeder head (ablating it
+// cost the in-context gain) into a head labelled induction. Untested (null) until then.
+export function liveCircuit(circuit, record, verdict = null) {
+  const last = circuit.to_layer;
+  const k = circuit.k || [];
+  const feeders = new Set((verdict?.feeder_heads || []).map((f) => f.head));
+  const inductive = new Set(verdict?.induction_heads || []);
+  const edges = k.flatMap((row, i) => row.map((score, j) => ({
+    from: [0, i], to: [last, j], k_composition: score, above_baseline: circuit.floor !== null && score >= circuit.floor,
+    confirmed_by_ablation: verdict ? feeders.has(`0.${i}`) && inductive.has(`${last}.${j}`) : null })));
+  return {
+    previous: k.map((_, i) => ({ head: [0, i], score: record?.prev_token?.[0]?.[i] })),
+    induction: (k[0] || []).map((_, j) => ({ head: [last, j], score: record?.induction?.[last]?.[j] })),
+    edges, k_floor: circuit.floor, live: true,
+  };
+}
+
 // The sentence under the graph: what was drawn and what was not.
 export function circuitNote(circuit) {
   const edges = circuit.edges || [];
   const above = edges.filter((e) => e.above_baseline);
   const confirmed = above.filter((e) => e.confirmed_by_ablation);
   if (!edges.length) return "No previous-token head precedes an induction head on this model: there is no circuit to draw.";
+  if (circuit.live) {
+    const tested = edges.some((e) => e.confirmed_by_ablation !== null);
+    return `Every layer-0 head → last-layer head pair; ${above.length} of ${edges.length} with a K-composition above the random floor (${num(circuit.k_floor, 3)}) are drawn, wider the higher.${tested ? ` ${confirmed.length} confirmed by the run's ablation (solid: from a head whose ablation cost the in-context gain into a head labelled induction), the rest dashed.` : " Light dashed: not ablated yet (the run ablates its heads at the end)."} Orange rings: layer-0 heads (score: previous-token); green: last-layer heads (score: induction).`;
+  }
   return `${edges.length} previous-token → induction pairs; ${above.length} with a K-composition above the random floor (${num(circuit.k_floor, 3)}), drawn with width by their score; ${confirmed.length} of them confirmed by ablation (solid: ablating the previous-token head takes the induction head's score to at most half), the rest dashed. Orange rings: previous-token heads; green: induction heads.`;
 }
