@@ -75,13 +75,19 @@ def test_circuit_graph_draws_the_circuit_the_library_finds(shown, circuit_oracle
     }
     assert want, "the oracle found no edge: nothing to compare"
     lines = pg.locator("#circuit-graph line[data-edge]")
-    got = {(ln.get_attribute("data-edge"), ln.get_attribute("data-confirmed") == "true") for ln in lines.all()}
+    got = {
+        (ln.get_attribute("data-edge"), ln.get_attribute("data-confirmed") == "true")
+        for ln in lines.all()
+    }
     assert got == want
     nodes = {g.get_attribute("data-node") for g in pg.locator("#circuit-graph [data-node]").all()}
     heads = circuit_oracle["previous"] + circuit_oracle["induction"]
     assert nodes == {f"{n['head'][0]}.{n['head'][1]}" for n in heads}
     # edge width grows with the K-composition score
-    pairs = sorted((float(ln.get_attribute("data-k")), float(ln.get_attribute("stroke-width"))) for ln in lines.all())
+    pairs = sorted(
+        (float(ln.get_attribute("data-k")), float(ln.get_attribute("stroke-width")))
+        for ln in lines.all()
+    )
     assert [w for _, w in pairs] == sorted(w for _, w in pairs)
     assert pg.errors == []
 
@@ -111,7 +117,9 @@ def test_card_says_what_the_evidence_answer_says(shown, which: str) -> None:
     assert f"{later:+.2f} nats" in pg.inner_text("#evidence-ablation")
     shown_pairs = pg.locator("#evidence-compositions li").all_inner_texts()
     comps = row["compositions"]["from"] + row["compositions"]["into"]
-    assert [f"{c['score']:.3f}" in t for c, t in zip(comps, shown_pairs, strict=True)] == [True] * len(comps)
+    assert [f"{c['score']:.3f}" in t for c, t in zip(comps, shown_pairs, strict=True)] == [
+        True
+    ] * len(comps)
 
 
 def test_thin_evidence_is_said_plainly(shown) -> None:
@@ -124,7 +132,13 @@ def test_thin_evidence_is_said_plainly(shown) -> None:
     pick(pg, strong["layer"], strong["head"])
     assert pg.locator("#evidence-thin").count() == 0
     weak = next(
-        (r for r in rows if r.get("ablation") and r["ablation"]["where_it_acts"]["loss_rise"] <= r["ablation"]["where_it_acts"]["layer_median"]),
+        (
+            r
+            for r in rows
+            if r.get("ablation")
+            and r["ablation"]["where_it_acts"]["loss_rise"]
+            <= r["ablation"]["where_it_acts"]["layer_median"]
+        ),
         None,
     )
     assert weak is not None, "every head beats its layer's median: nothing thin to show"
@@ -136,7 +150,13 @@ def test_card_and_circuit_fit_the_viewport(shown) -> None:
     pg, answer = shown
     row = next(r for r in answer["evidence"]["heads"] if r["label"] == "induction")
     pick(pg, row["layer"], row["head"])
-    for sel in ("#evidence-card", "#evidence-scores", "#circuit-graph", "#circuit-note", "#heads-circuit figure"):
+    for sel in (
+        "#evidence-card",
+        "#evidence-scores",
+        "#circuit-graph",
+        "#circuit-note",
+        "#heads-circuit figure",
+    ):
         el = pg.locator(sel).first
         el.scroll_into_view_if_needed()
         box = el.bounding_box()
@@ -184,9 +204,16 @@ def test_live_run_grows_the_circuit(browser, server: str) -> None:
         if step != steps[-1]:
             steps.append(step)
             floor = float(graph.get_attribute("data-floor"))
-            ks = [float(k) for k in graph.locator("line[data-edge]").evaluate_all("ls => ls.map(l => l.dataset.k)")]
+            ks = [
+                float(k)
+                for k in graph.locator("line[data-edge]").evaluate_all(
+                    "ls => ls.map(l => l.dataset.k)"
+                )
+            ]
             assert all(k >= floor for k in ks), (ks, floor)
-            heads = int(pg.input_value("#live-heads")) if pg.locator("#live-heads").count() else None
+            heads = (
+                int(pg.input_value("#live-heads")) if pg.locator("#live-heads").count() else None
+            )
             if heads:
                 assert graph.locator("[data-node]").count() == 2 * heads
             # nothing is confirmed before the run's ablations

@@ -60,9 +60,9 @@ Papers: Olsson et al. 2022, "In-context Learning and Induction Heads"; Elhage et
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import torch

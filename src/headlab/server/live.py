@@ -193,8 +193,8 @@ def run_study(
 def circuit_scores(model: Any) -> dict[str, Any]:
     """The K-composition of every layer-0 head into every last-layer head (the induction
     circuit's candidate edges, :func:`headlab.heads.composition.composition_scores`, from the
-    weights alone) and its random-matrix floor: ``{"from_layer", "to_layer", "k" (h × h), "floor"}``.
-    The page redraws the circuit from it at each evaluation."""
+    weights alone) and its random-matrix floor: ``{"from_layer", "to_layer", "k" (h × h),
+    "floor"}``. The page redraws the circuit from it at each evaluation."""
     from headlab.heads.composition import composition_scores
 
     last = int(model.config.n_layers) - 1
