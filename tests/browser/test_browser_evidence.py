@@ -222,7 +222,53 @@ def test_live_run_grows_the_circuit(browser, server: str) -> None:
     assert steps == sorted(steps)
     b = graph.bounding_box()
     assert b["x"] >= 0 and b["x"] + b["width"] <= 390.5
-    pg.click("#live-cancel")
-    expect(pg.locator("#live-status")).to_contain_text("stopped", timeout=120_000)
-    assert errors == []
+    # at the end: the trained model's scores, edges confirmed by the run's own ablations
+    expect(pg.locator("#live-status")).to_contain_text("finished", timeout=900_000)
+    expect(pg.locator("#live-circuit-note")).to_contain_text("confirmed by the run's ablation")
+    threads = int(pg.get_attribute("#live-train-widget", "data-threads") or 0)
+    drawn = {
+        ln.get_attribute("data-edge"): (
+            float(ln.get_attribute("data-k")),
+            ln.get_attribute("data-confirmed"),
+        )
+        for ln in graph.locator("line[data-edge]").all()
+    }
+    errors_seen = list(errors)
     context.close()
+    assert errors_seen == []
+    assert_final_circuit(drawn, threads)
+
+
+def assert_final_circuit(drawn: dict[str, tuple[float, str]], threads: int) -> None:
+    """The live run's last graph against the same recipe trained here on as many threads: an
+    edge wherever the trained model's K-composition (layer 0 → last layer) clears the floor,
+    confirmed where a feeder head meets a head labelled induction."""
+    from headlab.experiments import induction as ind
+    from headlab.files import torch_threads
+    from headlab.heads.composition import composition_scores
+    from headlab.server.live import Knobs
+
+    knobs = Knobs()
+    with torch_threads(threads):
+        r = ind.study(knobs.config(), knobs.n_layers, 0)
+    assert r is not None
+    found = composition_scores(r["_model"])
+    last = knobs.n_layers - 1
+    k, floor = found.scores["k"][0, :, last, :], found.floor("k")
+    feeders = {f["head"] for f in r.get("feeder_heads", [])}
+    want = {
+        f"0.{i}-{last}.{j}": (
+            round(float(k[i, j]), 4),
+            str(f"0.{i}" in feeders and f"{last}.{j}" in r["induction_heads"]).lower(),
+        )
+        for i in range(k.shape[0])
+        for j in range(k.shape[1])
+        if float(k[i, j]) >= floor
+    }
+    assert want, "the trained model has no edge above the floor: nothing to compare"
+    assert drawn.keys() == want.keys()
+    for edge, (score, confirmed) in want.items():
+        assert drawn[edge][0] == pytest.approx(score, abs=1e-4) and drawn[edge][1] == confirmed, (
+            edge
+        )
+    assert "true" in {c for _, c in want.values()}, "no edge confirmed: the circuit did not form"
