@@ -97,17 +97,7 @@ export function circuitGraph(circuit, { width = CIRCUIT_WIDTH, title = "" } = {}
   layers.forEach((l) => svg.append(s("text", { x: x(l), y: top - 10, "text-anchor": "middle", "font-size": 11, fill: "#3d4555", text: `layer ${l}` })));
   for (const e of edges) {
     const [a, b] = [at.get(name(e.from)), at.get(name(e.to))];
-    if (!a || !b) continue;
-    const ok = Boolean(e.confirmed_by_ablation);
-    const untested = e.confirmed_by_ablation === null || e.confirmed_by_ablation === undefined;  // a live run ablates at its end
-    const s_ = e.induction_score;
-    const said = untested ? "not ablated yet" : `${ok ? "confirmed" : "not confirmed"} by ablation`;
-    const text = `${name(e.from)} → ${name(e.to)}: K-composition ${num(e.k_composition, 3)} (floor ${num(circuit.k_floor, 3)}); ${said}${s_ ? ` (induction score ${num(s_.clean)} → ${num(s_.ablated)})` : ""}`;
-    const line = s("line", { x1: a[0] + r, y1: a[1], x2: b[0] - r, y2: b[1], stroke: ok ? "#0072B2" : untested ? "#56B4E9" : "#D55E00", "stroke-width": (1.5 + 6.5 * Math.max(0, (Number(e.k_composition) || 0) - floor) / span).toFixed(2),
-      "stroke-dasharray": ok ? null : "5 4", "data-edge": `${name(e.from)}-${name(e.to)}`, "data-k": e.k_composition, "data-confirmed": untested ? "untested" : String(ok) }, s("title", {}, text));
-    line.addEventListener("mousemove", (ev) => showTip(ev, text));
-    line.addEventListener("mouseleave", hideTip);
-    svg.append(line);
+    if (a && b) svg.append(edgeLine(e, a, b, r, floor, span));
   }
   for (const n of nodes) {
     const [cx, cy] = at.get(name(n.head));
@@ -117,6 +107,21 @@ export function circuitGraph(circuit, { width = CIRCUIT_WIDTH, title = "" } = {}
       s("text", { x: cx, y: cy + 4, "text-anchor": "middle", "font-size": 11, fill: "#1d2330", text: name(n.head) })));
   }
   return svg;
+}
+
+// One edge between node centres `a` and `b` (radius r), its width by its score's margin over
+// the floor (`span`: the widest margin), its colour and dash by what the ablation said.
+function edgeLine(e, a, b, r, floor, span) {
+  const ok = Boolean(e.confirmed_by_ablation);
+  const untested = e.confirmed_by_ablation === null || e.confirmed_by_ablation === undefined;  // a live run ablates at its end
+  const s_ = e.induction_score;
+  const said = untested ? "not ablated yet" : `${ok ? "confirmed" : "not confirmed"} by ablation`;
+  const text = `${name(e.from)} → ${name(e.to)}: K-composition ${num(e.k_composition, 3)} (floor ${num(floor, 3)}); ${said}${s_ ? ` (induction score ${num(s_.clean)} → ${num(s_.ablated)})` : ""}`;
+  const line = s("line", { x1: a[0] + r, y1: a[1], x2: b[0] - r, y2: b[1], stroke: ok ? "#0072B2" : untested ? "#56B4E9" : "#D55E00", "stroke-width": (1.5 + 6.5 * Math.max(0, (Number(e.k_composition) || 0) - floor) / span).toFixed(2),
+    "stroke-dasharray": ok ? null : "5 4", "data-edge": `${name(e.from)}-${name(e.to)}`, "data-k": e.k_composition, "data-confirmed": untested ? "untested" : String(ok) }, s("title", {}, text));
+  line.addEventListener("mousemove", (ev) => showTip(ev, text));
+  line.addEventListener("mouseleave", hideTip);
+  return line;
 }
 
 // A live run's evaluation (`circuit`: server/live.py's circuit_scores; `record`: the eval's
