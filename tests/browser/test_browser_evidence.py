@@ -226,6 +226,10 @@ def test_live_run_grows_the_circuit(browser, server: str) -> None:
     expect(pg.locator("#live-status")).to_contain_text("finished", timeout=900_000)
     expect(pg.locator("#live-circuit-note")).to_contain_text("confirmed by the run's ablation")
     threads = int(pg.get_attribute("#live-train-widget", "data-threads") or 0)
+    from axe_playwright_python.sync_playwright import Axe
+    from test_browser_learners import serious
+
+    assert serious(Axe().run(pg, context="#live-circuit").response) == []
     drawn = {
         ln.get_attribute("data-edge"): (
             float(ln.get_attribute("data-k")),
