@@ -60,6 +60,7 @@ Papers: Olsson et al. 2022, "In-context Learning and Induction Heads"; Elhage et
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -239,9 +240,11 @@ def train_model(
     resume: bool = False,
     listener: Listener | None = None,
     stop: StopToken | None = None,
+    weights_view: Callable[[Any], dict[str, Any]] | None = None,
 ) -> tuple[Transformer, TrainResult]:
     """Train one model on the repeat task, measuring it every ``eval_every`` steps; with a
-    ``listener``, watched (:class:`headlab.training.watch.Watch`); ``stop`` can end it early."""
+    ``listener``, watched (:class:`headlab.training.watch.Watch`, given ``weights_view`` to send
+    what it reads from the weights at each evaluation); ``stop`` can end it early."""
     model = make_model(cfg, n_layers, seed)
     task = RepeatTask(cfg.vocab_size, cfg.seq_len, cfg.min_span, cfg.max_span)
     # AdamW imports torch._dynamo when first built (about 2 s here): imported before the clock
@@ -256,7 +259,8 @@ def train_model(
 
     watch = None
     if listener is not None:
-        watch = Watch(measure, listener, data.inputs[0].tolist(), data.ceiling, reporter)
+        watch = Watch(measure, listener, data.inputs[0].tolist(), data.ceiling, reporter,
+                      weights_view)  # fmt: skip
     result = train(
         model,
         train_config(cfg, seed),
@@ -338,12 +342,14 @@ def study(
     reporter: Reporter | None = None,
     listener: Listener | None = None,
     stop: StopToken | None = None,
+    weights_view: Callable[[Any], dict[str, Any]] | None = None,
 ) -> dict[str, Any] | None:
     """Train one model and find its phase change, heads and ablation effects (``_model``: the
     trained model). ``listener`` receives the run's events (module docstring), then the
     :class:`~headlab.training.watch.Verdict`; a ``stop`` that ends the run early gives None."""
     data = held_out(cfg, seed) if data is None else data
-    model, result = train_model(cfg, n_layers, seed, data, reporter, listener=listener, stop=stop)
+    model, result = train_model(cfg, n_layers, seed, data, reporter, listener=listener, stop=stop,
+                                weights_view=weights_view)  # fmt: skip
     if stop is not None and stop.reason is not None:
         return None
     evals = result.records("eval")

@@ -50,6 +50,7 @@ def create_app(
         app.state.models.preload(preload)
         # each model's syntax table (routes/attention.py), computed once by one request
         app.state.syntax_tables, app.state.syntax_flights = {}, SingleFlight()
+        app.state.circuits = {}  # POST /api/circuit's answers, per (model, seed, ablation)
         threads = settings.live_threads() if live_threads is None else live_threads
         app.state.live = LiveRuns(max_seconds=live_seconds, threads=threads)
         # torch's optimizers import torch._dynamo when first built (about 3 s on a 2-core

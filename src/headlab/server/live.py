@@ -187,7 +187,23 @@ def run_study(
     knobs' recipe on ``threads`` torch threads (benchmarks/bench_live.py times this call)."""
     with torch_threads(threads):
         return ind.study(knobs.config(), knobs.n_layers, knobs.seed, listener=listener,
-                         stop=stop)  # fmt: skip
+                         stop=stop, weights_view=circuit_scores)  # fmt: skip
+
+
+def circuit_scores(model: Any) -> dict[str, Any]:
+    """The K-composition of every layer-0 head into every last-layer head (the induction
+    circuit's candidate edges, :func:`headlab.heads.composition.composition_scores`, from the
+    weights alone) and its random-matrix floor: ``{"from_layer", "to_layer", "k" (h × h),
+    "floor"}``. The page redraws the circuit from it at each evaluation."""
+    from headlab.heads.composition import composition_scores
+
+    last = int(model.config.n_layers) - 1
+    if last < 1:  # one layer: no pair of heads in different layers
+        return {"from_layer": 0, "to_layer": 0, "k": [], "floor": None}
+    found = composition_scores(model)
+    k = found.scores["k"][0, :, last, :]  # (h, h)
+    return {"from_layer": 0, "to_layer": last, "k": k.round(decimals=4).tolist(),
+            "floor": round(found.floor("k"), 4)}  # fmt: skip
 
 
 class Busy(RuntimeError):

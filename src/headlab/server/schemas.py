@@ -258,6 +258,30 @@ class HeadsRequest(TextRequest):
         return self.syntax or self.syntax_labels
 
 
+class CircuitRequest(Strict):
+    model: str = Field("default", pattern=NAME_PATTERN, description="a name from /api/models")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="seed of the repeated random tokens")
+    ablation: Literal["mean", "zero"] = Field(
+        "mean", description="how a feeder head is ablated (headlab.heads.effects.Mode)"
+    )
+
+
+class CircuitResponse(BaseModel):
+    """``headlab circuit --json``: :meth:`headlab.heads.circuit.Circuit.to_dict` and the model."""
+
+    model: str
+    previous: list[dict[str, Any]] = Field(description="{head: [layer, head], score} per node")
+    induction: list[dict[str, Any]] = Field(description="{head: [layer, head], score} per node")
+    edges: list[dict[str, Any]] = Field(
+        description="every previous-token → induction pair: k_composition, above_baseline, "
+        "induction_score {clean, ablated}, confirmed_by_ablation, drawn"
+    )
+    k_floor: float = Field(description="K-composition's random-matrix floor (mean + 3 sd)")
+    ablation: str
+    forwards: int
+    seconds: dict[str, float]
+
+
 class ModelOnText(BaseModel):
     """What every answer about a model run on a probe starts with: the model and the tokens."""
 

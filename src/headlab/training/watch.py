@@ -94,6 +94,7 @@ class Evaluation:
     record: dict[str, Any]  # the history's record: step, kind, metrics
     phase_change: dict[str, Any]  # PhaseDetector's answer for the history up to here
     patterns: dict[str, Any] | None = None  # {kind: {"head", "weights" (n, n)}} or None
+    circuit: dict[str, Any] | None = None  # what Watch's ``weights_view`` said of the weights
 
     @property
     def step(self) -> int:
@@ -111,6 +112,8 @@ class Evaluation:
 
     def to_dict(self) -> dict[str, Any]:
         shown = {} if self.patterns is None else {"patterns": self.patterns}
+        if self.circuit is not None:
+            shown["circuit"] = self.circuit
         return {"event": self.name, **self.record, **shown, "phase_change": self.phase_change}
 
 
@@ -276,8 +279,11 @@ class Watch:
         tokens: list[int],
         ceiling: float,
         inner: Reporter | None = None,
+        weights_view: Callable[[nn.Module], dict[str, Any]] | None = None,
     ) -> None:
         self.measure, self.listener, self.inner = measure, listener, inner
+        # read from the weights alone at each evaluation; rides on the event only, as patterns
+        self.weights_view = weights_view
         self.tokens, self.ceiling = tokens, ceiling  # (n,) probe sequence 0; an ideal head's score
         self.detector = PhaseDetector(ceiling)
         self.evaluations = 0
@@ -290,7 +296,8 @@ class Watch:
         phase = self.detector.add(record)
         shown = None if self.evaluations % PATTERN_EVERY else _patterns(record, weights)
         self.evaluations += 1
-        self.listener(Evaluation(record, phase, shown))
+        circuit = None if self.weights_view is None else self.weights_view(model)
+        self.listener(Evaluation(record, phase, shown, circuit))
         if phase["found"] and self.detected is None:
             self.detected = PhaseChange(step, phase)
             self.listener(self.detected)

@@ -15,6 +15,8 @@ from headlab.server.fastjson import json_response
 from headlab.server.schemas import (
     MAX_TOKENS,
     AttentionResponse,
+    CircuitRequest,
+    CircuitResponse,
     HeadsRequest,
     HeadsResponse,
     ProbeInfo,
@@ -125,6 +127,28 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
             **body,
         }
     )
+
+
+@router.post("/circuit", response_model=CircuitResponse)
+def circuit_endpoint(req: CircuitRequest, request: Request) -> dict[str, Any]:
+    """The induction circuit of ``model`` on repeated random tokens, as ``headlab circuit
+    --json`` answers it (:func:`headlab.heads.circuit.induction_circuit`); kept per model,
+    seed and ablation, since the answer is the same each time and takes seconds."""
+    from headlab.heads.circuit import induction_circuit
+    from headlab.measure import build_probe
+
+    kept: dict[tuple, dict[str, Any]] = request.app.state.circuits
+    key = (req.model, req.seed, req.ablation)
+    if key not in kept:
+        model, tokenizer = request.app.state.models.get(req.model)
+        c = model.config
+        try:
+            probe = build_probe("random-repeat", tokenizer, c.max_len, c.vocab_size, seed=req.seed)
+            found = induction_circuit(model, probe, req.ablation, req.seed)
+        except ValueError as exc:
+            raise HTTPException(422, str(exc)) from None
+        kept[key] = {"model": req.model, **found.to_dict()}
+    return kept[key]
 
 
 def syntax_table(request: Request, name: str) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import { figure } from "./export.js";
 import { headGrid } from "./headview.js";
 import { typeSentence, syntaxSentence, signed } from "./sentences.js";
 import { tokenNote } from "./tokens.js";
+import { evidenceCard, circuitGraph, circuitNote, CIRCUIT_WIDTH } from "./evidence-card.js";
 
 export const HEAD_TYPES = [
   ["previous-token", "previous-token head"],
@@ -33,6 +34,7 @@ function build(root) {
     relation: h("select", { id: "heads-relation", name: "relation" }),
     input: h("select", { id: "heads-probe", name: "probe" }),  // filled from GET /api/probes
     syntaxLabels: h("input", { type: "checkbox", id: "heads-syntax-labels", name: "syntax_labels" }),
+    evidence: h("input", { type: "checkbox", id: "heads-evidence", name: "evidence" }),
     text: h("textarea", { id: "heads-text", name: "text", rows: 3, spellcheck: "false" }),
     run: h("button", { type: "submit", id: "heads-run" }, "Run the model"),
     about: h("p", { class: "note", id: "heads-about" }),
@@ -40,15 +42,18 @@ function build(root) {
     tokens: h("p", { class: "note", id: "heads-tokens", hidden: true }),
     view: h("div", { id: "heads-view" }),
     grid: h("div", { id: "heads-grid" }),
+    card: h("div", { id: "heads-card" }),
+    circuit: h("div", { id: "heads-circuit" }),
   };
   el.relationField = field("heads-relation", "relation", el.relation);
   el.relationField.hidden = true;
   el.form = h("form", { id: "heads-form", "aria-label": "head viewer" },
     h("div", { class: "controls flow" }, field("heads-model", "model", el.model), field("heads-type", "head type", el.kind), el.relationField,
       field("heads-which", "or any head (layer.head)", el.which), field("heads-probe", "run the model on", el.input),
-      field("heads-syntax-labels", [el.syntaxLabels, "label heads by syntax too (may relabel other heads)"], null, "inline")),
+      field("heads-syntax-labels", [el.syntaxLabels, "label heads by syntax too (may relabel other heads)"], null, "inline"),
+      field("heads-evidence", [el.evidence, "show the evidence for each label (baselines, ablations, compositions; takes a few seconds)"], null, "inline")),
     el.about, field("heads-text", "text (a repeated phrase shows induction)", el.text), h("p", {}, el.run, " ", h("span", { class: "note" }, "Ctrl+Enter runs it too")));
-  root.append(h("div", { class: "widget-box" }, el.form, el.status, el.tokens, el.view, el.grid));
+  root.append(h("div", { class: "widget-box" }, el.form, el.status, el.tokens, el.view, el.card, el.circuit, el.grid));
   return el;
 }
 
@@ -82,8 +87,9 @@ export function initHeads(root, summaryEl) {
   });
   el.form.addEventListener("submit", (e) => { e.preventDefault(); submit(); });
   el.text.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); submit(); } });
-  el.model.addEventListener("change", () => { describe(el, state); submit(); });
+  el.model.addEventListener("change", () => { describe(el, state); submit(); drawCircuit(el); });
   el.syntaxLabels.addEventListener("change", submit);
+  el.evidence.addEventListener("change", () => { submit(); drawCircuit(el); });
   const showText = () => { el.text.disabled = !readsText(); el.text.parentElement.hidden = el.text.disabled; };
   el.input.addEventListener("change", () => { showText(); describe(el, state); submit(); });
   start(el, state, showText, submit);
@@ -144,6 +150,7 @@ function runner(el, state, { readsText, choose, select, summaryEl }) {
       const body = { model: el.model.value || "default" };
       if (!readsText() || typed) body.probe = el.input.value;
       if (typed) body.text = el.text.value;
+      if (el.evidence.checked) body.evidence = true;
       if (el.syntaxLabels.checked) body.syntax_labels = true;
       else if (state.wantSyntax) body.syntax = true;
       const heads = await api("/api/heads", body);
@@ -200,10 +207,39 @@ function drawHead(el, state) {
     fit: { max: TWO_COLUMN_WIDTH, draw: (width) => twoColumn(chosenW, a.tokens, { title: arcTitle, readout, width }) } });
   const extra = state.syntactic ? syntaxFigures(a.syntax, layer, head, state.syntactic, readout) : [];
   clear(el.view, colourLegend(), readout, h("div", { class: "pair" }, ...pair), ...extra, arc);
+  drawCard(el, state);
   // the grid is drawn once per answer; a pick presses its button and opens its layer
   el.grid.querySelectorAll("button[data-head]").forEach((b) => b.setAttribute("aria-pressed", String(!state.averaged && b.dataset.head === `${layer}.${head}`)));
   const box = el.grid.querySelector(`details[data-layer="${layer}"]`);
   if (box) box.open = true;
+}
+
+// The chosen head's card, when the answer carries the evidence (the box ticked).
+function drawCard(el, state) {
+  const ev = state.heads?.evidence;
+  if (!ev) { clear(el.card); return; }
+  if (state.averaged) { clear(el.card, h("p", { class: "note", id: "evidence-card" }, "The evidence is measured per head: pick a head to see what backs its label.")); return; }
+  clear(el.card, evidenceCard((ev.heads || []).find((r) => r.layer === state.layer && r.head === state.head)));
+}
+
+// The induction circuit of the chosen model (POST /api/circuit, on repeated random tokens),
+// asked for when the evidence is shown; a newer request wins over an older one.
+let circuitRuns = 0;
+async function drawCircuit(el) {
+  const mine = ++circuitRuns;
+  if (!el.evidence.checked) { clear(el.circuit); return; }
+  const model = el.model.value || "default";
+  clear(el.circuit, h("p", { class: "note", role: "status" }, `Finding ${model}'s induction circuit on repeated random tokens…`));
+  try {
+    const c = await api("/api/circuit", { model });
+    if (mine !== circuitRuns) return;
+    const title = `${model}: the induction circuit (previous-token → induction heads, K-composition)`;
+    clear(el.circuit, h("h3", {}, "The induction circuit"), figure(null, { name: `circuit-${model}`, caption: title, data: c,
+      fit: { max: CIRCUIT_WIDTH, draw: (width) => circuitGraph(c, { width }) } }),
+      h("p", { class: "note", id: "circuit-note" }, circuitNote(c)));
+  } catch (err) {
+    if (mine === circuitRuns) clear(el.circuit, missing(`The induction circuit could not be found: ${err.message}`));
+  }
 }
 
 function drawGrid(el, state, select) {

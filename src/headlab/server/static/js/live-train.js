@@ -10,6 +10,8 @@
 import { api } from "./api.js";
 import { h, clear } from "./dom.js";
 import { lineChart, heatmap, colourLegend } from "./figures.js";
+import { figure } from "./export.js";
+import { circuitGraph, circuitNote, liveCircuit, CIRCUIT_WIDTH } from "./evidence-card.js";
 
 // no "-0.00": a value that rounds to zero prints as 0
 const fmt = (v, d = 3) => (Number.isFinite(v) ? (Math.abs(v) < 0.5 * 10 ** -d ? 0 : v).toFixed(d) : "—");
@@ -91,8 +93,9 @@ export async function initLiveTrain(root) {
   const losses = h("div", { id: "live-losses", class: "live-chart" });
   const scores = h("div", { id: "live-scores", class: "live-chart" });
   const patterns = h("div", { id: "live-patterns" });
+  const circuitBox = h("div", { id: "live-circuit" });
   const verdict = h("div", { id: "live-verdict", "aria-live": "polite" });
-  root.append(h("div", { class: "widget-box" }, form, status, phase, losses, scores, patterns, verdict));
+  root.append(h("div", { class: "widget-box" }, form, status, phase, losses, scores, patterns, circuitBox, verdict));
 
   let state = null;
   let pending = false;
@@ -124,6 +127,7 @@ export async function initLiveTrain(root) {
     // evaluation brought new ones (a step event changes the training loss alone)
     if (st.drawn.evals !== st.evals.length || st.drawn.phase !== shade?.join()) drawScores(st, shade);
     if (st.patterns && st.drawn.patternStep !== st.patternStep) drawPatterns(st);
+    if (st.circuit && st.drawn.circuit !== st.circuit) drawCircuit(st);
     showPhase(st);
   };
 
@@ -173,6 +177,17 @@ export async function initLiveTrain(root) {
       heatmap(prev.weights, tokens, { title: `best previous-token head ${prev.head}, step ${st.patternStep}`, window: tokens.length, room })));
   };
 
+  // The induction circuit as the weights have it at the last evaluation (K-composition of
+  // layer 0's heads into the last layer's), confirmed at the end by the run's ablations.
+  const drawCircuit = (st) => {
+    st.drawn.circuit = st.circuit;
+    const c = liveCircuit(st.circuit, st.circuit.record, st.verdict);
+    const title = `the induction circuit at step ${st.circuit.record.step} (K-composition, layer 0 → layer ${st.circuit.to_layer})`;
+    clear(circuitBox, figure(null, { name: "live-circuit", caption: title, data: c,
+      fit: { max: CIRCUIT_WIDTH, draw: (width) => circuitGraph(c, { width }) } }), h("p", { class: "note", id: "live-circuit-note" }, circuitNote(c)));
+    circuitBox.dataset.step = String(st.circuit.record.step);
+  };
+
   const finish = (text, error = false) => {
     status.textContent = text;
     status.classList.toggle("error", error);
@@ -212,10 +227,13 @@ export async function initLiveTrain(root) {
       state.evals.push(e);
       state.phase = e.phase_change;
       if (e.patterns) { state.patterns = e.patterns; state.patternStep = e.step; }
+      if (e.circuit?.k?.length) state.circuit = { ...e.circuit, record: e };
       redraw();
     } else if (name === "verdict") {
       state.phase = e.phase_change;
       state.final = true;
+      state.verdict = e;
+      if (state.circuit) state.circuit = { ...state.circuit };  // redrawn with the ablations' answer
       draw(state);
       showPhase(state);
       showVerdict(e);
@@ -233,8 +251,8 @@ export async function initLiveTrain(root) {
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     state = { runId: null, steps: [], evals: [], phase: null, final: false, stopped: false, patterns: null, tokens: [], ceiling: null, total: 0,
-      drawn: { evals: 0, phase: undefined, patternStep: null } };
-    clear(losses); clear(scores); clear(patterns); clear(verdict);
+      drawn: { evals: 0, phase: undefined, patternStep: null, circuit: null }, circuit: null, verdict: null };
+    clear(losses); clear(scores); clear(patterns); clear(circuitBox); clear(verdict);
     phase.hidden = true;
     delete phase.dataset.state;
     train.disabled = true;
