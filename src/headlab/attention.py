@@ -196,8 +196,18 @@ class KVCache:
         """Bytes held by the key and value buffers."""
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
 
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store new keys/values (B, h_kv, n, d_k); return all so far, (B, h_kv, s, d_k)."""
+    def next_position(self, n: int) -> int:
+        """The position of the first of ``n`` new tokens: here, the number already cached."""
+        return self.length
+
+    def append(
+        self, k: Tensor, v: Tensor, unrotated: Tensor | None = None, rope: Rope | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Store new keys/values (B, h_kv, n, d_k); return all so far, (B, h_kv, s, d_k).
+
+        ``unrotated`` (the keys before rotary) and ``rope`` serve caches that move keys to other
+        slots and rotate them again there (:class:`headlab.model.streaming.SinkCache`); this one
+        keeps each key where it was written, so it ignores them."""
         n = k.shape[2]
         if k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]:
             raise ValueError(
@@ -301,7 +311,7 @@ class MultiHeadAttention(nn.Module):
         """
         B, n = self._check_input(x)
         h, h_kv = self.n_heads, self.n_kv_heads
-        offset = cache.length if cache is not None else 0
+        offset = cache.next_position(n) if cache is not None else 0
         trace = trace if trace is not None else Trace.off()
         trace.record("x", x)
         # 1) project to queries, keys and values
@@ -309,11 +319,12 @@ class MultiHeadAttention(nn.Module):
         trace.record("q_proj", q).record("k_proj", k).record("v_proj", v)
         # 2) split the width into heads
         q, k, v = split_heads(q, h), split_heads(k, h_kv), split_heads(v, h_kv)  # (B, ·, n, d_k)
+        unrotated = k
         if rope is not None:
             q, k = rope(q, offset), rope(k, offset)
         trace.record("q", q).record("k", k).record("v", v)
         if cache is not None:
-            k, v = cache.append(k, v)  # (B, h_kv, s, d_k)
+            k, v = cache.append(k, v, unrotated, rope)  # (B, h_kv, s, d_k)
             trace.record("k_all", k).record("v_all", v)
         s = k.shape[2]
         mask = self._combine_masks(B, n, s, causal, allowed, x.device)

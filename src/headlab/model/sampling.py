@@ -11,15 +11,21 @@ from headlab.model.config import ModelConfig
 
 
 def generation_problems(
-    n: int, config: ModelConfig, max_new_tokens: int, temperature: float, top_k: int | None
+    n: int,
+    config: ModelConfig,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    bounded: bool = True,
 ) -> list[str]:
-    """Why a prompt of ``n`` tokens cannot be continued with these settings (empty: it can)."""
+    """Why a prompt of ``n`` tokens cannot be continued with these settings (empty: it can).
+    ``bounded=False``: a cache with a window (sinks), so the context does not limit the length."""
     out = []
     if not config.causal:
         out.append("generation needs a causal (decoder) model; this one attends both ways")
     if max_new_tokens < 1:
         out.append(f"the number of new tokens must be at least 1, got {max_new_tokens}")
-    elif n + max_new_tokens > config.max_len:
+    elif bounded and n + max_new_tokens > config.max_len:
         room = config.max_len - n
         out.append(
             f"the prompt is {n} tokens and the model's context is {config.max_len}, so "
