@@ -169,3 +169,28 @@ def test_generate_cli_rejects_bad_streaming_options(args: tuple[str, ...], messa
     done = _cli("generate", "--prompt", "hello", *args)
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_experiment_sinks_quick_json(tmp_path: Path) -> None:
+    """`headlab experiment sinks --quick --json`: its full-cache perplexity is the plain forward
+    pass's (the stretch fits the default model's context), the figure is written."""
+    import json
+
+    import torch.nn.functional as F
+
+    from headlab import zoo
+    from headlab.experiments import sinks
+
+    done = _cli("experiment", "sinks", "--quick", "--json", "--out", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    (m,) = result["models"]
+    model, tokenizer = zoo.load("default")
+    ids = sinks.stretch(tokenizer, sinks.QUICK.plans[0])
+    with torch.no_grad():
+        nll = F.cross_entropy(model(ids)[0, :-1], ids[0, 1:])
+    assert m["full_cache"]["ppl"] == pytest.approx(math.exp(float(nll)), rel=1e-5)
+    assert {(r["sinks"], r["window"]) for r in m["runs"]} == {(0, 16), (4, 16)}
+    assert [r["layer"] for r in m["sink_share"]] == [0, 1]
+    assert (tmp_path / "run" / "sinks.png").is_file()
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["models"] == [m]
