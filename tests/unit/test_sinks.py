@@ -54,7 +54,9 @@ def reference_logits(
             kept = kept_keys(i, sinks, window)
             places = list(range(len(kept))) if slots else kept
             qi = rope(q[:, :, i : i + 1], places[-1])  # (1, h, 1, d_k)
-            ki = torch.cat([rope(k[:, :, j : j + 1], p) for j, p in zip(kept, places)], dim=2)
+            ki = torch.cat(
+                [rope(k[:, :, j : j + 1], p) for j, p in zip(kept, places, strict=True)], dim=2
+            )
             scores = qi @ repeat_kv(ki, g).transpose(-2, -1) / math.sqrt(attn.d_k)
             rows.append(torch.softmax(scores, dim=-1) @ repeat_kv(v[:, :, kept], g))
         x = x + attn.W_O(merge_heads(torch.cat(rows, dim=2)))
@@ -123,7 +125,9 @@ def test_memory_stays_flat_over_four_windows() -> None:
     model = tiny()
     sinks, window = 2, 6
     cache = model.new_sink_cache(1, sinks, window)
-    tokens = torch.randint(0, 40, (1, 4 * window + sinks), generator=torch.Generator().manual_seed(6))
+    tokens = torch.randint(
+        0, 40, (1, 4 * window + sinks), generator=torch.Generator().manual_seed(6)
+    )
     sizes = []
     for t in range(tokens.shape[1]):
         model(tokens[:, t : t + 1], cache=cache)

@@ -27,8 +27,10 @@ def generate(
         False, "--heads", help="Also score and label every head on the prompt and its continuation."
     ),
     window: int | None = typer.Option(
-        None, "--window", help="Keep only the latest W tokens in the KV cache (plus --sinks), so "
-        "the text may run past the model's context (StreamingLLM, Xiao et al. 2023)."
+        None,
+        "--window",
+        help="Keep only the latest W tokens in the KV cache (plus --sinks), so "
+        "the text may run past the model's context (StreamingLLM, Xiao et al. 2023).",
     ),
     sinks: int | None = typer.Option(
         None, "--sinks", help="With --window: also keep the first S tokens (attention sinks)."

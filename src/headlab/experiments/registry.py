@@ -42,7 +42,13 @@ def _entry(name: str, module: ModuleType, options: frozenset[str] = frozenset())
 def experiments() -> dict[str, Experiment]:
     """Every experiment by command name, in the order ``headlab experiment list`` shows them."""
     from headlab.experiments import (
-        gqa, head_count, induction, one_vs_many, prune, retrieval, sinks,
+        gqa,
+        head_count,
+        induction,
+        one_vs_many,
+        prune,
+        retrieval,
+        sinks,
     )  # fmt: skip
 
     live = frozenset({"reporter", "listener", "threads"})  # the page's live events, its threads

@@ -1,4 +1,4 @@
-"""Retrieval heads: which heads copy a fact out of a long context, and whether masking them breaks it.
+"""Retrieval heads: which heads copy a fact out of a long context; does masking them break it.
 
 Wu et al. 2024 find that a few heads (< 5% score above 0.1) do the copying when a model repeats a
 fact from far back in its context: masking the top-k such heads breaks needle-in-a-haystack
@@ -110,9 +110,7 @@ def answer(
     return torch.stack(out, dim=1), rows
 
 
-def retrieval_scores(
-    tops: list[Tensor], generated: Tensor, probes: list[NeedleProbe]
-) -> Tensor:
+def retrieval_scores(tops: list[Tensor], generated: Tensor, probes: list[NeedleProbe]) -> Tensor:
     """(B, L, h) Wu et al.'s score of each head on each probe, from the most-attended
     positions ``tops`` (L, B, h) of the query that produced each answer token generated[:, t]
     (B, a): 1/|needle| each time that position is inside the needle and holds that token."""
@@ -195,8 +193,11 @@ def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None 
         model, tokenizer = zoo.load(cfg.model)
         hay = haystack(tokenizer)
         seed_list = range(seed, seed + max(seeds, cfg.seeds))
-        make = lambda lengths: [build_probe(tokenizer, hay, n, d, s, cfg.question)  # noqa: E731
-                                for n in lengths for d in cfg.depths for s in seed_list]
+
+        def make(lengths: tuple[int, ...]) -> list[NeedleProbe]:
+            return [build_probe(tokenizer, hay, n, d, s, cfg.question)
+                    for n in lengths for d in cfg.depths for s in seed_list]  # fmt: skip
+
         rows = score_probes(model, make(cfg.lengths))
         mean = torch.stack([r.pop("scores") for r in rows]).mean(0)  # (L, h)
         order = mean.flatten().argsort(descending=True).tolist()
@@ -219,7 +220,9 @@ def summary(
     heat = [[sum(r["correct"] for r in rows if r["length"] == n and r["depth"] == d)
              / max(1, sum(1 for r in rows if r["length"] == n and r["depth"] == d))
              for n in cfg.lengths] for d in cfg.depths]  # fmt: skip
-    top = [{"layer": l, "head": hh, "score": round(float(mean[l, hh]), 4)} for l, hh in ranking[:16]]
+    top = [
+        {"layer": l, "head": hh, "score": round(float(mean[l, hh]), 4)} for l, hh in ranking[:16]
+    ]
     results = {
         "experiment": "retrieval",
         "quick": quick,

@@ -218,8 +218,15 @@ class Transformer(nn.Module):
             raise ValueError("a sink cache moves keys to new positions, which learned position "
                              "embeddings cannot follow; use a rotary model")  # fmt: skip
         return [
-            SinkCache(batch, b.attn.n_kv_heads, b.attn.d_k, sinks, window,
-                      b.attn.W_K.weight.dtype, b.attn.W_K.weight.device)  # fmt: skip
+            SinkCache(
+                batch,
+                b.attn.n_kv_heads,
+                b.attn.d_k,
+                sinks,
+                window,
+                b.attn.W_K.weight.dtype,
+                b.attn.W_K.weight.device,
+            )
             for b in self._blocks()
         ]
 
