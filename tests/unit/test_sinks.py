@@ -107,7 +107,8 @@ def test_a_window_as_long_as_the_text_is_the_full_cache_bit_for_bit(dtype: torch
         b = model(tokens[:, t : t + 1], cache=sink)
         assert torch.equal(a, b), t
     prompt = tokens[:, :5]
-    assert torch.equal(model.generate(prompt, 11, window=16, sinks=4), model.generate(prompt, 11))
+    assert torch.equal(model.generate(prompt, 11, window=16), model.generate(prompt, 11))
+    assert torch.equal(model.generate(prompt, 11, window=12, sinks=4), model.generate(prompt, 11))
 
 
 def test_generation_with_sinks_equals_recomputing_from_scratch() -> None:
@@ -167,7 +168,11 @@ def test_generate_cli_streams_past_the_default_models_context() -> None:
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [(("--sinks", "4"), "--sinks needs --window"), (("--window", "0"), "--window")],
+    [
+        (("--sinks", "4"), "--sinks needs --window"),
+        (("--window", "0"), "--window"),
+        (("--window", "1000000"), "sinks + window must be 1..64"),
+    ],
 )
 def test_generate_cli_rejects_bad_streaming_options(args: tuple[str, ...], message: str) -> None:
     done = _cli("generate", "--prompt", "hello", *args)

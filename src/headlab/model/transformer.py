@@ -280,8 +280,9 @@ class Transformer(nn.Module):
         Raises ValueError for settings outside these ranges or a prompt that leaves no room.
         """
         n = tokens.shape[-1]
+        kept = (window or 0) + sinks
         problems = generation_problems(n, self.config, max_new_tokens, temperature, top_k,
-                                       bounded=window is None)  # fmt: skip
+                                       bounded=window is None, kept=kept)  # fmt: skip
         if problems:
             raise ValueError("; ".join(problems))
         B, n = self._check_tokens(tokens, limit=None if window is None else n)
