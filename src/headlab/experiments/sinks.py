@@ -163,12 +163,14 @@ def _figure(results: dict, out: Path | None) -> str | None:
                     label=f"window {w}")  # fmt: skip
         ax.axhline(m["full_cache"]["ppl"], color="k", ls="--", label="full cache")
         ax.set_yscale("log")
+        ax.set_xticks(sorted({r["sinks"] for r in m["runs"]}))
         ax.set_xlabel("sinks kept (first tokens)")
         ax.set_ylabel("perplexity (log scale)")
         ax.set_title(f"{m['model']}: {m['tokens']} tokens, context {m['context']}")
         ax.legend(fontsize=8)
         layers = m["sink_share"]
         share.bar([r["layer"] for r in layers], [r["share"] for r in layers], color="C7")
+        share.set_xticks([r["layer"] for r in layers][:: max(1, len(layers) // 10)])
         share.set_xlabel("layer")
         share.set_ylabel("sink share (heads with α₁ > 0.3)")
         share.set_ylim(0, 1)
