@@ -17,8 +17,8 @@ causal mask is aligned bottom-right: query i (absolute position offset + i) sees
 j <= offset + i (and j > offset + i − w in a sliding window of w keys). A query with nothing
 allowed gets zero weights and a zero output, never NaN.
 
-Papers: Vaswani et al. 2017 (multi-head attention), Shazeer 2019 (MQA), Ainslie et al. 2023
-(GQA), Beltagy et al. 2020 (sliding windows), Gemma Team 2024 (soft-capping).
+Papers: Vaswani et al. 2017, Shazeer 2019 (MQA), Ainslie et al. 2023 (GQA), Beltagy et al. 2020
+(sliding windows), Gemma Team 2024 (soft-capping), Xiao et al. 2023 (sink caches).
 """
 
 from __future__ import annotations
@@ -136,10 +136,8 @@ def causal_allowed(
 
 
 def valid_head_counts(d_model: int) -> list[int]:
-    """The head counts that split ``d_model`` evenly: its divisors, ascending.
-
-    Pairs each divisor up to √d_model with its cofactor, so even a huge d_model answers quickly.
-    """
+    """The head counts that split ``d_model`` evenly: its divisors, ascending (each divisor up
+    to √d_model paired with its cofactor, so even a huge d_model answers quickly)."""
     small = [h for h in range(1, math.isqrt(max(d_model, 0)) + 1) if d_model % h == 0]
     return sorted(set(small) | {d_model // h for h in small})
 
@@ -172,13 +170,8 @@ def check_config(
 
 
 def _short_list(values: list[int], limit: int = 24) -> str:
-    if len(values) <= limit:
-        return ", ".join(map(str, values))
-    return (
-        ", ".join(map(str, values[: limit // 2]))
-        + ", …, "
-        + ", ".join(map(str, values[-limit // 2 :]))
-    )
+    shown = values if len(values) <= limit else [*values[: limit // 2], "…", *values[-limit // 2 :]]
+    return ", ".join(map(str, shown))
 
 
 class KVCache:
@@ -207,11 +200,17 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the key and value buffers."""
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v))  # keys and values
 
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store new keys/values (B, h_kv, n, d_k); return all so far, (B, h_kv, s, d_k)."""
+    def next_position(self, n: int) -> int:
+        """The position of the first of ``n`` new tokens: here, the number already cached."""
+        return self.length
+
+    def append(
+        self, k: Tensor, v: Tensor, unrotated: Tensor | None = None, rope: Rope | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Store new keys/values (B, h_kv, n, d_k); return all so far, (B, h_kv, s, d_k).
+        ``unrotated`` (keys before rotary) and ``rope`` serve caches that move keys: SinkCache."""
         n = k.shape[2]
         if k.shape[:2] != self.k.shape[:2] or k.shape[3] != self.k.shape[3]:
             raise ValueError(
@@ -329,7 +328,7 @@ class MultiHeadAttention(nn.Module):
         """
         B, n = self._check_input(x)
         h, h_kv = self.n_heads, self.n_kv_heads
-        offset = cache.length if cache is not None else 0
+        offset = cache.next_position(n) if cache is not None else 0
         trace = trace if trace is not None else Trace.off()
         trace.record("x", x)
         # 1) project to queries, keys and values
@@ -337,10 +336,10 @@ class MultiHeadAttention(nn.Module):
         trace.record("q_proj", q).record("k_proj", k).record("v_proj", v)
         # 2) split the width into heads
         q, k, v = split_heads(q, h), split_heads(k, h_kv), split_heads(v, h_kv)  # (B, ·, n, d_k)
-        q, k = self._qk_positions(q, k, rope, offset)
+        q, k, unrotated = self._qk_positions(q, k, rope, offset)
         trace.record("q", q).record("k", k).record("v", v)
         if cache is not None:
-            k, v = cache.append(k, v)  # (B, h_kv, s, d_k)
+            k, v = cache.append(k, v, unrotated, rope)  # (B, h_kv, s, d_k)
             trace.record("k_all", k).record("v_all", v)
         s = k.shape[2]
         mask = self._combine_masks(B, n, s, causal, allowed, x.device)
@@ -365,13 +364,15 @@ class MultiHeadAttention(nn.Module):
 
     def _qk_positions(
         self, q: Tensor, k: Tensor, rope: Rope | None, offset: int
-    ) -> tuple[Tensor, Tensor]:
-        """Queries and keys as the scores see them: QK-norm'd (when set), then turned by RoPE."""
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries and keys as the scores see them (QK-norm'd when set, then RoPE), and the keys
+        before RoPE (a sink cache turns them again when they change slot)."""
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        unrotated = k
         if rope is not None:
             q, k = rope(q, offset), rope(k, offset)
-        return q, k
+        return q, k, unrotated
 
     def _explicit(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, trace: Trace

@@ -53,10 +53,16 @@ def generate_text(
     temperature: float = 0.0,
     top_k: int | None = None,
     seed: int | None = None,
+    window: int | None = None,
+    sinks: int = 0,
 ) -> Generation:
     """Continue ``prompt`` by up to ``max_new_tokens`` tokens (greedy unless temperature > 0;
     one too small to divide the logits by, such as 1e-320, is greedy too:
     :func:`headlab.model.sampling.pick_tokens`).
+
+    With ``window`` the KV cache keeps the first ``sinks`` tokens and the last ``window``
+    (StreamingLLM, :meth:`Transformer.new_sink_cache`): prompt and continuation may then run
+    past the model's context.
 
     Raises ValueError with a sentence for an empty prompt, a prompt that leaves no room in the
     model's context, or settings out of range (see :meth:`Transformer.generate`).
@@ -66,7 +72,8 @@ def generate_text(
         raise ValueError("the prompt is empty: give at least one word")
     eos = end_token(tokenizer)
     tokens = torch.tensor([ids], device=next(model.parameters()).device)
-    out = model.generate(tokens, max_new_tokens, temperature, top_k, seed, eos_id=eos)
+    out = model.generate(tokens, max_new_tokens, temperature, top_k, seed, eos_id=eos,
+                         window=window, sinks=sinks)  # fmt: skip
     new = out[0, len(ids) :].tolist()
     stopped = eos is not None and eos in new
     if stopped:

@@ -90,6 +90,7 @@ def experiment_command(
     ship: bool = typer.Option(False, "--ship", help="Also store the results for the web page."),
     verify: bool = typer.Option(False, "--verify", help=VERIFY_HELP),
     threads: int | None = typer.Option(None, "--threads", min=1, max=256, help=THREADS_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Run an experiment: results.json and PNG figures in --out, a summary here."""
     from headlab.experiments import ship_results
@@ -117,8 +118,13 @@ def experiment_command(
         results = experiment.run(quick=quick, seeds=seeds, seed=seed, out=out_dir, **extra)
     except KeyboardInterrupt:
         raise fail("interrupted; nothing was written", code=130) from None
-    _print_summary(name, results)
-    console.print(f"results and figures in {out_dir}")
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(results, ensure_ascii=False))
+    else:
+        _print_summary(name, results)
+        console.print(f"results and figures in {out_dir}")
     if ship:
         console.print(f"shipped as {ship_results(name, results)}")
     if verify:

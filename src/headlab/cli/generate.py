@@ -26,6 +26,15 @@ def generate(
     show_heads: bool = typer.Option(
         False, "--heads", help="Also score and label every head on the prompt and its continuation."
     ),
+    window: int | None = typer.Option(
+        None,
+        "--window",
+        help="Keep only the latest W tokens in the KV cache (plus --sinks), so "
+        "the text may run past the model's context (StreamingLLM, Xiao et al. 2023).",
+    ),
+    sinks: int | None = typer.Option(
+        None, "--sinks", help="With --window: also keep the first S tokens (attention sinks)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Continue a prompt with a model (KV-cached decoding), optionally labelling its heads."""
@@ -34,16 +43,19 @@ def generate(
 
     if not math.isfinite(temperature):
         raise fail(f"--temperature must be a finite number, 0 or more; got {temperature}")
+    _check_streaming(window, sinks)
+    stream = {} if window is None else {"window": window, "sinks": sinks or 0}
 
     ensure_fetched(model)
     try:
         result, report = _continue(model, prompt, max_new_tokens, temperature, top_k, seed,
-                                   show_heads)  # fmt: skip
+                                   show_heads, stream)  # fmt: skip
     except ValueError as exc:
         raise fail(str(exc)) from None
     if as_json:
         heads = {"heads": report.to_dict()} if report is not None else {}
-        typer.echo(json.dumps({"model": model, **result.to_dict(), **heads}, ensure_ascii=False))
+        typer.echo(json.dumps({"model": model, **result.to_dict(), **stream, **heads},
+                              ensure_ascii=False))  # fmt: skip
         return
     console.print(f"[dim]{prompt}[/][bold]{result.text}[/]", highlight=False, markup=True)
     if report is not None:
@@ -51,6 +63,16 @@ def generate(
 
         title = f"{model}: the prompt and its continuation, {len(report.tokens)} tokens"
         console.print(heads_table(report, title))
+
+
+def _check_streaming(window: int | None, sinks: int | None) -> None:
+    """--window must be at least 1; --sinks (0 or more) only with it."""
+    if window is not None and window < 1:
+        raise fail(f"--window must be at least 1 token, got {window}")
+    if sinks is not None and window is None:
+        raise fail("--sinks needs --window: sinks are kept beside a window of recent tokens")
+    if sinks is not None and sinks < 0:
+        raise fail(f"--sinks must be 0 or more, got {sinks}")
 
 
 def _continue(
@@ -61,6 +83,7 @@ def _continue(
     top_k: int | None,
     seed: int | None,
     show_heads: bool,
+    stream: dict[str, int],
 ) -> tuple[Any, Any]:
     """The continuation (headlab.generation.generate_text) and, with ``show_heads``, the
     :class:`headlab.heads.HeadReport` of the prompt and its continuation (else None)."""
@@ -70,7 +93,8 @@ def _continue(
     from headlab.generation import generate_text
 
     m, tokenizer = zoo.load(model)
-    result = generate_text(m, tokenizer, prompt, max_new_tokens, temperature, top_k, seed)
+    result = generate_text(m, tokenizer, prompt, max_new_tokens, temperature, top_k, seed,
+                           **stream)  # fmt: skip
     if not show_heads:
         return result, None
     from headlab.heads import analyse

@@ -41,7 +41,15 @@ def _entry(name: str, module: ModuleType, options: frozenset[str] = frozenset())
 
 def experiments() -> dict[str, Experiment]:
     """Every experiment by command name, in the order ``headlab experiment list`` shows them."""
-    from headlab.experiments import gqa, head_count, induction, one_vs_many, prune
+    from headlab.experiments import (
+        gqa,
+        head_count,
+        induction,
+        one_vs_many,
+        prune,
+        retrieval,
+        sinks,
+    )  # fmt: skip
 
     live = frozenset({"reporter", "listener", "threads"})  # the page's live events, its threads
     return {
@@ -52,6 +60,8 @@ def experiments() -> dict[str, Experiment]:
             _entry("head-count", head_count),
             _entry("prune", prune),
             _entry("gqa", gqa),
+            _entry("sinks", sinks),
+            _entry("retrieval", retrieval),
         )
     }
 

@@ -11,21 +11,32 @@ from headlab.model.config import ModelConfig
 
 
 def generation_problems(
-    n: int, config: ModelConfig, max_new_tokens: int, temperature: float, top_k: int | None
+    n: int,
+    config: ModelConfig,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    bounded: bool = True,
+    kept: int = 0,
 ) -> list[str]:
-    """Why a prompt of ``n`` tokens cannot be continued with these settings (empty: it can)."""
+    """Why a prompt of ``n`` tokens cannot be continued with these settings (empty: it can).
+    ``bounded=False``: a cache with a window (sinks), so the context does not limit the length;
+    it keeps ``kept`` = sinks + window positions, which must fit the context."""
     out = []
     if not config.causal:
         out.append("generation needs a causal (decoder) model; this one attends both ways")
     if max_new_tokens < 1:
         out.append(f"the number of new tokens must be at least 1, got {max_new_tokens}")
-    elif n + max_new_tokens > config.max_len:
+    elif bounded and n + max_new_tokens > config.max_len:
         room = config.max_len - n
         out.append(
             f"the prompt is {n} tokens and the model's context is {config.max_len}, so "
             + (f"at most {room} new tokens fit, not {max_new_tokens}" if room > 0
                else "there is no room for new tokens; shorten the prompt")
         )  # fmt: skip
+    if not bounded and not 1 <= kept <= config.max_len:
+        out.append(f"sinks + window must be 1..{config.max_len} (the model's context), "
+                   f"got {kept}")  # fmt: skip
     if temperature < 0:
         out.append(f"temperature must be 0 (greedy) or more, got {temperature}")
     if top_k is not None and top_k < 1:

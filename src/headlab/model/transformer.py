@@ -17,6 +17,7 @@ from headlab.attention import KVCache
 from headlab.model.config import ModelConfig
 from headlab.model.layers import Block, Rotary, make_norm
 from headlab.model.sampling import generation_problems, pick_tokens
+from headlab.model.streaming import SinkCache
 from headlab.trace import Trace
 
 
@@ -98,7 +99,9 @@ class Transformer(nn.Module):
         0 ablates), reaching every layer (Michel et al. 2019).
         allowed: (B, n) bool, False at padding positions, which no query may attend to.
         cache: one :class:`KVCache` per layer (:meth:`new_cache`); the tokens continue the
-        cached ones, at positions cache length … cache length + n − 1.
+        cached ones, at positions cache length … cache length + n − 1. With a
+        :class:`SinkCache` per layer (:meth:`new_sink_cache`) a chunk that overflows it is fed
+        token by token (then ``trace`` must be off).
         """
         x = self.hidden_states(
             tokens, trace=trace, head_mask=head_mask, allowed=allowed, cache=cache
@@ -123,8 +126,11 @@ class Transformer(nn.Module):
     ) -> Tensor:
         """tokens (B, n) → the final hidden state (B, n, d_model), before the unembedding."""
         trace = trace if trace is not None else Trace.off()
+        if cache and _overflows(cache, tokens):
+            return self._stream(tokens, trace, head_mask, cache)
         offset = self._check_cache(cache, tokens, allowed)
-        B, n = self._check_tokens(tokens, offset)
+        limit = max(cache[0].capacity, self.config.max_len) if cache else self.config.max_len
+        B, n = self._check_tokens(tokens, offset, limit)
         masks = self._layer_head_masks(head_mask, B)
         key_allowed = self._check_allowed(allowed, B, n)
         layer_caches: list[KVCache | None] = list(cache) if cache else [None] * len(self.blocks)
@@ -147,17 +153,34 @@ class Transformer(nn.Module):
         trace.record("final", x)
         return x
 
-    def _check_tokens(self, tokens: Tensor, offset: int = 0) -> tuple[int, int]:
+    def _stream(
+        self, tokens: Tensor, trace: Trace, head_mask: Tensor | None, cache: list[KVCache]
+    ) -> Tensor:
+        """Hidden states (B, n, d_model) of a chunk that overflows a sink cache: what fits in
+        one pass, then one token at a time (each token's window differs)."""
+        if trace.enabled:
+            raise ValueError("a chunk that overflows a sink cache runs token by token; "
+                             "trace it in pieces that fit, or without the cache")  # fmt: skip
+        fit = max(cache[0].capacity - cache[0].length, 0)
+        pieces = [tokens[:, :fit]] if fit else []
+        pieces += list(tokens[:, fit:].split(1, dim=1))
+        return torch.cat([self.hidden_states(p, head_mask=head_mask, cache=cache) for p in pieces],
+                         dim=1)  # fmt: skip
+
+    def _check_tokens(
+        self, tokens: Tensor, offset: int = 0, limit: int | None = None
+    ) -> tuple[int, int]:
         if tokens.dim() != 2 or tokens.dtype not in (torch.long, torch.int32, torch.int64):
             raise ValueError(
                 f"tokens must be an integer tensor of shape (B, n), got {tuple(tokens.shape)} "
                 f"{tokens.dtype}; add a batch dimension with tokens.unsqueeze(0)"
             )
         B, n = tokens.shape
-        if n < 1 or offset + n > self.config.max_len:
+        limit = self.config.max_len if limit is None else limit
+        if n < 1 or offset + n > limit:
             cached = f" after {offset} cached positions" if offset else ""
             raise ValueError(
-                f"sequence length {n}{cached} is outside 1..{self.config.max_len - offset} "
+                f"sequence length {n}{cached} is outside 1..{limit - offset} "
                 f"(max_len {self.config.max_len})"
             )
         if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.config.vocab_size):
@@ -188,7 +211,7 @@ class Transformer(nn.Module):
                 f"the cache holds {cache[0].k.shape[0]} sequences but tokens has "
                 f"{tokens.shape[0]}; make one with model.new_cache({tokens.shape[0]}, capacity)"
             )
-        return cache[0].length
+        return cache[0].next_position(tokens.shape[-1])
 
     def new_cache(self, batch: int, capacity: int) -> list[KVCache]:
         """An empty KV cache per layer for ``batch`` sequences of up to ``capacity`` positions.
@@ -202,6 +225,28 @@ class Transformer(nn.Module):
                 f"cache capacity must be 1..{self.config.max_len} (max_len), got {capacity}"
             )
         return [block.attn.new_cache(batch, capacity) for block in self._blocks()]
+
+    def new_sink_cache(self, batch: int, sinks: int, window: int) -> list[KVCache]:
+        """A :class:`SinkCache` per layer: the first ``sinks`` tokens and the last ``window``
+        (Xiao et al. 2023), positions taken as cache slots, so text of any length fits in
+        sinks + window positions. A rotary model may hold more than max_len positions this
+        way (past its trained context, as the full-cache baseline of a streaming test does);
+        learned position embeddings cannot be moved to a new slot, so they are refused."""
+        if self.config.positional == "learned":
+            raise ValueError("a sink cache moves keys to new positions, which learned position "
+                             "embeddings cannot follow; use a rotary model")  # fmt: skip
+        return [
+            SinkCache(
+                batch,
+                b.attn.n_kv_heads,
+                b.attn.d_k,
+                sinks,
+                window,
+                b.attn.W_K.weight.dtype,
+                b.attn.W_K.weight.device,
+            )
+            for b in self._blocks()
+        ]
 
     def _blocks(self) -> list[Block]:
         return [block for block in self.blocks if isinstance(block, Block)]
@@ -238,6 +283,8 @@ class Transformer(nn.Module):
         top_k: int | None = None,
         seed: int | None = None,
         eos_id: int | None = None,
+        window: int | None = None,
+        sinks: int = 0,
     ) -> Tensor:
         """tokens (B, n) → (B, n + new): the prompt followed by up to ``max_new_tokens`` tokens.
 
@@ -246,14 +293,22 @@ class Transformer(nn.Module):
         above 0, tokens are sampled from softmax(logits / temperature), restricted to the
         ``top_k`` most likely when given, with a generator seeded by ``seed``. With ``eos_id``
         a sequence that emits it is padded with it, and decoding stops once all have.
+        With ``window`` the cache keeps the first ``sinks`` tokens and the last ``window``
+        (:meth:`new_sink_cache`), so prompt and continuation may run past the context.
         Raises ValueError for settings outside these ranges or a prompt that leaves no room.
         """
         n = tokens.shape[-1]
-        problems = generation_problems(n, self.config, max_new_tokens, temperature, top_k)
+        kept = (window or 0) + sinks
+        problems = generation_problems(n, self.config, max_new_tokens, temperature, top_k,
+                                       bounded=window is None, kept=kept)  # fmt: skip
         if problems:
             raise ValueError("; ".join(problems))
-        B, n = self._check_tokens(tokens)
-        cache = self.new_cache(B, n + max_new_tokens)
+        B, n = self._check_tokens(tokens, limit=None if window is None else n)
+        cache = (
+            self.new_cache(B, n + max_new_tokens)
+            if window is None
+            else self.new_sink_cache(B, sinks, window)
+        )
         generator = None if seed is None else torch.Generator(tokens.device).manual_seed(seed)
         hidden = self.hidden_states(tokens, cache=cache)[:, -1]  # (B, d_model)
         out, done = [tokens], torch.zeros(B, dtype=torch.bool, device=tokens.device)
@@ -315,3 +370,10 @@ class Transformer(nn.Module):
     def num_params(self) -> int:
         """Number of distinct parameters (tied embeddings counted once)."""
         return sum(p.numel() for p in self.parameters())
+
+
+def _overflows(cache: list[KVCache], tokens: Tensor) -> bool:
+    """Whether a chunk of several tokens overflows a sink cache (it is then fed piecewise)."""
+    first = cache[0]
+    n = tokens.shape[-1]
+    return isinstance(first, SinkCache) and n > 1 and first.length + n > first.capacity

@@ -1,0 +1,126 @@
+"""Retrieval heads (Wu et al. 2024): the score against a direct loop over stored attentions, the
+probes' answers against decoding without a cache, and the quick run's masking comparison."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from headlab import zoo
+from headlab.experiments import retrieval as r
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def loop_scores(rows: list[torch.Tensor], generated: torch.Tensor, probes: list) -> list:
+    """Wu et al.'s rule as a direct loop over stored attention rows (L, B, h, s) per answer
+    token: the first most-attended key of each head, in plain Python."""
+    L, B, h = rows[0].shape[:3]
+    out = [[[0.0] * h for _ in range(L)] for _ in range(B)]
+    for t, row in enumerate(rows):
+        for b, p in enumerate(probes):
+            seq = p.ids.tolist() + generated[b].tolist()
+            lo, hi = p.span
+            for layer in range(L):
+                for head in range(h):
+                    w = row[layer, b, head].tolist()
+                    j = w.index(max(w))
+                    if lo <= j < hi and seq[j] == int(generated[b, t]):
+                        out[b][layer][head] += 1.0 / (hi - lo)
+    return out
+
+
+@pytest.fixture(scope="module")
+def default() -> tuple:
+    model, tokenizer = zoo.load("default")
+    hay = r.haystack(tokenizer)
+    probes = [r.build_probe(tokenizer, hay, 44, d, 0, r.QUICK.question) for d in (0.0, 0.5, 1.0)]
+    return model, tokenizer, r.groups(probes)[0]
+
+
+def test_score_equals_a_direct_loop_on_stored_attentions(default: tuple) -> None:
+    model, _, probes = default
+    generated, rows = r.answer(model, probes, record="weights")
+    got_generated, tops = r.answer(model, probes)
+    assert torch.equal(got_generated, generated)
+    got = r.retrieval_scores(tops, generated, probes)
+    torch.testing.assert_close(got, torch.tensor(loop_scores(rows, generated, probes)))
+
+
+def test_score_equals_the_loop_where_heads_do_copy() -> None:
+    """Planted attention: random rows in which some heads' maxima sit on the needle token being
+    written, others elsewhere; both computations must find the same heads and counts."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 50, (30,), generator=gen)
+    fact = torch.tensor([7, 8, 7, 9])
+    ids[10:14] = fact
+    probe = r.NeedleProbe(ids, fact, (10, 14), 30, 0.3, 0)
+    generated = fact[None, :]  # (1, a): the model wrote the fact
+    rows, L, h = [], 3, 4
+    for t in range(4):
+        s = 30 + t + 1
+        row = torch.rand(L, 1, h, s, generator=gen)
+        targets = torch.randint(0, s, (L, h), generator=gen)
+        copy = torch.rand(L, h, generator=gen) < 0.5
+        targets[copy] = 10 + t  # the needle position holding fact[t]
+        targets[0, 0] = 12 if t == 0 else targets[0, 0]  # fact[2] == fact[0]: counts too
+        for layer in range(L):
+            for head in range(h):
+                row[layer, 0, head, targets[layer, head]] = 2.0
+        rows.append(row)
+    tops = [row.argmax(-1) for row in rows]
+    got = r.retrieval_scores(tops, generated, [probe])
+    want = loop_scores(rows, generated, [probe])
+    torch.testing.assert_close(got, torch.tensor(want))
+    assert got.max() > 0.4  # the planted copying shows
+
+
+def test_answers_equal_decoding_without_a_cache(default: tuple) -> None:
+    """With a head mask, the cached greedy answers equal greedy decoding that reruns the whole
+    sequence each step."""
+    model, _, probes = default
+    mask = torch.ones(model.config.n_layers, model.config.n_heads)
+    mask[1, 2] = mask[0, 5] = 0.0
+    generated, _ = r.answer(model, probes, mask, record=None)
+    seq = torch.stack([p.ids for p in probes])
+    with torch.no_grad():
+        for _ in range(probes[0].answer.numel()):
+            nxt = model(seq, head_mask=mask)[:, -1].argmax(-1, keepdim=True)
+            seq = torch.cat([seq, nxt], dim=1)
+    assert torch.equal(generated, seq[:, -probes[0].answer.numel() :])
+
+
+def test_probe_holds_the_needle_where_it_says(default: tuple) -> None:
+    _, tokenizer, probes = default
+    for p in probes:
+        assert len(p.ids) == 44
+        assert torch.equal(p.ids[p.span[0] : p.span[1]], p.answer)
+        assert "The secret number is" in tokenizer.decode(p.ids.tolist())
+
+
+def test_experiment_retrieval_quick_json(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run(
+        [sys.executable, "-m", "headlab.cli", "experiment", "retrieval", "--quick", "--json",
+         "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    res = json.loads(done.stdout)
+    top = {(t["layer"], t["head"]) for t in res["top_heads"]}
+    assert len(res["scores"]) * len(res["scores"][0]) == res["heads"] == len(top)
+    above = sum(x > 0.1 for row in res["scores"] for x in row) / res["heads"]
+    assert res["share_above_0_1"] == pytest.approx(above)
+    for row in res["masking"]["by_k"]:
+        assert len(row["random"]) == len(row["random_heads"]) == r.QUICK.draws
+        ranked = [(t["layer"], t["head"]) for t in res["top_heads"]][: max(r.QUICK.ks)]
+        for draw in row["random_heads"]:
+            assert len(draw) == row["k"] and not {tuple(x) for x in draw} & set(ranked)
+    assert len(res["heat"]["accuracy"]) == len(r.QUICK.depths)
+    assert (tmp_path / "run" / "retrieval.png").is_file()
