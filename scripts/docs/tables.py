@@ -276,6 +276,37 @@ def bench_table(d: dict[str, Any]) -> str | None:
     return table(d["table"]["columns"], d["table"]["rows"]) if "table" in d else None
 
 
+def sinks_perplexity(d: dict[str, Any]) -> str:
+    """Perplexity over the long text: full cache, then per window alone and with s sinks."""
+    rows = []
+    for m in d["models"]:
+        by = {(r["window"], r["sinks"]): r["ppl"] for r in m["runs"]}
+        sinks = sorted({s for _, s in by if s > 0})
+        for i, w in enumerate(sorted({w for w, _ in by})):
+            first = [f"{m['model']} ({m['context']})", m["tokens"], f"{m['full_cache']['ppl']:.1f}"]
+            rows.append([*(first if i == 0 else ["", "", ""]), w, f"{by[(w, 0)]:.1f}",
+                         *(f"{by[(w, s)]:.1f}" for s in sinks)])  # fmt: skip
+    columns = ["model (context)", "tokens", "full cache", "window", "alone (s = 0)",
+               *(f"s = {s}" for s in sinks)]  # fmt: skip
+    return table(columns, rows)
+
+
+def retrieval_masking(d: dict[str, Any]) -> str:
+    """Retrieval accuracy with the top-k retrieval heads masked against k random heads."""
+    m = d["masking"]
+    rows = [[k["k"], f"{k['top']:.2f}", ", ".join(f"{r:.2f}" for r in k["random"])]
+            for k in m["by_k"]]  # fmt: skip
+    note = (f"Unmasked: {m['none']:.2f}, on {m['probes']} probes of "
+            f"{', '.join(map(str, m['lengths']))} tokens.")  # fmt: skip
+    return table(["k", "top-k masked", "k random heads masked (each draw)"], rows) + f"\n\n{note}"
+
+
+def retrieval_top_heads(d: dict[str, Any]) -> str:
+    """The heads with the highest retrieval scores (Wu et al. 2024's rule)."""
+    rows = [[f"{h['layer']}.{h['head']}", f"{h['score']:.2f}"] for h in d["top_heads"][:8]]
+    return table(["head", "retrieval score"], rows)
+
+
 Table = Callable[[dict[str, Any]], "str | None"]
 EXPERIMENT_TABLES: dict[str, Table] = {
     "induction#seeds": induction_seeds,
@@ -289,6 +320,9 @@ EXPERIMENT_TABLES: dict[str, Table] = {
     "gqa#quality": gqa_quality,
     "gqa#smollm2": gqa_smollm2,
     "gqa#reference": gqa_reference,
+    "sinks#perplexity": sinks_perplexity,
+    "retrieval#masking": retrieval_masking,
+    "retrieval#top_heads": retrieval_top_heads,
 }
 DATA_TABLES = {"grid": heads_grid, "scores": heads_scores, "best": heads_best,
                "counts": heads_counts, "sinks": heads_sinks,
