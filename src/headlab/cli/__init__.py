@@ -5,7 +5,8 @@ One module per command group, each command a wrapper over one library call:
     info        info, models        what headlab runs with; the models it can load or fetch
     serve       serve               the explainer page and its API
     shapes      shapes              every tensor's shape, parameters, FLOPs of one layer
-    heads       heads, syntax       what each head does: one probe, many prompts, a parse
+    heads       heads               what each head does: one probe, or many prompts
+    syntax      syntax              each dependency relation's best head against a parse
     circuit     circuit             the induction circuit; each label's evidence (heads --evidence)
     compare     compare             head roles along a series of checkpoints
     static      static              the explainer as a static site, the model in the browser
@@ -23,7 +24,18 @@ from __future__ import annotations
 import typer
 
 from headlab import __version__
-from headlab.cli import circuit, compare, experiment, generate, heads, info, serve, shapes, static
+from headlab.cli import (
+    circuit,
+    compare,
+    experiment,
+    generate,
+    heads,
+    info,
+    serve,
+    shapes,
+    static,
+    syntax,
+)
 from headlab.cli.common import console
 
 app = typer.Typer(
@@ -56,7 +68,7 @@ app.command()(serve.serve)
 app.command()(shapes.shapes)
 app.command()(info.models)
 app.command()(heads.heads)
-app.command("syntax")(heads.syntax_command)
+app.command("syntax")(syntax.syntax_command)
 app.command()(circuit.circuit)
 app.command("compare")(compare.compare_command)
 app.command()(generate.generate)

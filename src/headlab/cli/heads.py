@@ -1,6 +1,5 @@
-"""``headlab heads`` and ``headlab syntax``: what each attention head does, on one probe, averaged
-over many prompts (shared among torchrun ranks by :func:`headlab.scaling.heads_over_prompts`),
-or against a dependency parse."""
+"""``headlab heads``: what each attention head does, on one probe, or averaged over many prompts
+(shared among torchrun ranks by :func:`headlab.scaling.heads_over_prompts`)."""
 
 from __future__ import annotations
 
@@ -122,12 +121,7 @@ def heads(
     average the scores over many prompts (--prompts; shared among torchrun ranks)."""
     syntax = syntax or syntax_labels
     _check_heads_options(text, text_file, prompts, out, html_out, dist_timeout, syntax)
-    if evidence and prompts is not None:
-        raise fail("--evidence backs the labels of one probe; leave it out with --prompts")
-    mode = check_ablation(ablation) if evidence else None
-    if exact is not None and not evidence:
-        raise fail("--exact picks heads to ablate exactly for --evidence; add --evidence")
-    picked = _parse_exact(exact)
+    mode, picked = _check_evidence(evidence, ablation, exact, prompts)
     _check_probe(probe, text, text_file, prompts)
     _check_outputs(html_out, offload_folder)
     load = _load_options(device, dtype, device_map, max_memory, offload_folder)
@@ -140,6 +134,15 @@ def heads(
         rule = "labels" if syntax_labels else "scores" if syntax else ""
         _heads_on_probe(model, text, probe or "repeat", show, seed, content, load, as_json,
                         rule, html, mode, picked)  # fmt: skip
+
+
+def _check_evidence(evidence: bool, ablation: str, exact: str | None, prompts: str | None) -> Any:
+    """--evidence's ablation mode (None without it) and --exact's heads, or exit 2 saying why."""
+    if evidence and prompts is not None:
+        raise fail("--evidence backs the labels of one probe; leave it out with --prompts")
+    if exact is not None and not evidence:
+        raise fail("--exact picks heads to ablate exactly for --evidence; add --evidence")
+    return (check_ablation(ablation) if evidence else None), _parse_exact(exact)
 
 
 def _check_heads_options(
@@ -450,65 +453,6 @@ def _syntax_margins(model: object, tokenizer: object, name: str) -> dict:
     from headlab.heads.syntax import syntax_report
 
     return syntax_report(model, tokenizer, name=name).margins()
-
-
-def syntax_command(
-    model: ModelName = "default",
-    text_file: str | None = typer.Option(
-        None,
-        "--text-file",
-        help="English text to parse, a UTF-8 file of at most 100,000 characters (default: the "
-        "shipped evaluation text).",
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print the table as JSON."),
-) -> None:
-    """Syntactic heads (Clark et al. 2019): per dependency relation, the head whose most
-    attended word is most often the parser's arc, against the best fixed-offset baseline."""
-    import json
-
-    from headlab import files, zoo
-    from headlab.heads.syntax import ParserUnavailable, syntax_report
-    from headlab.scaling import MAX_PROMPT_CHARS
-
-    try:  # as heads reads it: a regular file, at most as long, but an empty text is no error
-        text = None if text_file is None else files.read_text(text_file, MAX_PROMPT_CHARS,
-                                                                 "text file")  # fmt: skip
-    except ValueError as exc:
-        raise fail(f"--text-file: cannot read it: {exc}") from None
-    try:
-        m, tokenizer = zoo.load(model)
-        report = syntax_report(m, tokenizer, text, name=model).to_dict()
-    except ParserUnavailable as exc:
-        raise fail(str(exc)) from None
-    except ValueError as exc:
-        raise fail(str(exc)) from None
-    if as_json:
-        typer.echo(json.dumps(report, ensure_ascii=False))
-        return
-    _print_syntax_table(report, model)
-
-
-def _print_syntax_table(report: dict, model: str) -> None:
-    """Per relation: the best head, its accuracy, and its margin over the offset baseline."""
-    from rich.table import Table
-
-    table = Table("relation", "arcs", "head", "direction", "accuracy", "offset baseline",
-                  "margin",
-                  title=f"{model}: {report['sentences']} sentences, {report['words']} words",
-                  box=None, padding=(0, 1, 0, 0), header_style="bold underline")  # fmt: skip
-    for r in report["relations"]:
-        margin = r["accuracy"] - r["baseline_accuracy"]
-        table.add_row(r["relation"], str(r["count"]), f"{r['layer']}.{r['head']}",
-                      r["direction"].replace("dependent", "dep"), f"{r['accuracy']:.1%}",
-                      f"{r['baseline_accuracy']:.1%} (δ {r['baseline_offset']:+d})",
-                      f"{margin:+.1%}")  # fmt: skip
-    console.print(table)
-    # one naming: headlab's layer.head from 0; the paper's tables count from 1
-    console.print("head: layer.head, both counted from 0 as everywhere in headlab (Clark et al. "
-                  "2019 count both from 1: their layer 8, head 10 is 7.9 here)",
-                  highlight=False)  # fmt: skip
-    if report.get("note"):
-        console.print(f"note: {report['note']}", highlight=False)
 
 
 def _parse_head(spec: str) -> tuple[int, int]:
