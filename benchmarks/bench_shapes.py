@@ -23,7 +23,8 @@ from collections.abc import Callable
 import torch
 
 from headlab import MultiHeadAttention
-from headlab.shapes import _meta_module, trace_shapes
+from headlab.shapes import trace_shapes
+from headlab.shapes.report import _meta_module
 
 # (label, d_model, h, n, B, h_kv, bias, dtype, cache_len)
 CONFIGS = [
