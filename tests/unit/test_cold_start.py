@@ -65,15 +65,9 @@ def test_help_models_and_argument_errors_import_no_heavy_library(args, code):
 
 
 def test_shapes_imports_torch_and_nothing_else_heavy():
-    """`shapes` runs the real layer on the meta device, so it needs torch; only torch."""
+    """`shapes` runs the real layer on the meta device, so it needs torch; only torch. (That the
+    log shows torch here is also what shows the checks above could see it.)"""
     names, proc = imported("shapes", "--d-model", "512", "--heads", "8")
     assert proc.returncode == 0, proc.stderr
     assert "verdict: MHA, h=8, h_kv=8, d_k=64" in proc.stdout
     assert heavy(names) == ["torch"]
-
-
-def test_the_oracle_sees_torch_where_a_command_needs_it():
-    """The check above can fail: `info` prints torch's version, and the log shows torch."""
-    names, proc = imported("info")
-    assert proc.returncode == 0, proc.stderr
-    assert "torch" in heavy(names)
