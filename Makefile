@@ -4,6 +4,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
+# pytest-xdist workers for `make test` (tests that share a fixture run in one: tests/conftest.py)
+JOBS   ?= 2
 
 .PHONY: install test lint serve bench clean
 
@@ -21,7 +23,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 test: lint
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(JOBS) --dist loadgroup
 
 serve: $(STAMP)
 	$(VENV)/bin/headlab serve --host $(HOST) --port $(PORT)
