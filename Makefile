@@ -4,7 +4,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
-# pytest-xdist workers for `make test` (tests that share a fixture run in one: tests/conftest.py)
+# pytest-xdist workers for `make test` (tests that share a fixture run in one: tests/conftest.py);
+# JOBS=0 runs every test in the one pytest process
 JOBS   ?= 2
 
 .PHONY: install test lint serve bench clean
