@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
-# pytest-xdist workers for `make test` (tests that share a fixture run in one: tests/conftest.py);
+# pytest-xdist workers for `make test`, each given whole modules, the slowest first (tests/conftest.py);
 # JOBS=0 runs every test in the one pytest process
 JOBS   ?= 2
 
@@ -24,7 +24,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 test: lint
-	$(VENV)/bin/pytest -n $(JOBS) --dist loadgroup
+	$(VENV)/bin/pytest -n $(JOBS) --dist loadfile --no-loadscope-reorder
 
 serve: $(STAMP)
 	$(VENV)/bin/headlab serve --host $(HOST) --port $(PORT)

@@ -1,11 +1,9 @@
 """Shared test helpers: seeded generators, the CI rule for missing dependencies, the one server
-and the one browser of a run, and how the tests are shared among pytest-xdist's workers.
+and the one browser of a test process, and the order the modules run in.
 
-``make test`` runs the suite on two workers (``-n 2 --dist loadgroup``). A test that uses a
-fixture wider than itself must run in the process that holds that fixture, or the fixture is
-built again in the other one: :func:`pytest_collection_modifyitems` puts such tests in one
-``xdist_group`` (the tests of the run-wide server and browser together, the others by module);
-every other test goes to whichever worker is free.
+``make test`` runs the suite on two pytest-xdist workers, a whole module at a time (``-n 2
+--dist loadfile``), so a module's wide fixtures are built once; the session-wide ones here
+(the server, the browser) once in each worker that needs them.
 """
 
 from __future__ import annotations
@@ -15,15 +13,13 @@ import shutil
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
 import torch
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
-# the group of the tests that use this file's run-wide fixtures
-SHARED = "tests/conftest.py"
-RUN_WIDE = ("server", "browser")
 
 
 def require(condition: bool, reason: str) -> None:
@@ -42,16 +38,23 @@ def _seed() -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def _threads_per_worker() -> Iterator[None]:
-    """Under xdist, each worker's torch takes its share of the cores: two workers of two
-    threads each on two cores would fight over them. Tests that need a count set their own."""
+    """Under xdist, each worker's torch takes its share of the cores, and so do the live
+    training runs of its server (HEADLAB_LIVE_THREADS, unless set): two workers of two threads
+    each on two cores fight over them, and a live run's two threads then crawl (server/
+    settings.py: on a machine busier than its cores one thread is faster). Tests that need a
+    count set their own."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     before = torch.get_num_threads()
-    torch.set_num_threads(max(1, before // workers))
-    yield
+    share = max(1, before // workers)
+    torch.set_num_threads(share)
+    with pytest.MonkeyPatch.context() as env:
+        if workers > 1 and not os.environ.get("HEADLAB_LIVE_THREADS"):
+            env.setenv("HEADLAB_LIVE_THREADS", str(share))
+        yield
     torch.set_num_threads(before)
 
 
-# --- one server and one browser for the whole run ------------------------------------------------
+# --- one server and one browser for the whole process ---------------------------------------
 
 
 def free_port() -> int:
@@ -70,7 +73,7 @@ def available_model() -> str | None:
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[str]:
-    """The explainer's app on uvicorn, in a thread on a free port, for every test of the run
+    """The explainer's app on uvicorn, in a thread on a free port, for every test of the process
     that talks to a real server (the page's tests, live training): its base URL. The model the
     page shows is loaded at start."""
     import uvicorn
@@ -104,7 +107,7 @@ CHROMIUM_ARGS = [
 
 @pytest.fixture(scope="session")
 def browser() -> Iterator[object]:
-    """Debian's headless Chromium, driven by Playwright, for every browser test of the run."""
+    """Debian's headless Chromium, driven by Playwright, for every browser test of the process."""
     from pathlib import Path
 
     from playwright.sync_api import sync_playwright
@@ -116,34 +119,18 @@ def browser() -> Iterator[object]:
         b.close()
 
 
-# --- sharing the tests among xdist's workers -----------------------------------------------------
+# --- the order the modules run in --------------------------------------------------------------
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test that shares a fixture with others with the ``xdist_group`` of that fixture
-    (``--dist loadgroup`` runs a group in one worker); a test without one may run anywhere."""
-    for item in items:
-        group = shared_group(item)
-        if group is not None and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group))
+    """The modules with the most ``slow`` tests first; within a module, and among modules with as
+    many, the order stays. ``make test`` hands whole modules to its workers in this order
+    (``--dist loadfile --no-loadscope-reorder``), so the long ones start at once and no worker is
+    left running one alone at the end."""
+    slow = Counter(_module(item) for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[_module(item)])
 
 
-def shared_group(item: pytest.Item) -> str | None:
-    """:data:`SHARED` for a test that uses this file's :data:`RUN_WIDE` fixtures; the test's
-    module for one that uses a module-, class- or session-wide fixture of its own module; else
-    None. The other wide fixtures (pytest's ``tmp_path_factory``, the thread share above) cost
-    nothing to build in each worker."""
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return None
-    module = item.nodeid.split("::")[0]
-    group = None
-    for defs in info.name2fixturedefs.values():
-        fixture = defs[-1]  # the definition this test gets (the closest override)
-        if fixture.scope == "function":
-            continue
-        if fixture.baseid == module:
-            group = module
-        elif fixture.argname in RUN_WIDE:
-            return SHARED
-    return group
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
