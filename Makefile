@@ -24,7 +24,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 test: lint
-	$(VENV)/bin/pytest -n $(JOBS) --dist loadfile --no-loadscope-reorder
+	$(VENV)/bin/pytest -n $(JOBS)
 
 serve: $(STAMP)
 	$(VENV)/bin/headlab serve --host $(HOST) --port $(PORT)

@@ -1,9 +1,9 @@
 """Shared test helpers: seeded generators, the CI rule for missing dependencies, the one server
 and the one browser of a test process, and the order the modules run in.
 
-``make test`` runs the suite on two pytest-xdist workers, a whole module at a time (``-n 2
---dist loadfile``), so a module's wide fixtures are built once; the session-wide ones here
-(the server, the browser) once in each worker that needs them.
+``make test`` runs the suite on two pytest-xdist workers, each given a whole module at a time
+(``-n 2``, :class:`WholeModules`), so a module's wide fixtures are built once; the session-wide
+ones here (the server, the browser) once in each worker that needs them.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
+from xdist.scheduler import LoadScheduling
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -119,18 +121,55 @@ def browser() -> Iterator[object]:
         b.close()
 
 
-# --- the order the modules run in --------------------------------------------------------------
+# --- the order the modules run in, and how xdist's workers share them ---------------------------
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The modules with the most ``slow`` tests first; within a module, and among modules with as
-    many, the order stays. ``make test`` hands whole modules to its workers in this order
-    (``--dist loadfile --no-loadscope-reorder``), so the long ones start at once and no worker is
-    left running one alone at the end."""
-    slow = Counter(_module(item) for item in items if item.get_closest_marker("slow"))
-    items.sort(key=lambda item: -slow[_module(item)])
+    many, the order stays. ``make test``'s workers take whole modules in this order
+    (:class:`WholeModules`), so the long ones start at once and no worker is left running one
+    alone at the end."""
+    slow = Counter(_module(item.nodeid) for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[_module(item.nodeid)])
 
 
-def _module(item: pytest.Item) -> str:
-    return item.nodeid.split("::")[0]
+def _module(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+class WholeModules(LoadScheduling):
+    """xdist's ``--dist load``, handing out whole modules: a worker is given the next module
+    when it is down to its last queued test (xdist keeps two queued), so each module's wide
+    fixtures are built once, in one worker.
+
+    Not ``--dist loadfile``: that scheduler tracks tests by id, and under pytest 9.2 the API
+    fuzz test's schemathesis cases share one id, so it runs one case of fifteen and counts the
+    run as passed. This one tracks them by index, as ``load`` does. Nor ``loadgroup``, whose
+    groups pytest 9.2's structured ids drop (pytest-xdist issue 1386)."""
+
+    def __init__(self, config: pytest.Config, log: Any = None) -> None:
+        super().__init__(config, log)
+        self.maxschedchunk = 1  # the first round: one module (two tests, to the module's end)
+
+    def check_schedule(self, node: Any, duration: float = 0) -> None:
+        if node.shutting_down:
+            return
+        if not self.pending:
+            node.shutdown()
+        elif len(self.node2pending[node]) < 2:
+            self._send_tests(node, 1)
+
+    def _send_tests(self, node: Any, num: int) -> None:
+        """``num`` tests, and on to the end of the module the last of them belongs to."""
+        assert self.collection is not None
+        modules = [_module(self.collection[index]) for index in self.pending]
+        end = min(num, len(modules))
+        while 0 < end < len(modules) and modules[end] == modules[end - 1]:
+            end += 1
+        super()._send_tests(node, end)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScheduling | None:
+    """`-n N` (xdist's default `--dist load`) hands out whole modules: :class:`WholeModules`."""
+    return WholeModules(config, log) if config.getvalue("dist") == "load" else None
