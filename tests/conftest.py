@@ -170,6 +170,7 @@ class WholeModules(LoadScheduling):
         super()._send_tests(node, end)
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown with -p no:xdist, and then unused
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScheduling | None:
     """`-n N` (xdist's default `--dist load`) hands out whole modules: :class:`WholeModules`."""
     return WholeModules(config, log) if config.getvalue("dist") == "load" else None
