@@ -7,9 +7,11 @@ round by round, so a busy machine slows them all alike, after one untimed warm-u
 fills the page cache: "cold" is a new process, not a cold disk. Per command it reports the median,
 least and most wall seconds and the median CPU seconds (user + system) of its rounds, and the
 median as a ratio to the torch import's median. Goals: ``--help`` under 0.3 s, and ``shapes``
-about the torch import alone (it runs the real layer on the meta device, so it imports torch;
-nothing else heavy). The machine (cores, Python, torch) and its load average at the start and
-the end are written with the figures, since a shared machine's figures mean little without them.
+near the torch import alone: it runs the real layer on the meta device, so it imports torch and
+nothing else heavy, and its floor is the second reference row, torch plus one meta-device op
+(whose first call imports torch._dynamo). The machine (cores, Python, torch) and its load
+average at the start and the end are written with the figures, since a shared machine's
+figures mean little without them.
 
 Run: ``python benchmarks/bench_cold_start.py [--rounds 7] [--json PATH]``; writes
 ``benchmarks/results/cold_start.json`` by default.
@@ -33,9 +35,13 @@ from headlab.files import write_json
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "cold_start.json"
 REFERENCE = 'python -c "import torch"'
+# the floor of any shape trace: torch's Python kernels for meta tensors import torch._dynamo
+# on their first elementwise op (torch/_compile.py), which `headlab shapes` cannot avoid
+META_OP = "import torch; torch.empty(1, device='meta') * 2"
 HEADLAB = [sys.executable, "-m", "headlab.cli"]
 COMMANDS: dict[str, list[str]] = {
     REFERENCE: [sys.executable, "-c", "import torch"],
+    f'python -c "{META_OP}"': [sys.executable, "-c", META_OP],
     "headlab --help": [*HEADLAB, "--help"],
     "headlab models": [*HEADLAB, "models"],
     "headlab shapes --d-model 512 --heads 8": [*HEADLAB, "shapes", "--d-model", "512",
@@ -105,16 +111,17 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds < 5:
         parser.error(f"--rounds {args.rounds}: give at least 5, the medians need them")
-    load_start = os.getloadavg()
+    load_start = tuple(round(x, 2) for x in os.getloadavg())
     figures = summarise(measure(args.rounds))
-    load_end = os.getloadavg()
+    load_end = tuple(round(x, 2) for x in os.getloadavg())
     info = machine()
     print(f"cold start, {args.rounds} interleaved rounds; {info['cores']} cores, Python "
           f"{info['python']}, torch {info['torch']}")  # fmt: skip
     print(f"load average (1, 5, 15 min): start {load_start}, end {load_end}")
-    print(f"{'command':<42} {'median s':>9} {'min s':>7} {'max s':>7} {'cpu s':>7} {'× torch':>8}")
+    w = max(map(len, figures))
+    print(f"{'command':<{w}} {'median s':>9} {'min s':>7} {'max s':>7} {'cpu s':>7} {'× torch':>8}")
     for name, f in figures.items():
-        print(f"{name:<42} {f['median_s']:>9.3f} {f['min_s']:>7.3f} {f['max_s']:>7.3f} "
+        print(f"{name:<{w}} {f['median_s']:>9.3f} {f['min_s']:>7.3f} {f['max_s']:>7.3f} "
               f"{f['cpu_median_s']:>7.3f} {f['ratio_to_torch_import']:>8.2f}")  # fmt: skip
     load = {"start": list(load_start), "end": list(load_end)}
     write_json(args.json, {"machine": {**info, "load_average": load}, "rounds": args.rounds,
