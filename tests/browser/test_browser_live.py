@@ -11,14 +11,13 @@ from dataclasses import asdict
 
 import pytest
 from playwright.sync_api import expect
-from test_browser import browser, server  # noqa: F401  (the module's fixtures, shared)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 RUN_SECONDS = 900_000  # ms: a whole run on a busy shared machine
 
 
 @pytest.fixture
-def live_page(browser, server: str):  # noqa: F811
+def live_page(browser, server: str):
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     pg = context.new_page()
     pg.errors = []

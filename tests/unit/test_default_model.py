@@ -329,11 +329,28 @@ def test_corpus_is_the_modern_spelling_works_once(corpus_archive):
     assert "\r" not in works["hamlet"] and "\n\n\n" not in works["hamlet"]
 
 
+@pytest.fixture(scope="module")
+def quick_runs(corpus_archive, tmp_path_factory) -> list[Path]:
+    """`headlab train default --quick`, run twice: with the caller on 1 thread, then on 2 (the
+    recipe sets one thread itself); the output folder of each. Both tests below read these runs,
+    so the recipe is trained twice, not three times."""
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out = tmp_path_factory.mktemp(f"quick-{threads}-threads")
+            result = CliRunner().invoke(app, ["train", "default", "--quick", "--out", str(out)])
+            assert result.exit_code == 0, result.output
+            outs.append(out)
+    finally:
+        torch.set_num_threads(before)
+    return outs
+
+
 @pytest.mark.slow
-def test_quick_training_run_end_to_end(corpus_archive, tmp_path):
-    result = CliRunner().invoke(app, ["train", "default", "--quick", "--out", str(tmp_path)])
-    assert result.exit_code == 0, result.output
-    out = tmp_path / "model"
+def test_quick_training_run_end_to_end(quick_runs):
+    out = quick_runs[0] / "model"
     model = Transformer.load(out)
     tokenizer = zoo.Tokenizer.from_dir(out)
     card = json.loads((out / "card.json").read_text())
@@ -351,18 +368,9 @@ def test_quick_training_run_end_to_end(corpus_archive, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_rerun_in_the_same_environment_is_bit_identical(corpus_archive, tmp_path):
+def test_a_rerun_in_the_same_environment_is_bit_identical(quick_runs):
     """What the card calls bit for bit: the same machine, torch build and recipe give the same
     weights file, whatever thread count the caller had (the recipe sets one thread itself)."""
-    before = torch.get_num_threads()
-    digests = []
-    try:
-        for i, threads in enumerate((1, 2)):
-            torch.set_num_threads(threads)
-            out = tmp_path / f"run{i}"
-            result = CliRunner().invoke(app, ["train", "default", "--quick", "--out", str(out)])
-            assert result.exit_code == 0, result.output
-            digests.append(hashlib.sha256((out / "model/model.safetensors").read_bytes()).digest())
-    finally:
-        torch.set_num_threads(before)
+    digests = [hashlib.sha256((out / "model/model.safetensors").read_bytes()).digest()
+               for out in quick_runs]  # fmt: skip
     assert digests[0] == digests[1]

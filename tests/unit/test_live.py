@@ -43,11 +43,6 @@ def _serve(**kw: float) -> Iterator[str]:
     thread.join(timeout=30)
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    yield from _serve()
-
-
 @pytest.fixture
 def client(server: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server, timeout=60) as c:

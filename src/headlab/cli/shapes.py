@@ -37,12 +37,12 @@ def shapes(
     """
     import json
 
-    from headlab.shapes import PRESETS, Preset, trace_shapes
+    from headlab.shapes import PRESETS, Preset, check_shape_config, shape_config
 
     if preset is not None and preset not in PRESETS:
         raise fail(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
     p = PRESETS[preset] if preset else Preset("", "", 512, 8, None, True, 1, 10, "")
-    r = trace_shapes(
+    sizes = (
         p.d_model if d_model is None else d_model,
         p.n_heads if heads is None else heads,
         p.context if seq is None else seq,
@@ -52,6 +52,14 @@ def shapes(
         dtype,
         0 if cache_len is None else cache_len,
     )
+    # a refused size is answered before the layer's module (and torch) is imported; --json
+    # prints the refused report itself, so it goes on to trace_shapes
+    problems = check_shape_config(shape_config(*sizes))
+    if problems and not as_json:
+        raise fail("; ".join(problems))
+    from headlab.shapes import trace_shapes
+
+    r = trace_shapes(*sizes)
     if as_json:
         typer.echo(json.dumps(r.to_dict(), indent=2, ensure_ascii=False))
     if not r.valid:

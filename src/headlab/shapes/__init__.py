@@ -15,15 +15,20 @@ what ``torch.utils.flop_counter`` counts); the bias adds, the 1/√d_k scale and
 O(B·h·n·s) element-wise work against the products' O(B·h·n·s·d_k), and are left out.
 
     config    the sizes a user may ask for (:class:`ShapeConfig`, :data:`LIMITS`, dtypes) and
-              the checks that name what is wrong
-    report    :func:`trace_shapes` and its :class:`ShapeReport`; the published :data:`PRESETS`
+              the checks that name what is wrong; no torch
+    presets   the published models' sizes (:data:`PRESETS`); no torch
+    report    :func:`trace_shapes` and its :class:`ShapeReport`, which run the layer (torch)
 
 Papers: Vaswani et al. 2017 (multi-head attention), Shazeer 2019 (MQA), Ainslie et al. 2023 (GQA).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from headlab.shapes.config import (
+    DTYPE_ALIASES,
     DTYPE_NAMES,
-    DTYPES,
     FLOP_CONVENTION,
     LARGE_ELEMENTS,
     LIMITS,
@@ -34,20 +39,44 @@ from headlab.shapes.config import (
     ShapeConfig,
     check_shape_config,
     nearest_divisors,
+    shape_config,
 )
-from headlab.shapes.report import (
-    PRESETS,
-    ParamTensor,
-    Preset,
-    ShapeReport,
-    Stage,
-    format_bytes,
-    trace_shapes,
-)
+from headlab.shapes.presets import PRESETS, Preset
+
+if TYPE_CHECKING:  # the checker sees the real names; at run time they load on first use
+    from headlab.shapes.report import (
+        DTYPES,
+        ParamTensor,
+        ShapeReport,
+        Stage,
+        format_bytes,
+        trace_shapes,
+    )
 
 __all__ = [
-    "DTYPES", "DTYPE_NAMES", "FLOP_CONVENTION", "LARGE_ELEMENTS", "LIMITS", "MAX_ELEMENTS",
-    "MAX_FLOPS", "N2_STAGES", "PRESETS", "STAGES", "ParamTensor", "Preset", "ShapeConfig",
-    "ShapeReport", "Stage", "check_shape_config", "format_bytes", "nearest_divisors",
-    "trace_shapes",
+    "DTYPES", "DTYPE_ALIASES", "DTYPE_NAMES", "FLOP_CONVENTION", "LARGE_ELEMENTS", "LIMITS",
+    "MAX_ELEMENTS", "MAX_FLOPS", "N2_STAGES", "PRESETS", "STAGES", "ParamTensor", "Preset",
+    "ShapeConfig", "ShapeReport", "Stage", "check_shape_config", "format_bytes",
+    "nearest_divisors", "shape_config", "trace_shapes",
 ]  # fmt: skip
+
+# the names that run the layer, and so need torch: imported on first use (PEP 562), so that
+# `headlab shapes --help` and a refused size never import torch
+_REPORT = frozenset(
+    {"DTYPES", "ParamTensor", "ShapeReport", "Stage", "format_bytes", "trace_shapes"}
+)
+
+
+def __getattr__(name: str) -> Any:
+    """A name of report.py, imported on first access and kept as a module attribute."""
+    if name not in _REPORT:
+        raise AttributeError(f"module 'headlab.shapes' has no attribute {name!r}")
+    from headlab.shapes import report
+
+    value = getattr(report, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

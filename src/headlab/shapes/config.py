@@ -9,28 +9,26 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
+# No torch here: `headlab shapes --help` and its argument errors read this module (LIMITS, the
+# checks) and answer before torch is imported; the report (report.py) runs the layer.
 
-from headlab.attention import valid_head_counts
-
-# dtype names a user may type → the torch dtype the layer is run in
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float64": torch.float64,
-    "fp64": torch.float64,
+# dtype names a user may type → torch's name of the dtype the layer is run in
+# (report.DTYPES maps the same names onto the torch dtypes themselves)
+DTYPE_ALIASES: dict[str, str] = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float64": "float64",
+    "fp64": "float64",
 }
 
 
 # one name per dtype, as reports and the page's menu write it (the aliases above map onto these)
-DTYPE_NAMES: tuple[str, ...] = tuple(
-    dict.fromkeys(str(t).removeprefix("torch.") for t in DTYPES.values())
-)
+DTYPE_NAMES: tuple[str, ...] = tuple(dict.fromkeys(DTYPE_ALIASES.values()))
 
 
 # a tensor above this many elements gets a warning: no single accelerator holds it
@@ -108,9 +106,25 @@ class ShapeConfig:
         ``valid_head_counts``, the h that split ``d_model`` evenly, and ``valid_kv_head_counts``,
         the h_kv that split ``n_heads`` into equal groups (both ascending divisors)."""
         return {
-            "valid_head_counts": valid_head_counts(self.d_model),
-            "valid_kv_head_counts": valid_head_counts(self.n_heads),
+            "valid_head_counts": _divisors(self.d_model),
+            "valid_kv_head_counts": _divisors(self.n_heads),
         }
+
+
+def shape_config(
+    d_model: int,
+    n_heads: int,
+    seq_len: int,
+    batch: int,
+    n_kv_heads: int | None = None,
+    bias: bool = True,
+    dtype: str = "float32",
+    cache_len: int = 0,
+) -> ShapeConfig:
+    """The :class:`ShapeConfig` that ``trace_shapes`` with these arguments reports on, its dtype
+    under its one name ('bf16' → 'bfloat16'); :func:`check_shape_config` says what is wrong."""
+    name = canonical_dtype(dtype)
+    return ShapeConfig(d_model, n_heads, seq_len, batch, n_kv_heads, bias, name, cache_len)
 
 
 def check_shape_config(cfg: ShapeConfig) -> list[str]:
@@ -131,8 +145,8 @@ def check_shape_config(cfg: ShapeConfig) -> list[str]:
         problems.append(f"cache_len must be an integer >= 0, got {cfg.cache_len!r}")
     if not isinstance(cfg.bias, bool):
         problems.append(f"bias must be True or False, got {cfg.bias!r}")
-    if cfg.dtype not in DTYPES:
-        problems.append(f"unknown dtype {cfg.dtype!r}; valid: {', '.join(DTYPES)}")
+    if cfg.dtype not in DTYPE_ALIASES:
+        problems.append(f"unknown dtype {cfg.dtype!r}; valid: {', '.join(DTYPE_ALIASES)}")
     if problems:
         return problems
     largest = _largest_tensor(cfg)
@@ -153,7 +167,7 @@ def check_shape_config(cfg: ShapeConfig) -> list[str]:
 
 def nearest_divisors(value: int, of: int) -> list[int]:
     """The divisors of ``of`` closest to ``value``: the one below and the one above (if any)."""
-    divisors = valid_head_counts(of)
+    divisors = _divisors(of)
     below = [d for d in divisors if d < value]
     above = [d for d in divisors if d > value]
     return ([below[-1]] if below else []) + ([above[0]] if above else [])
@@ -166,14 +180,14 @@ def _divisibility_problems(cfg: ShapeConfig) -> list[str]:
         problems.append(
             f"d_model={d} is not divisible by n_heads={h}, so the heads cannot split the width "
             f"evenly; nearest valid head counts: {_or(nearest_divisors(h, d))} "
-            f"(any divisor of {d}: {_short(valid_head_counts(d))})"
+            f"(any divisor of {d}: {_short(_divisors(d))})"
         )
     h_kv = cfg.h_kv
     if h <= d and h % h_kv:  # (a head count over d_model is already reported above)
         problems.append(
             f"n_heads={h} is not divisible by n_kv_heads={h_kv}, so the query heads cannot share "
             f"K/V heads in equal groups; nearest valid K/V head counts: "
-            f"{_or(nearest_divisors(h_kv, h))} (any divisor of {h}: {_short(valid_head_counts(h))})"
+            f"{_or(nearest_divisors(h_kv, h))} (any divisor of {h}: {_short(_divisors(h))})"
         )
     return problems
 
@@ -191,9 +205,17 @@ def _largest_tensor(cfg: ShapeConfig) -> int:
 
 def canonical_dtype(dtype: str) -> str:
     """'bf16' → 'bfloat16'; anything unknown is passed on for check_shape_config to report."""
-    if isinstance(dtype, str) and dtype in DTYPES:
-        return str(DTYPES[dtype]).removeprefix("torch.")  # a DTYPE_NAMES name
+    if isinstance(dtype, str) and dtype in DTYPE_ALIASES:
+        return DTYPE_ALIASES[dtype]  # a DTYPE_NAMES name
     return dtype
+
+
+def _divisors(n: int) -> list[int]:
+    """:func:`headlab.attention.valid_head_counts`, the divisors' one home, imported when first
+    asked for: it brings torch, which a valid size never needs here."""
+    from headlab.attention import valid_head_counts
+
+    return valid_head_counts(n)
 
 
 def _is_int(value: object) -> bool:

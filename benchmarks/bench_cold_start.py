@@ -1,0 +1,133 @@
+"""Cold start of the command line: seconds from launching ``headlab ...`` to its exit, beside
+``python -c "import torch"`` measured in the same run.
+
+Each command is a fresh interpreter (``python -m headlab.cli``, the same code as the ``headlab``
+console script, with this checkout's ``src`` first on PYTHONPATH). The commands run interleaved
+round by round, so a busy machine slows them all alike, after one untimed warm-up round that
+fills the page cache: "cold" is a new process, not a cold disk. Per command it reports the median,
+least and most wall seconds and the median CPU seconds (user + system) of its rounds, and the
+median as a ratio to the torch import's median. Goals: ``--help`` under 0.3 s, and ``shapes``
+near the torch import alone: it runs the real layer on the meta device, so it imports torch and
+nothing else heavy, and its floor is the second reference row, torch plus one meta-device op
+(whose first call imports torch._dynamo). The machine (cores, Python, torch) and its load
+average at the start and the end are written with the figures, since a shared machine's
+figures mean little without them.
+
+Run: ``python benchmarks/bench_cold_start.py [--rounds 7] [--json PATH]``; writes
+``benchmarks/results/cold_start.json`` by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+from headlab.files import write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "cold_start.json"
+REFERENCE = 'python -c "import torch"'
+# the floor of any shape trace: torch's Python kernels for meta tensors import torch._dynamo
+# on their first elementwise op (torch/_compile.py), which `headlab shapes` cannot avoid
+META_OP = "import torch; torch.empty(1, device='meta') * 2"
+HEADLAB = [sys.executable, "-m", "headlab.cli"]
+COMMANDS: dict[str, list[str]] = {
+    REFERENCE: [sys.executable, "-c", "import torch"],
+    f'python -c "{META_OP}"': [sys.executable, "-c", META_OP],
+    "headlab --help": [*HEADLAB, "--help"],
+    "headlab models": [*HEADLAB, "models"],
+    "headlab shapes --d-model 512 --heads 8": [*HEADLAB, "shapes", "--d-model", "512",
+                                               "--heads", "8"],
+    "headlab heads --model default": [*HEADLAB, "heads", "--model", "default"],
+}  # fmt: skip
+
+
+def run_once(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system) of one run of ``cmd``; it must succeed."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def measure(rounds: int) -> dict[str, dict[str, list[float]]]:
+    """Every command's wall and CPU seconds per round, after one untimed warm-up round."""
+    src = str(ROOT / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get(
+        "PYTHONPATH")])), "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    times: dict[str, dict[str, list[float]]] = {n: {"wall": [], "cpu": []} for n in COMMANDS}
+    for cmd in COMMANDS.values():
+        run_once(cmd, env)
+    for _ in range(rounds):
+        for name, cmd in COMMANDS.items():
+            wall, cpu = run_once(cmd, env)
+            times[name]["wall"].append(wall)
+            times[name]["cpu"].append(cpu)
+    return times
+
+
+def summarise(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
+    """Median, least, most wall seconds, median CPU seconds, and the ratio to the reference."""
+    ref = statistics.median(times[REFERENCE]["wall"])
+    out = {}
+    for name, t in times.items():
+        median = statistics.median(t["wall"])
+        out[name] = {
+            "median_s": median,
+            "min_s": min(t["wall"]),
+            "max_s": max(t["wall"]),
+            "cpu_median_s": statistics.median(t["cpu"]),
+            "ratio_to_torch_import": median / ref,
+        }
+    return out
+
+
+def machine() -> dict[str, object]:
+    return {
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "platform": platform.platform(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7, help="timed runs of each command (≥ 5)")
+    parser.add_argument("--json", type=Path, default=RESULTS, help="where to write the figures")
+    args = parser.parse_args()
+    if args.rounds < 5:
+        parser.error(f"--rounds {args.rounds}: give at least 5, the medians need them")
+    load_start = tuple(round(x, 2) for x in os.getloadavg())
+    figures = summarise(measure(args.rounds))
+    load_end = tuple(round(x, 2) for x in os.getloadavg())
+    info = machine()
+    print(f"cold start, {args.rounds} interleaved rounds; {info['cores']} cores, Python "
+          f"{info['python']}, torch {info['torch']}")  # fmt: skip
+    print(f"load average (1, 5, 15 min): start {load_start}, end {load_end}")
+    w = max(map(len, figures))
+    print(f"{'command':<{w}} {'median s':>9} {'min s':>7} {'max s':>7} {'cpu s':>7} {'× torch':>8}")
+    for name, f in figures.items():
+        print(f"{name:<{w}} {f['median_s']:>9.3f} {f['min_s']:>7.3f} {f['max_s']:>7.3f} "
+              f"{f['cpu_median_s']:>7.3f} {f['ratio_to_torch_import']:>8.2f}")  # fmt: skip
+    load = {"start": list(load_start), "end": list(load_end)}
+    write_json(args.json, {"machine": {**info, "load_average": load}, "rounds": args.rounds,
+                           "reference": REFERENCE, "commands": figures})  # fmt: skip
+    print(f"written to {args.json}")
+
+
+if __name__ == "__main__":
+    main()
