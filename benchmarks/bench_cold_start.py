@@ -20,6 +20,7 @@ Run: ``python benchmarks/bench_cold_start.py [--rounds 7] [--json PATH]``; write
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import platform
 import resource
@@ -31,6 +32,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from headlab.files import write_json
+from record import command
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "cold_start.json"
@@ -95,6 +97,13 @@ def summarise(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, f
     return out
 
 
+def table(figures: dict[str, dict[str, float]]) -> dict[str, list]:
+    """The docs' table: each command's median, spread and ratio to the torch import."""
+    rows = [[f"`{name}`", f"{f['median_s']:.3f}", f"{f['min_s']:.3f}–{f['max_s']:.3f}",
+             f"{f['ratio_to_torch_import']:.2f}"] for name, f in figures.items()]  # fmt: skip
+    return {"columns": ["command", "median (s)", "range (s)", "× torch import"], "rows": rows}
+
+
 def machine() -> dict[str, object]:
     return {
         "cores": os.cpu_count(),
@@ -124,8 +133,10 @@ def main() -> None:
         print(f"{name:<{w}} {f['median_s']:>9.3f} {f['min_s']:>7.3f} {f['max_s']:>7.3f} "
               f"{f['cpu_median_s']:>7.3f} {f['ratio_to_torch_import']:>8.2f}")  # fmt: skip
     load = {"start": list(load_start), "end": list(load_end)}
-    write_json(args.json, {"machine": {**info, "load_average": load}, "rounds": args.rounds,
-                           "reference": REFERENCE, "commands": figures})  # fmt: skip
+    write_json(args.json, {"command": command(), "date": datetime.date.today().isoformat(),
+                           "machine": {**info, "load_average": load}, "rounds": args.rounds,
+                           "reference": REFERENCE, "commands": figures,
+                           "table": table(figures)})  # fmt: skip
     print(f"written to {args.json}")
 
 
