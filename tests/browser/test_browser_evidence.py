@@ -17,8 +17,6 @@ import test_browser
 from playwright.sync_api import expect
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-browser = test_browser.browser
-server = test_browser.server
 expect.set_options(timeout=60_000)
 WIDTHS = (1280, 390)
 

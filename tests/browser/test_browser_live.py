@@ -86,7 +86,8 @@ def test_train_draws_the_phase_change_and_ends_with_the_librarys_scores(live_pag
     assert said, status.inner_text()
     threads = int(said[3])
     assert int(said[1]) == ind.LIVE.steps and float(said[2]) > 0
-    assert said[4].startswith("auto: load average ")
+    # auto's reason, or the server's setting (a test worker fixes it to its share of the cores)
+    assert said[4].startswith(("auto: load average ", "set by headlab serve --live-threads"))
     assert threads == int(page.get_attribute("#live-train-widget", "data-threads") or 0)
     assert page.locator("#live-patterns svg.heatmap").count() == 2
     n = ind.LIVE.seq_len  # the whole context in view: every query against every key, no window

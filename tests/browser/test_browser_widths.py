@@ -20,8 +20,6 @@ from playwright.sync_api import expect
 from conftest import require
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-browser = test_browser.browser
-server = test_browser.server
 expect.set_options(timeout=30_000)
 WIDTHS = (1280, 390)
 EXPERIMENTS = ("one-vs-many", "induction", "prune", "gqa", "head-count")

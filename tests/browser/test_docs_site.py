@@ -18,9 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import expect, sync_playwright
-
-from conftest import require
+from playwright.sync_api import expect
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -60,15 +58,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )  # fmt: skip
     assert done.returncode == 0, f"the strict build failed:\n{done.stderr[-3000:]}"
     return out
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    require(Path(CHROMIUM).exists(), "Chromium is not installed (apt-get install chromium)")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture

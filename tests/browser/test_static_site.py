@@ -18,10 +18,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from playwright.sync_api import sync_playwright
-from test_browser import ARGS, CHROMIUM
-
-from conftest import require
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,15 +54,6 @@ def origin(site: Path) -> Iterator[str]:
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
-
-
-@pytest.fixture(scope="session")
-def browser() -> Iterator[object]:
-    require(Path(CHROMIUM).exists(), "Chromium is not installed (apt-get install chromium)")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 def open_site(browser, origin: str) -> object:

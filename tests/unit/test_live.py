@@ -367,7 +367,9 @@ def test_the_stream_names_the_threads_and_ends_with_time_and_threads(
 
     monkeypatch.setattr(ind, "study", lambda *a, **kw: {})
     auto = client.get("/api/live").json()["auto"]
-    assert auto["threads"] >= 1 and auto["threads_why"].startswith("auto: ")
+    # the rule, or the server's setting (a test worker fixes it to its share of the cores)
+    assert auto["threads"] >= 1
+    assert auto["threads_why"].startswith(("auto: ", "set by headlab serve --live-threads"))
     baseline = threading.active_count()
     with client.stream("POST", URL, json={"threads": 1}) as r:
         got = dict(events(r))
