@@ -92,8 +92,8 @@ def export_onnx(model: nn.Module, path: Path) -> Path:
 
 
 def api_answers(out: Path) -> list[str]:
-    """Write every GET answer the page reads to ``out/api/…json``, from the real app (the
-    default model only). Returns the routes written."""
+    """Write every GET answer the page reads to ``out/api/…json`` and the OpenAPI schema to
+    ``out/openapi.json``, from the real app (the default model only). Returns the routes."""
     from fastapi.testclient import TestClient
 
     from headlab.server.app import create_app
@@ -107,6 +107,8 @@ def api_answers(out: Path) -> list[str]:
             response = client.get(f"/api/{route}")
             response.raise_for_status()
             write_json(out / "api" / f"{route}.json", response.json())
+        # the page reads its input limits from the schema, at the site's root as on the server
+        write_json(out / "openapi.json", client.get("/openapi.json").json())
     return routes
 
 

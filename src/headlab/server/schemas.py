@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from headlab.measure import PROBE_INFO, PROBES
 from headlab.server import settings
@@ -260,10 +260,15 @@ class HeadsRequest(TextRequest):
 
 class CircuitRequest(Strict):
     model: str = Field("default", pattern=NAME_PATTERN, description="a name from /api/models")
-    seed: StrictInt = Field(0, ge=0, le=2**31 - 1, description="seed of the repeated random tokens")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="seed of the repeated random tokens")
     ablation: Literal["mean", "zero"] = Field(
         "mean", description="how a feeder head is ablated (headlab.heads.effects.Mode)"
     )
+
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _json_integer(cls, value: Any) -> Any:
+        return json_integer(value)
 
 
 class CircuitResponse(BaseModel):
