@@ -7,9 +7,11 @@ round by round, so a busy machine slows them all alike, after one untimed warm-u
 fills the page cache: "cold" is a new process, not a cold disk. Per command it reports the median,
 least and most wall seconds and the median CPU seconds (user + system) of its rounds, and the
 median as a ratio to the torch import's median. Goals: ``--help`` under 0.3 s, and ``shapes``
-near the torch import alone: it runs the real layer on the meta device, so it imports torch and
-nothing else heavy, and its floor is the second reference row, torch plus one meta-device op
-(whose first call imports torch._dynamo). The machine (cores, Python, torch) and its load
+under the torch import alone: it runs the real layer on the meta device, so it imports torch and
+nothing else heavy. The second reference row, torch plus one product on a meta tensor, shows what
+``shapes`` steps around: PyTorch computes that product's meta result in Python, and its first call
+imports torch._dynamo; the shape trace runs its one product in place, whose meta kernel does not
+(headlab/shapes/report.py). The machine (cores, Python, torch) and its load
 average at the start and the end are written with the figures, since a shared machine's
 figures mean little without them.
 
@@ -37,8 +39,8 @@ from record import command
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "cold_start.json"
 REFERENCE = 'python -c "import torch"'
-# the floor of any shape trace: torch's Python kernels for meta tensors import torch._dynamo
-# on their first elementwise op (torch/_compile.py), which `headlab shapes` cannot avoid
+# torch's Python meta kernels for elementwise products import torch._dynamo on their first call
+# (torch/_compile.py); `headlab shapes` avoids that, and this row shows what it avoids
 META_OP = "import torch; torch.empty(1, device='meta') * 2"
 HEADLAB = [sys.executable, "-m", "headlab.cli"]
 COMMANDS: dict[str, list[str]] = {

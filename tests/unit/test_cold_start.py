@@ -71,3 +71,63 @@ def test_shapes_imports_torch_and_nothing_else_heavy():
     assert proc.returncode == 0, proc.stderr
     assert "verdict: MHA, h=8, h_kv=8, d_k=64" in proc.stdout
     assert heavy(names) == ["torch"]
+
+
+def test_shapes_never_imports_torch_dynamo():
+    """On meta, ``a * b`` is computed by a Python reference whose first call imports
+    torch._dynamo (as long again as torch itself); the shape trace must run without it."""
+    names, proc = imported("shapes", "--d-model", "512", "--heads", "8", "--kv-heads", "2",
+                           "--cache-len", "3", "--dtype", "bf16")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "verdict: GQA, h=8, h_kv=2, d_k=64" in proc.stdout
+    assert "torch" in names  # the log shows torch's own modules, so it would show dynamo
+    assert "torch._dynamo" not in names
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ((2, 3, 4), 0.125),
+        ((2, 3, 4), 3),
+        ((1, 3, 1), (2, 1, 4)),
+        ((4,), ()),
+    ],
+)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64", "int64"])
+def test_meta_products_in_place_make_the_tensor_torch_mul_makes(a, b, dtype):
+    """Oracle: PyTorch's own meta kernel for ``mul`` on the same inputs, outside the mode."""
+    import torch
+
+    from headlab.shapes.report import _MetaProductsInPlace
+
+    x = torch.empty(a, dtype=getattr(torch, dtype), device="meta")
+    y = torch.empty(b, dtype=torch.float32, device="meta") if isinstance(b, tuple) else b
+    with _MetaProductsInPlace():
+        got = x * y
+    want = x * y
+    assert (got.device, got.shape, got.dtype) == (want.device, want.shape, want.dtype)
+
+
+def test_meta_trace_equals_the_trace_with_torchs_own_meta_kernels():
+    """Every traced tensor of the shape report (GQA, a cache, bf16) has the shape and dtype that
+    the same layer gets on meta with PyTorch's own kernels for every op."""
+    import torch
+
+    from headlab.attention import MultiHeadAttention
+    from headlab.shapes import shape_config
+    from headlab.shapes.report import _run_on_meta
+    from headlab.trace import Trace
+
+    cfg = shape_config(48, 6, 5, 2, 3, True, "bf16", 4)
+    trace, _ = _run_on_meta(cfg)
+    with torch.device("meta"):
+        layer = MultiHeadAttention(48, 6, 3, bias=True).to(torch.bfloat16)
+    want = Trace()
+    cache = layer.new_cache(2, 9)
+    cache.length = 4
+    with torch.no_grad():
+        x = torch.empty(2, 5, 48, dtype=torch.bfloat16, device="meta")
+        layer(x, cache=cache, impl="explicit", trace=want)
+    got = {k: (tuple(t.shape), t.dtype) for k, t in trace.items()}
+    assert got == {k: (tuple(t.shape), t.dtype) for k, t in want.items()}
+    assert "scores" in got and got["scores"][0] == (2, 6, 5, 9)

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from headlab.attention import KVCache, MultiHeadAttention
 from headlab.shapes.config import (
@@ -216,7 +217,7 @@ def _run_on_meta(cfg: ShapeConfig) -> tuple[Trace, MultiHeadAttention]:
     trace = Trace()
     # no torch.device("meta") mode here: x and the module are on meta already, and the mode
     # would route every op through __torch_function__
-    with torch.no_grad():
+    with torch.no_grad(), _MetaProductsInPlace():
         x = torch.empty(cfg.batch, cfg.seq_len, cfg.d_model, dtype=DTYPES[cfg.dtype], device="meta")
         cache = None
         if cfg.cache_len:
@@ -224,6 +225,32 @@ def _run_on_meta(cfg: ShapeConfig) -> tuple[Trace, MultiHeadAttention]:
             cache.length = cfg.cache_len  # positions "already there": shapes are all meta needs
         runner(x, cache=cache, impl="explicit", trace=trace)
     return trace, module
+
+
+class _MetaProductsInPlace(TorchDispatchMode):
+    """Run ``a * b`` on meta tensors as a copy into the result, then ``mul_``.
+
+    On the meta device ``mul``'s result comes from PyTorch's Python reference (torch._refs),
+    whose type-promotion wrapper imports torch._dynamo on its first call: 1.5 s, about as long
+    as ``import torch`` itself, for one product (the scores' 1/√d_k). The in-place kernel's
+    meta function does not. The result is the same tensor ``mul`` makes: the broadcast shape,
+    the promoted dtype (``torch.result_type``), on meta. Every other op runs unchanged.
+    """
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # TorchDispatchMode wraps a mode's __torch_dispatch__ in torch._disable_dynamo, whose
+        # first call imports torch._dynamo: the very import this mode exists to avoid. The
+        # meta pass is never compiled, so there is nothing for dynamo to skip.
+        return False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func is not torch.ops.aten.mul.Tensor or kwargs or args[0].device.type != "meta":
+            return func(*args, **(kwargs or {}))
+        a, b = args  # b: a tensor or a Python number (the scale)
+        shape = torch.broadcast_shapes(a.shape, getattr(b, "shape", ()))
+        out = torch.empty(shape, dtype=torch.result_type(a, b), device="meta")
+        return out.copy_(a).mul_(b)
 
 
 def _symbolic(cfg: ShapeConfig, pattern: str) -> str:
