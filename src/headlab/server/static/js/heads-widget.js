@@ -310,7 +310,7 @@ function pickType(state, type, select, status, relation) {
   const best = state.heads?.best?.[type];
   if (!best) {
     select(state.layer, state.head, false);
-    status.textContent = type === "rare-word" ? "Rare-word heads are scored on a text (with wordfreq installed: pip install 'headlab[syntax]'); random tokens have no word frequencies." : `No ${type} score on this input.`;
+    status.textContent = type === "rare-word" ? "Rare-word heads are scored on a text (with wordfreq installed: pip install -e '.[syntax]' in the checkout); random tokens have no word frequencies." : `No ${type} score on this input.`;
     return;
   }
   select(best.layer, best.head, false);
