@@ -265,6 +265,32 @@ def test_every_chart_shows_all_its_data(reader) -> None:
     assert reader.errors == []
 
 
+TABLES = """() => {
+  const cue = (t) => getComputedStyle(t, '::after').content;
+  const tables = [...document.querySelectorAll('main table')].filter((t) => t.offsetWidth).map((t) => {
+    const box = t.closest('.table-wrap');
+    return { id: t.id, boxed: !!box, scrolls: !!box && box.scrollWidth > box.clientWidth + 1,
+             cue: cue(t), right: (box || t).getBoundingClientRect().right };
+  });
+  return { tables, page: document.documentElement.scrollWidth, vw: document.documentElement.clientWidth };
+}"""
+
+
+def test_tables_fit_the_screen_or_say_that_they_scroll(reader) -> None:
+    """At both widths no table runs past the screen; the shape, cost and KV tables fit a phone
+    whole, and a table wider than its box (the presets' seven columns) says under it that it
+    scrolls sideways; one that fits says nothing."""
+    open_everything(reader)
+    found = reader.evaluate(TABLES)
+    assert found["page"] <= found["vw"] and len(found["tables"]) >= 6, found
+    assert [t["id"] for t in found["tables"] if not t["boxed"]] == []
+    assert [t for t in found["tables"] if t["right"] > found["vw"] + 0.5] == []
+    fits = {t["id"] for t in found["tables"] if not t["scrolls"]}
+    assert {"shapes-table", "shapes-param-table", "cost-table", "kv-table"} <= fits, found
+    said = {t["id"]: "scrolls sideways" in t["cue"] for t in found["tables"]}
+    assert said == {t["id"]: t["scrolls"] for t in found["tables"]}, found
+
+
 def ticks(pg, figure: str) -> list[str]:
     svg = pg.locator(f'figure[data-figure="{figure}"] svg')
     return svg.evaluate("s => [...s.querySelectorAll('text.x-tick')].map(t => t.textContent)")
