@@ -267,12 +267,14 @@ def test_every_chart_shows_all_its_data(reader) -> None:
 
 TABLES = """() => {
   const cue = (t) => getComputedStyle(t, '::after').content;
-  const tables = [...document.querySelectorAll('main table')].filter((t) => t.offsetWidth).map((t) => {
+  const shown = [...document.querySelectorAll('main table')].filter((t) => t.offsetWidth);
+  const tables = shown.map((t) => {
     const box = t.closest('.table-wrap');
     return { id: t.id, boxed: !!box, scrolls: !!box && box.scrollWidth > box.clientWidth + 1,
              cue: cue(t), right: (box || t).getBoundingClientRect().right };
   });
-  return { tables, page: document.documentElement.scrollWidth, vw: document.documentElement.clientWidth };
+  const doc = document.documentElement;
+  return { tables, page: doc.scrollWidth, vw: doc.clientWidth };
 }"""
 
 

@@ -145,3 +145,38 @@ def test_no_page_refers_to_an_asset_outside_the_site(site: Path) -> None:
             found += [f"{path.relative_to(site)}: {m[0]}" for m in asset.finditer(text)]
             found += [f"{path.relative_to(site)}: {m[0]}" for m in css_url.finditer(text)]
     assert not found, found
+
+
+PHONE_TABLES = """() => {
+  const boxes = [...document.querySelectorAll('article .md-typeset__scrollwrap')].map((box) => ({
+    scrolls: box.scrollWidth > box.clientWidth + 1,
+    cue: getComputedStyle(box.firstElementChild, '::after').content,
+    right: box.getBoundingClientRect().right,
+  }));
+  const doc = document.documentElement;
+  return { boxes, page: doc.scrollWidth, vw: doc.clientWidth };
+}"""
+
+
+def test_tables_fit_a_phone_or_say_that_they_scroll(site: Path, browser) -> None:
+    """At 390 px the page never scrolls sideways; the short tables (a handful of figures each)
+    fit the screen whole, and a table still wider than its box says under it that it scrolls."""
+    context = browser.new_context(viewport={"width": 390, "height": 900})
+    context.route(
+        "**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort()
+    )
+    page = context.new_page()
+    short = ("results/induction.html", "results/one-vs-many.html", "evidence.html", "heads.html")
+    wide = ("tutorial.html", "benchmarks.html", "reference/json-api.html")
+    for name in short + wide:
+        page.goto((site / name).as_uri(), wait_until="load")
+        found = page.evaluate(PHONE_TABLES)
+        assert found["boxes"] and found["page"] <= found["vw"], (name, found)
+        assert all(b["right"] <= found["vw"] + 0.5 for b in found["boxes"]), (name, found)
+        said = ["scrolls sideways" in b["cue"] for b in found["boxes"]]
+        assert said == [b["scrolls"] for b in found["boxes"]], (name, found)
+        if name in short:
+            assert not any(said), (name, found)
+        if name == "tutorial.html":
+            assert all(said), found  # thirteen columns: this one scrolls, and says so
+    context.close()
