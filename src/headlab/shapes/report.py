@@ -244,7 +244,9 @@ class _MetaProductsInPlace(TorchDispatchMode):
         # meta pass is never compiled, so there is nothing for dynamo to skip.
         return False
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict | None = None
+    ) -> Any:
         if func is not torch.ops.aten.mul.Tensor or kwargs or args[0].device.type != "meta":
             return func(*args, **(kwargs or {}))
         a, b = args  # b: a tensor or a Python number (the scale)
