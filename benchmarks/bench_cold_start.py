@@ -8,10 +8,13 @@ fills the page cache: "cold" is a new process, not a cold disk. Per command it r
 least and most wall seconds and the median CPU seconds (user + system) of its rounds, and the
 median as a ratio to the torch import's median. Goals: ``--help`` under 0.3 s, and ``shapes``
 under the torch import alone: it runs the real layer on the meta device, so it imports torch and
-nothing else heavy. The second reference row, torch plus one product on a meta tensor, shows what
-``shapes`` steps around: PyTorch computes that product's meta result in Python, and its first call
-imports torch._dynamo; the shape trace runs its one product in place, whose meta kernel does not
-(headlab/shapes/report.py). The machine (cores, Python, torch) and its load
+nothing else heavy. Two more reference rows frame it. Torch plus one product on a meta tensor
+shows what ``shapes`` steps around: PyTorch computes that product's meta result in Python, and its
+first call imports torch._dynamo; the shape trace runs its one product in place, whose meta kernel
+does not (headlab/shapes/report.py). Torch plus one matrix product on meta is the floor of any
+meta trace: the Python meta kernels of mm, bmm and softmax check their inputs with
+``torch._check``, whose first call imports torch.fx.experimental.symbolic_shapes (and sympy). The
+machine (cores, Python, torch) and its load
 average at the start and the end are written with the figures, since a shared machine's
 figures mean little without them.
 
@@ -42,10 +45,13 @@ REFERENCE = 'python -c "import torch"'
 # torch's Python meta kernels for elementwise products import torch._dynamo on their first call
 # (torch/_compile.py); `headlab shapes` avoids that, and this row shows what it avoids
 META_OP = "import torch; torch.empty(1, device='meta') * 2"
+# the floor of a meta trace: a Python meta kernel's torch._check imports symbolic_shapes (sympy)
+META_MM = "import torch; x = torch.empty(2, 2, device='meta'); x @ x"
 HEADLAB = [sys.executable, "-m", "headlab.cli"]
 COMMANDS: dict[str, list[str]] = {
     REFERENCE: [sys.executable, "-c", "import torch"],
     f'python -c "{META_OP}"': [sys.executable, "-c", META_OP],
+    f'python -c "{META_MM}"': [sys.executable, "-c", META_MM],
     "headlab --help": [*HEADLAB, "--help"],
     "headlab models": [*HEADLAB, "models"],
     "headlab shapes --d-model 512 --heads 8": [*HEADLAB, "shapes", "--d-model", "512",
