@@ -45,6 +45,12 @@ class HeadScore:
     # cannot move (content); None for the other labels
     rest: float | None = None
     relation: str = ""  # the dependency relation of the syntactic score, when measured
+    # with floors (headlab.heads.baselines.label_heads): the random-weights floor of the score
+    # the label rests on, the score's margin over it, and the label that thresholds alone
+    # give when the floor took it away ("" when it did not)
+    floor: float | None = None
+    margin: float | None = None
+    below_floor: str = ""
 
     def to_dict(self) -> dict:
         out = {
@@ -54,6 +60,9 @@ class HeadScore:
             "offset": self.offset,
             "scores": {k: round(v, 4) for k, v in self.scores.items()},
             "rest": None if self.rest is None else round(self.rest, 4),
+            "floor": None if self.floor is None else round(self.floor, 4),
+            "margin": None if self.margin is None else round(self.margin, 4),
+            "below_floor": self.below_floor or None,
         }
         if self.relation:
             out["relation"] = self.relation
@@ -86,6 +95,9 @@ class HeadReport:
     # whether the probe opens with a special start token; without one a sink rests on the
     # first word, which the rare-word score therefore leaves out (targets.rare_word_targets)
     start_token: bool = True
+    # layer → score type → the random-weights floor each label had to reach too; None: the
+    # labels went by thresholds alone, unchecked against chance
+    floors: dict[int, dict[str, float]] | None = None
 
     @property
     def sink_position(self) -> dict[str, Any]:
@@ -157,6 +169,10 @@ class HeadReport:
             "averaged": [s.to_dict() for s in self.averaged],
             "best": self.best,
             "thresholds": dict(THRESHOLDS),
+            "labels_gated": self.floors is not None,
+            "floors": None
+            if self.floors is None
+            else {str(l): {k: round(v, 4) for k, v in f.items()} for l, f in self.floors.items()},
             "sinks": {
                 "threshold": SINK_THRESHOLD,
                 "layers": self.sinks,
