@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from conftest import require
 from headlab import show, zoo
 from headlab.cli import app
-from headlab.heads import analyse
+from headlab.heads import THRESHOLDS, analyse, label_head
 from headlab.heads import baselines as B
 from headlab.measure import build_probe
 
@@ -72,7 +72,7 @@ def test_plain_heads_json_gives_a_random_model_no_type_labels(checkpoints, seed,
                                  "--json"])  # fmt: skip
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
-    assert type_labels(body["heads"]) == set()
+    assert type_labels(body["heads"] + body["averaged"]) == set()
     assert body["labels_gated"] is True
     # thresholds alone label some of these heads (the defect the floors remove)
     plain = runner.invoke(app, ["heads", "--model", checkpoints[seed], "--probe", probe,
@@ -121,7 +121,7 @@ def test_the_page_gives_a_random_model_no_type_labels(default, client, seed, mon
         r = client.post("/api/heads", json={"model": "default", "probe": name})
         assert r.status_code == 200, r.text
         body = r.json()
-        assert type_labels(body["heads"]) == set(), name
+        assert type_labels(body["heads"] + body["averaged"]) == set(), name
         assert body["labels_gated"] is True
     r = client.post("/api/heads", json={"probe": "random-repeat", "floors": False})
     assert r.json()["labels_gated"] is False and type_labels(r.json()["heads"])
@@ -165,14 +165,16 @@ def test_the_trained_model_keeps_its_induction_and_previous_token_labels(default
             assert s.margin is not None and s.margin > 0 and not s.below_floor
 
 
-def by_hand(model, probe) -> dict[int, dict[str, float]]:
+def by_hand(model, probe, averaged: bool = False) -> dict[int, dict[str, float]]:
     """layer → type → mean + K_SD · sd over the layer's heads of the three random models,
-    each analysed here, with NumPy's sample sd."""
+    each analysed here, with NumPy's sample sd; with ``averaged`` over the layer's averaged
+    head of each."""
     runs = [analyse(B.random_model(model, s), probe, keep=()) for s in B.BASELINE_SEEDS]
     out: dict[int, dict[str, float]] = {}
     for layer in range(model.config.n_layers):
         for kind in runs[0].heads[0].scores:
-            values = [s.scores[kind] for r in runs for s in r.heads if s.layer == layer]
+            rows = [r.averaged if averaged else r.heads for r in runs]
+            values = [s.scores[kind] for heads in rows for s in heads if s.layer == layer]
             out.setdefault(layer, {})[kind] = float(
                 np.mean(values) + B.K_SD * np.std(values, ddof=1)
             )
@@ -197,6 +199,10 @@ def test_the_floors_equal_an_independent_computation(default, probe) -> None:
                 k for k, v in want[s.layer].items() if v == pytest.approx(s.floor, abs=1e-5)
             )
             assert s.margin == pytest.approx(s.scores[kind] - s.floor, abs=1e-6)
+    averaged = by_hand(model, p, averaged=True)
+    for s in report.averaged:  # each layer's averaged head against the random averaged heads
+        ruled = {k: v for k, v in s.scores.items() if k in THRESHOLDS}
+        assert s.label == label_head(ruled, s.offset, averaged[s.layer]), s.layer
 
 
 def test_cached_floors_equal_computed_ones(default, monkeypatch) -> None:
@@ -204,21 +210,22 @@ def test_cached_floors_equal_computed_ones(default, monkeypatch) -> None:
     with the process's memory emptied and computing forbidden: the same float32 values."""
     model, _ = default
     p = probe_of(default, "random-repeat")
-    computed = B.random_spread(model, p, cache=False)
+    computed = B.random_spreads(model, p, cache=False)
     monkeypatch.setattr(B, "_MEMORY", {})
-    first = B.random_spread(model, p)
+    first = B.random_spreads(model, p)
     assert len(list(B.floors_cache_dir().glob("*.json"))) == 1
     monkeypatch.setattr(B, "_MEMORY", {})
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the floors were computed again")
 
-    monkeypatch.setattr(B, "random_weight_scores", forbidden)
-    from_disk = B.random_spread(model, p)
-    from_memory = B.random_spread(model, p)
+    monkeypatch.setattr(B, "random_weight_runs", forbidden)
+    from_disk = B.random_spreads(model, p)
+    from_memory = B.random_spreads(model, p)
     for got in (first, from_disk, from_memory):
-        assert got.keys() == computed.keys()
-        assert all(torch.equal(got[k], computed[k]) for k in computed)
+        for part, want in zip(got, computed, strict=True):  # the heads', the averaged heads'
+            assert part.keys() == want.keys()
+            assert all(torch.equal(part[k], want[k]) for k in want)
 
 
 def test_the_cache_key_follows_the_architecture_and_the_probe_not_the_weights(default) -> None:

@@ -29,7 +29,7 @@ import functools
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +50,14 @@ Progress = Callable[[int, int], None]  # progress(done, total)
 Floors = dict[int, dict[str, float]]  # layer → score type → the least score a label needs
 
 
-def score_tensor(report: HeadReport) -> dict[str, Tensor]:
-    """Every score of a report as (L, h) tensors, keyed by score type."""
-    L = max(s.layer for s in report.heads) + 1
-    h = max(s.head for s in report.heads) + 1
+def score_tensor(report: HeadReport, averaged: bool = False) -> dict[str, Tensor]:
+    """Every score of a report as (L, h) tensors, keyed by score type; with ``averaged`` the
+    layers' averaged heads' as (L, 1)."""
+    rows = report.averaged if averaged else report.heads
+    L = max(s.layer for s in rows) + 1
     out: dict[str, Tensor] = {}
-    for kind in report.heads[0].scores:
-        out[kind] = torch.tensor([s.scores.get(kind, 0.0) for s in report.heads]).view(L, h)
+    for kind in rows[0].scores:
+        out[kind] = torch.tensor([s.scores.get(kind, 0.0) for s in rows]).view(L, -1)
     return out
 
 
@@ -79,13 +80,29 @@ def random_weight_scores(
 ) -> dict[str, Tensor]:
     """Every score on ``probe`` of ``model``'s architecture with random weights, one model per
     seed: type → (S, L, h). ``progress(done, S · L)`` is called after each layer of each."""
+    return random_weight_runs(model, probe, seeds, content, progress)[0]
+
+
+def random_weight_runs(
+    model: Any,
+    probe: Probe,
+    seeds: tuple[int, ...] = BASELINE_SEEDS,
+    content: bool = True,
+    progress: Progress | None = None,
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """:func:`random_weight_scores` (type → (S, L, h)) and, from the same analyses, each
+    layer's averaged head (type → (S, L, 1))."""
     L, runs = model.config.n_layers, []
     for i, s in enumerate(seeds):
         step = None if progress is None else (
             lambda done, _, i=i: progress(i * L + done, len(seeds) * L))  # fmt: skip
-        report = analyse(random_model(model, s), probe, content=content, keep=(), progress=step)
-        runs.append(score_tensor(report))
-    return {k: torch.stack([r[k] for r in runs]) for k in runs[0]}
+        runs.append(analyse(random_model(model, s), probe, content=content, keep=(),
+                            progress=step))  # fmt: skip
+    heads, averaged = ([score_tensor(r, avg) for r in runs] for avg in (False, True))
+    return (
+        {k: torch.stack([r[k] for r in heads]) for k in heads[0]},
+        {k: torch.stack([r[k] for r in averaged]) for k in averaged[0]},
+    )
 
 
 def shuffled_probe(probe: Probe, seed: int) -> Probe:
@@ -122,11 +139,17 @@ class Baselines:
     k: float
     random: dict[str, Tensor]
     shuffled: dict[str, Tensor]
+    averaged: dict[str, Tensor] = field(default_factory=dict)  # (2, L): averaged heads, seeds
 
     def floors(self) -> dict[int, dict[str, float]]:
         """layer → score type → the random-weights mean + k · sd a label must reach: the
         ``floors`` argument of :func:`headlab.heads.analyse`."""
         return floors_of(self.random, self.k)
+
+    def averaged_floors(self) -> dict[int, dict[str, float]]:
+        """The same for each layer's averaged head (mean + k · sd over the seeds): the
+        ``averaged_floors`` argument of :func:`headlab.heads.analyse`."""
+        return floors_of(self.averaged, self.k) if self.averaged else {}
 
     def of_head(self, layer: int, head: int) -> dict[str, dict[str, Any]]:
         """score type → {"random": {mean, sd, floor}, "shuffled": {mean, sd}} for one head."""
@@ -169,17 +192,20 @@ def baselines(
     ``probe``: 2 · S analyses (each one forward, two with ``content``); S without
     ``shuffled`` (the labels need the random weights only)."""
     shuf = shuffled_scores(model, probe, seeds, content) if shuffled else {}
+    rand, averaged = random_spreads(model, probe, seeds, content)
     return Baselines(
         seeds=tuple(seeds),
         k=K_SD,
-        random=random_spread(model, probe, seeds, content),
+        random=rand,
         shuffled={k: spread(v, (0,)) for k, v in shuf.items()},  # (S, L, h) → (2, L, h)
+        averaged=averaged,
     )
 
 
 # --- the random-weights floors, cached: they depend on the architecture, never the weights -----
 MEMORY_ENTRIES = 64  # floors kept per process (each a few floats per layer and type)
-_MEMORY: dict[str, dict[str, Tensor]] = {}
+Spreads = tuple[dict[str, Tensor], dict[str, Tensor]]  # the heads', the averaged heads'
+_MEMORY: dict[str, Spreads] = {}
 # the modules whose code makes a score: a cached floor from other code is not used
 SCORING_CODE = ("heads/scores.py", "heads/targets.py", "heads/report.py",
                 "heads/baselines.py", "measure.py", "attention.py", "model/transformer.py",
@@ -215,56 +241,68 @@ def floors_cache_dir() -> Path:
     return cache_root() / "floors"
 
 
-def _read_cached(key: str) -> dict[str, Tensor] | None:
-    """The random-weights spread stored under ``key``, or None (absent or unreadable)."""
+def _read_cached(key: str) -> Spreads | None:
+    """The random-weights spreads stored under ``key``, or None (absent or unreadable)."""
     path = floors_cache_dir() / f"{key}.json"
     if not path.is_file():
         return None
     try:
         stored = json.loads(read_text(path, 1_000_000, "floors cache"))
-        return {k: torch.tensor(v, dtype=torch.float32) for k, v in stored["random"].items()}
-    except (ValueError, OSError, KeyError, TypeError):
+        heads, averaged = (
+            {k: torch.tensor(v, dtype=torch.float32) for k, v in stored[part].items()}
+            for part in ("random", "averaged")
+        )
+        return heads, averaged
+    except (ValueError, OSError, KeyError, TypeError, AttributeError):
         return None  # computed again and written over
 
 
-def _write_cached(key: str, random: dict[str, Tensor]) -> None:
-    """Store the spread under ``key``; a cache that cannot be written is only skipped (the
+def _write_cached(key: str, spreads: Spreads) -> None:
+    """Store the spreads under ``key``; a cache that cannot be written is only skipped (the
     floors are recomputed next time)."""
+    stored = {part: {k: v.tolist() for k, v in d.items()}
+              for part, d in zip(("random", "averaged"), spreads, strict=True)}  # fmt: skip
     try:
         floors_cache_dir().mkdir(parents=True, exist_ok=True)
-        write_json(floors_cache_dir() / f"{key}.json",
-                   {"random": {k: v.tolist() for k, v in random.items()}})  # fmt: skip
+        write_json(floors_cache_dir() / f"{key}.json", stored)
     except (OSError, ValueError):
         pass
 
 
-def random_spread(
+def random_spreads(
     model: Any,
     probe: Probe,
     seeds: tuple[int, ...] = BASELINE_SEEDS,
     content: bool = True,
     progress: Progress | None = None,
     cache: bool = True,
-) -> dict[str, Tensor]:
+) -> Spreads:
     """type → (2, L): per layer the mean and sample sd over its heads and the seeds of
-    :func:`random_weight_scores`, the ``random`` field of :class:`Baselines`. Kept in memory
-    per process and on disk (:func:`floors_cache_dir`) under :func:`floors_key` unless
-    ``cache`` is False: a second probe of the same architecture with the same tokens costs
-    nothing. float32 values go through JSON unchanged, so cached equals computed."""
+    :func:`random_weight_scores` (the ``random`` field of :class:`Baselines`), and the same over
+    the seeds for each layer's averaged head (``averaged``). Kept in memory per process and on
+    disk (:func:`floors_cache_dir`) under :func:`floors_key` unless ``cache`` is False: a
+    second probe of the same architecture with the same tokens costs nothing. float32 values
+    go through JSON unchanged, so cached equals computed."""
     key = floors_key(model, probe, seeds, content) if cache else ""
-    found = _MEMORY.get(key) if cache else None
-    if found is None and cache:
-        found = _read_cached(key)
+    found = (_MEMORY.get(key) or _read_cached(key)) if cache else None
     if found is None:
-        rand = random_weight_scores(model, probe, seeds, content, progress)
-        found = {k: spread(v, (0, 2)) for k, v in rand.items()}  # (S, L, h) → (2, L)
+        runs = random_weight_runs(model, probe, seeds, content, progress)
+        heads, averaged = ({k: spread(v, (0, 2)) for k, v in r.items()} for r in runs)
+        found = (heads, averaged)  # (S, L, h or 1) → (2, L)
         if cache:
             _write_cached(key, found)
     if cache:
         while len(_MEMORY) >= MEMORY_ENTRIES:
             _MEMORY.pop(next(iter(_MEMORY)))
         _MEMORY[key] = found
-    return {k: v.clone() for k, v in found.items()}
+    return tuple({k: v.clone() for k, v in d.items()} for d in found)  # type: ignore[return-value]
+
+
+def random_spread(
+    model: Any, probe: Probe, seeds: tuple[int, ...] = BASELINE_SEEDS, content: bool = True
+) -> dict[str, Tensor]:
+    """The heads' part of :func:`random_spreads` (cached alike): type → (2, L)."""
+    return random_spreads(model, probe, seeds, content)[0]
 
 
 # --- labels gated by their floors: the one labelling entry of the CLI, the server, notebooks ----
@@ -279,21 +317,27 @@ def _label_type(score: HeadScore, ruled: dict[str, float], floors: dict[str, flo
     return max(alone, key=lambda k: (ruled[k] - THRESHOLDS[k]) / (1 - THRESHOLDS[k]))
 
 
-def gate(report: HeadReport, floors: Floors, label_syntactic: bool = False) -> HeadReport:
-    """``report`` (labelled by :func:`analyse` with ``floors``) with each head's floor, its
-    label's margin over it, and the label that thresholds alone would give where the floor
-    took it away (:attr:`HeadScore.below_floor`)."""
-    heads = []
-    for s in report.heads:
-        ruled = {k: v for k, v in s.scores.items()
-                 if k in THRESHOLDS and (label_syntactic or k != "syntactic")}  # fmt: skip
-        plain = label_head(ruled, s.offset)
-        kind = _label_type(s, ruled, floors.get(s.layer, {}))
-        floor = floors.get(s.layer, {}).get(kind) if kind else None
-        margin = None if floor is None else s.scores[kind] - floor
-        heads.append(replace(s, floor=floor, margin=margin,
-                             below_floor="" if plain == s.label else plain))  # fmt: skip
-    return replace(report, heads=heads, floors=floors)
+def _gated(s: HeadScore, floors: dict[str, float], label_syntactic: bool) -> HeadScore:
+    """One head labelled with ``floors`` (its layer's), with its floor, margin and the label
+    the floor took away."""
+    ruled = {k: v for k, v in s.scores.items()
+             if k in THRESHOLDS and (label_syntactic or k != "syntactic")}  # fmt: skip
+    plain = label_head(ruled, s.offset)
+    kind = _label_type(s, ruled, floors)
+    floor = floors.get(kind) if kind else None
+    margin = None if floor is None else s.scores[kind] - floor
+    return replace(s, floor=floor, margin=margin, below_floor="" if plain == s.label else plain)
+
+
+def gate(report: HeadReport, floors: Floors, label_syntactic: bool = False,
+         averaged_floors: Floors | None = None) -> HeadReport:  # fmt: skip
+    """``report`` (labelled by :func:`analyse` with ``floors`` and ``averaged_floors``) with
+    each head's floor, its label's margin over it, and the label that thresholds alone would
+    give where the floor took it away (:attr:`HeadScore.below_floor`)."""
+    heads = [_gated(s, floors.get(s.layer, {}), label_syntactic) for s in report.heads]
+    averaged = [_gated(s, (averaged_floors or {}).get(s.layer, {}), False)
+                for s in report.averaged]  # fmt: skip
+    return replace(report, heads=heads, averaged=averaged, floors=floors)
 
 
 def label_heads(
@@ -309,8 +353,9 @@ def label_heads(
 ) -> HeadReport:
     """Every head of ``model`` on ``probe`` scored and labelled, each label needing its score
     at or above its threshold *and* its layer's random-weights floor (mean + K_SD · sd over
-    :data:`BASELINE_SEEDS`, :func:`random_spread`, cached): the labels the CLI, the server and
-    the notebook views show. Each head carries its floor and margin, and the label the floor
+    :data:`BASELINE_SEEDS`, :func:`random_spreads`, cached; each layer's averaged head against
+    the random models' averaged heads): the labels the CLI, the server and the notebook views
+    show. Each head carries its floor and margin, and the label the floor
     took away. ``floors=False``: thresholds alone (:func:`analyse` as it is), labels unchecked
     against chance (the report's ``floors`` is None). The other arguments are
     :func:`analyse`'s; ``progress(done, total)`` counts the layers of every analysis run.
@@ -327,8 +372,10 @@ def label_heads(
         if progress is not None:
             progress(done, total + L)
 
-    gates = floors_of(random_spread(model, probe, BASELINE_SEEDS, content, base_step))
+    spreads = random_spreads(model, probe, BASELINE_SEEDS, content, base_step)
+    gates, averaged = (floors_of(d) for d in spreads)
     step = None if progress is None else (lambda done, _: progress(counted[0] + done,
                                                                    counted[0] + L))  # fmt: skip
-    report = analyse(model, probe, seed, content, keep, step, syntactic, gates, label_syntactic)
-    return gate(report, gates, label_syntactic)
+    report = analyse(model, probe, seed, content, keep, step, syntactic, gates, label_syntactic,
+                     averaged)  # fmt: skip
+    return gate(report, gates, label_syntactic, averaged)

@@ -335,9 +335,11 @@ def evidence(
 
     base = stage("baselines", lambda: baselines(model, probe, content=content))
     floors = base.floors()
+    averaged = base.averaged_floors()
     report = stage("scores", lambda: gate(analyse(
         model, probe, seed, content, keep=keep, syntactic=syntactic, floors=floors,
-        label_syntactic=label_syntactic), floors, label_syntactic))  # fmt: skip
+        label_syntactic=label_syntactic, averaged_floors=averaged), floors, label_syntactic,
+        averaged))  # fmt: skip
     comp = stage("composition", lambda: composition_scores(model))
     causal = bool(model.config.causal)
     rows = loss_rows(probe, causal)
