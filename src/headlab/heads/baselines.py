@@ -21,6 +21,11 @@ the random-weights mean + K_SD · sd of its layer (:meth:`Baselines.floors`). Th
 from the seeds a user would pick (0, 1, 2 …), so a random model scored against them is a fair
 test of the rule. Elhage et al. 2021 and Olsson et al. 2022 compare with random baselines the
 same way for composition scores.
+
+:func:`label_heads` is the one call that labels with the floors (the CLI, the server and the
+notebook views use it). The floors depend on the architecture, the probe and the seeds, never on
+the trained weights, so :func:`random_spreads` keeps them per process and on disk, keyed by
+:func:`floors_key`: only the first run of an architecture on a probe pays the 3 analyses.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -61,6 +67,10 @@ def score_tensor(report: HeadReport, averaged: bool = False) -> dict[str, Tensor
     return out
 
 
+# Drawing the weights is most of a random model's cost (SmolLM2: 135 M parameters, about 4 s a
+# seed on 2 cores, 3.6 s of it the random draws alone). Identical weights need the same draws in
+# the same order, so building once on the meta device and filling in place per seed would save
+# only the allocation; the floors' cache saves the whole cost instead.
 def random_model(model: Any, seed: int) -> Transformer:
     """``model``'s architecture with random weights drawn from ``seed`` (its config's
     init_std), on the device and dtype of its embedding; the global RNG is left as it was."""
@@ -206,6 +216,7 @@ def baselines(
 MEMORY_ENTRIES = 64  # floors kept per process (each a few floats per layer and type)
 Spreads = tuple[dict[str, Tensor], dict[str, Tensor]]  # the heads', the averaged heads'
 _MEMORY: dict[str, Spreads] = {}
+_LOCK = threading.Lock()
 # the modules whose code makes a score: a cached floor from other code is not used
 SCORING_CODE = ("heads/scores.py", "heads/targets.py", "heads/report.py",
                 "heads/baselines.py", "measure.py", "attention.py", "model/transformer.py",
@@ -292,9 +303,10 @@ def random_spreads(
         if cache:
             _write_cached(key, found)
     if cache:
-        while len(_MEMORY) >= MEMORY_ENTRIES:
-            _MEMORY.pop(next(iter(_MEMORY)))
-        _MEMORY[key] = found
+        with _LOCK:  # the server's requests run in threads
+            while len(_MEMORY) >= MEMORY_ENTRIES:
+                _MEMORY.pop(next(iter(_MEMORY)))
+            _MEMORY[key] = found
     return tuple({k: v.clone() for k, v in d.items()} for d in found)  # type: ignore[return-value]
 
 
