@@ -237,3 +237,13 @@ def test_the_cache_key_follows_the_architecture_and_the_probe_not_the_weights(de
     assert key != B.floors_key(model, p, B.BASELINE_SEEDS, False)
     wider = copy.deepcopy(model).to(torch.float64)
     assert key != B.floors_key(wider, p, B.BASELINE_SEEDS, True)
+
+
+def test_compare_gives_random_checkpoints_no_type_labels(default) -> None:
+    """`headlab compare`'s series labels each checkpoint as `headlab heads` does."""
+    from headlab import series
+
+    model, tokenizer = default
+    members = [(f"random{s}", B.random_model(model, s), tokenizer) for s in SEEDS]
+    compared = series.compare(members, probe_of(default, "random-repeat"))
+    assert {label for row in compared.labels() for label in row} == {"mixed"}
