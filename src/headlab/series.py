@@ -9,8 +9,9 @@ Shape legend
                   run folder (every checkpoint it keeps, in step order), a ``Transformer.save``
                   folder without a tokenizer, or anything :func:`headlab.zoo.load` takes (a
                   model name, a Hugging Face model in the cache, a folder with its tokenizer)
-    compare       one probe, built once, through :func:`headlab.heads.analyse` for every
-                  checkpoint: a :class:`Series`
+    compare       one probe, built once, through :func:`headlab.heads.baselines.label_heads`
+                  for every checkpoint (each label above its random-weights floor; the
+                  checkpoints share one architecture, so one set of floors): a :class:`Series`
     Series        scores (C, L, h) per score type, labels per checkpoint, the heads whose label
                   changes; ``to_dict`` (the CLI's --json), ``figure`` (heads × checkpoints, PNG)
 
@@ -30,7 +31,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from headlab.heads import HeadReport, analyse
+from headlab.heads import HeadReport
+from headlab.heads.baselines import label_heads
 from headlab.measure import Probe, build_probe, random_repeat_probe
 from headlab.model import ModelConfig, Transformer
 
@@ -131,14 +133,14 @@ def compare(
     content: bool = True,
     progress: Callable[[int, int], None] | None = None,
 ) -> Series:
-    """Every checkpoint of ``members`` analysed on ``probe`` (:func:`headlab.heads.analyse`,
-    scores only); ``progress(done, C)`` after each checkpoint."""
+    """Every checkpoint of ``members`` analysed on ``probe`` (:func:`headlab.heads.baselines.
+    label_heads`, scores only, labels gated); ``progress(done, C)`` after each checkpoint."""
     if len(members) < 2:
         raise ValueError(f"a series needs at least 2 checkpoints, got {len(members)}")
     check_same_architecture(members)
     reports = []
     for i, (_, model, _) in enumerate(members):
-        reports.append(analyse(model, probe, seed, content, keep=()))
+        reports.append(label_heads(model, probe, seed, content, keep=()))
         if progress is not None:
             progress(i + 1, len(members))
     return Series(names=tuple(m[0] for m in members), probe=probe.name, reports=tuple(reports))

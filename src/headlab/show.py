@@ -4,8 +4,8 @@ report, each as self-contained HTML and JavaScript (no CDN, no server, no networ
 In Jupyter or VS Code the value of a cell's last line draws itself::
 
     from headlab.show import show
-    show(report, model="default")               # report = headlab.heads.analyse(model, probe)
-    show(report, grid=True)                     # the grid of every head, with its label
+    heads_view(model, probe, name="default")    # every head, each label above its chance floor
+    show(report, grid=True)                     # report = headlab.heads.baselines.label_heads(…)
     show(trace_shapes(d_model=512, n_heads=8))  # the layer, drawn, with every shape
     circuit_view(induction_circuit(model, probe))  # previous-token → induction heads (SVG)
     evidence_view(evidence(model, probe))        # each label and the sentence backing it
@@ -195,9 +195,12 @@ def _summary(part: dict[str, Any]) -> str:
     counted = ", ".join(f"{label} {n}" for label, n in sorted(labels.items(), key=lambda x: -x[1]))
     drawn = "grid and head view" if part["grid"] and part["detail"] else (
         "grid" if part["grid"] else "head view")  # fmt: skip
+    gated = {True: " (each above its random-weights floor)",
+             False: " (by thresholds alone, unchecked against chance)"}.get(
+        report.get("labels_gated"), "")  # fmt: skip
     return (f"{drawn} of {report['model'] or 'a model'}, {report['probe']} probe, "
             f"{len(report['tokens'])} tokens, {report['n_layers']} layers × {report['n_heads']} "
-            f"heads; labels: {counted}")  # fmt: skip
+            f"heads; labels{gated}: {counted}")  # fmt: skip
 
 
 def write_html(path: str | os.PathLike[str], text: str) -> Path:
@@ -227,10 +230,23 @@ def head_view(report: Any, model: str = "", grid: bool = False, detail: bool = T
         "n_kv_heads": int(d.get("n_kv_heads") or weights.shape[1]),
         "heads": d["heads"],
         "best": d.get("best", {}),
+        "labels_gated": d.get("labels_gated"),
         "weights": encode_weights(weights),
         "averaged_weights": encode_weights(d["averaged_weights"]),
     }
     return View([{"kind": "heads", "grid": grid, "detail": detail, "report": body}])
+
+
+def heads_view(
+    model: Any, probe: Any, name: str = "", grid: bool = False, floors: bool = True
+) -> View:
+    """Every head of ``model`` on ``probe`` (:func:`headlab.measure.build_probe`), labelled by
+    :func:`headlab.heads.baselines.label_heads`: each label above its random-weights floor, or
+    with ``floors=False`` by thresholds alone (the view then says they are unchecked against
+    chance); drawn as :func:`head_view` (``grid``: every head as a thumbnail too)."""
+    from headlab.heads.baselines import label_heads
+
+    return head_view(label_heads(model, probe, floors=floors), name, grid=grid)
 
 
 def head_grid(report: Any, model: str = "") -> View:

@@ -273,6 +273,7 @@ def test_heads_never_shows_a_traceback(files, targets, data) -> None:
                 "--device": st.one_of(st.sampled_from(["cpu", "cuda", "mps", "cuda:7"]), text),
                 "--dist-timeout": st.one_of(int_like, st.sampled_from(["nan", "inf", "0.5"])),
                 "--no-content": None,
+                "--no-floors": None,
                 "--json": None,
             },
             most=4,  # more, and nearly every run is two inputs at once

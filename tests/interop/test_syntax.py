@@ -255,6 +255,7 @@ def test_a_heads_label_does_not_change_because_syntax_was_asked_for(library, nam
 
     from headlab import zoo
     from headlab.heads import analyse, label_head
+    from headlab.heads.baselines import label_heads
     from headlab.measure import build_probe
     from headlab.server import create_app
 
@@ -279,8 +280,11 @@ def test_a_heads_label_does_not_change_because_syntax_was_asked_for(library, nam
     alone, beside = analyse(model, probe), analyse(model, probe, syntactic=margins)
     assert [s.label for s in beside.heads] == [s.label for s in alone.heads]
     assert all("syntactic" in s.scores for s in beside.heads)
-    ruled = analyse(model, probe, syntactic=margins, label_syntactic=True)
-    assert [s.label for s in ruled.heads] == [label_head(s.scores, s.offset) for s in ruled.heads]
+    # the route labels as label_heads does: the rule with each layer's random-weights floors
+    ruled = label_heads(model, probe, syntactic=margins, label_syntactic=True)
+    floors = ruled.floors or {}
+    assert [s.label for s in ruled.heads] == [label_head(s.scores, s.offset, floors[s.layer])
+                                              for s in ruled.heads]  # fmt: skip
     assert [s.label for s in ruled.heads] == list(_labels(relabelled).values())
     if name == "minilm":  # a syntactic head there passes Voita's 10 points: labels move
         assert "syntactic" in _labels(relabelled).values()
@@ -292,7 +296,7 @@ def test_heads_syntax_shows_the_scores_and_syntax_labels_labels_with_them(librar
     """`headlab heads --syntax` adds the syntactic scores and keeps the labels of `headlab
     heads`; `--syntax-labels` labels with them, as the library does when asked."""
     from headlab import zoo
-    from headlab.heads import analyse
+    from headlab.heads.baselines import label_heads
     from headlab.measure import build_probe
 
     require(zoo._default_info().available, "the default model is not built")
@@ -308,7 +312,7 @@ def test_heads_syntax_shows_the_scores_and_syntax_labels_labels_with_them(librar
     model, tokenizer, report = library("default")
     probe = build_probe("repeat", tokenizer, model.config.max_len, model.config.vocab_size)
     margins = report.margins()
-    want = analyse(model, probe, syntactic=margins, label_syntactic=True)
+    want = label_heads(model, probe, syntactic=margins, label_syntactic=True)
     assert list(_labels(ruled).values()) == [s.label for s in want.heads]
 
 

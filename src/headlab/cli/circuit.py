@@ -8,7 +8,15 @@ from typing import Annotated, Any
 
 import typer
 
-from headlab.cli.common import ModelName, console, ensure_fetched, err_console, fail, seed_option
+from headlab.cli.common import (
+    ModelName,
+    console,
+    ensure_fetched,
+    err_console,
+    fail,
+    progress_bar,
+    seed_option,
+)
 
 ABLATIONS = ("mean", "zero")
 AblationOption = Annotated[
@@ -95,3 +103,33 @@ def print_evidence(d: dict[str, Any]) -> None:
     console.print(f"baselines: random weights and shuffled tokens, seeds {d['baseline_seeds']}, "
                   f"labels ≥ mean + {d['k']:g} sd; {cost}; seconds {d['seconds']}",
                   highlight=False)  # fmt: skip
+
+
+def parse_exact(spec: str | None) -> Any:
+    """--exact's value: None (not given), True ('all') or a list of (layer, head)."""
+    if spec is None or spec == "all":
+        return None if spec is None else True
+    try:
+        return [tuple(int(x) for x in part.split(".", 1)) for part in spec.split(",")]
+    except ValueError:
+        raise fail(f"--exact takes all or LAYER.HEAD,... e.g. 0.2,1.5; got {spec!r}") from None
+
+
+def check_exact(exact: Any, L: int, h: int) -> None:
+    """Exit 2 when --exact names a head the model does not have."""
+    for pair in exact if isinstance(exact, list) else []:
+        if len(pair) != 2 or not (0 <= pair[0] < L and 0 <= pair[1] < h):
+            raise fail(f"--exact {'.'.join(map(str, pair))}: this model has layers "
+                       f"0..{L - 1} and heads 0..{h - 1}")  # fmt: skip
+
+
+def run_evidence(m: Any, p: Any, mode: Any, seed: int, content: bool, keep: Any,
+              margins: Any, ruled: bool, exact: Any = None) -> Any:  # fmt: skip
+    """:func:`headlab.heads.evidence.evidence` with a progress bar, a step per stage."""
+    from headlab.heads.evidence import STAGES, evidence
+
+    with progress_bar() as bar:
+        return evidence(m, p, mode, seed, content, keep, syntactic=margins, label_syntactic=ruled,
+                        exact=exact,
+                        progress=lambda stage: bar(STAGES.index(stage), len(STAGES),
+                                                   "evidence"))  # fmt: skip

@@ -9,7 +9,14 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from headlab.cli.circuit import AblationOption, check_ablation, print_evidence
+from headlab.cli.circuit import (
+    AblationOption,
+    check_ablation,
+    check_exact,
+    parse_exact,
+    print_evidence,
+    run_evidence,
+)
 from headlab.cli.common import (
     ModelName,
     console,
@@ -72,6 +79,11 @@ EXACT_HELP = (
     "With --evidence: 'all' ablates every head exactly; LAYER.HEAD,... ablates those exactly "
     "beside the first-order estimate of every head (default: exact where that is as cheap)."
 )
+FLOORS_HELP = (
+    "--floors (the default): a label needs its score at or above its threshold and its "
+    "layer's random-weights floor (the same architecture with random weights, mean + 3 sd); "
+    "--no-floors: thresholds alone, labels unchecked against chance (faster the first time)."
+)
 HtmlOut = Annotated[str | None, typer.Option("--html", help=(
     "Also write the interactive head view and grid to one HTML file (opens from "
     "file://, no server, no network)."))]  # fmt: skip
@@ -113,6 +125,7 @@ def heads(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the scores as JSON."),
     html_out: HtmlOut = None,
+    floors: bool = typer.Option(True, "--floors/--no-floors", help=FLOORS_HELP),
     evidence: bool = typer.Option(False, "--evidence", help=EVIDENCE_HELP),
     ablation: AblationOption = "mean",
     exact: str | None = typer.Option(None, "--exact", help=EXACT_HELP),
@@ -121,7 +134,7 @@ def heads(
     average the scores over many prompts (--prompts; shared among torchrun ranks)."""
     syntax = syntax or syntax_labels
     _check_heads_options(text, text_file, prompts, out, html_out, dist_timeout, syntax)
-    mode, picked = _check_evidence(evidence, ablation, exact, prompts)
+    mode, picked = _check_evidence(evidence, ablation, exact, prompts, floors)
     _check_probe(probe, text, text_file, prompts)
     _check_outputs(html_out, offload_folder)
     load = _load_options(device, dtype, device_map, max_memory, offload_folder)
@@ -133,16 +146,21 @@ def heads(
         html = Path(html_out) if html_out is not None else None
         rule = "labels" if syntax_labels else "scores" if syntax else ""
         _heads_on_probe(model, text, probe or "repeat", show, seed, content, load, as_json,
-                        rule, html, mode, picked)  # fmt: skip
+                        rule, html, mode, picked, floors)  # fmt: skip
 
 
-def _check_evidence(evidence: bool, ablation: str, exact: str | None, prompts: str | None) -> Any:
+def _check_evidence(
+    evidence: bool, ablation: str, exact: str | None, prompts: str | None, floors: bool
+) -> Any:
     """--evidence's ablation mode (None without it) and --exact's heads, or exit 2 saying why."""
+    if evidence and not floors:
+        raise fail("--evidence checks every label against its random-weights floor; leave out "
+                   "--no-floors")  # fmt: skip
     if evidence and prompts is not None:
         raise fail("--evidence backs the labels of one probe; leave it out with --prompts")
     if exact is not None and not evidence:
         raise fail("--exact picks heads to ablate exactly for --evidence; add --evidence")
-    return (check_ablation(ablation) if evidence else None), _parse_exact(exact)
+    return (check_ablation(ablation) if evidence else None), parse_exact(exact)
 
 
 def _check_heads_options(
@@ -262,12 +280,13 @@ def _heads_on_probe(
     html: Path | None = None,
     evidence: str | None = None,
     exact: Any = None,
+    floors: bool = True,
 ) -> None:
     """One probe: the table (or JSON) of every head, and the pattern of --show's head; with
     ``syntax`` "scores" the syntactic scores from the evaluation text too (headlab.heads.syntax),
     shown beside the others, "labels" also labelling with them; with ``html`` the interactive
     view of every head in one offline file, and with ``evidence`` (an ablation mode) each
-    label's evidence (headlab.heads.evidence)."""
+    label's evidence (headlab.heads.evidence); ``floors`` False labels by thresholds alone."""
     from headlab import zoo
 
     target = _parse_head(show) if show is not None else None
@@ -284,11 +303,11 @@ def _heads_on_probe(
         margins = _syntax_margins(m, tokenizer, model) if syntax else None
         ruled = syntax == "labels"
         if evidence is not None:
-            _check_exact(exact, L, h)
-            backed = _evidence(m, p, evidence, seed, content, keep, margins, ruled, exact)
+            check_exact(exact, L, h)
+            backed = run_evidence(m, p, evidence, seed, content, keep, margins, ruled, exact)
             report = backed.report
         else:
-            report = _analyse(m, p, seed, content, keep, margins, ruled)
+            report = _analyse(m, p, seed, content, keep, margins, ruled, floors)
     except ValueError as exc:
         raise fail(str(exc)) from None
     out = err_console if as_json else console  # keep stdout pure JSON
@@ -311,48 +330,18 @@ def _probe(m: Any, tokenizer: Any, text: str | None, probe: str, seed: int) -> A
     return build_probe(name, tokenizer, m.config.max_len, m.config.vocab_size, text, seed)
 
 
-def _analyse(
-    m: Any, p: Any, seed: int, content: bool, keep: Any, margins: Any, label_syntax: bool
-) -> Any:
-    """:func:`headlab.heads.analyse` with a progress bar, a step per layer."""
-    from headlab.heads import analyse
+def _analyse(m: Any, p: Any, seed: int, content: bool, keep: Any, margins: Any,
+             label_syntax: bool, floors: bool = True) -> Any:  # fmt: skip
+    """:func:`headlab.heads.baselines.label_heads` with a progress bar, a step per layer (of
+    the random models too, the first time their floors are computed)."""
+    from headlab.heads.baselines import label_heads
 
-    what, layers = f"{p.n} tokens, layer", m.config.n_layers
+    what = f"{p.n} tokens, layer" + (" (3 random models' first, for the floors)" if floors else "")
     with progress_bar() as bar:
-        bar(0, layers, what)
-        return analyse(m, p, seed, content, keep=keep, syntactic=margins,
-                       label_syntactic=label_syntax,
-                       progress=lambda done, total: bar(done, total, what))  # fmt: skip
-
-
-def _parse_exact(spec: str | None) -> Any:
-    """--exact's value: None (not given), True ('all') or a list of (layer, head)."""
-    if spec is None or spec == "all":
-        return None if spec is None else True
-    try:
-        return [tuple(int(x) for x in part.split(".", 1)) for part in spec.split(",")]
-    except ValueError:
-        raise fail(f"--exact takes all or LAYER.HEAD,... e.g. 0.2,1.5; got {spec!r}") from None
-
-
-def _check_exact(exact: Any, L: int, h: int) -> None:
-    """Exit 2 when --exact names a head the model does not have."""
-    for pair in exact if isinstance(exact, list) else []:
-        if len(pair) != 2 or not (0 <= pair[0] < L and 0 <= pair[1] < h):
-            raise fail(f"--exact {'.'.join(map(str, pair))}: this model has layers "
-                       f"0..{L - 1} and heads 0..{h - 1}")  # fmt: skip
-
-
-def _evidence(m: Any, p: Any, mode: Any, seed: int, content: bool, keep: Any,
-              margins: Any, ruled: bool, exact: Any = None) -> Any:  # fmt: skip
-    """:func:`headlab.heads.evidence.evidence` with a progress bar, a step per stage."""
-    from headlab.heads.evidence import STAGES, evidence
-
-    with progress_bar() as bar:
-        return evidence(m, p, mode, seed, content, keep, syntactic=margins, label_syntactic=ruled,
-                        exact=exact,
-                        progress=lambda stage: bar(STAGES.index(stage), len(STAGES),
-                                                   "evidence"))  # fmt: skip
+        bar(0, m.config.n_layers, what)
+        return label_heads(m, p, seed, content, keep=keep, syntactic=margins,
+                           label_syntactic=label_syntax, floors=floors,
+                           progress=lambda done, total: bar(done, total, what))  # fmt: skip
 
 
 def _print_probe_report(report: Any, model: str, as_json: bool, extra: dict | None = None) -> None:

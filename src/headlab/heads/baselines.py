@@ -21,35 +21,56 @@ the random-weights mean + K_SD · sd of its layer (:meth:`Baselines.floors`). Th
 from the seeds a user would pick (0, 1, 2 …), so a random model scored against them is a fair
 test of the rule. Elhage et al. 2021 and Olsson et al. 2022 compare with random baselines the
 same way for composition scores.
+
+:func:`label_heads` is the one call that labels with the floors (the CLI, the server and the
+notebook views use it). The floors depend on the architecture, the probe and the seeds, never on
+the trained weights, so :func:`random_spreads` keeps them per process and on disk, keyed by
+:func:`floors_key`: only the first run of an architecture on a probe pays the 3 analyses.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import functools
+import hashlib
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from headlab.heads.report import HeadReport, analyse
+from headlab.files import read_text, write_json
+from headlab.heads.labels import THRESHOLDS, label_head
+from headlab.heads.report import HeadReport, HeadScore, Keep, SyntacticScores, analyse
 from headlab.heads.targets import shuffle_positions
 from headlab.measure import Probe, earlier_occurrence
 from headlab.model import Transformer
+from headlab.pypi import cache_root
 
 BASELINE_SEEDS = (1000, 1001, 1002)  # the random initialisations and shuffle orders
 K_SD = 3.0  # a label needs its score ≥ the random-weights mean + K_SD standard deviations
+Progress = Callable[[int, int], None]  # progress(done, total)
+Floors = dict[int, dict[str, float]]  # layer → score type → the least score a label needs
 
 
-def score_tensor(report: HeadReport) -> dict[str, Tensor]:
-    """Every score of a report as (L, h) tensors, keyed by score type."""
-    L = max(s.layer for s in report.heads) + 1
-    h = max(s.head for s in report.heads) + 1
+def score_tensor(report: HeadReport, averaged: bool = False) -> dict[str, Tensor]:
+    """Every score of a report as (L, h) tensors, keyed by score type; with ``averaged`` the
+    layers' averaged heads' as (L, 1)."""
+    rows = report.averaged if averaged else report.heads
+    L = max(s.layer for s in rows) + 1
     out: dict[str, Tensor] = {}
-    for kind in report.heads[0].scores:
-        out[kind] = torch.tensor([s.scores.get(kind, 0.0) for s in report.heads]).view(L, h)
+    for kind in rows[0].scores:
+        out[kind] = torch.tensor([s.scores.get(kind, 0.0) for s in rows]).view(L, -1)
     return out
 
 
+# Drawing the weights is most of a random model's cost (SmolLM2: 135 M parameters, about 4 s a
+# seed on 2 cores, 3.6 s of it the random draws alone). Identical weights need the same draws in
+# the same order, so building once on the meta device and filling in place per seed would save
+# only the allocation; the floors' cache saves the whole cost instead.
 def random_model(model: Any, seed: int) -> Transformer:
     """``model``'s architecture with random weights drawn from ``seed`` (its config's
     init_std), on the device and dtype of its embedding; the global RNG is left as it was."""
@@ -61,13 +82,37 @@ def random_model(model: Any, seed: int) -> Transformer:
 
 
 def random_weight_scores(
-    model: Any, probe: Probe, seeds: tuple[int, ...] = BASELINE_SEEDS, content: bool = True
+    model: Any,
+    probe: Probe,
+    seeds: tuple[int, ...] = BASELINE_SEEDS,
+    content: bool = True,
+    progress: Progress | None = None,
 ) -> dict[str, Tensor]:
     """Every score on ``probe`` of ``model``'s architecture with random weights, one model per
-    seed: type → (S, L, h)."""
-    runs = [score_tensor(analyse(random_model(model, s), probe, content=content, keep=()))
-            for s in seeds]  # fmt: skip
-    return {k: torch.stack([r[k] for r in runs]) for k in runs[0]}
+    seed: type → (S, L, h). ``progress(done, S · L)`` is called after each layer of each."""
+    return random_weight_runs(model, probe, seeds, content, progress)[0]
+
+
+def random_weight_runs(
+    model: Any,
+    probe: Probe,
+    seeds: tuple[int, ...] = BASELINE_SEEDS,
+    content: bool = True,
+    progress: Progress | None = None,
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """:func:`random_weight_scores` (type → (S, L, h)) and, from the same analyses, each
+    layer's averaged head (type → (S, L, 1))."""
+    L, runs = model.config.n_layers, []
+    for i, s in enumerate(seeds):
+        step = None if progress is None else (
+            lambda done, _, i=i: progress(i * L + done, len(seeds) * L))  # fmt: skip
+        runs.append(analyse(random_model(model, s), probe, content=content, keep=(),
+                            progress=step))  # fmt: skip
+    heads, averaged = ([score_tensor(r, avg) for r in runs] for avg in (False, True))
+    return (
+        {k: torch.stack([r[k] for r in heads]) for k in heads[0]},
+        {k: torch.stack([r[k] for r in averaged]) for k in averaged[0]},
+    )
 
 
 def shuffled_probe(probe: Probe, seed: int) -> Probe:
@@ -104,13 +149,17 @@ class Baselines:
     k: float
     random: dict[str, Tensor]
     shuffled: dict[str, Tensor]
+    averaged: dict[str, Tensor] = field(default_factory=dict)  # (2, L): averaged heads, seeds
 
     def floors(self) -> dict[int, dict[str, float]]:
         """layer → score type → the random-weights mean + k · sd a label must reach: the
         ``floors`` argument of :func:`headlab.heads.analyse`."""
-        L = next(iter(self.random.values())).shape[1]
-        return {l: {t: float(v[0, l] + self.k * v[1, l]) for t, v in self.random.items()}
-                for l in range(L)}  # fmt: skip
+        return floors_of(self.random, self.k)
+
+    def averaged_floors(self) -> dict[int, dict[str, float]]:
+        """The same for each layer's averaged head (mean + k · sd over the seeds): the
+        ``averaged_floors`` argument of :func:`headlab.heads.analyse`."""
+        return floors_of(self.averaged, self.k) if self.averaged else {}
 
     def of_head(self, layer: int, head: int) -> dict[str, dict[str, Any]]:
         """score type → {"random": {mean, sd, floor}, "shuffled": {mean, sd}} for one head."""
@@ -124,6 +173,12 @@ class Baselines:
                 entry["shuffled"] = {"mean": round(float(s[0]), 4), "sd": round(float(s[1]), 4)}
             out[t] = entry
         return out
+
+
+def floors_of(random: dict[str, Tensor], k: float = K_SD) -> Floors:
+    """layer → score type → mean + k · sd, from the random-weights spread (type → (2, L))."""
+    L = next(iter(random.values())).shape[1]
+    return {l: {t: float(v[0, l] + k * v[1, l]) for t, v in random.items()} for l in range(L)}
 
 
 def spread(values: Tensor, dims: tuple[int, ...]) -> Tensor:
@@ -146,11 +201,193 @@ def baselines(
     """The random-weights and shuffled-tokens baselines of every score of ``model`` on
     ``probe``: 2 · S analyses (each one forward, two with ``content``); S without
     ``shuffled`` (the labels need the random weights only)."""
-    rand = random_weight_scores(model, probe, seeds, content)
     shuf = shuffled_scores(model, probe, seeds, content) if shuffled else {}
+    rand, averaged = random_spreads(model, probe, seeds, content)
     return Baselines(
         seeds=tuple(seeds),
         k=K_SD,
-        random={k: spread(v, (0, 2)) for k, v in rand.items()},  # (S, L, h) → (2, L)
+        random=rand,
         shuffled={k: spread(v, (0,)) for k, v in shuf.items()},  # (S, L, h) → (2, L, h)
+        averaged=averaged,
     )
+
+
+# --- the random-weights floors, cached: they depend on the architecture, never the weights -----
+MEMORY_ENTRIES = 64  # floors kept per process (each a few floats per layer and type)
+Spreads = tuple[dict[str, Tensor], dict[str, Tensor]]  # the heads', the averaged heads'
+_MEMORY: dict[str, Spreads] = {}
+_LOCK = threading.Lock()
+# the modules whose code makes a score: a cached floor from other code is not used
+SCORING_CODE = ("heads/scores.py", "heads/targets.py", "heads/report.py",
+                "heads/baselines.py", "measure.py", "attention.py", "model/transformer.py",
+                "model/layers.py")  # fmt: skip
+
+
+@functools.cache
+def _code_digest() -> bytes:
+    """The hash of the code that computes the random-weights scores, and torch's version."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256(torch.__version__.encode())
+    for name in SCORING_CODE:
+        h.update((root / name).read_bytes())
+    return h.digest()
+
+
+def floors_key(model: Any, probe: Probe, seeds: tuple[int, ...], content: bool) -> str:
+    """What the random-weights scores depend on, hashed: ``model``'s config (not its weights),
+    dtype and device type, every field of ``probe`` its targets read, the seeds, whether the
+    content score runs, and the scoring code."""
+    weight = model.embed.weight
+    h = hashlib.sha256(_code_digest())
+    h.update(repr((model.config, tuple(seeds), content, str(weight.dtype), weight.device.type,
+                   probe.name, probe.text, list(probe.labels), probe.words)).encode())  # fmt: skip
+    for t in (probe.tokens, probe.delimiters, probe.movable, probe.source, probe.word_index):
+        if t is not None:
+            h.update(repr(tuple(t.shape)).encode() + t.cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def floors_cache_dir() -> Path:
+    """Where floors are kept between runs: ``$HEADLAB_CACHE/floors`` (``~/.cache/headlab``)."""
+    return cache_root() / "floors"
+
+
+def _read_cached(key: str) -> Spreads | None:
+    """The random-weights spreads stored under ``key``, or None (absent or unreadable)."""
+    path = floors_cache_dir() / f"{key}.json"
+    if not path.is_file():
+        return None
+    try:
+        stored = json.loads(read_text(path, 1_000_000, "floors cache"))
+        heads, averaged = (
+            {k: torch.tensor(v, dtype=torch.float32) for k, v in stored[part].items()}
+            for part in ("random", "averaged")
+        )
+        return heads, averaged
+    except (ValueError, OSError, KeyError, TypeError, AttributeError):
+        return None  # computed again and written over
+
+
+def _write_cached(key: str, spreads: Spreads) -> None:
+    """Store the spreads under ``key``; a cache that cannot be written is only skipped (the
+    floors are recomputed next time)."""
+    stored = {part: {k: v.tolist() for k, v in d.items()}
+              for part, d in zip(("random", "averaged"), spreads, strict=True)}  # fmt: skip
+    try:
+        floors_cache_dir().mkdir(parents=True, exist_ok=True)
+        write_json(floors_cache_dir() / f"{key}.json", stored)
+    except (OSError, ValueError):
+        pass
+
+
+def random_spreads(
+    model: Any,
+    probe: Probe,
+    seeds: tuple[int, ...] = BASELINE_SEEDS,
+    content: bool = True,
+    progress: Progress | None = None,
+    cache: bool = True,
+) -> Spreads:
+    """type → (2, L): per layer the mean and sample sd over its heads and the seeds of
+    :func:`random_weight_scores` (the ``random`` field of :class:`Baselines`), and the same over
+    the seeds for each layer's averaged head (``averaged``). Kept in memory per process and on
+    disk (:func:`floors_cache_dir`) under :func:`floors_key` unless ``cache`` is False: a
+    second probe of the same architecture with the same tokens costs nothing. float32 values
+    go through JSON unchanged, so cached equals computed."""
+    key = floors_key(model, probe, seeds, content) if cache else ""
+    found = (_MEMORY.get(key) or _read_cached(key)) if cache else None
+    if found is None:
+        runs = random_weight_runs(model, probe, seeds, content, progress)
+        heads, averaged = ({k: spread(v, (0, 2)) for k, v in r.items()} for r in runs)
+        found = (heads, averaged)  # (S, L, h or 1) → (2, L)
+        if cache:
+            _write_cached(key, found)
+    if cache:
+        with _LOCK:  # the server's requests run in threads
+            while len(_MEMORY) >= MEMORY_ENTRIES:
+                _MEMORY.pop(next(iter(_MEMORY)))
+            _MEMORY[key] = found
+    return tuple({k: v.clone() for k, v in d.items()} for d in found)  # type: ignore[return-value]
+
+
+def random_spread(
+    model: Any, probe: Probe, seeds: tuple[int, ...] = BASELINE_SEEDS, content: bool = True
+) -> dict[str, Tensor]:
+    """The heads' part of :func:`random_spreads` (cached alike): type → (2, L)."""
+    return random_spreads(model, probe, seeds, content)[0]
+
+
+# --- labels gated by their floors: the one labelling entry of the CLI, the server, notebooks ----
+
+
+def _label_type(score: HeadScore, ruled: dict[str, float], floors: dict[str, float]) -> str:
+    """The score type a head's label rests on: of the types that alone give its label, the
+    one that passes by the widest share (the rule of :func:`headlab.heads.label_head`)."""
+    alone = [k for k in ruled if label_head({k: ruled[k]}, score.offset, floors) == score.label]
+    if not alone:
+        return ""
+    return max(alone, key=lambda k: (ruled[k] - THRESHOLDS[k]) / (1 - THRESHOLDS[k]))
+
+
+def _gated(s: HeadScore, floors: dict[str, float], label_syntactic: bool) -> HeadScore:
+    """One head labelled with ``floors`` (its layer's), with its floor, margin and the label
+    the floor took away."""
+    ruled = {k: v for k, v in s.scores.items()
+             if k in THRESHOLDS and (label_syntactic or k != "syntactic")}  # fmt: skip
+    plain = label_head(ruled, s.offset)
+    kind = _label_type(s, ruled, floors)
+    floor = floors.get(kind) if kind else None
+    margin = None if floor is None else s.scores[kind] - floor
+    return replace(s, floor=floor, margin=margin, below_floor="" if plain == s.label else plain)
+
+
+def gate(report: HeadReport, floors: Floors, label_syntactic: bool = False,
+         averaged_floors: Floors | None = None) -> HeadReport:  # fmt: skip
+    """``report`` (labelled by :func:`analyse` with ``floors`` and ``averaged_floors``) with
+    each head's floor, its label's margin over it, and the label that thresholds alone would
+    give where the floor took it away (:attr:`HeadScore.below_floor`)."""
+    heads = [_gated(s, floors.get(s.layer, {}), label_syntactic) for s in report.heads]
+    averaged = [_gated(s, (averaged_floors or {}).get(s.layer, {}), False)
+                for s in report.averaged]  # fmt: skip
+    return replace(report, heads=heads, averaged=averaged, floors=floors)
+
+
+def label_heads(
+    model: Any,
+    probe: Probe,
+    seed: int = 0,
+    content: bool = True,
+    keep: Keep = None,
+    progress: Progress | None = None,
+    syntactic: SyntacticScores | None = None,
+    label_syntactic: bool = False,
+    floors: bool = True,
+) -> HeadReport:
+    """Every head of ``model`` on ``probe`` scored and labelled, each label needing its score
+    at or above its threshold *and* its layer's random-weights floor (mean + K_SD · sd over
+    :data:`BASELINE_SEEDS`, :func:`random_spreads`, cached; each layer's averaged head against
+    the random models' averaged heads): the labels the CLI, the server and the notebook views
+    show. Each head carries its floor and margin, and the label the floor
+    took away. ``floors=False``: thresholds alone (:func:`analyse` as it is), labels unchecked
+    against chance (the report's ``floors`` is None). The other arguments are
+    :func:`analyse`'s; ``progress(done, total)`` counts the layers of every analysis run.
+    Cost: :func:`analyse` plus, the first time an architecture meets a probe, 3 analyses of
+    random models."""
+    L = model.config.n_layers
+    if not floors:
+        return analyse(model, probe, seed, content, keep, progress, syntactic,
+                       label_syntactic=label_syntactic)  # fmt: skip
+    counted: list[int] = [0]
+
+    def base_step(done: int, total: int) -> None:
+        counted[0] = total
+        if progress is not None:
+            progress(done, total + L)
+
+    spreads = random_spreads(model, probe, BASELINE_SEEDS, content, base_step)
+    gates, averaged = (floors_of(d) for d in spreads)
+    step = None if progress is None else (lambda done, _: progress(counted[0] + done,
+                                                                   counted[0] + L))  # fmt: skip
+    report = analyse(model, probe, seed, content, keep, step, syntactic, gates, label_syntactic,
+                     averaged)  # fmt: skip
+    return gate(report, gates, label_syntactic, averaged)

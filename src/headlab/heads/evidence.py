@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from headlab.heads.attribution import Attributions, attribute_heads
-from headlab.heads.baselines import Baselines, baselines
+from headlab.heads.baselines import Baselines, baselines, gate
 from headlab.heads.composition import Composition, composition_scores
 from headlab.heads.effects import CHUNK, Ablations, Mode, ablate_heads
 from headlab.heads.labels import BEST_TYPES, THRESHOLDS
@@ -335,9 +335,11 @@ def evidence(
 
     base = stage("baselines", lambda: baselines(model, probe, content=content))
     floors = base.floors()
-    report = stage("scores", lambda: analyse(model, probe, seed, content, keep=keep,
-                                             syntactic=syntactic, floors=floors,
-                                             label_syntactic=label_syntactic))  # fmt: skip
+    averaged = base.averaged_floors()
+    report = stage("scores", lambda: gate(analyse(
+        model, probe, seed, content, keep=keep, syntactic=syntactic, floors=floors,
+        label_syntactic=label_syntactic, averaged_floors=averaged), floors, label_syntactic,
+        averaged))  # fmt: skip
     comp = stage("composition", lambda: composition_scores(model))
     causal = bool(model.config.causal)
     rows = loss_rows(probe, causal)

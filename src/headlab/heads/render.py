@@ -67,6 +67,7 @@ def heads_table(report: Scored, title: str = "") -> Table:
             cells.append(Text(_short(s.scores[k]), style="bold green" if passed else "dim"))
         head = "avg" if s.head < 0 else str(s.head)
         name = f"{s.label} ({s.relation})" if s.label == "syntactic" else s.label
+        name += f" ({s.below_floor} below chance floor)" if s.below_floor else ""
         label = Text(name, style="italic" if s.head < 0 else "bold")
         rest = "" if s.rest is None else _short(s.rest)
         table.add_row(str(s.layer), head, label, *cells, f"{s.offset:+d}", rest)
@@ -84,6 +85,9 @@ def heads_legend(report: Scored) -> str:
         "δ the positional score's offset (−1: the token before)",
         "rest where the head rests off the rows its label scores",
         "a score in bold passes its label's threshold (docs/heads.md)",
+        "labels also need their layer's random-weights floor (mean + 3 sd); (X below chance "
+        "floor): the label the threshold alone gives" if getattr(report, "floors", None)
+        else "labels by thresholds alone, unchecked against chance (no random-weights floors)",
     ])  # fmt: skip
 
 

@@ -45,6 +45,12 @@ class HeadScore:
     # cannot move (content); None for the other labels
     rest: float | None = None
     relation: str = ""  # the dependency relation of the syntactic score, when measured
+    # with floors (headlab.heads.baselines.label_heads): the random-weights floor of the score
+    # the label rests on, the score's margin over it, and the label that thresholds alone
+    # give when the floor took it away ("" when it did not)
+    floor: float | None = None
+    margin: float | None = None
+    below_floor: str = ""
 
     def to_dict(self) -> dict:
         out = {
@@ -54,6 +60,9 @@ class HeadScore:
             "offset": self.offset,
             "scores": {k: round(v, 4) for k, v in self.scores.items()},
             "rest": None if self.rest is None else round(self.rest, 4),
+            "floor": None if self.floor is None else round(self.floor, 4),
+            "margin": None if self.margin is None else round(self.margin, 4),
+            "below_floor": self.below_floor or None,
         }
         if self.relation:
             out["relation"] = self.relation
@@ -86,6 +95,9 @@ class HeadReport:
     # whether the probe opens with a special start token; without one a sink rests on the
     # first word, which the rare-word score therefore leaves out (targets.rare_word_targets)
     start_token: bool = True
+    # layer → score type → the random-weights floor each label had to reach too; None: the
+    # labels went by thresholds alone, unchecked against chance
+    floors: dict[int, dict[str, float]] | None = None
 
     @property
     def sink_position(self) -> dict[str, Any]:
@@ -157,6 +169,10 @@ class HeadReport:
             "averaged": [s.to_dict() for s in self.averaged],
             "best": self.best,
             "thresholds": dict(THRESHOLDS),
+            "labels_gated": self.floors is not None,
+            "floors": None
+            if self.floors is None
+            else {str(l): {k: round(v, 4) for k, v in f.items()} for l, f in self.floors.items()},
             "sinks": {
                 "threshold": SINK_THRESHOLD,
                 "layers": self.sinks,
@@ -197,7 +213,7 @@ def _scored(
         margin, relation = syntactic.get((layer, head), (0.0, ""))
         values["syntactic"] = max(0.0, float(margin))
     ruled = values if label_syntactic else {k: v for k, v in values.items() if k != "syntactic"}
-    label = label_head(ruled, int(offsets[i]), (floors or {}).get(layer) if head >= 0 else None)
+    label = label_head(ruled, int(offsets[i]), (floors or {}).get(layer))
     kind = REST_OF_LABEL.get(label)
     rest = float(rests[kind][i]) if kind in rests else None
     return HeadScore(layer, head, label, values, int(offsets[i]), rest, relation)
@@ -256,6 +272,7 @@ def analyse(
     syntactic: SyntacticScores | None = None,
     floors: Floors | None = None,
     label_syntactic: bool = False,
+    averaged_floors: Floors | None = None,
 ) -> HeadReport:
     """Run ``model`` on ``probe`` and score and label every (layer, head) and each layer's
     averaged head: the one head analysis the CLI, the server and the experiments call.
@@ -274,7 +291,7 @@ def analyse(
     (2B, h, n, n) plus the patterns kept: every head's by default, only ``keep``'s otherwise
     (``keep=()`` for scores alone). ``progress(done, L)`` is called after each layer.
     ``floors`` (:meth:`headlab.heads.baselines.Baselines.floors`) make each label need its
-    margin over random weights too.
+    margin over random weights too, and ``averaged_floors`` each averaged head's label.
     model: a :class:`headlab.model.Transformer` (load it with :mod:`headlab.zoo`); probe: a
     :class:`headlab.measure.Probe` (build it with :func:`headlab.measure.build_probe`).
     """
@@ -285,7 +302,7 @@ def analyse(
     score = layer_scorer(targets, order if content else None, keep)
     layers = reduce_patterns(model, run, score, progress)
     n_kv = getattr(model.config, "n_kv_heads", None)
-    return _report(probe, layers, keep, syntactic, n_kv, floors, label_syntactic)
+    return _report(probe, layers, keep, syntactic, n_kv, floors, label_syntactic, averaged_floors)
 
 
 def _report(
@@ -296,6 +313,7 @@ def _report(
     n_kv_heads: int | None = None,
     floors: Floors | None = None,
     label_syntactic: bool = False,
+    averaged_floors: Floors | None = None,
 ) -> HeadReport:
     """The HeadReport of a probe from its layers' scores (layer-major; averaged heads apart)."""
     L, h = len(layers), layers[0].offsets.shape[0] - 1
@@ -305,7 +323,8 @@ def _report(
     heads = [_scored(l, i, scores, offsets, rests, l * (h + 1) + i, syntactic, floors,
                      label_syntactic)
              for l in range(L) for i in range(h)]  # fmt: skip
-    averaged = [_scored(l, -1, scores, offsets, rests, l * (h + 1) + h, None) for l in range(L)]
+    averaged = [_scored(l, -1, scores, offsets, rests, l * (h + 1) + h, None, averaged_floors)
+                for l in range(L)]  # fmt: skip
     common: dict[str, Any] = dict(probe=probe.name, tokens=list(probe.labels),
                                   ids=probe.tokens[0].tolist(), heads=heads, averaged=averaged,
                                   text=probe.text, n_kv_heads=n_kv_heads,

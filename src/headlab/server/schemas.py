@@ -246,6 +246,14 @@ class HeadsRequest(TextRequest):
         "ablates those exactly beside the first-order estimate of every head "
         "(headlab.heads.attribution); null: exact where that costs no more than the estimate",
     )
+    floors: StrictBool = Field(
+        True,
+        description="true (the default): a label needs its score at or above its threshold "
+        "and its layer's random-weights floor (the same architecture with random weights, "
+        "mean + 3 sd; headlab.heads.baselines.label_heads), each head then carrying 'floor', "
+        "'margin' and 'below_floor'; false: thresholds alone, the labels unchecked against "
+        "chance ('labels_gated' false). evidence checks labels against the floors always",
+    )
     syntax_labels: StrictBool = Field(
         False,
         description="label the heads with the syntactic score too (implies syntax=true): a "
@@ -319,6 +327,13 @@ class HeadInfo(BaseModel):
         None, description="where the head rests on the rows its label's score leaves out"
     )
     relation: str | None = Field(None, description="the relation of the syntactic score")
+    floor: float | None = Field(
+        None, description="the random-weights floor of the score its label rests on (gated)"
+    )
+    margin: float | None = Field(None, description="that score minus its floor")
+    below_floor: str | None = Field(
+        None, description="the label its threshold alone gives, where the floor took it away"
+    )
 
 
 class HeadsResponse(ModelOnText):
@@ -327,6 +342,12 @@ class HeadsResponse(ModelOnText):
     averaged: list[HeadInfo] = Field(description="per layer, the mean of its heads, scored alike")
     best: dict[str, Any] = Field(description="per head type, the model's best head and its score")
     thresholds: dict[str, float] = Field(default_factory=dict)
+    labels_gated: bool = Field(
+        False, description="whether each label also needed its random-weights floor"
+    )
+    floors: dict[str, dict[str, float]] | None = Field(
+        None, description="layer → score type → the random-weights floor (mean + 3 sd)"
+    )
     sinks: dict[str, Any] = Field(
         default_factory=dict,
         description="Gu et al. 2024: per layer, the share of heads whose mean weight on the "

@@ -86,16 +86,21 @@ def attention(req: TextRequest, request: Request) -> Response:
 @router.post("/heads", response_model=HeadsResponse)
 def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
     """Every head's pattern, scores and label, each layer's averaged head, the best head of
-    each type the page offers and each layer's sink share: :func:`headlab.heads.analyse` on
-    the probe, in one answer; with ``syntax`` also the syntactic heads (:mod:`headlab.heads.syntax`)
+    each type the page offers and each layer's sink share: :func:`headlab.heads.baselines.
+    label_heads` on the probe (each label above its random-weights floor unless ``floors`` is
+    false), in one answer; with ``syntax`` also the syntactic heads (:mod:`headlab.heads.syntax`)
     and, for a text, its parse and each head's top link per word: the syntactic score is shown
     beside the others and takes part in the labels only with ``syntax_labels``; with
     ``evidence`` each label's evidence (:func:`headlab.heads.evidence.evidence`)."""
-    from headlab import heads
+    from headlab.heads.baselines import label_heads
 
     if req.exact is not None and not req.evidence:
         raise HTTPException(422, "exact picks the heads that evidence ablates exactly: add "
                             '"evidence": true or leave exact out')  # fmt: skip
+    if req.evidence and not req.floors:
+        raise HTTPException(422, "floors: evidence checks every label against its "
+                            'random-weights floor; leave out "floors": false or '
+                            '"evidence": true')  # fmt: skip
     model, probe = load_probe(request, req)
     found = syntax_table(request, req.model) if req.wants_syntax() else None
     margins = found["report"].margins() if found and found.get("report") else None
@@ -112,7 +117,8 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
                           exact=req.exact)  # fmt: skip
         report, extra = backed.report, {"evidence": backed.to_dict()}
     else:
-        report = heads.analyse(model, probe, syntactic=margins, label_syntactic=ruled)
+        report = label_heads(model, probe, syntactic=margins, label_syntactic=ruled,
+                             floors=req.floors)  # fmt: skip
         extra = {}
     body = {**report.to_dict(patterns=True), "syntax_labels": ruled, **extra}
     if found is not None:
