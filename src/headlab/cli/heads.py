@@ -269,6 +269,7 @@ def _heads_on_probe(
     view of every head in one offline file, and with ``evidence`` (an ablation mode) each
     label's evidence (headlab.heads.evidence)."""
     from headlab import zoo
+    from headlab.shapes.layout import attention_layout
 
     target = _parse_head(show) if show is not None else None
     ensure_fetched(model)
@@ -293,7 +294,7 @@ def _heads_on_probe(
         raise fail(str(exc)) from None
     out = err_console if as_json else console  # keep stdout pure JSON
     extra = {} if evidence is None else {"evidence": backed.to_dict()}
-    _print_probe_report(report, model, as_json, extra)
+    _print_probe_report(report, model, as_json, {**attention_layout(m.config), **extra})
     if evidence is not None and not as_json:
         print_evidence(extra["evidence"])
     if target is not None:
@@ -361,6 +362,7 @@ def _print_probe_report(report: Any, model: str, as_json: bool, extra: dict | No
     import json
 
     from headlab.heads.render import heads_legend, heads_table, sink_lines
+    from headlab.shapes.layout import layout_lines
 
     if as_json:
         body = {"model": model, **report.to_dict(), **(extra or {})}
@@ -371,6 +373,9 @@ def _print_probe_report(report: Any, model: str, as_json: bool, extra: dict | No
     console.print(heads_legend(report), highlight=False, soft_wrap=True)
     for line in sink_lines(report):
         console.print(line, highlight=False)
+    if extra and "layer_kinds" in extra:  # the model's layout: K/V sharing, local/global layers
+        for line in layout_lines(extra):
+            console.print(line, highlight=False, soft_wrap=True)
 
 
 def _draw_head(report: Any, target: tuple[int, int], out: Console) -> None:
