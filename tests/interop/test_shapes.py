@@ -211,6 +211,26 @@ def test_gemma3_head_width_is_accepted_and_said_in_the_verdict():
     )
 
 
+@pytest.mark.parametrize(("h_kv", "d_k"), [(1, 256), (3, None), (None, 8)])
+def test_kv_figures_numbers_are_real_caches_mha_mqa_and_streaming(h_kv, d_k):
+    """MHA and MQA at the same size, and a StreamingLLM cache of sinks + window positions."""
+    from headlab.model.streaming import SinkCache
+
+    B, n, cached = 2, 5, 7
+    report = trace_shapes(576 if h_kv == 3 else 640, 9 if h_kv == 3 else 4, n, B,
+                          n_kv_heads=h_kv, cache_len=cached, d_k=d_k, dtype="bf16")  # fmt: skip
+    kv = report.kv_cache
+    c = report.config
+    width = c.sizes()["d_k"]
+    for heads, key in ((c.n_heads, "mha_bytes"), (1, "mqa_bytes"), (c.h_kv, "bytes")):
+        layer = MultiHeadAttention(c.d_model, c.n_heads, heads, d_k=d_k).to(torch.bfloat16)
+        assert kv[key] == layer.new_cache(B, cached + n).nbytes, key
+    assert kv["mqa_bytes_per_token"] * c.h_kv == kv["bytes_per_token"]
+    for sinks, window in ((0, 3), (4, 16)):
+        real = SinkCache(B, c.h_kv, width, sinks, window, torch.bfloat16)
+        assert kv["sink_bytes_per_token"] * B * (sinks + window) == real.nbytes
+
+
 def test_huge_config_is_answered_without_allocating_and_counts_like_pytorch():
     report = trace_shapes(12288, 96, 131072, 64)
     assert report.valid

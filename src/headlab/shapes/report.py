@@ -133,7 +133,8 @@ class ShapeReport:
         ``param_tensors``: list of ``{name, symbolic, shape, count}``; ``flops``: ``{total, n2,
         n2_share, <stage>: flops…}``; ``memory``: ``{n2_bytes, activation_bytes, param_bytes}``;
         ``kv_cache_bytes`` (int) and ``kv_cache``: ``{bytes, bytes_per_token, tokens,
-        mha_bytes, mha_bytes_per_token, ratio_vs_mha}``; ``shape_preserving`` (bool);
+        mha_bytes, mha_bytes_per_token, ratio_vs_mha, mqa_bytes, mqa_bytes_per_token,
+        sink_bytes_per_token}``; ``shape_preserving`` (bool);
         ``verdict`` (one sentence); ``summary`` (sentences for people). An invalid report has
         the same keys, empty or zero.
         """
@@ -265,11 +266,18 @@ def _param(cfg: ShapeConfig, name: str, p: torch.Tensor) -> ParamTensor:
 
 
 def _kv_cache(cfg: ShapeConfig) -> dict[str, int | float]:
-    """KV-cache bytes for this layer, from real (meta) caches, against MHA of the same size."""
+    """KV-cache bytes for this layer, from real (meta) caches, against MHA (h K/V heads) and MQA
+    (one) of the same size; ``sink_bytes_per_token``: what one kept position of a StreamingLLM
+    cache (:class:`headlab.model.streaming.SinkCache`) holds per sequence, keys before rotary
+    included, which the page's streaming figure multiplies by the positions each policy keeps."""
+    from headlab.model.streaming import SinkCache
+
     z = cfg.sizes()
     dt = DTYPES[cfg.dtype]
     ours = KVCache(z["B"], z["h_kv"], z["d_k"], z["s"], dt, device="meta").nbytes
     mha = KVCache(z["B"], z["h"], z["d_k"], z["s"], dt, device="meta").nbytes
+    mqa = KVCache(z["B"], 1, z["d_k"], z["s"], dt, device="meta").nbytes
+    slot = SinkCache(1, z["h_kv"], z["d_k"], 0, 1, dt, device="meta").nbytes
     tokens = z["B"] * z["s"]
     return {
         "bytes": ours,
@@ -278,6 +286,9 @@ def _kv_cache(cfg: ShapeConfig) -> dict[str, int | float]:
         "mha_bytes": mha,
         "mha_bytes_per_token": mha // tokens,
         "ratio_vs_mha": mha / ours,
+        "mqa_bytes": mqa,
+        "mqa_bytes_per_token": mqa // tokens,
+        "sink_bytes_per_token": slot,
     }
 
 

@@ -170,7 +170,10 @@ export function shapesReport(body) {
   const kvBytes = (heads) => big(z.B) * big(heads) * big(z.d_k) * big(z.s) * item * 2n;
   const tokens = z.B * z.s, ours = kvBytes(z.h_kv), mhaB = kvBytes(z.h);
   const kv = { bytes: num(ours), bytes_per_token: num(ours / big(tokens)), tokens, mha_bytes: num(mhaB),
-    mha_bytes_per_token: num(mhaB / big(tokens)), ratio_vs_mha: ratio(mhaB, ours) };
+    mha_bytes_per_token: num(mhaB / big(tokens)), ratio_vs_mha: ratio(mhaB, ours), mqa_bytes: num(kvBytes(1)),
+    mqa_bytes_per_token: num(kvBytes(1) / big(tokens)),
+    // headlab's SinkCache keeps keys before rotary too: three buffers per kept position
+    sink_bytes_per_token: num(3n * big(z.h_kv) * big(z.d_k) * item) };
   const bigOnes = stages.filter((st) => st.big > LARGE_ELEMENTS);
   const warnings = bigOnes.length ? [`${bigOnes.map((st) => st.name).join(", ")} would hold over 2**40 elements each (up to ${group(bigOnes.reduce((a, st) => (st.big * item > a ? st.big * item : a), 0n))} bytes): no single accelerator holds that; fused kernels (FlashAttention, SDPA) never store the n·s pattern, and real runs split the batch or the sequence`] : [];
   const maps = z.h * z.d_k === z.d_model ? "h·d_k = d_model back to d_model" : `h·d_k = ${group(z.h * z.d_k)} back to d_model = ${group(z.d_model)}`;
