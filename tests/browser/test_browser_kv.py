@@ -60,7 +60,7 @@ def sink_cache_keeps(tokens: int, sinks: int, window: int) -> list[int]:
 
 def shown_positions(page, policy: str) -> list[int]:
     ranges = page.eval_on_selector_all(
-        f'#kv-policies figure[data-figure="kv-policies"] svg rect[data-range]',
+        '#kv-policies figure[data-figure="kv-policies"] svg rect[data-range]',
         "rs => rs.map(r => r.dataset.range)",
     )
     rows = page.locator(f'#kv-policies-table tr[data-policy="{policy}"]')
