@@ -57,3 +57,62 @@ def test_the_lines_say_the_sharing_and_the_layers():
     smol_like = layout_lines(attention_layout(config(d_model=18, n_heads=9, n_kv_heads=3)))
     assert smol_like[0].startswith("grouped-query attention: 3 query heads per K/V head")
     assert "K/V head 2 ← query heads 6, 7, 8" in smol_like[0]
+
+
+def tiny_folder(tmp_path) -> str:
+    """A GQA model with local and global layers saved as a model folder (``--model PATH``), with
+    a word-level tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["[UNK]", "a", "b", "c", "d", "e"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    c = config(n_kv_heads=2, n_layers=3, sliding_window=3, local_layers=(0, 2))
+    Transformer(c).save(tmp_path)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    return str(tmp_path)
+
+
+def test_heads_cli_says_the_layout_and_json_carries_it(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    folder = tiny_folder(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    base = [
+        sys.executable,
+        "-m",
+        "headlab.cli",
+        "heads",
+        "--model",
+        folder,
+        "--text",
+        "a b c d e a b c",
+    ]
+    done = subprocess.run(base, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = " ".join(done.stdout.split())
+    assert "grouped-query attention: 3 query heads per K/V head" in out
+    assert "local layers (a sliding window of 3 keys): 0, 2; global layers (every key): 1" in out
+    done = subprocess.run([*base, "--json"], env=env, capture_output=True, text=True, timeout=300)
+    body = json.loads(done.stdout)
+    assert body["layer_kinds"] == ["local", "global", "local"]
+    assert (body["window"], body["kv_group"]) == (3, [0, 0, 0, 1, 1, 1])
+
+
+def test_notebook_grid_carries_the_layout():
+    from headlab import heads
+    from headlab.measure import build_probe
+    from headlab.show import head_grid
+
+    c = config(n_kv_heads=3, sliding_window=4, local_layers=(1,))
+    model = Transformer(c).eval()
+    probe = build_probe("random-repeat", None, 12, c.vocab_size, seed=0)
+    report = heads.analyse(model, probe)
+    part = head_grid(report, "tiny", config=c).parts[0]["report"]
+    assert part["layer_kinds"] == ["global", "local", "global", "global"]
+    assert (part["window"], part["kv_group"]) == (4, [0, 0, 1, 1, 2, 2])
+    assert "layer_kinds" not in head_grid(report, "tiny").parts[0]["report"]
