@@ -101,6 +101,12 @@ def test_heads_cli_says_the_layout_and_json_carries_it(tmp_path):
     body = json.loads(done.stdout)
     assert body["layer_kinds"] == ["local", "global", "local"]
     assert (body["window"], body["kv_group"]) == (3, [0, 0, 0, 1, 1, 1])
+    # the offline file carries the same layout for its grid
+    page = tmp_path / "heads.html"
+    done = subprocess.run([*base, "--html", str(page)], env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert '"layer_kinds":["local","global","local"]' in page.read_text()  # compact JSON
 
 
 def test_notebook_grid_carries_the_layout():

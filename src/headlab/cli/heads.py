@@ -300,7 +300,7 @@ def _heads_on_probe(
     if target is not None:
         _draw_head(report, target, out)
     if html is not None:
-        _write_head_page(report, model, html, out)
+        _write_head_page(report, model, html, out, m.config)
 
 
 def _probe(m: Any, tokenizer: Any, text: str | None, probe: str, seed: int) -> Any:
@@ -389,13 +389,14 @@ def _draw_head(report: Any, target: tuple[int, int], out: Console) -> None:
     out.print(key_legend(report.tokens), highlight=False)
 
 
-def _write_head_page(report: Any, model: str, path: Path, out: Console) -> None:
-    """The head view and grid of ``report`` as one self-contained HTML file (headlab.show)."""
+def _write_head_page(report: Any, model: str, path: Path, out: Console, config: Any) -> None:
+    """The head view and grid of ``report`` as one self-contained HTML file (headlab.show), its
+    layers marked local or global and its heads grouped by K/V head as ``config`` has them."""
     from headlab.show import head_view
 
     title = f"headlab: {model}, {report.probe} probe, {len(report.tokens)} tokens"
     try:
-        written = head_view(report, model, grid=True).save(path, title)
+        written = head_view(report, model, grid=True, config=config).save(path, title)
     except (ValueError, OSError) as exc:
         raise fail(f"--html {path}: {exc}") from None
     size = written.stat().st_size / 1024
