@@ -205,8 +205,8 @@ export function initShapes(root, presetsAsked) {
     const mine = Object.entries(sizes);
     if (!mine.length) return;
     for (const [name, z] of mine) presets[`model:${name}`] = { ...z, title: name };
-    const kvText = (z) => (z.n_kv_heads && z.n_kv_heads < z.n_heads ? `, h_kv ${z.n_kv_heads}` : "") + (z.d_k ? `, d_k ${z.d_k}` : "");
-    preset.append(h("optgroup", { label: "models on this server (their own sizes)" }, mine.map(([name, z]) => h("option", { value: `model:${name}`, title: `${z.n_layers} layers` },
+    const kvText = (z) => (z.n_kv_heads && z.n_kv_heads < z.n_heads ? `, h_kv ${z.n_kv_heads}` : "");
+    preset.append(h("optgroup", { label: "models on this server (their own sizes)" }, mine.map(([name, z]) => h("option", { value: `model:${name}`, title: `${z.n_layers} layers${z.d_k ? `, heads ${z.d_k} wide` : ""}` },
       `${name}: d_model ${z.d_model}, h ${z.n_heads}${kvText(z)}`))));
   }).catch(() => {});
   api("/api/shapes/limits").then((got) => { limits = got; applyLimits(form, got); }).catch(() => {}).finally(update);
