@@ -212,14 +212,22 @@ def write_html(path: str | os.PathLike[str], text: str) -> Path:
     return write_atomic(path, text)
 
 
-def head_view(report: Any, model: str = "", grid: bool = False, detail: bool = True) -> View:
+def head_view(
+    report: Any, model: str = "", grid: bool = False, detail: bool = True, config: Any = None
+) -> View:
     """One head at a time (a heatmap beside its layer's mean, the two-column view), and with
     ``grid`` every head as a thumbnail with its label; ``detail=False`` leaves the grid alone.
 
     report: a :class:`headlab.heads.HeadReport` (:func:`headlab.heads.analyse`) or its
     ``to_dict(patterns=True)`` form: weights (L, h, n, n), averaged_weights (L, n, n).
+    config: the model's config, whose local/global layers and K/V heads the grid marks
+    (:func:`headlab.shapes.layout.attention_layout`; a dict from the server carries them).
     """
+    from headlab.shapes.layout import attention_layout
+
     d = report.to_dict(patterns=True) if hasattr(report, "to_dict") else dict(report)
+    if config is not None:
+        d = {**d, **attention_layout(config)}
     weights = np.asarray(d["weights"])
     body = {
         "model": model or d.get("model", ""),
@@ -233,6 +241,7 @@ def head_view(report: Any, model: str = "", grid: bool = False, detail: bool = T
         "labels_gated": d.get("labels_gated"),
         "weights": encode_weights(weights),
         "averaged_weights": encode_weights(d["averaged_weights"]),
+        **{k: d[k] for k in ("kv_group", "window", "layer_kinds") if k in d},
     }
     return View([{"kind": "heads", "grid": grid, "detail": detail, "report": body}])
 
@@ -243,15 +252,18 @@ def heads_view(
     """Every head of ``model`` on ``probe`` (:func:`headlab.measure.build_probe`), labelled by
     :func:`headlab.heads.baselines.label_heads`: each label above its random-weights floor, or
     with ``floors=False`` by thresholds alone (the view then says they are unchecked against
-    chance); drawn as :func:`head_view` (``grid``: every head as a thumbnail too)."""
+    chance); drawn as :func:`head_view` (``grid``: every head as a thumbnail too), with the
+    model's local/global layers and K/V heads marked."""
     from headlab.heads.baselines import label_heads
 
-    return head_view(label_heads(model, probe, floors=floors), name, grid=grid)
+    report = label_heads(model, probe, floors=floors)
+    return head_view(report, name, grid=grid, config=model.config)
 
 
-def head_grid(report: Any, model: str = "") -> View:
-    """Every head of the report as a thumbnail with its label (click one for its scores)."""
-    return head_view(report, model, grid=True, detail=False)
+def head_grid(report: Any, model: str = "", config: Any = None) -> View:
+    """Every head of the report as a thumbnail with its label (click one for its scores);
+    with the model's ``config``, its local/global layers and K/V heads marked."""
+    return head_view(report, model, grid=True, detail=False, config=config)
 
 
 def shapes_view(report: Any) -> View:

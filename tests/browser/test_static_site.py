@@ -204,6 +204,15 @@ def _random_size(rng: random.Random) -> dict:
     return body
 
 
+def _with_head_width(rng: random.Random) -> dict:
+    """A size with a given head width d_k: small, up to 512, or anywhere in the API's range."""
+    from headlab.shapes import LIMITS
+
+    lo, hi = LIMITS["d_k"]
+    d_k = rng.choice([rng.randint(lo, 16), rng.randint(lo, 512), rng.randint(lo, hi)])
+    return {**_random_size(rng), "d_k": d_k}
+
+
 def _as_doubles(value: object) -> object:
     """Python's JSON as the browser's numbers hold it: integers are doubles there."""
     if isinstance(value, dict):
@@ -222,6 +231,9 @@ def test_shapes_widget_equals_headlab_shapes(page) -> None:
     rng = random.Random(0)
     bodies = [{"d_model": 100, "n_heads": 6}, {"d_model": 96, "n_heads": 6, "n_kv_heads": 4}]
     bodies += [_random_size(rng) for _ in range(600)]
+    # a given head width d_k, which need not be d_model / h (Gemma 3: 256 at 640 / 4)
+    gemma3 = {"d_model": 640, "n_heads": 4, "n_kv_heads": 1, "d_k": 256, "bias": False}
+    bodies += [gemma3, {**gemma3, "d_k": 1}] + [_with_head_width(rng) for _ in range(520)]
     got = page.evaluate(
         """async (bodies) => {
             const { shapesReport } = await import("./static/offline/shapes.js");
@@ -237,4 +249,5 @@ def test_shapes_widget_equals_headlab_shapes(page) -> None:
         ), body
         valid += want.valid
     assert 100 < valid < len(bodies)  # both kinds were checked
+    assert sum(r["valid"] and r["config"]["d_k"] is not None for r in got) > 100
     assert "is not divisible by n_heads=6" in got[0]["problems"][0]

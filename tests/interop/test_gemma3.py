@@ -270,13 +270,24 @@ def test_listing_says_how_to_fetch_and_the_cli_prints_a_line_per_step(tmp_path, 
     assert "SHA256SUMS does not list" in result.stderr
 
 
-def test_the_server_lists_it_but_offers_the_calculator_no_sizes_it_would_get_wrong(fetched):
-    """The shape calculator takes d_k = d_model / h = 160; Gemma 3's heads are 256 wide."""
+def test_the_calculator_offers_its_sizes_with_its_head_width_and_windows(fetched, ours):
+    """d_k 256 at d_model 640 / 4: the calculator's layer is the loaded model's own layer."""
     from fastapi.testclient import TestClient
 
     from headlab.server import create_app
+    from headlab.shapes import PRESETS
 
     with TestClient(create_app(preload=())) as client:
-        offered = {m["name"]: m for m in client.get("/api/models").json()}
-        sizes = client.get("/api/models/sizes").json()
-    assert offered["gemma3"]["available"] and "gemma3" not in sizes
+        z = client.get("/api/models/sizes").json()["gemma3"]
+        body = {k: z[k] for k in ("d_model", "n_heads", "n_kv_heads", "bias", "d_k")}
+        report = client.post("/api/shapes", json={**body, "seq_len": 5}).json()
+    model = ours[0]
+    attn = model.blocks[0].attn
+    real = sum(getattr(attn, w).weight.numel() for w in ("W_Q", "W_K", "W_V", "W_O"))
+    assert report["valid"] and report["params"]["total"] == real
+    assert report["kv_cache"]["bytes_per_token"] == 2 * attn.n_kv_heads * attn.d_k * 4
+    assert (z["d_k"], z["window"]) == (attn.d_k, model.config.sliding_window) == (256, 512)
+    assert z["local_layers"] == [l for l, b in enumerate(model.blocks) if b.attn.window]
+    preset = PRESETS["gemma-3-270m"]
+    assert (preset.d_k, preset.window, list(preset.local_layers), preset.context) == (
+        z["d_k"], z["window"], z["local_layers"], z["context"])  # fmt: skip

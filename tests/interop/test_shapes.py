@@ -57,10 +57,30 @@ def configs(draw: st.DrawFn) -> dict:
     }
 
 
+@st.composite
+def head_width_configs(draw: st.DrawFn) -> dict:
+    """Small valid layers with a given head width d_k, which need not be d_model / h (Gemma 3:
+    256 at 640 / 4): d_model any width, h any count, h_kv dividing h."""
+    h = draw(st.integers(1, 6))
+    return {
+        "d_model": draw(st.integers(1, 12)),
+        "n_heads": h,
+        "n_kv_heads": draw(st.sampled_from([None, *valid_head_counts(h)])),
+        "seq_len": draw(st.integers(1, 5)),
+        "batch": draw(st.integers(1, 2)),
+        "bias": draw(st.booleans()),
+        "dtype": draw(st.sampled_from(["float32", "float64"])),
+        "cache_len": draw(st.sampled_from([0, 0, 2])),
+        "d_k": draw(st.integers(1, 9)),
+    }
+
+
 def real_forward(cfg: dict, flops: bool = False) -> tuple[Trace, MultiHeadAttention, int]:
     """Run the layer on CPU with real data and a really filled cache: (trace, module, FLOPs)."""
     dtype = DTYPES[cfg["dtype"]]
-    m = MultiHeadAttention(cfg["d_model"], cfg["n_heads"], cfg["n_kv_heads"], bias=cfg["bias"])
+    m = MultiHeadAttention(
+        cfg["d_model"], cfg["n_heads"], cfg["n_kv_heads"], bias=cfg["bias"], d_k=cfg.get("d_k")
+    )
     m = m.to(dtype)
     B, n, d = cfg["batch"], cfg["seq_len"], cfg["d_model"]
     cache = None
@@ -147,6 +167,70 @@ def test_flops_equal_pytorchs_flop_counter_and_cache_bytes_the_real_cache(cfg):
     assert report.kv_cache["bytes"] == module.new_cache(cfg["batch"], s).nbytes
 
 
+@settings(max_examples=200, deadline=None)
+@given(head_width_configs())
+@pytest.mark.slow
+def test_a_given_head_width_matches_the_real_module_and_pytorchs_flop_counter(cfg):
+    report = trace_shapes(**cfg)
+    trace, module, counted = real_forward(cfg, flops=True)
+    assert report.valid and report.problems == (), report.problems
+    assert module.d_k == cfg["d_k"] == report.config.sizes()["d_k"]
+    assert [s.name for s in report.stages] == list(trace)
+    for stage in report.stages:
+        assert stage.shape == tuple(trace[stage.name].shape), stage.name
+        assert evaluate(stage.symbolic, report.config.sizes()) == stage.shape, stage.name
+    assert report.params["total"] == sum(p.numel() for p in module.parameters())
+    assert report.flops["total"] == counted
+    s = cfg["cache_len"] + cfg["seq_len"]
+    assert report.kv_cache["bytes"] == module.new_cache(cfg["batch"], s).nbytes
+    assert report.shape_preserving and report.stage("out").shape == report.stage("x").shape
+
+
+@settings(max_examples=100, deadline=None)
+@given(configs())
+def test_a_head_width_of_d_model_over_h_changes_nothing_but_the_config(cfg):
+    plain = trace_shapes(**cfg).to_dict()
+    given_width = trace_shapes(**cfg, d_k=cfg["d_model"] // cfg["n_heads"]).to_dict()
+    assert plain["config"].pop("d_k") is None
+    assert given_width["config"].pop("d_k") == cfg["d_model"] // cfg["n_heads"]
+    assert plain == given_width
+
+
+def test_gemma3_head_width_is_accepted_and_said_in_the_verdict():
+    report = trace_shapes(640, 4, 8, 1, n_kv_heads=1, bias=False, d_k=256)
+    assert report.valid and report.stage("q_proj").shape == (1, 8, 1024)
+    assert "h·d_k = 1,024 back to d_model = 640" in report.verdict
+    assert "4·d_model²" not in report.summary()[0]  # that closed form needs h·d_k = d_model
+    # without d_k the same sizes are fine too (640 / 4 = 160), and with an indivisible h only
+    # a given head width makes the layer valid
+    assert not trace_shapes(640, 3, 8, 1).valid and trace_shapes(640, 3, 8, 1, d_k=256).valid
+    bad = trace_shapes(640, 4, 8, 1, n_kv_heads=3, d_k=256)
+    assert "n_heads=4 is not divisible by n_kv_heads=3" in bad.problems[0]
+    assert trace_shapes(640, 4, 8, 1, d_k=0).problems == (
+        "d_k must be a positive integer or None (then d_model // n_heads), got 0",
+    )
+
+
+@pytest.mark.parametrize(("h_kv", "d_k"), [(1, 256), (3, None), (None, 8)])
+def test_kv_figures_numbers_are_real_caches_mha_mqa_and_streaming(h_kv, d_k):
+    """MHA and MQA at the same size, and a StreamingLLM cache of sinks + window positions."""
+    from headlab.model.streaming import SinkCache
+
+    B, n, cached = 2, 5, 7
+    report = trace_shapes(576 if h_kv == 3 else 640, 9 if h_kv == 3 else 4, n, B,
+                          n_kv_heads=h_kv, cache_len=cached, d_k=d_k, dtype="bf16")  # fmt: skip
+    kv = report.kv_cache
+    c = report.config
+    width = c.sizes()["d_k"]
+    for heads, key in ((c.n_heads, "mha_bytes"), (1, "mqa_bytes"), (c.h_kv, "bytes")):
+        layer = MultiHeadAttention(c.d_model, c.n_heads, heads, d_k=d_k).to(torch.bfloat16)
+        assert kv[key] == layer.new_cache(B, cached + n).nbytes, key
+    assert kv["mqa_bytes_per_token"] * c.h_kv == kv["bytes_per_token"]
+    for sinks, window in ((0, 3), (4, 16)):
+        real = SinkCache(B, c.h_kv, width, sinks, window, torch.bfloat16)
+        assert kv["sink_bytes_per_token"] * B * (sinks + window) == real.nbytes
+
+
 def test_huge_config_is_answered_without_allocating_and_counts_like_pytorch():
     report = trace_shapes(12288, 96, 131072, 64)
     assert report.valid
@@ -197,6 +281,9 @@ PUBLISHED_PER_LAYER = {
     "llama-3-8b": 41_943_040,
     "mistral-7b": 41_943_040,
     "gpt3-175b": 604_028_928,
+    # GQA: 2·576² + 2·576·(3·64); Gemma 3: 2·640·(4·256) + 2·640·(1·256), no biases
+    "smollm2-135m": 2 * 576**2 + 2 * 576 * 192,
+    "gemma-3-270m": 2 * 640 * 1024 + 2 * 640 * 256,
 }
 
 
@@ -236,9 +323,17 @@ def hf_attention_params(name: str) -> int:
         modules = [BertSelfAttention(cfg), BertSelfOutput(cfg).dense]
     elif name.startswith(("gpt2", "gpt3")):
         modules = [GPT2Attention(GPT2Config(n_embd=p.d_model, n_head=p.n_heads), layer_idx=0)]
+    elif name == "gemma-3-270m":  # the four projections (its q_norm/k_norm are not in W_*)
+        from transformers import Gemma3TextConfig
+        from transformers.models.gemma3.modeling_gemma3 import Gemma3Attention
+
+        cfg = Gemma3TextConfig(hidden_size=p.d_model, num_attention_heads=p.n_heads,
+                               num_key_value_heads=p.n_kv_heads, head_dim=p.d_k)  # fmt: skip
+        a = Gemma3Attention(cfg, layer_idx=0)
+        modules = [a.q_proj, a.k_proj, a.v_proj, a.o_proj]
     else:
-        kind = LlamaConfig if name.startswith("llama") else MistralConfig
-        cls = LlamaAttention if name.startswith("llama") else MistralAttention
+        kind = LlamaConfig if name.startswith(("llama", "smollm2")) else MistralConfig
+        cls = LlamaAttention if name.startswith(("llama", "smollm2")) else MistralAttention
         cfg = kind(
             hidden_size=p.d_model,
             num_attention_heads=p.n_heads,
@@ -342,6 +437,23 @@ def test_cli_preset_defaults_and_overrides():
     assert json.loads(result.stdout)["params"]["total"] == 4 * 768**2
 
 
+def test_cli_head_width_and_the_gemma3_preset():
+    gemma = runner.invoke(app, ["shapes", "--preset", "gemma-3-270m", "--seq", "8", "--json"])
+    assert gemma.exit_code == 0, gemma.output
+    want = trace_shapes(640, 4, 8, 1, n_kv_heads=1, bias=False, d_k=256).to_dict()
+    assert json.loads(gemma.stdout) == json.loads(json.dumps(want))
+    for flag in ("--d-k", "--head-dim"):
+        args = ["shapes", "--d-model", "640", "--heads", "4", "--kv-heads", "1", flag, "256"]
+        same = runner.invoke(app, [*args, "--no-bias", "--seq", "8", "--json"])
+        assert json.loads(same.stdout) == json.loads(gemma.stdout)
+    # the preset's d_k gives way to one asked for; without it the sizes keep d_model // h
+    wide = json.loads(runner.invoke(app, ["shapes", "--preset", "gemma-3-270m", "--d-k", "64",
+                                          "--seq", "8", "--json"]).stdout)  # fmt: skip
+    assert wide["config"]["sizes"]["d_k"] == 64
+    plain = json.loads(runner.invoke(app, ["shapes", "--json"]).stdout)
+    assert plain["config"]["d_k"] is None and plain["config"]["sizes"]["d_k"] == 64
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
@@ -360,6 +472,8 @@ def test_cli_preset_defaults_and_overrides():
             "over the limit of 2**62",
         ),
         (["--preset", "gpt5"], "unknown preset 'gpt5'; valid presets: transformer-base"),
+        (["--d-k", "0"], "'--d-k' / '--head-dim'"),
+        (["--heads", "3", "--kv-heads", "2", "--d-k", "8"], "n_heads=3 is not divisible by n_k"),
         (["--heads", "many"], "Invalid value"),
     ],
 )

@@ -7,6 +7,7 @@ import socket
 from collections.abc import Iterator
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 from conftest import require
@@ -369,6 +370,28 @@ def test_heads_scores_follow_the_published_definition(tiny) -> None:
     assert "syntax" not in heads or heads["syntax"] is None
 
 
+def test_heads_and_attention_carry_the_models_layout() -> None:
+    """The head grid's marks: local/global per layer and the K/V head of each query head."""
+    import torch
+
+    from headlab.model import ModelConfig, Transformer
+
+    config = ModelConfig(vocab_size=64, d_model=16, n_layers=3, n_heads=4, n_kv_heads=2,
+                         max_len=24, norm="none", attn_only=True, positional="rotary",
+                         sliding_window=3, local_layers=(0, 2))  # fmt: skip
+    torch.manual_seed(0)
+    model = Transformer(config).eval()
+    with TestClient(create_app(preload=())) as c:
+        c.app.state.models._loaded["windowed"] = (model, CharTokenizer())  # type: ignore[attr-defined]
+        for route in ("/api/heads", "/api/attention"):
+            got = c.post(route, json={"model": "windowed", "text": "abcdefg"}).json()
+            assert got["layer_kinds"] == ["local", "global", "local"], route
+            assert (got["window"], got["n_kv_heads"], got["kv_group"]) == (3, 2, [0, 0, 1, 1])
+        # the window is real: a local layer's query sees its last 3 keys, a global one all
+        w = torch.tensor(got["weights"])  # (L, h, n, n)
+        assert (w[0, :, 6, :4] == 0).all() and (w[1, :, 6, :4] > 0).all()
+
+
 def test_heads_with_syntax_say_whether_it_is_available(tiny, monkeypatch) -> None:
     """syntax=true without the spaCy pipeline answers a field saying so, never an error."""
     import importlib.metadata
@@ -441,7 +464,39 @@ def test_models_lists_the_zoo(client: TestClient) -> None:
         c = zoo.load("default")[0].config
         assert sizes["default"] == {"d_model": c.d_model, "n_heads": c.n_heads,
                                     "n_kv_heads": c.n_kv_heads, "n_layers": c.n_layers,
-                                    "context": c.max_len, "bias": c.bias}  # fmt: skip
+                                    "context": c.max_len, "bias": c.bias, "d_k": None,
+                                    "window": None, "local_layers": []}  # fmt: skip
+
+
+def test_model_sizes_carry_a_head_width_and_windows_and_the_calculator_takes_them(
+    client: TestClient,
+) -> None:
+    """A Gemma-3-like config (heads 256 wide at d_model 640 / 4 = 160, a window on five layers
+    in six): its sizes name d_k, and the calculator's report for them is the real layer's."""
+    from types import SimpleNamespace
+
+    from headlab.model import ModelConfig, Transformer
+    from headlab.server.store import _sizes
+
+    c = ModelConfig(vocab_size=32, d_model=640, n_layers=6, n_heads=4, n_kv_heads=1,
+                    head_dim=256, bias=False, max_len=1024, sliding_window=512,
+                    local_layers=(0, 1, 2, 3, 4), positional="rotary", attn_only=True)  # fmt: skip
+    z = _sizes(SimpleNamespace(model_config=lambda name: c), "gemma-like")
+    assert z is not None and (z["d_k"], z["window"], z["local_layers"]) == (
+        256,
+        512,
+        [0, 1, 2, 3, 4],
+    )
+    body = {k: z[k] for k in ("d_model", "n_heads", "n_kv_heads", "bias", "d_k")}
+    report = client.post("/api/shapes", json={**body, "seq_len": 3}).json()
+    with torch.device("meta"):
+        layer = Transformer(c).blocks[0].attn
+    projections = sum(getattr(layer, w).weight.numel() for w in ("W_Q", "W_K", "W_V", "W_O"))
+    assert report["valid"] and report["params"]["total"] == projections
+    assert report["config"]["sizes"]["d_k"] == 256 and report["stages"][1]["shape"] == [1, 3, 1024]
+    # without d_k the calculator keeps d_model / h, as before
+    plain = client.post("/api/shapes", json={**body, "d_k": None, "seq_len": 3}).json()
+    assert plain["config"]["sizes"]["d_k"] == 160
 
 
 # --- a real pretrained model against Hugging Face ---------------------------------------------

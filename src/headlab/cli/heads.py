@@ -288,6 +288,7 @@ def _heads_on_probe(
     view of every head in one offline file, and with ``evidence`` (an ablation mode) each
     label's evidence (headlab.heads.evidence); ``floors`` False labels by thresholds alone."""
     from headlab import zoo
+    from headlab.shapes.layout import attention_layout
 
     target = _parse_head(show) if show is not None else None
     ensure_fetched(model)
@@ -312,13 +313,13 @@ def _heads_on_probe(
         raise fail(str(exc)) from None
     out = err_console if as_json else console  # keep stdout pure JSON
     extra = {} if evidence is None else {"evidence": backed.to_dict()}
-    _print_probe_report(report, model, as_json, extra)
+    _print_probe_report(report, model, as_json, {**attention_layout(m.config), **extra})
     if evidence is not None and not as_json:
         print_evidence(extra["evidence"])
     if target is not None:
         _draw_head(report, target, out)
     if html is not None:
-        _write_head_page(report, model, html, out)
+        _write_head_page(report, model, html, out, m.config)
 
 
 def _probe(m: Any, tokenizer: Any, text: str | None, probe: str, seed: int) -> Any:
@@ -350,6 +351,7 @@ def _print_probe_report(report: Any, model: str, as_json: bool, extra: dict | No
     import json
 
     from headlab.heads.render import heads_legend, heads_table, sink_lines
+    from headlab.shapes.layout import layout_lines
 
     if as_json:
         body = {"model": model, **report.to_dict(), **(extra or {})}
@@ -360,6 +362,9 @@ def _print_probe_report(report: Any, model: str, as_json: bool, extra: dict | No
     console.print(heads_legend(report), highlight=False, soft_wrap=True)
     for line in sink_lines(report):
         console.print(line, highlight=False)
+    if extra and "layer_kinds" in extra:  # the model's layout: K/V sharing, local/global layers
+        for line in layout_lines(extra):
+            console.print(line, highlight=False, soft_wrap=True)
 
 
 def _draw_head(report: Any, target: tuple[int, int], out: Console) -> None:
@@ -373,13 +378,14 @@ def _draw_head(report: Any, target: tuple[int, int], out: Console) -> None:
     out.print(key_legend(report.tokens), highlight=False)
 
 
-def _write_head_page(report: Any, model: str, path: Path, out: Console) -> None:
-    """The head view and grid of ``report`` as one self-contained HTML file (headlab.show)."""
+def _write_head_page(report: Any, model: str, path: Path, out: Console, config: Any) -> None:
+    """The head view and grid of ``report`` as one self-contained HTML file (headlab.show), its
+    layers marked local or global and its heads grouped by K/V head as ``config`` has them."""
     from headlab.show import head_view
 
     title = f"headlab: {model}, {report.probe} probe, {len(report.tokens)} tokens"
     try:
-        written = head_view(report, model, grid=True).save(path, title)
+        written = head_view(report, model, grid=True, config=config).save(path, title)
     except (ValueError, OSError) as exc:
         raise fail(f"--html {path}: {exc}") from None
     size = written.stat().st_size / 1024

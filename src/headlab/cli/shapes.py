@@ -9,12 +9,12 @@ import typer
 from headlab.cli.common import console, fail
 
 
-def _size_option(name: str, help_text: str) -> Any:
+def _size_option(name: str, help_text: str, *flags: str) -> Any:
     """An optional size of ``headlab shapes``, bounded as the API's schema bounds it."""
     from headlab.shapes import LIMITS
 
     low, high = LIMITS[name]
-    return typer.Option(None, min=low, max=high, help=f"{help_text} ({low}..{high:,}).")
+    return typer.Option(None, *flags, min=low, max=high, help=f"{help_text} ({low}..{high:,}).")
 
 
 def shapes(
@@ -26,6 +26,12 @@ def shapes(
     dtype: str = typer.Option("float32", help="float32, float16/fp16, bfloat16/bf16, float64."),
     cache_len: int | None = _size_option(
         "cache_len", "Positions already in the KV cache (default 0)"
+    ),
+    d_k: int | None = _size_option(
+        "d_k",
+        "Each head's width d_k (default d_model // h, or the preset's)",
+        "--d-k",
+        "--head-dim",
     ),
     bias: bool | None = typer.Option(None, "--bias/--no-bias", help="Projection biases."),
     preset: str | None = typer.Option(None, help="A published model, e.g. gpt2-small."),
@@ -51,6 +57,7 @@ def shapes(
         p.bias if bias is None else bias,
         dtype,
         0 if cache_len is None else cache_len,
+        p.d_k if d_k is None else d_k,
     )
     # a refused size is answered before the layer's module (and torch) is imported; --json
     # prints the refused report itself, so it goes on to trace_shapes

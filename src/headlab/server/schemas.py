@@ -115,6 +115,10 @@ class ModelSizes(BaseModel):
     n_layers: int
     context: int = Field(description="the longest input the model takes")
     bias: bool
+    d_k: int | None = Field(None, description="each head's width; null: d_model / h")
+    window: int | None = Field(None, description="keys a local layer's query sees; null: all")
+    local_layers: list[int] = Field([], description="the layers with that window (the others "
+                                    "are global)")  # fmt: skip
 
 
 def _lo(name: str) -> int:
@@ -143,8 +147,11 @@ class ShapesRequest(Strict):
         le=_hi("cache_len"),
         description="positions already in the KV cache",
     )
+    d_k: int | None = Field(
+        None, ge=_lo("d_k"), le=_hi("d_k"), description="each head's width; null: d_model / h"
+    )
 
-    @field_validator("d_model", "n_heads", "seq_len", "batch", "n_kv_heads", "cache_len",
+    @field_validator("d_model", "n_heads", "seq_len", "batch", "n_kv_heads", "cache_len", "d_k",
                      mode="before")  # fmt: skip
     @classmethod
     def _json_integers(cls, value: Any) -> Any:
@@ -306,6 +313,9 @@ class ModelOnText(BaseModel):
     n_layers: int
     n_heads: int
     n_kv_heads: int = Field(description="key/value heads, each read by n_heads / n_kv_heads")
+    kv_group: list[int] = Field([], description="per query head, the K/V head it reads")
+    window: int | None = Field(None, description="keys a local layer's query sees; null: none")
+    layer_kinds: list[str] = Field([], description='per layer "local" (the window) or "global"')
 
 
 class AttentionResponse(ModelOnText):

@@ -27,8 +27,6 @@ def _sizes(zoo: Any, name: str) -> dict[str, Any] | None:
         c = zoo.model_config(name)
     except (ValueError, OSError, ImportError):
         return None
-    if c.d_k * c.n_heads != c.d_model:  # the calculator takes d_k = d_model / h; Gemma 3's is not
-        return None
     return {
         "d_model": c.d_model,
         "n_heads": c.n_heads,
@@ -36,6 +34,10 @@ def _sizes(zoo: Any, name: str) -> dict[str, Any] | None:
         "n_layers": c.n_layers,
         "context": c.max_len,
         "bias": c.bias,
+        # null where d_k = d_model / h, as the calculator's own default (Gemma 3: 256 at 640 / 4)
+        "d_k": None if c.d_k * c.n_heads == c.d_model else c.d_k,
+        "window": c.sliding_window if c.local_layers else None,
+        "local_layers": list(c.local_layers),
     }
 
 

@@ -8,7 +8,8 @@ page shows (symbolic shapes, 4·d_model² + 4·d_model parameters, FLOPs) are ch
 trace by the tests rather than used in its place.
 
 Shape legend (as in attention.py): B batch, n query positions, s key positions (cache_len + n),
-d_model width, h query heads, h_kv key/value heads, d_k = d_model // h.
+d_model width, h query heads, h_kv key/value heads, d_k each head's width (d_model // h unless
+given).
 
 FLOPs count the matrix products only, a multiply-add as 2 (Kaplan et al. 2020's convention, and
 what ``torch.utils.flop_counter`` counts); the bias adds, the 1/√d_k scale and the softmax are

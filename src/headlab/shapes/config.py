@@ -1,7 +1,8 @@
 """Attention layer sizes a user may ask for, and the checks that say what is wrong with one.
 
 Shape legend (as in attention.py): B batch, n query positions, s key positions (cache_len + n),
-d_model width, h query heads, h_kv key/value heads, d_k = d_model // h.
+d_model width, h query heads, h_kv key/value heads, d_k each head's width: d_model // h unless
+given (Gemma 3 270M: 256 at d_model 640 with 4 heads, so h·d_k need not equal d_model).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ LIMITS: dict[str, tuple[int, int]] = {
     "seq_len": (1, 2**24),
     "batch": (1, 2**16),
     "cache_len": (0, 2**24),
+    "d_k": (1, 2**20),
 }
 
 
@@ -75,6 +77,7 @@ class ShapeConfig:
     bias: bool = True  # biases on the four projections
     dtype: str = "float32"  # a key of DTYPES
     cache_len: int = 0  # positions already in the KV cache; s = cache_len + n
+    d_k: int | None = None  # each head's width; None means d_model // h (Gemma 3: 256 ≠ 640 / 4)
 
     @property
     def h_kv(self) -> int:
@@ -96,10 +99,20 @@ class ShapeConfig:
             "d_model": self.d_model,
             "h": self.n_heads,
             "h_kv": self.h_kv,
-            "d_k": self.d_model // self.n_heads
-            if _is_int(self.n_heads) and self.n_heads > 0
-            else 0,
+            "d_k": self.head_width,
         }
+
+    @property
+    def head_width(self) -> int:
+        """d_k: the width given, else d_model // h (0 while h is not a positive integer)."""
+        if self.d_k is not None:
+            return self.d_k
+        return self.d_model // self.n_heads if _is_int(self.n_heads) and self.n_heads > 0 else 0
+
+    @property
+    def heads_fill_width(self) -> bool:
+        """h·d_k == d_model: true unless a head width is given that makes them differ."""
+        return self.n_heads * self.head_width == self.d_model
 
     def head_counts(self) -> dict[str, list[int]]:
         """The head counts that would be valid here, which the calculator offers to pick:
@@ -120,11 +133,12 @@ def shape_config(
     bias: bool = True,
     dtype: str = "float32",
     cache_len: int = 0,
+    d_k: int | None = None,
 ) -> ShapeConfig:
     """The :class:`ShapeConfig` that ``trace_shapes`` with these arguments reports on, its dtype
     under its one name ('bf16' → 'bfloat16'); :func:`check_shape_config` says what is wrong."""
     name = canonical_dtype(dtype)
-    return ShapeConfig(d_model, n_heads, seq_len, batch, n_kv_heads, bias, name, cache_len)
+    return ShapeConfig(d_model, n_heads, seq_len, batch, n_kv_heads, bias, name, cache_len, d_k)
 
 
 def check_shape_config(cfg: ShapeConfig) -> list[str]:
@@ -141,6 +155,10 @@ def check_shape_config(cfg: ShapeConfig) -> list[str]:
     ]
     if cfg.n_kv_heads is not None and (not _is_int(cfg.n_kv_heads) or cfg.n_kv_heads < 1):
         problems.append(f"n_kv_heads must be a positive integer or None, got {cfg.n_kv_heads!r}")
+    if cfg.d_k is not None and (not _is_int(cfg.d_k) or cfg.d_k < 1):
+        problems.append(
+            f"d_k must be a positive integer or None (then d_model // n_heads), got {cfg.d_k!r}"
+        )
     if not _is_int(cfg.cache_len) or cfg.cache_len < 0:
         problems.append(f"cache_len must be an integer >= 0, got {cfg.cache_len!r}")
     if not isinstance(cfg.bias, bool):
@@ -176,14 +194,15 @@ def nearest_divisors(value: int, of: int) -> list[int]:
 def _divisibility_problems(cfg: ShapeConfig) -> list[str]:
     problems = []
     d, h = cfg.d_model, cfg.n_heads
-    if d % h:
+    if cfg.d_k is None and d % h:  # a given head width need not split d_model
         problems.append(
             f"d_model={d} is not divisible by n_heads={h}, so the heads cannot split the width "
             f"evenly; nearest valid head counts: {_or(nearest_divisors(h, d))} "
             f"(any divisor of {d}: {_short(_divisors(d))})"
         )
     h_kv = cfg.h_kv
-    if h <= d and h % h_kv:  # (a head count over d_model is already reported above)
+    # (a head count over d_model without a given d_k is already reported above)
+    if (h <= d or cfg.d_k is not None) and h % h_kv:
         problems.append(
             f"n_heads={h} is not divisible by n_kv_heads={h_kv}, so the query heads cannot share "
             f"K/V heads in equal groups; nearest valid K/V head counts: "
@@ -193,13 +212,16 @@ def _divisibility_problems(cfg: ShapeConfig) -> list[str]:
 
 
 def _largest_tensor(cfg: ShapeConfig) -> int:
-    """Closed-form element count of the layer's largest tensor, checked before building it."""
+    """Closed-form element count of the layer's largest tensor, checked before building it.
+    (With d_k = d_model // h, h·d_k·d_model ≤ d_model² and B·n·h·d_k ≤ B·n·d_model.)"""
     z = cfg.sizes()
     return max(
         z["B"] * z["n"] * z["d_model"],
         z["B"] * z["h"] * z["n"] * z["s"],
         z["d_model"] * z["d_model"],
         z["B"] * z["h"] * z["s"] * z["d_k"],
+        z["h"] * z["d_k"] * z["d_model"],
+        z["B"] * z["n"] * z["h"] * z["d_k"],
     )
 
 

@@ -24,12 +24,16 @@ class Preset:
     n_layers: int
     context: int  # the context length the model was trained with
     source: str  # where the sizes are published
+    d_k: int | None = None  # each head's width; None: d_model // h (Gemma 3 270M: 256)
+    window: int | None = None  # keys a local layer's query sees (sliding window); None: all
+    local_layers: tuple[int, ...] = ()  # the layers with that window; the others are global
 
     def report(self, seq_len: int | None = None, batch: int = 1, **kw: Any) -> ShapeReport:
         """:func:`trace_shapes` for this model; ``seq_len`` defaults to its context length."""
         from headlab.shapes.report import trace_shapes
 
         n = self.context if seq_len is None else seq_len
+        kw.setdefault("d_k", self.d_k)
         return trace_shapes(self.d_model, self.n_heads, n, batch, self.n_kv_heads, self.bias, **kw)
 
 
@@ -47,7 +51,21 @@ _PUBLISHED = (
     ("mistral-7b", "Mistral-7B (GQA)", 4096, 32, 8, False, 32, 8192,
      "Jiang et al. 2023, Table 1"),
     ("gpt3-175b", "GPT-3 175B", 12288, 96, None, True, 96, 2048, "Brown et al. 2020, Table 2.1"),
+    ("smollm2-135m", "SmolLM2-135M (GQA)", 576, 9, 3, False, 30, 8192,
+     "Allal et al. 2025; HuggingFaceTB/SmolLM2-135M config.json"),
 )  # fmt: skip
 
 
-PRESETS: dict[str, Preset] = {row[0]: Preset(*row) for row in _PUBLISHED}
+# Gemma 3 270M (Gemma Team 2025; google/gemma-3-270m config.json): one K/V head (MQA), heads
+# 256 wide at d_model 640, a 512-key window on five layers in six, global attention on the sixth
+GEMMA3_270M = Preset(
+    "gemma-3-270m", "Gemma 3 270M (MQA, d_k 256)", 640, 4, 1, False, 18, 32768,
+    "Gemma Team 2025; google/gemma-3-270m config.json", d_k=256, window=512,
+    local_layers=tuple(layer for layer in range(18) if layer % 6 != 5),
+)  # fmt: skip
+
+
+PRESETS: dict[str, Preset] = {
+    **{row[0]: Preset(*row) for row in _PUBLISHED},
+    GEMMA3_270M.name: GEMMA3_270M,
+}

@@ -109,7 +109,8 @@ class ShapeReport:
         if not self.valid:
             return list(self.problems)
         p, fl, mem = self.params, self.flops, self.memory
-        mha = self.config.kind == "MHA" and self.config.bias
+        cfg = self.config
+        mha = cfg.kind == "MHA" and cfg.bias and cfg.heads_fill_width
         return [
             "parameters: "
             + ", ".join(f"{k} {v:,}" for k, v in p.items())
@@ -133,7 +134,8 @@ class ShapeReport:
         ``param_tensors``: list of ``{name, symbolic, shape, count}``; ``flops``: ``{total, n2,
         n2_share, <stage>: flops…}``; ``memory``: ``{n2_bytes, activation_bytes, param_bytes}``;
         ``kv_cache_bytes`` (int) and ``kv_cache``: ``{bytes, bytes_per_token, tokens,
-        mha_bytes, mha_bytes_per_token, ratio_vs_mha}``; ``shape_preserving`` (bool);
+        mha_bytes, mha_bytes_per_token, ratio_vs_mha, mqa_bytes, mqa_bytes_per_token,
+        sink_bytes_per_token}``; ``shape_preserving`` (bool);
         ``verdict`` (one sentence); ``summary`` (sentences for people). An invalid report has
         the same keys, empty or zero.
         """
@@ -165,16 +167,18 @@ def trace_shapes(
     bias: bool = True,
     dtype: str = "float32",
     cache_len: int = 0,
+    d_k: int | None = None,
 ) -> ShapeReport:
     """Every tensor, parameter, FLOP and byte of one attention layer, from running it.
 
-    Builds ``MultiHeadAttention(d_model, n_heads, n_kv_heads, bias)`` on the ``meta`` device, feeds
+    Builds ``MultiHeadAttention(d_model, n_heads, n_kv_heads, bias, d_k=d_k)`` on the ``meta``
+    device (``d_k`` None: d_model // h; given, each head's width, as Gemma's 256 at 640 / 4), feeds
     it X (B=batch, n=seq_len, d_model) — after ``cache_len`` positions already in a KV cache when
     that is positive — and reads the shapes off a :class:`Trace`. Invalid or absurd sizes are
     answered with ``valid=False`` and ``problems`` (each says what would be valid), not raised.
     See :meth:`ShapeReport.to_dict` for the JSON keys.
     """
-    cfg = shape_config(d_model, n_heads, seq_len, batch, n_kv_heads, bias, dtype, cache_len)
+    cfg = shape_config(d_model, n_heads, seq_len, batch, n_kv_heads, bias, dtype, cache_len, d_k)
     problems = check_shape_config(cfg)
     if problems:
         return ShapeReport(cfg, valid=False, problems=tuple(problems))
@@ -198,11 +202,12 @@ def trace_shapes(
 
 @functools.lru_cache(maxsize=64)
 def _meta_module(
-    d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dtype: str
+    d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dtype: str, d_k: int | None
 ) -> MultiHeadAttention:
     """The real layer on the meta device (cached: the page asks on every keystroke)."""
     with torch.device("meta"):
-        return MultiHeadAttention(d_model, n_heads, n_kv_heads, bias=bias).to(DTYPES[dtype])
+        layer = MultiHeadAttention(d_model, n_heads, n_kv_heads, bias=bias, d_k=d_k)
+        return layer.to(DTYPES[dtype])
 
 
 def _run_on_meta(cfg: ShapeConfig) -> tuple[Trace, MultiHeadAttention]:
@@ -212,8 +217,8 @@ def _run_on_meta(cfg: ShapeConfig) -> tuple[Trace, MultiHeadAttention]:
     ``addmm``, which PyTorch decomposes in Python (about 2 ms for the four projections), and a
     bias changes no shape. The parameters are read from the module with the requested bias.
     """
-    module = _meta_module(cfg.d_model, cfg.n_heads, cfg.h_kv, cfg.bias, cfg.dtype)
-    runner = _meta_module(cfg.d_model, cfg.n_heads, cfg.h_kv, False, cfg.dtype)
+    module = _meta_module(cfg.d_model, cfg.n_heads, cfg.h_kv, cfg.bias, cfg.dtype, cfg.d_k)
+    runner = _meta_module(cfg.d_model, cfg.n_heads, cfg.h_kv, False, cfg.dtype, cfg.d_k)
     trace = Trace()
     # no torch.device("meta") mode here: x and the module are on meta already, and the mode
     # would route every op through __torch_function__
@@ -290,11 +295,18 @@ def _param(cfg: ShapeConfig, name: str, p: torch.Tensor) -> ParamTensor:
 
 
 def _kv_cache(cfg: ShapeConfig) -> dict[str, int | float]:
-    """KV-cache bytes for this layer, from real (meta) caches, against MHA of the same size."""
+    """KV-cache bytes for this layer, from real (meta) caches, against MHA (h K/V heads) and MQA
+    (one) of the same size; ``sink_bytes_per_token``: what one kept position of a StreamingLLM
+    cache (:class:`headlab.model.streaming.SinkCache`) holds per sequence, keys before rotary
+    included, which the page's streaming figure multiplies by the positions each policy keeps."""
+    from headlab.model.streaming import SinkCache
+
     z = cfg.sizes()
     dt = DTYPES[cfg.dtype]
     ours = KVCache(z["B"], z["h_kv"], z["d_k"], z["s"], dt, device="meta").nbytes
     mha = KVCache(z["B"], z["h"], z["d_k"], z["s"], dt, device="meta").nbytes
+    mqa = KVCache(z["B"], 1, z["d_k"], z["s"], dt, device="meta").nbytes
+    slot = SinkCache(1, z["h_kv"], z["d_k"], 0, 1, dt, device="meta").nbytes
     tokens = z["B"] * z["s"]
     return {
         "bytes": ours,
@@ -303,6 +315,9 @@ def _kv_cache(cfg: ShapeConfig) -> dict[str, int | float]:
         "mha_bytes": mha,
         "mha_bytes_per_token": mha // tokens,
         "ratio_vs_mha": mha / ours,
+        "mqa_bytes": mqa,
+        "mqa_bytes_per_token": mqa // tokens,
+        "sink_bytes_per_token": slot,
     }
 
 
@@ -320,13 +335,18 @@ def _warnings(stages: tuple[Stage, ...]) -> list[str]:
 
 def _with_verdict(report: ShapeReport) -> ShapeReport:
     cfg = report.config
+    d_k = cfg.sizes()["d_k"]
+    maps = (
+        "h·d_k = d_model back to d_model"
+        if cfg.heads_fill_width
+        else f"h·d_k = {cfg.n_heads * d_k:,} back to d_model = {cfg.d_model:,}"
+    )
     preserve = (
-        "shape-preserving: B×n×d_model in and out (W_O maps h·d_k = d_model back to d_model), "
+        f"shape-preserving: B×n×d_model in and out (W_O maps {maps}), "
         "so the output adds onto the residual stream and blocks stack"
         if report.shape_preserving
         else "NOT shape-preserving"
     )
-    d_k = cfg.sizes()["d_k"]
     verdict = f"{cfg.kind}, h={cfg.n_heads}, h_kv={cfg.h_kv}, d_k={d_k}; {preserve}"
     return replace(report, verdict=verdict)
 

@@ -24,6 +24,7 @@ from headlab.server.schemas import (
     probe_infos,
 )
 from headlab.server.settings import MAX_WEIGHTS
+from headlab.shapes.layout import attention_layout
 
 router = APIRouter(tags=["heads"])
 
@@ -76,7 +77,7 @@ def attention(req: TextRequest, request: Request) -> Response:
             "causal": bool(getattr(model.config, "causal", True)),
             "n_layers": weights.shape[0],
             "n_heads": weights.shape[1],
-            "n_kv_heads": int(model.config.n_kv_heads or model.config.n_heads),
+            **attention_layout(model.config),  # n_kv_heads, kv_group, window, layer_kinds
             "weights": weights.numpy().round(4),
             "averaged": averaged_pattern(weights).numpy().round(4),  # (L, n, n)
         }
@@ -130,6 +131,7 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
             "causal": bool(getattr(model.config, "causal", True)),
             "n_layers": int(model.config.n_layers),
             "n_heads": int(model.config.n_heads),
+            **attention_layout(model.config),  # kv_group, window, layer_kinds
             **body,
         }
     )

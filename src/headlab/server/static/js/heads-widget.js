@@ -246,7 +246,10 @@ function drawGrid(el, state, select) {
   const a = state.attention;
   const kv = a.n_kv_heads || a.n_heads;
   const shared = kv < a.n_heads
-    ? h("p", { class: "note", id: "heads-kv-note" }, `${a.model} shares each key/value head among ${a.n_heads / kv} query heads (grouped-query attention): each layer's heads are grouped by the K/V head they read. `,
+    ? h("p", { class: "note", id: "heads-kv-note" }, kv === 1
+      ? `${a.model}'s ${a.n_heads} query heads all read one key/value head (multi-query attention): each layer's heads form one group. `
+      : `${a.model} shares each key/value head among ${a.n_heads / kv} query heads (grouped-query attention): each layer's heads are grouped by the K/V head they read. `,
+      a.window != null ? `Layers marked local see only the last ${a.window} keys (a sliding window); global layers see every key. ` : null,
       h("button", { type: "button", class: "chip", id: "heads-to-shapes", onclick: () => showSizes(a.model) }, "this model's layer in the shape calculator"))
     : null;
   clear(el.grid, h("h3", {}, "All heads, with their labels"), shared, headGrid(a, {

@@ -40,8 +40,12 @@ export function headGrid(a, { labelOf, active, onSelect, title = () => null, foc
         : mine);
     }
     const open = small || (focus ? focus[0] === l : l === 0);
-    const box = h("details", { class: "grid-layer", "data-layer": String(l), open: open ? "" : null },
-      h("summary", {}, `layer ${l}: `, h("span", { class: "note" }, tally)),
+    // a model with a sliding window (Gemma 2/3, Mistral): each layer says local or global
+    const kind = a.window != null && a.layer_kinds ? a.layer_kinds[l] : null;
+    const kindTag = kind ? h("span", { class: `layer-kind layer-${kind}`, "data-kind": kind },
+      kind === "local" ? `local: window ${a.window}` : "global: every key") : null;
+    const box = h("details", { class: "grid-layer", "data-layer": String(l), "data-kind": kind, open: open ? "" : null },
+      h("summary", {}, `layer ${l}: `, kindTag, kindTag ? " " : null, h("span", { class: "note" }, tally)),
       h("div", { class: kv < a.n_heads ? "grid-kv" : "grid-heads" }, groups.flat()));
     // patterns on demand: a layer's thumbnails are drawn the first time it is open
     let drawn = false;
@@ -55,8 +59,10 @@ export function headGrid(a, { labelOf, active, onSelect, title = () => null, foc
     layers.push(box);
   }
   const all = (open) => () => layers.forEach((d) => { d.open = open; });
+  const locals = a.window != null && a.layer_kinds ? a.layer_kinds.filter((k) => k === "local").length : 0;
+  const windowed = locals ? `; ${locals} local layers (a ${a.window}-key window), ${a.n_layers - locals} global` : "";
   const tools = small ? null : h("p", { class: "grid-tools" },
-    `${a.n_layers} layers × ${a.n_heads} heads${kv < a.n_heads ? `, ${per} query heads per K/V head` : ""}: open a layer to draw its patterns. `,
+    `${a.n_layers} layers × ${a.n_heads} heads${kv < a.n_heads ? `, ${per} query heads per K/V head` : ""}${windowed}: open a layer to draw its patterns. `,
     h("button", { type: "button", class: "chip", onclick: all(true) }, "open every layer"), " ",
     h("button", { type: "button", class: "chip", onclick: all(false) }, "close every layer"));
   return [tools, ...layers];

@@ -39,7 +39,7 @@ function costSentence(one, many) {
 async function paramsTable(el, asked) {
   const presets = await asked;
   const entries = Object.entries(presets);
-  const reports = await Promise.all(entries.map(([, p]) => api("/api/shapes", { d_model: p.d_model, n_heads: p.n_heads, n_kv_heads: p.n_kv_heads, bias: p.bias, seq_len: 1, batch: 1 })));
+  const reports = await Promise.all(entries.map(([, p]) => api("/api/shapes", { d_model: p.d_model, n_heads: p.n_heads, n_kv_heads: p.n_kv_heads, d_k: p.d_k ?? null, bias: p.bias, seq_len: 1, batch: 1 })));
   clear(el, h("div", { class: "table-wrap" }, h("table", { id: "params-presets" },
     h("thead", {}, h("tr", {}, h("th", {}, "model"), h("th", { class: "num" }, "d_model"), h("th", { class: "num" }, "h / h_kv"), h("th", { class: "num" }, "4·d_model²"), h("th", { class: "num" }, "attention parameters per layer"), h("th", {}, "source"))),
     h("tbody", {}, entries.map(([name, p], k) => h("tr", { "data-preset": name }, h("td", {}, p.title || name), h("td", { class: "num" }, fmtInt(p.d_model)),
@@ -52,7 +52,7 @@ async function kvCompare(el, asked) {
   const presets = await asked;
   const gqa = Object.entries(presets).filter(([, p]) => p.n_kv_heads && p.n_kv_heads < p.n_heads);
   if (!gqa.length) { clear(el, missing("No GQA preset in headlab.shapes yet.")); return; }
-  const reports = await Promise.all(gqa.map(([, p]) => api("/api/shapes", { d_model: p.d_model, n_heads: p.n_heads, n_kv_heads: p.n_kv_heads, bias: p.bias, seq_len: p.context, batch: 1, dtype: "bfloat16" })));
+  const reports = await Promise.all(gqa.map(([, p]) => api("/api/shapes", { d_model: p.d_model, n_heads: p.n_heads, n_kv_heads: p.n_kv_heads, d_k: p.d_k ?? null, bias: p.bias, seq_len: p.context, batch: 1, dtype: "bfloat16" })));
   clear(el, h("div", { class: "table-wrap" }, h("table", { id: "kv-table" },
     h("caption", { class: "note" }, "One layer's KV cache at the model's full context, bfloat16, B = 1"),
     h("thead", {}, h("tr", {}, h("th", {}, "model"), h("th", { class: "num" }, "h / h_kv"), h("th", { class: "num" }, "KV cache"), h("th", { class: "num" }, "same layer as MHA"), h("th", { class: "num" }, "saving"))),

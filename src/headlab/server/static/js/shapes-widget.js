@@ -5,6 +5,7 @@ import { h, clear, debounce, fmtInt, fmtBytes, fmtCompact } from "./dom.js";
 import { barChart, BAR_WIDTH } from "./bars.js";
 import { figure } from "./export.js";
 import { layerDiagram } from "./layer-diagram.js";
+import { kvFigures } from "./kv-figures.js";
 
 const FIELDS = [
   ["d_model", "d_model (width)", 512],
@@ -13,7 +14,9 @@ const FIELDS = [
   ["seq_len", "n (tokens)", 10],
   ["batch", "B (batch)", 2],
   ["cache_len", "tokens already cached", 0],
+  ["d_k", "d_k (head width; empty = d_model / h)", ""],
 ];
+const OPTIONAL = new Set(["n_kv_heads", "d_k"]);  // an empty box: the server's default
 // the ranges and dtypes are the server's (GET /api/shapes/limits), set once they arrive
 function numberInput(key, label, value) {
   return h("label", { for: `shapes-${key}` }, label,
@@ -35,7 +38,7 @@ function sizeRule(key, limits) {
   const label = FIELDS.find(([k]) => k === key)[1];
   const range = limits?.sizes?.[key];
   const within = range ? ` from ${fmtInt(range[0])} to ${fmtInt(range[1])}` : "";
-  return `${label} must be ${key === "n_kv_heads" ? "empty or " : ""}a whole number${within}`;
+  return `${label} must be ${OPTIONAL.has(key) ? "empty or " : ""}a whole number${within}`;
 }
 
 // The request body, or the first size that is not valid, said in words: nothing the server
@@ -44,7 +47,7 @@ function readForm(form, limits) {
   const body = {};
   for (const [key] of FIELDS) {
     const raw = form.elements[key].value.trim();
-    if (raw === "" && key === "n_kv_heads") continue;
+    if (raw === "" && OPTIONAL.has(key)) continue;
     const v = Number(raw);
     const range = limits?.sizes?.[key];
     if (raw === "" || !Number.isInteger(v) || (range && (v < range[0] || v > range[1]))) {
@@ -157,6 +160,7 @@ export function initShapes(root, presetsAsked) {
 
   let seq = 0;
   let presets = {};
+  const kvState = {};  // the KV figures' window, sinks and position, kept across reports
   let limits = null;
   const update = async () => {
     const mine = ++seq;
@@ -170,7 +174,8 @@ export function initShapes(root, presetsAsked) {
       clear(out, h("p", { class: "verdict", id: "shapes-verdict" }, report.verdict),
         report.warnings.length ? h("div", { class: "problems" }, report.warnings.join(" ")) : null,
         facts(report), stageTable(report),
-        h("details", { class: "more" }, h("summary", {}, "Each tensor to scale, and each parameter matrix"), scaleChart(report), paramTable(report)));
+        h("details", { class: "more" }, h("summary", {}, "Each tensor to scale, and each parameter matrix"), scaleChart(report), paramTable(report)),
+        kvFigures(report, kvState));
       layer.update(report);
     } catch (err) {
       if (mine === seq) clear(out, h("div", { class: "problems", id: "shapes-problems" }, refusedSize(err, limits)));
@@ -184,7 +189,9 @@ export function initShapes(root, presetsAsked) {
     form.elements.d_model.value = p.d_model;
     form.elements.n_heads.value = p.n_heads;
     form.elements.n_kv_heads.value = p.n_kv_heads ?? "";
+    form.elements.d_k.value = p.d_k ?? "";
     form.elements.seq_len.value = p.context;
+    Object.assign(kvState, { preferredWindow: p.window ?? null, window: p.window ?? null, t: null });
     form.elements.batch.value = 1;
     form.elements.bias.checked = p.bias;
     update();
@@ -199,7 +206,7 @@ export function initShapes(root, presetsAsked) {
     if (!mine.length) return;
     for (const [name, z] of mine) presets[`model:${name}`] = { ...z, title: name };
     const kvText = (z) => (z.n_kv_heads && z.n_kv_heads < z.n_heads ? `, h_kv ${z.n_kv_heads}` : "");
-    preset.append(h("optgroup", { label: "models on this server (their own sizes)" }, mine.map(([name, z]) => h("option", { value: `model:${name}`, title: `${z.n_layers} layers` },
+    preset.append(h("optgroup", { label: "models on this server (their own sizes)" }, mine.map(([name, z]) => h("option", { value: `model:${name}`, title: `${z.n_layers} layers${z.d_k ? `, heads ${z.d_k} wide` : ""}` },
       `${name}: d_model ${z.d_model}, h ${z.n_heads}${kvText(z)}`))));
   }).catch(() => {});
   api("/api/shapes/limits").then((got) => { limits = got; applyLimits(form, got); }).catch(() => {}).finally(update);

@@ -48,7 +48,8 @@ function short(values, limit = 16) {
 
 function sizesOf(c) {
   const h_kv = c.n_kv_heads == null ? c.n_heads : c.n_kv_heads;
-  return { B: c.batch, n: c.seq_len, s: c.cache_len + c.seq_len, d_model: c.d_model, h: c.n_heads, h_kv, d_k: c.n_heads > 0 ? Math.floor(c.d_model / c.n_heads) : 0 };
+  const d_k = c.d_k != null ? c.d_k : c.n_heads > 0 ? Math.floor(c.d_model / c.n_heads) : 0;  // a given head width, else d_model / h
+  return { B: c.batch, n: c.seq_len, s: c.cache_len + c.seq_len, d_model: c.d_model, h: c.n_heads, h_kv, d_k };
 }
 
 function stageFlops(z, name) {
@@ -60,13 +61,13 @@ function stageFlops(z, name) {
 
 function problemsOf(c, z) {
   const [B, n, s, d, h, dk] = [z.B, z.n, z.s, z.d_model, z.h, z.d_k].map(big);
-  const largest = [B * n * d, B * h * n * s, d * d, B * h * s * dk].reduce((a, b) => (a > b ? a : b));
+  const largest = [B * n * d, B * h * n * s, d * d, B * h * s * dk, h * dk * d, B * n * h * dk].reduce((a, b) => (a > b ? a : b));
   if (largest > MAX_ELEMENTS) {
     return [`the largest tensor would hold ${group(largest)} elements (about 2**${Math.log2(num(largest)).toFixed(0)}), over the limit of 2**50; choose smaller sizes`];
   }
   const problems = [];
-  if (z.d_model % z.h) problems.push(`d_model=${z.d_model} is not divisible by n_heads=${z.h}, so the heads cannot split the width evenly; nearest valid head counts: ${nearest(z.h, z.d_model).join(" or ")} (any divisor of ${z.d_model}: ${short(validHeadCounts(z.d_model))})`);
-  if (z.h <= z.d_model && z.h % z.h_kv) problems.push(`n_heads=${z.h} is not divisible by n_kv_heads=${z.h_kv}, so the query heads cannot share K/V heads in equal groups; nearest valid K/V head counts: ${nearest(z.h_kv, z.h).join(" or ")} (any divisor of ${z.h}: ${short(validHeadCounts(z.h))})`);
+  if (c.d_k == null && z.d_model % z.h) problems.push(`d_model=${z.d_model} is not divisible by n_heads=${z.h}, so the heads cannot split the width evenly; nearest valid head counts: ${nearest(z.h, z.d_model).join(" or ")} (any divisor of ${z.d_model}: ${short(validHeadCounts(z.d_model))})`);
+  if ((z.h <= z.d_model || c.d_k != null) && z.h % z.h_kv) problems.push(`n_heads=${z.h} is not divisible by n_kv_heads=${z.h_kv}, so the query heads cannot share K/V heads in equal groups; nearest valid K/V head counts: ${nearest(z.h_kv, z.h).join(" or ")} (any divisor of ${z.h}: ${short(validHeadCounts(z.h))})`);
   const flops = Object.keys(STAGES).reduce((a, k) => a + stageFlops(z, k), 0n);
   if (!problems.length && flops > MAX_FLOPS) problems.push(`the layer would take ${group(flops)} FLOPs (about 2**${Math.log2(num(flops)).toFixed(0)}), over the limit of 2**62; choose a smaller batch, sequence or width`);
   return problems;
@@ -111,7 +112,7 @@ const g6 = (x) => String(Number(x.toPrecision(6)));  // Python's "{:g}" for the 
 
 function summary(r, c) {
   const p = r.params, fl = r.flops, mem = r.memory, kv = r.kv_cache;
-  const mha = c.kind === "MHA" && c.bias;
+  const mha = c.kind === "MHA" && c.bias && c.sizes.h * c.sizes.d_k === c.d_model;
   const compared = kv.ratio_vs_mha !== 1
     ? `plain MHA would hold ${formatBytes(kv.mha_bytes)}, ${g6(kv.ratio_vs_mha)}× as much`
     : "this is MHA: every head keeps its own keys and values";
@@ -145,12 +146,12 @@ function params(c, z) {
 
 // the JSON of POST /api/shapes for a request body (the server's defaults filled in)
 export function shapesReport(body) {
-  const c0 = { d_model: 512, n_heads: 8, seq_len: 10, batch: 1, n_kv_heads: null, bias: true, dtype: "float32", cache_len: 0, ...body };
+  const c0 = { d_model: 512, n_heads: 8, seq_len: 10, batch: 1, n_kv_heads: null, bias: true, dtype: "float32", cache_len: 0, d_k: null, ...body };
   const c = { ...c0, dtype: CANONICAL[c0.dtype] ?? c0.dtype };
   const z = sizesOf(c);
   const kind = z.h_kv === z.h ? "MHA" : z.h_kv === 1 ? "MQA" : "GQA";
   const config = { d_model: c.d_model, n_heads: c.n_heads, seq_len: c.seq_len, batch: c.batch, n_kv_heads: c.n_kv_heads,
-    bias: c.bias, dtype: c.dtype, cache_len: c.cache_len, kind, sizes: z };
+    bias: c.bias, dtype: c.dtype, cache_len: c.cache_len, d_k: c.d_k, kind, sizes: z };
   const counts = { valid_head_counts: validHeadCounts(c.d_model), valid_kv_head_counts: validHeadCounts(c.n_heads) };
   const problems = problemsOf(c, z);
   if (problems.length) return { ...empty(config, problems), ...counts };
@@ -169,10 +170,14 @@ export function shapesReport(body) {
   const kvBytes = (heads) => big(z.B) * big(heads) * big(z.d_k) * big(z.s) * item * 2n;
   const tokens = z.B * z.s, ours = kvBytes(z.h_kv), mhaB = kvBytes(z.h);
   const kv = { bytes: num(ours), bytes_per_token: num(ours / big(tokens)), tokens, mha_bytes: num(mhaB),
-    mha_bytes_per_token: num(mhaB / big(tokens)), ratio_vs_mha: ratio(mhaB, ours) };
+    mha_bytes_per_token: num(mhaB / big(tokens)), ratio_vs_mha: ratio(mhaB, ours), mqa_bytes: num(kvBytes(1)),
+    mqa_bytes_per_token: num(kvBytes(1) / big(tokens)),
+    // headlab's SinkCache keeps keys before rotary too: three buffers per kept position
+    sink_bytes_per_token: num(3n * big(z.h_kv) * big(z.d_k) * item) };
   const bigOnes = stages.filter((st) => st.big > LARGE_ELEMENTS);
   const warnings = bigOnes.length ? [`${bigOnes.map((st) => st.name).join(", ")} would hold over 2**40 elements each (up to ${group(bigOnes.reduce((a, st) => (st.big * item > a ? st.big * item : a), 0n))} bytes): no single accelerator holds that; fused kernels (FlashAttention, SDPA) never store the n·s pattern, and real runs split the batch or the sequence`] : [];
-  const verdict = `${kind}, h=${z.h}, h_kv=${z.h_kv}, d_k=${z.d_k}; shape-preserving: B×n×d_model in and out (W_O maps h·d_k = d_model back to d_model), so the output adds onto the residual stream and blocks stack`;
+  const maps = z.h * z.d_k === z.d_model ? "h·d_k = d_model back to d_model" : `h·d_k = ${group(z.h * z.d_k)} back to d_model = ${group(z.d_model)}`;
+  const verdict = `${kind}, h=${z.h}, h_kv=${z.h_kv}, d_k=${z.d_k}; shape-preserving: B×n×d_model in and out (W_O maps ${maps}), so the output adds onto the residual stream and blocks stack`;
   const flops = { total: num(flopsBig), n2: num(n2), n2_share: flopsBig ? ratio(n2, flopsBig) : 0.0 };
   for (const st of stages) if (st.flops) flops[st.name] = num(st.flops);
   const bytesOf = (list) => num(list.reduce((a, st) => a + st.big * item, 0n));
