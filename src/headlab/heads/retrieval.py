@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from headlab.heads.labels import THRESHOLDS
 from headlab.heads.report import RetrievalScores
 from headlab.measure import Probe, make_probe
 from headlab.model import Transformer
@@ -175,3 +176,31 @@ def needle_analysis(
         r["span"] = list(p.span)
     probe = make_probe("needle", torch.stack([p.ids for p in needles]), tokenizer)
     return probe, scores, rows
+
+
+def live_needle(
+    model: Transformer, tokenizer: Any, depth: float = 0.5, seed: int = 0, top: int = 8
+) -> dict[str, Any]:
+    """One needle probe (as :func:`needle_probes` sizes it) at ``depth``, answered and scored:
+    the needle, what the model wrote, whether it is the number, and the ``top`` heads by
+    retrieval score on this one probe (those above 0 only), for the page's live look."""
+    length = min(PROBE_LENGTH, model.config.max_len - 2 * DIGITS)
+    question = QUESTION if length >= 128 else SHORT_QUESTION
+    needle = build_needle(tokenizer, haystack(tokenizer), length, depth, seed, question)
+    row = score_needles(model, [needle])[0]
+    scores = row["scores"]  # (L, h)
+    h = scores.shape[1]
+    order = scores.flatten().argsort(descending=True, stable=True)[:top].tolist()
+    heads = [{"layer": i // h, "head": i % h, "score": round(float(scores.flatten()[i]), 4)}
+             for i in order if scores.flatten()[i] > 0]  # fmt: skip
+    lo, hi = needle.span
+    return {
+        "length": length, "depth": depth, "seed": seed,
+        "needle": tokenizer.decode(needle.ids[lo:hi].tolist()).strip(),
+        "question": question.strip(),
+        "generated": tokenizer.decode(row["generated"].tolist()).strip(),
+        "answered": row["correct"],
+        "top_heads": heads,
+        "heads": scores.numel(),
+        "above_threshold": int((scores >= THRESHOLDS["retrieval"]).sum()),
+    }  # fmt: skip

@@ -5,6 +5,7 @@ import { lineChart, CHART_WIDTH } from "./figures.js";
 import { barChart, matrix, BAR_WIDTH } from "./bars.js";
 import { figure } from "./export.js";
 import { pruneNote, gqaNote } from "./stored-notes.js";
+import { retrieval, sinks } from "./long-context.js";
 
 const isNum = (v) => typeof v === "number" && Number.isFinite(v);
 const pretty = (key) => String(key).replace(/_/g, " ");
@@ -18,7 +19,7 @@ function pm(v, digits = 3) {
   return n > 1 ? `${v.mean.toFixed(digits)} ± ${(v.std ?? 0).toFixed(digits)}` : v.mean.toFixed(digits);
 }
 
-function table(id, head, rows) {
+export function table(id, head, rows) {
   return h("div", { class: "table-wrap" }, h("table", { id },
     h("thead", {}, h("tr", {}, head.map((c, k) => h("th", { class: k ? "num" : null }, c)))),
     h("tbody", {}, rows.map((r) => h("tr", {}, r.map((c, k) => h("td", { class: k ? "num" : null }, c)))))));
@@ -26,7 +27,7 @@ function table(id, head, rows) {
 
 // A line chart drawn to the width of its figure; `note` (optional) says what it shows where it
 // looks wrong, under its caption.
-function chart(name, series, opts, data, note = null) {
+export function chart(name, series, opts, data, note = null) {
   const readout = h("p", { class: "note", "aria-live": "polite" }, "Hover the chart to read exact values; the buttons show or hide a line.");
   const { svg, legend, draw } = lineChart(series, { ...opts, readout });
   const why = note ? h("p", { class: "chart-note", "data-note": name }, note) : null;
@@ -91,7 +92,7 @@ function headCount(name, r) {
   return out;
 }
 
-function verdictList(r, id) {
+export function verdictList(r, id) {
   const verdicts = Array.isArray(r.verdict) ? r.verdict : typeof r.verdict === "string" ? [r.verdict] : [];
   return verdicts.length ? h("ul", { id }, verdicts.map((v) => h("li", {}, v))) : null;
 }
@@ -238,7 +239,7 @@ function generic(name, results, path = []) {
   return out;
 }
 
-const VIEWS = { "one-vs-many": oneVsMany, "head-count": headCount, prune, gqa, induction };
+const VIEWS = { "one-vs-many": oneVsMany, "head-count": headCount, prune, gqa, induction, retrieval, sinks };
 
 export function renderExperiment(el, name, results) {
   const view = VIEWS[name] || generic;
