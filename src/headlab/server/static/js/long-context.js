@@ -4,7 +4,7 @@ import { h, clear } from "./dom.js";
 import { barChart, matrix, BAR_WIDTH } from "./bars.js";
 import { figure } from "./export.js";
 import { api } from "./api.js";
-import { chart, table, verdictList } from "./experiments.js";
+import { chart, table, verdictList } from "./stored-parts.js";
 
 const isNum = (v) => typeof v === "number" && Number.isFinite(v);
 const avg = (v) => v.reduce((a, b) => a + b, 0) / v.length;
