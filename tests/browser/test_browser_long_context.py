@@ -48,7 +48,8 @@ def test_retrieval_figures_draw_the_stored_run(reader) -> None:
     counts = section.locator('figure[data-figure="retrieval-histogram"] svg text')
     values = [int(t) for t in counts.all_text_contents() if t.isdigit()]
     assert sum(values) == r["heads"] == sum(len(row) for row in r["scores"])
-    cells = section.locator('figure[data-figure="retrieval-heat"] svg rect[fill]:not([width="100%"])')
+    heat = section.locator('figure[data-figure="retrieval-heat"] svg')
+    cells = heat.locator('rect[fill]:not([width="100%"])')
     grid = r["heat"]
     assert cells.count() - 1 == len(grid["depths"]) * len(grid["lengths"])  # one background
     rows = section.locator("#retrieval-masking tbody tr")
@@ -69,7 +70,8 @@ def test_sinks_figures_draw_each_model(reader) -> None:
         expect(ppl.locator("svg polyline")).to_have_count(len(sinks) + 1)  # + the full cache
         expect(ppl.locator("[data-remake]")).to_contain_text("headlab experiment sinks")
         share = section.locator(f'figure[data-figure="sinks-{m["model"]}-share"]')
-        expect(share.locator("svg text", has_text=re.compile(r"^layer \d+$"))).to_have_count(len(m["sink_share"]))
+        layers = share.locator("svg text", has_text=re.compile(r"^layer \d+$"))
+        expect(layers).to_have_count(len(m["sink_share"]))
     expect(section.locator("#sinks-verdict li")).to_have_count(len(s["verdict"]))
 
 

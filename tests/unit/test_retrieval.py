@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import require
 from headlab import zoo
 from headlab.experiments import retrieval as experiment
 from headlab.heads import retrieval as r
 from headlab.heads.labels import THRESHOLDS
-from conftest import require
 
 ROOT = Path(__file__).resolve().parents[2]
 

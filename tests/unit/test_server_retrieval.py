@@ -36,7 +36,8 @@ def test_the_needle_answer_is_the_probe_scored_directly(client: TestClient) -> N
     scores = r.retrieval_scores(tops, generated, [probe])[0]  # (L, h)
     assert body["length"] == length and body["answered"] == torch.equal(generated[0], probe.answer)
     assert body["generated"] == tokenizer.decode(generated[0].tolist()).strip()
-    positive = sorted(((float(v), i) for i, v in enumerate(scores.flatten()) if v > 0), reverse=True)
+    flat = scores.flatten()
+    positive = sorted(((float(v), i) for i, v in enumerate(flat) if v > 0), reverse=True)
     assert [t["score"] for t in body["top_heads"]] == [round(v, 4) for v, _ in positive[:8]]
     assert body["above_threshold"] == int((scores >= 0.1).sum())
     assert body["heads"] == scores.numel()
