@@ -34,11 +34,11 @@ function histogram(name, r) {
 function accuracyVsK(name, r) {
   const rows = r.masking?.by_k || [];
   const draws = Math.max(0, ...rows.map((row) => row.random?.length || 0));
-  const series = [
+  const series = [  // no mask first, so the lines that may coincide with it are drawn over it
+    { name: "no head masked", points: rows.map((row) => [row.k, r.masking.none]), colour: "#000000", dashed: true },
     { name: "top-k retrieval heads masked", points: rows.map((row) => [row.k, row.top]), colour: "#D55E00" },
     { name: `k random heads masked (mean of ${draws} draws)`, points: rows.map((row) => [row.k, avg(row.random)]), dashed: true, colour: "#0072B2" },
     ...Array.from({ length: draws }, (_, d) => ({ name: `random draw ${d + 1}`, points: rows.filter((row) => isNum(row.random?.[d])).map((row) => [row.k, row.random[d]]), dashed: true })),
-    { name: "no head masked", points: rows.map((row) => [row.k, r.masking.none]), colour: "#000000", dashed: true },
   ];
   const m = r.masking;
   const title = `Needle accuracy with k heads masked (${m.probes} probes of ${(m.lengths || []).join(" and ")} tokens)`;
@@ -47,9 +47,9 @@ function accuracyVsK(name, r) {
 
 function heat(name, r) {
   const g = r.heat;
-  const title = `Unmasked accuracy by needle depth (rows) and context length in tokens (columns), ${(r.seeds || []).length} seeds each`;
+  const caption = `Unmasked accuracy by needle depth (rows) and context length in tokens (columns), ${(r.seeds || []).length} seeds each`;
   const rows = g.accuracy, cols = g.lengths.map(String), labels = g.depths.map((d) => `depth ${d}`);
-  return stored(name, r, figure(null, { name: `${name}-heat`, caption: title, data: g, fit: { max: 594, draw: (w) => matrix(rows, cols, labels, { title, width: w }) } }));
+  return stored(name, r, figure(null, { name: `${name}-heat`, caption, data: g, fit: { max: 594, draw: (w) => matrix(rows, cols, labels, { title: "Accuracy", width: w }) } }));
 }
 
 export function retrieval(name, r) {
