@@ -199,7 +199,7 @@ def _figure(results: dict, out: Path | None) -> str | None:
     acc.plot(ks, [sum(r["random"]) / len(r["random"]) for r in m["by_k"]], "s--", color="C0",
              label="random k masked (dots: draws)")  # fmt: skip
     acc.axhline(m["none"], color="k", ls=":", label="no mask")
-    acc.set_xscale("log", base=2)
+    acc.set_xticks(ks)
     acc.set_xlabel("heads masked (k)")
     acc.set_ylabel("needle accuracy")
     acc.set_ylim(-0.05, 1.05)
