@@ -192,3 +192,19 @@ def test_cli_needle_probe(tmp_path: Path) -> None:
                          timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "valid probes: repeat, random-repeat, text, needle" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_a_probe_has_one_start_token_at_the_front(default: tuple) -> None:
+    """A tokenizer that adds its start token to every call (the default model's, Gemma's <bos>)
+    still gives a probe one start token, first, and a needle of the fact's own tokens."""
+    from headlab.measure import special_ids
+
+    _, tokenizer, probes = default
+    start = tokenizer.encode("")
+    assert start, "the default model's tokenizer adds a start token: the case under test"
+    specials = special_ids(tokenizer)
+    for p in probes:
+        ids = p.ids.tolist()
+        assert ids[: len(start)] == start
+        assert [i for i in ids if i in specials] == start
+        assert not set(p.answer.tolist()) & specials

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from headlab.heads.labels import THRESHOLDS
 from headlab.heads.report import RetrievalScores
-from headlab.measure import Probe, make_probe
+from headlab.measure import Probe, make_probe, special_ids
 from headlab.model import Transformer
 from headlab.trace import Trace
 
@@ -62,24 +62,32 @@ def build_needle(
     ``depth`` of it, the question last. Raises ValueError when the length leaves no haystack."""
     rng = random.Random(f"{length}-{depth}-{seed}")
     number = str(rng.randrange(10 ** (DIGITS - 1), 10**DIGITS))
-    pre, fact, post = (tokenizer.encode(t) for t in (NEEDLE[0], " " + number, NEEDLE[1]))
-    cue = tokenizer.encode(question)
-    room = length - len(pre) - len(fact) - len(post) - len(cue)
+    pre, fact, post, cue = (pieces(tokenizer, t) for t in (NEEDLE[0], " " + number, NEEDLE[1],
+                                                            question))  # fmt: skip
+    start_token = tokenizer.encode("")  # what the tokenizer puts first (Gemma's <bos>), or []
+    room = length - len(start_token) - len(pre) - len(fact) - len(post) - len(cue)
     if room < 1:
         raise ValueError(f"a context of {length} tokens leaves no room for the haystack")
     start = rng.randrange(0, len(hay) - room)
     stack = hay[start : start + room]
     at = round(depth * room)
-    ids = stack[:at] + pre + fact + post + stack[at:] + cue
-    span = (at + len(pre), at + len(pre) + len(fact))
+    ids = start_token + stack[:at] + pre + fact + post + stack[at:] + cue
+    span = (len(start_token) + at + len(pre), len(start_token) + at + len(pre) + len(fact))
     return NeedleProbe(torch.tensor(ids), torch.tensor(fact), span, length, depth, seed)
+
+
+def pieces(tokenizer: Any, text: str) -> list[int]:
+    """The tokens of ``text`` without the special tokens a tokenizer adds to every call
+    (Gemma's <bos>): a piece of a probe, not a probe's start."""
+    specials = special_ids(tokenizer)
+    return [i for i in tokenizer.encode(text) if i not in specials]
 
 
 def haystack(tokenizer: Any) -> list[int]:
     """The haystack play's tokens."""
     from headlab.corpus import fetch_corpus, read_corpus
 
-    return tokenizer.encode(dict(read_corpus(fetch_corpus()))[HAYSTACK_WORK])
+    return pieces(tokenizer, dict(read_corpus(fetch_corpus()))[HAYSTACK_WORK])
 
 
 def groups(probes: list[NeedleProbe]) -> list[list[NeedleProbe]]:
