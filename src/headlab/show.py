@@ -8,6 +8,7 @@ In Jupyter or VS Code the value of a cell's last line draws itself::
     show(report, grid=True)                     # report = headlab.heads.baselines.label_heads(…)
     show(trace_shapes(d_model=512, n_heads=8))  # the layer, drawn, with every shape
     circuit_view(induction_circuit(model, probe))  # previous-token → induction heads (SVG)
+    retrieval_view(), sinks_view()              # the stored long-context runs (or a results dict)
     evidence_view(evidence(model, probe))        # each label and the sentence backing it
     show(series)                                # headlab.series.compare: heads × checkpoints
 
@@ -306,6 +307,47 @@ def series_view(series: Any, kind: str = "induction") -> FigureView:
             f"probe</caption><tr><th>head</th>{head}<th></th></tr>{''.join(rows)}</table>"
             f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{png}">')  # fmt: skip
     return FigureView(body=body)
+
+
+def _experiment_view(name: str, results: dict[str, Any] | None, png: bytes) -> FigureView:
+    """A run of ``headlab experiment NAME``: its verdict sentences, where it came from, and its
+    figure inline as base64 PNG."""
+    where = "quick run" if results and results.get("quick") else "run"
+    said = "".join(f"<li>{html.escape(str(v))}</li>" for v in (results or {}).get("verdict", []))
+    made = html.escape(f"{where} of headlab experiment {name}, {(results or {}).get('date', '')}")
+    img = base64.b64encode(png).decode("ascii")
+    alt = html.escape(f"the figures of headlab experiment {name}")
+    figure = f'<img alt="{alt}" src="data:image/png;base64,{img}">'
+    return FigureView(body=f"<p>{made.rstrip(', ')}</p><ul>{said}</ul>{figure}")
+
+
+def _results(name: str, results: dict[str, Any] | None) -> dict[str, Any]:
+    """``results``, or the run shipped with the package (the page's stored run)."""
+    if results is not None:
+        return results
+    from headlab.experiments import results_path
+
+    return dict(json.loads(results_path(name).read_text(encoding="utf-8")))
+
+
+def retrieval_view(results: dict[str, Any] | None = None) -> FigureView:
+    """Retrieval heads (``headlab experiment retrieval``; the shipped run when ``results`` is
+    None): the verdicts, then the score histogram, accuracy with the top-k or k random heads
+    masked (every draw), and the depth × length accuracy map."""
+    from headlab.experiments import retrieval
+
+    found = _results("retrieval", results)
+    return _experiment_view("retrieval", found, retrieval.png(found))
+
+
+def sinks_view(results: dict[str, Any] | None = None) -> FigureView:
+    """Attention sinks in a streaming cache (``headlab experiment sinks``; the shipped run when
+    ``results`` is None): the verdicts, then perplexity by window for the full cache, the window
+    alone and sinks + window, and each layer's sink share."""
+    from headlab.experiments import sinks
+
+    found = _results("sinks", results)
+    return _experiment_view("sinks", found, sinks.png(found))
 
 
 def show(obj: Any, model: str = "", grid: bool = False) -> View:

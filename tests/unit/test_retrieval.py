@@ -1,5 +1,6 @@
 """Retrieval heads (Wu et al. 2024): the score against a direct loop over stored attentions, the
-probes' answers against decoding without a cache, and the quick run's masking comparison."""
+probes' answers against decoding without a cache, the "retrieval" label of the needle probe, and
+the quick run's masking comparison."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import require
 from headlab import zoo
-from headlab.experiments import retrieval as r
+from headlab.experiments import retrieval as experiment
+from headlab.heads import retrieval as r
+from headlab.heads.labels import THRESHOLDS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,7 +44,7 @@ def loop_scores(rows: list[torch.Tensor], generated: torch.Tensor, probes: list)
 def default() -> tuple:
     model, tokenizer = zoo.load("default")
     hay = r.haystack(tokenizer)
-    probes = [r.build_probe(tokenizer, hay, 44, d, 0, r.QUICK.question) for d in (0.0, 0.5, 1.0)]
+    probes = [r.build_needle(tokenizer, hay, 44, d, 0, r.SHORT_QUESTION) for d in (0.0, 0.5, 1.0)]
     return model, tokenizer, r.groups(probes)[0]
 
 
@@ -49,6 +53,8 @@ def test_score_equals_a_direct_loop_on_stored_attentions(default: tuple) -> None
     generated, rows = r.answer(model, probes, record="weights")
     got_generated, tops = r.answer(model, probes)
     assert torch.equal(got_generated, generated)
+    L, h, s = model.config.n_layers, model.config.n_heads, probes[0].ids.numel()
+    assert [row.shape for row in rows] == [(L, len(probes), h, s + t) for t in range(len(rows))]
     got = r.retrieval_scores(tops, generated, probes)
     torch.testing.assert_close(got, torch.tensor(loop_scores(rows, generated, probes)))
 
@@ -118,9 +124,87 @@ def test_experiment_retrieval_quick_json(tmp_path: Path) -> None:
     above = sum(x > 0.1 for row in res["scores"] for x in row) / res["heads"]
     assert res["share_above_0_1"] == pytest.approx(above)
     for row in res["masking"]["by_k"]:
-        assert len(row["random"]) == len(row["random_heads"]) == r.QUICK.draws
-        ranked = [(t["layer"], t["head"]) for t in res["top_heads"]][: max(r.QUICK.ks)]
+        assert len(row["random"]) == len(row["random_heads"]) == experiment.QUICK.draws
+        ranked = [(t["layer"], t["head"]) for t in res["top_heads"]][: max(experiment.QUICK.ks)]
         for draw in row["random_heads"]:
             assert len(draw) == row["k"] and not {tuple(x) for x in draw} & set(ranked)
-    assert len(res["heat"]["accuracy"]) == len(r.QUICK.depths)
+    assert len(res["heat"]["accuracy"]) == len(experiment.QUICK.depths)
     assert (tmp_path / "run" / "retrieval.png").is_file()
+
+
+def test_the_needle_probe_labels_the_heads_that_reach_the_threshold(default: tuple) -> None:
+    """analyse with retrieval scores: every head at or above 0.1 (Wu et al.'s line) is labelled
+    "retrieval" whatever it does on the haystack; every other head keeps the label it gets
+    without them, and reports its retrieval score."""
+    from headlab.heads import analyse
+
+    model, tokenizer, _ = default
+    needles = r.needle_probes(tokenizer, model.config.max_len, depths=(0.0, 1.0))
+    probe = r.make_probe("needle", torch.stack([p.ids for p in needles]), tokenizer)
+    L, h = model.config.n_layers, model.config.n_heads
+    planted = {(l, i): 0.0 for l in range(L) for i in range(h)}
+    planted[(0, 1)], planted[(1, 3)], planted[(1, 4)] = 0.1, 0.6, 0.0999
+    plain = analyse(model, probe, content=False, keep=())
+    got = analyse(model, probe, content=False, keep=(), retrieval=planted)
+    assert THRESHOLDS["retrieval"] == 0.1
+    for before, after in zip(plain.heads, got.heads, strict=True):
+        assert after.scores["retrieval"] == planted[(after.layer, after.head)]
+        want = "retrieval" if planted[(after.layer, after.head)] >= 0.1 else before.label
+        assert after.label == want, (after.layer, after.head)
+    assert {(s.layer, s.head) for s in got.heads if s.label == "retrieval"} == {(0, 1), (1, 3)}
+    assert got.best["retrieval"]["layer"] == 1 and got.best["retrieval"]["head"] == 3
+    assert all("retrieval" not in s.scores for s in plain.heads)
+
+
+def test_needle_analysis_scores_equal_a_loop_on_smollm2() -> None:
+    """On SmolLM2 (which does copy the needle): the scores ``headlab heads --probe needle``
+    labels with equal the direct loop over stored attention rows, averaged over the probes."""
+    info = next(i for i in zoo.list_models() if i.name == "smollm2")
+    require(info.available, "SmolLM2 is not installed (make test-models)")
+    model, tokenizer = zoo.load("smollm2")
+    _, scores, rows = r.needle_analysis(model, tokenizer, seed=0)
+    needles = r.needle_probes(tokenizer, model.config.max_len, seed=0)
+    generated, stored = r.answer(model, needles, record="weights")
+    loop = torch.tensor(loop_scores(stored, generated, needles)).mean(0)  # (L, h)
+    got = torch.tensor([[scores[(l, i)] for i in range(loop.shape[1])]
+                        for l in range(loop.shape[0])])  # fmt: skip
+    torch.testing.assert_close(got, loop)
+    assert [row["generated"] for row in rows] == generated.tolist()
+    assert loop.max() >= THRESHOLDS["retrieval"]  # the model has retrieval heads to find
+
+
+def test_cli_needle_probe(tmp_path: Path) -> None:
+    """`headlab heads --probe needle --json`: each head's retrieval score and label, and per
+    needle whether the model answered; an unknown probe exits 2 naming the valid ones."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    cmd = [sys.executable, "-m", "headlab.cli", "heads", "--model", "default", "--json"]
+    done = subprocess.run([*cmd, "--probe", "needle", "--no-content"], capture_output=True,
+                          text=True, env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    res = json.loads(done.stdout)
+    assert res["probe"] == "needle" and len(res["needles"]) == len(r.DEPTHS)
+    for head in res["heads"]:
+        passes = head["scores"]["retrieval"] >= 0.1
+        assert (head["label"] == "retrieval") == passes
+    for needle in res["needles"]:
+        assert needle["correct"] == (needle["generated"] == needle["answer"])
+    bad = subprocess.run([*cmd, "--probe", "needles"], capture_output=True, text=True, env=env,
+                         timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and "valid probes: repeat, random-repeat, text, needle" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_a_probe_has_one_start_token_at_the_front(default: tuple) -> None:
+    """A tokenizer that adds its start token to every call (the default model's, Gemma's <bos>)
+    still gives a probe one start token, first, and a needle of the fact's own tokens."""
+    from headlab.measure import special_ids
+
+    _, tokenizer, probes = default
+    start = tokenizer.encode("")
+    assert start, "the default model's tokenizer adds a start token: the case under test"
+    specials = special_ids(tokenizer)
+    for p in probes:
+        ids = p.ids.tolist()
+        assert ids[: len(start)] == start
+        assert [i for i in ids if i in specials] == start
+        assert not set(p.answer.tolist()) & specials

@@ -64,8 +64,9 @@ TEXT_FILE_HELP = (
     "A UTF-8 text file as the probe, at most 100,000 characters (long inputs; a bar per layer)."
 )
 PROBE_HELP = (
-    "Built-in probe, in place of a text: repeat (a sentence with a repeat; the default) or "
-    "random-repeat."
+    "Built-in probe, in place of a text: repeat (a sentence with a repeat; the default), "
+    "random-repeat, or needle (a number hidden in a long text, asked for at the end: scores "
+    "retrieval heads, Wu et al. 2024)."
 )
 SHOW_HELP = (
     "Draw head L.H's pattern, e.g. --show 0.2 (layers and heads count from 0); L.avg draws "
@@ -195,6 +196,10 @@ def _check_probe(
     if probe is not None and probe != "text" and given is not None:
         raise fail(f"probe {probe!r} takes no text; leave out --probe to score {given}, or "
                    f"leave out {given} to run the {probe} probe")  # fmt: skip
+    from headlab.measure import PROBES
+
+    if probe is not None and probe not in (*PROBES, "needle"):
+        raise fail(f"unknown probe {probe!r}; valid probes: {', '.join((*PROBES, 'needle'))}")
 
 
 def _check_outputs(html_out: str | None, offload_folder: str | None) -> None:
@@ -298,7 +303,10 @@ def _heads_on_probe(
         if target is not None and not (0 <= target[0] < L and -1 <= target[1] < h):
             raise fail(f"--show {show}: this model has layers 0..{L - 1} and heads 0..{h - 1}; "
                        "L.avg draws layer L's averaged head")  # fmt: skip
-        p = _probe(m, tokenizer, text, probe, seed)
+        p, retrieval, needles = _probe(m, tokenizer, text, probe, seed)
+        if needles and evidence is not None:
+            raise fail("--evidence backs the pattern probes' labels; the needle probe's are "
+                       "tested by masking: `headlab experiment retrieval`")  # fmt: skip
         # the patterns of the other heads go, unless the HTML file draws them all
         keep = None if html is not None else {target} if target is not None else ()
         margins = _syntax_margins(m, tokenizer, model) if syntax else None
@@ -308,11 +316,12 @@ def _heads_on_probe(
             backed = run_evidence(m, p, evidence, seed, content, keep, margins, ruled, exact)
             report = backed.report
         else:
-            report = _analyse(m, p, seed, content, keep, margins, ruled, floors)
+            report = _analyse(m, p, seed, content, keep, margins, ruled, floors, retrieval)
     except ValueError as exc:
         raise fail(str(exc)) from None
     out = err_console if as_json else console  # keep stdout pure JSON
     extra = {} if evidence is None else {"evidence": backed.to_dict()}
+    extra |= {"needles": needles} if needles else {}
     _print_probe_report(report, model, as_json, {**attention_layout(m.config), **extra})
     if evidence is not None and not as_json:
         print_evidence(extra["evidence"])
@@ -324,15 +333,20 @@ def _heads_on_probe(
 
 def _probe(m: Any, tokenizer: Any, text: str | None, probe: str, seed: int) -> Any:
     """The probe of ``headlab heads``: the text (of --text or --text-file) or the built-in
-    --probe."""
+    --probe; with the needle probe also each head's retrieval score and each needle's answer
+    (:func:`headlab.heads.retrieval.needle_analysis`), else None and []."""
     from headlab.measure import build_probe
 
+    if text is None and probe == "needle":
+        from headlab.heads.retrieval import needle_analysis
+
+        return needle_analysis(m, tokenizer, seed)
     name = "text" if text is not None else probe
-    return build_probe(name, tokenizer, m.config.max_len, m.config.vocab_size, text, seed)
+    return build_probe(name, tokenizer, m.config.max_len, m.config.vocab_size, text, seed), None, []
 
 
 def _analyse(m: Any, p: Any, seed: int, content: bool, keep: Any, margins: Any,
-             label_syntax: bool, floors: bool = True) -> Any:  # fmt: skip
+             label_syntax: bool, floors: bool = True, retrieval: Any = None) -> Any:  # fmt: skip
     """:func:`headlab.heads.baselines.label_heads` with a progress bar, a step per layer (of
     the random models too, the first time their floors are computed)."""
     from headlab.heads.baselines import label_heads
@@ -341,7 +355,7 @@ def _analyse(m: Any, p: Any, seed: int, content: bool, keep: Any, margins: Any,
     with progress_bar() as bar:
         bar(0, m.config.n_layers, what)
         return label_heads(m, p, seed, content, keep=keep, syntactic=margins,
-                           label_syntactic=label_syntax, floors=floors,
+                           label_syntactic=label_syntax, floors=floors, retrieval=retrieval,
                            progress=lambda done, total: bar(done, total, what))  # fmt: skip
 
 
@@ -365,6 +379,10 @@ def _print_probe_report(report: Any, model: str, as_json: bool, extra: dict | No
     if extra and "layer_kinds" in extra:  # the model's layout: K/V sharing, local/global layers
         for line in layout_lines(extra):
             console.print(line, highlight=False, soft_wrap=True)
+    if extra and "needles" in extra:
+        right, total = sum(n["correct"] for n in extra["needles"]), len(extra["needles"])
+        line = f"needle: the model repeated the number in {right} of {total} probes (depths 0-1)"
+        console.print(line, highlight=False)
 
 
 def _draw_head(report: Any, target: tuple[int, int], out: Console) -> None:

@@ -5,11 +5,11 @@ fact from far back in its context: masking the top-k such heads breaks needle-in
 retrieval, masking k random heads barely does. Here the haystack is Hamlet (the shipped
 public-domain corpus), the needle a line "The secret number is NNNNN." with five random digits,
 put at several depths of contexts of several lengths; a question at the end asks for the number
-and the model answers greedily. A head's retrieval score is Wu et al.'s rule: at each generated
-token, when the head's most-attended position lies inside the needle's digits and holds the token
-just generated, it gains 1/|needle| (|needle|: the digits' tokens); scores are averaged over
-probes. Accuracy (the whole number repeated) is then measured with the top-k heads masked, with k
-heads drawn at random among the others (several draws, every one kept), and with none masked.
+and the model answers greedily. A head's retrieval score is Wu et al.'s rule, computed by
+:func:`headlab.heads.retrieval.retrieval_scores` (the one home of the probe and the score, which
+``headlab heads --probe needle`` labels with); scores are averaged over probes. Accuracy (the
+whole number repeated) is then measured with the top-k heads masked, with k heads drawn at random
+among the others (several draws, every one kept), and with none masked.
 """
 
 from __future__ import annotations
@@ -25,13 +25,17 @@ from torch import Tensor
 
 from headlab.experiments import pyplot, save_figure, write_results
 from headlab.files import one_thread
+from headlab.heads.retrieval import (
+    QUESTION,
+    SHORT_QUESTION,
+    NeedleProbe,
+    answer,
+    build_needle,
+    groups,
+    haystack,
+    score_needles,
+)
 from headlab.model import Transformer
-from headlab.trace import Trace
-
-HAYSTACK_WORK = "hamlet"
-NEEDLE = ("\nThe secret number is", ".\n")  # the fact's digits go between the two
-QUESTION = "\nQuestion: What is the secret number?\nAnswer: The secret number is"
-DIGITS = 5
 
 
 @dataclass(frozen=True)
@@ -42,115 +46,23 @@ class RetrievalConfig:
     lengths: tuple[int, ...] = (64, 128, 192, 256)
     depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)  # where the needle sits
     seeds: int = 2  # probes (number, haystack offset) per length and depth
-    ks: tuple[int, ...] = (1, 4, 16)  # heads masked
-    draws: int = 2  # random draws of k heads per k
-    mask_lengths: tuple[int, ...] = (64,)  # the masking comparison's contexts
+    ks: tuple[int, ...] = tuple(range(1, 17))  # heads masked: every k from 1 to 16
+    draws: int = 3  # random draws of k heads per k
+    mask_lengths: tuple[int, ...] = (64,)  # the masking comparison's contexts (2 cores, minutes)
     question: str = QUESTION  # the cue at the end (the quick run's model has 64 positions)
 
 
 FULL = RetrievalConfig()
 QUICK = RetrievalConfig(model="default", lengths=(40, 52), depths=(0.0, 0.5, 1.0), seeds=1,
                         ks=(1, 2), draws=2, mask_lengths=(40,),
-                        question="\nThe secret number is")  # fmt: skip
-
-
-@dataclass(frozen=True)
-class NeedleProbe:
-    ids: Tensor  # (n,) the context, needle inside, question at the end
-    answer: Tensor  # (a,) the fact's tokens, which the model should write next
-    span: tuple[int, int]  # [start, end) of the fact's tokens in ids
-    length: int
-    depth: float
-    seed: int
-
-
-def build_probe(
-    tokenizer: Any, hay: list[int], length: int, depth: float, seed: int,
-    question: str = QUESTION,
-) -> NeedleProbe:  # fmt: skip
-    """A probe of exactly ``length`` tokens: haystack from a seeded offset, the needle after
-    ``depth`` of it, the question last."""
-    rng = random.Random(f"{length}-{depth}-{seed}")
-    number = str(rng.randrange(10 ** (DIGITS - 1), 10**DIGITS))
-    pre, fact, post = (tokenizer.encode(t) for t in (NEEDLE[0], " " + number, NEEDLE[1]))
-    question = tokenizer.encode(question)
-    room = length - len(pre) - len(fact) - len(post) - len(question)
-    if room < 1:
-        raise ValueError(f"a context of {length} tokens leaves no room for the haystack")
-    start = rng.randrange(0, len(hay) - room)
-    stack = hay[start : start + room]
-    at = round(depth * room)
-    ids = stack[:at] + pre + fact + post + stack[at:] + question
-    span = (at + len(pre), at + len(pre) + len(fact))
-    return NeedleProbe(torch.tensor(ids), torch.tensor(fact), span, length, depth, seed)
-
-
-@torch.inference_mode()
-def answer(
-    model: Transformer, probes: list[NeedleProbe], head_mask: Tensor | None = None,
-    record: str | None = "top",
-) -> tuple[Tensor, list[Tensor]]:  # fmt: skip
-    """Greedy answers (B, a) to probes of one length and answer length, with ``head_mask``
-    (n_layers, h); and, for each answer token, the attention row of the query that produced
-    it: each head's most-attended position (L, B, h) with ``record="top"``, the whole row
-    (L, B, h, s) with "weights", nothing with None (then attention runs fused)."""
-    ids = torch.stack([p.ids for p in probes])  # (B, n)
-    B, n = ids.shape
-    a = probes[0].answer.numel()
-    cache = model.new_cache(B, n + a - 1)
-    model(ids[:, :-1], head_mask=head_mask, cache=cache)  # fills the cache; no weights kept
-    reduce = (lambda name, w: w[:, :, -1].argmax(-1)) if record == "top" else None
-    last, out, rows = ids[:, -1], [], []
-    for _ in range(a):
-        trace = Trace(only=("weights",), reduce=reduce) if record else None
-        logits = model(last[:, None], head_mask=head_mask, cache=cache, trace=trace)[:, -1]
-        if trace is not None:
-            rows.append(trace.stack("attn.weights"))
-        last = logits.argmax(-1)  # (B,)
-        out.append(last)
-    return torch.stack(out, dim=1), rows
-
-
-def retrieval_scores(tops: list[Tensor], generated: Tensor, probes: list[NeedleProbe]) -> Tensor:
-    """(B, L, h) Wu et al.'s score of each head on each probe, from the most-attended
-    positions ``tops`` (L, B, h) of the query that produced each answer token generated[:, t]
-    (B, a): 1/|needle| each time that position is inside the needle and holds that token."""
-    B, L, h = generated.shape[0], tops[0].shape[0], tops[0].shape[2]
-    score = torch.zeros(B, L, h)
-    for t, top in enumerate(tops):
-        for b, p in enumerate(probes):
-            seq = torch.cat([p.ids, generated[b]])
-            pos = top[:, b]  # (L, h)
-            inside = (pos >= p.span[0]) & (pos < p.span[1])
-            same = seq[pos] == generated[b, t]
-            score[b] += (inside & same).float() / (p.span[1] - p.span[0])
-    return score
-
-
-def haystack(tokenizer: Any) -> list[int]:
-    """The haystack play's tokens."""
-    from headlab.corpus import fetch_corpus, read_corpus
-
-    return tokenizer.encode(dict(read_corpus(fetch_corpus()))[HAYSTACK_WORK])
-
-
-def groups(probes: list[NeedleProbe]) -> list[list[NeedleProbe]]:
-    """Probes batched by (length, answer length): each batch runs as one."""
-    out: dict[tuple[int, int], list[NeedleProbe]] = {}
-    for p in probes:
-        out.setdefault((len(p.ids), p.answer.numel()), []).append(p)
-    return list(out.values())
+                        question=SHORT_QUESTION)  # fmt: skip
 
 
 def score_probes(model: Transformer, probes: list[NeedleProbe]) -> list[dict[str, Any]]:
     """Per probe: whether the number came back whole, and every head's retrieval score."""
-    rows = []
-    for batch in groups(probes):
-        generated, tops = answer(model, batch)
-        scores = retrieval_scores(tops, generated, batch)  # (B, L, h)
-        for p, g, sc in zip(batch, generated, scores, strict=True):
-            rows.append({"length": p.length, "depth": p.depth, "seed": p.seed,
-                         "correct": bool(torch.equal(g, p.answer)), "scores": sc})  # fmt: skip
+    rows = score_needles(model, probes)
+    for r in rows:
+        r.pop("generated")
     return rows
 
 
@@ -196,7 +108,7 @@ def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None 
         seed_list = range(seed, seed + max(seeds, cfg.seeds))
 
         def make(lengths: tuple[int, ...]) -> list[NeedleProbe]:
-            return [build_probe(tokenizer, hay, n, d, s, cfg.question)
+            return [build_needle(tokenizer, hay, n, d, s, cfg.question)
                     for n in lengths for d in cfg.depths for s in seed_list]  # fmt: skip
 
         rows = score_probes(model, make(cfg.lengths))
@@ -226,6 +138,7 @@ def summary(
     ]
     results = {
         "experiment": "retrieval",
+        "command": "headlab experiment retrieval" + (" --quick" if quick else " --ship"),
         "quick": quick,
         "model": cfg.model,
         "config": asdict(cfg),
@@ -258,6 +171,16 @@ def verdict(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def png(results: dict) -> bytes:
+    """The run's figure as PNG bytes (the notebook view, :func:`headlab.show.retrieval_view`); empty
+    when the run has nothing to draw."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        name = _figure(results, Path(tmp))
+        return b"" if name is None else (Path(tmp) / name).read_bytes()
+
+
 def _figure(results: dict, out: Path | None) -> str | None:
     plt = pyplot()
     fig, (hist, acc, heat) = plt.subplots(1, 3, figsize=(15, 4))
@@ -276,7 +199,7 @@ def _figure(results: dict, out: Path | None) -> str | None:
     acc.plot(ks, [sum(r["random"]) / len(r["random"]) for r in m["by_k"]], "s--", color="C0",
              label="random k masked (dots: draws)")  # fmt: skip
     acc.axhline(m["none"], color="k", ls=":", label="no mask")
-    acc.set_xscale("log", base=2)
+    acc.set_xticks(ks)
     acc.set_xlabel("heads masked (k)")
     acc.set_ylabel("needle accuracy")
     acc.set_ylim(-0.05, 1.05)

@@ -149,6 +149,16 @@ def verdict(m: dict[str, Any]) -> str:
     )
 
 
+def png(results: dict) -> bytes:
+    """The run's figure as PNG bytes (the notebook view, :func:`headlab.show.sinks_view`); empty
+    when the run has nothing to draw."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        name = _figure(results, Path(tmp))
+        return b"" if name is None else (Path(tmp) / name).read_bytes()
+
+
 def _figure(results: dict, out: Path | None) -> str | None:
     models = results["models"]
     if not models:

@@ -44,7 +44,14 @@ from torch import Tensor
 
 from headlab.files import read_text, write_json
 from headlab.heads.labels import THRESHOLDS, label_head
-from headlab.heads.report import HeadReport, HeadScore, Keep, SyntacticScores, analyse
+from headlab.heads.report import (
+    HeadReport,
+    HeadScore,
+    Keep,
+    RetrievalScores,
+    SyntacticScores,
+    analyse,
+)
 from headlab.heads.targets import shuffle_positions
 from headlab.measure import Probe, earlier_occurrence
 from headlab.model import Transformer
@@ -362,6 +369,7 @@ def label_heads(
     syntactic: SyntacticScores | None = None,
     label_syntactic: bool = False,
     floors: bool = True,
+    retrieval: RetrievalScores | None = None,
 ) -> HeadReport:
     """Every head of ``model`` on ``probe`` scored and labelled, each label needing its score
     at or above its threshold *and* its layer's random-weights floor (mean + K_SD · sd over
@@ -371,12 +379,15 @@ def label_heads(
     took away. ``floors=False``: thresholds alone (:func:`analyse` as it is), labels unchecked
     against chance (the report's ``floors`` is None). The other arguments are
     :func:`analyse`'s; ``progress(done, total)`` counts the layers of every analysis run.
+    ``retrieval`` scores (the needle probe's) label by Wu et al.'s 0.1 alone, with no floor:
+    the score counts only the steps where the model copies a needle token it attends to, which
+    a model with random weights does not do.
     Cost: :func:`analyse` plus, the first time an architecture meets a probe, 3 analyses of
     random models."""
     L = model.config.n_layers
     if not floors:
         return analyse(model, probe, seed, content, keep, progress, syntactic,
-                       label_syntactic=label_syntactic)  # fmt: skip
+                       label_syntactic=label_syntactic, retrieval=retrieval)  # fmt: skip
     counted: list[int] = [0]
 
     def base_step(done: int, total: int) -> None:
@@ -389,5 +400,5 @@ def label_heads(
     step = None if progress is None else (lambda done, _: progress(counted[0] + done,
                                                                    counted[0] + L))  # fmt: skip
     report = analyse(model, probe, seed, content, keep, step, syntactic, gates, label_syntactic,
-                     averaged)  # fmt: skip
+                     averaged, retrieval)  # fmt: skip
     return gate(report, gates, label_syntactic, averaged)

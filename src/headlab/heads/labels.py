@@ -5,8 +5,11 @@ content, then where the head rests: sink, delimiter, diffuse), the type passing 
 share of the way to a perfect score winning; else "mixed". A positional head is named by its
 offset (−1 previous-token, 0 current-token, +1 next-token).
 
+A retrieval score (measured only on the needle probe, :mod:`headlab.heads.retrieval`) is judged
+first: a head that copies the needle is named "retrieval" whatever else it does on the haystack.
+
 Papers: Voita et al. 2019 (positional 90%, syntactic 10 points over the offset baseline); Gu et
-al. 2024 (the sink threshold ε = 0.3).
+al. 2024 (the sink threshold ε = 0.3); Wu et al. 2024 (retrieval heads, 0.1).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ SCORE_TYPES = (
     "first_token",
     "delimiter",
     "diffuse",
+    "retrieval",
 )
 # TransformerLens's head detector ("mul", exclude_bos=False, exclude_current_token=False):
 # reported under their own names, never used for labels
@@ -46,9 +50,12 @@ THRESHOLDS: dict[str, float] = {
     "first_token": 0.5,
     "delimiter": 0.5,
     "diffuse": 0.9,
+    "retrieval": 0.1,  # Wu et al. 2024: a retrieval head scores at least 0.1
 }
 SINK_THRESHOLD = 0.3  # Gu et al. 2024's ε: a head whose mean weight on the first token exceeds it
 
+# Judged before TIERS: on a needle probe, copying the needle is what the head is there for.
+FIRST_TIER = ("retrieval",)
 # Labels go tier by tier: what a head does where it acts by a named rule, then "follows the
 # tokens" with no named rule, then where it rests (the first token, a delimiter, everywhere).
 TIERS = (
@@ -69,6 +76,7 @@ LABELS = {
     "first_token": "sink",
     "delimiter": "delimiter",
     "diffuse": "diffuse",
+    "retrieval": "retrieval",
 }
 OFFSET_LABELS = {-1: "previous-token", 0: "current-token", 1: "next-token"}
 
@@ -83,6 +91,7 @@ BEST_TYPES = {
     "rare-word": "rare_word",
     "syntactic": "syntactic",
     "sink": "first_token",
+    "retrieval": "retrieval",
 }
 
 # the label → the score whose "rest" (where the head rests off its rows) a head reports
@@ -96,6 +105,7 @@ def label_head(
     """The label of a head from its scores: tier by tier (:data:`TIERS`), the type that passes
     its threshold by the widest margin, measured as the share of the way from the threshold
     to a perfect score, (score − threshold) / (1 − threshold); "mixed" when none passes.
+    A retrieval score (the needle probe's) is judged first (:data:`FIRST_TIER`).
     With ``floors`` (type → the random-weights mean + k · sd of its layer, from
     :meth:`headlab.heads.baselines.Baselines.floors`) a type passes only at or above its floor
     too: no label that random weights earn.
@@ -103,7 +113,7 @@ def label_head(
     A positional head is named by its offset: −1 previous-token, 0 current-token, +1
     next-token; any other offset is "positional".
     """
-    for tier in TIERS:
+    for tier in (FIRST_TIER, *TIERS):
         passing = {
             k: (scores[k] - THRESHOLDS[k]) / (1 - THRESHOLDS[k])
             for k in tier

@@ -33,6 +33,7 @@ SHORT = {
     "first_token": "sink",
     "delimiter": "del",
     "diffuse": "diff",
+    "retrieval": "retr",
 }
 RAMP = " .:-=+*#%@"  # light to heavy, so the heatmap reads without colour too
 # what a score column measures, beside the label it gives (LABELS), where the name alone is short
@@ -42,6 +43,7 @@ MEANS = {
     "delimiter": "(weight on delimiters)",
     "diffuse": "(spread evenly)",
     "syntactic": "(margin over the offset baseline)",
+    "retrieval": "(copies the needle, Wu et al.)",
 }
 
 

@@ -190,6 +190,7 @@ class HeadReport:
 
 
 SyntacticScores = dict[tuple[int, int], tuple[float, str]]  # (layer, head) → (margin, relation)
+RetrievalScores = dict[tuple[int, int], float]  # (layer, head) → Wu et al.'s score (needle probe)
 Floors = dict[int, dict[str, float]]  # layer → score type → the least score a label needs
 
 
@@ -203,11 +204,15 @@ def _scored(
     syntactic: SyntacticScores | None,
     floors: Floors | None = None,
     label_syntactic: bool = False,
+    retrieval: RetrievalScores | None = None,
 ) -> HeadScore:
     """Head ``head`` of ``layer`` (−1: the averaged head), row ``i`` of the stacked scores.
     The syntactic score is reported beside the others; it takes part in the label only with
-    ``label_syntactic`` (a label must not change because another score was asked for)."""
+    ``label_syntactic`` (a label must not change because another score was asked for). A
+    ``retrieval`` score is reported and labels (it is measured only on the needle probe)."""
     values = {k: float(v[i]) for k, v in by_type.items()}
+    if retrieval is not None and head >= 0:
+        values["retrieval"] = retrieval.get((layer, head), 0.0)
     relation = ""
     if syntactic is not None and head >= 0:
         margin, relation = syntactic.get((layer, head), (0.0, ""))
@@ -273,6 +278,7 @@ def analyse(
     floors: Floors | None = None,
     label_syntactic: bool = False,
     averaged_floors: Floors | None = None,
+    retrieval: RetrievalScores | None = None,
 ) -> HeadReport:
     """Run ``model`` on ``probe`` and score and label every (layer, head) and each layer's
     averaged head: the one head analysis the CLI, the server and the experiments call.
@@ -292,6 +298,9 @@ def analyse(
     (``keep=()`` for scores alone). ``progress(done, L)`` is called after each layer.
     ``floors`` (:meth:`headlab.heads.baselines.Baselines.floors`) make each label need its
     margin over random weights too, and ``averaged_floors`` each averaged head's label.
+    ``retrieval`` (Wu et al.'s scores on the same needle
+    probe, :func:`headlab.heads.retrieval.needle_analysis`) joins each head's scores and
+    names the heads that reach 0.1 "retrieval".
     model: a :class:`headlab.model.Transformer` (load it with :mod:`headlab.zoo`); probe: a
     :class:`headlab.measure.Probe` (build it with :func:`headlab.measure.build_probe`).
     """
@@ -302,7 +311,8 @@ def analyse(
     score = layer_scorer(targets, order if content else None, keep)
     layers = reduce_patterns(model, run, score, progress)
     n_kv = getattr(model.config, "n_kv_heads", None)
-    return _report(probe, layers, keep, syntactic, n_kv, floors, label_syntactic, averaged_floors)
+    return _report(probe, layers, keep, syntactic, n_kv, floors, label_syntactic,
+                   averaged_floors, retrieval)  # fmt: skip
 
 
 def _report(
@@ -314,6 +324,7 @@ def _report(
     floors: Floors | None = None,
     label_syntactic: bool = False,
     averaged_floors: Floors | None = None,
+    retrieval: RetrievalScores | None = None,
 ) -> HeadReport:
     """The HeadReport of a probe from its layers' scores (layer-major; averaged heads apart)."""
     L, h = len(layers), layers[0].offsets.shape[0] - 1
@@ -321,7 +332,7 @@ def _report(
     rests = {k: torch.cat([s.rests[k] for s in layers]).tolist() for k in layers[0].rests}
     offsets = torch.cat([s.offsets for s in layers]).tolist()
     heads = [_scored(l, i, scores, offsets, rests, l * (h + 1) + i, syntactic, floors,
-                     label_syntactic)
+                     label_syntactic, retrieval)
              for l in range(L) for i in range(h)]  # fmt: skip
     averaged = [_scored(l, -1, scores, offsets, rests, l * (h + 1) + h, None, averaged_floors)
                 for l in range(L)]  # fmt: skip

@@ -390,3 +390,38 @@ class CodeResponse(BaseModel):
     path: str = Field(description="file inside the repository")
     line: int
     source: str
+
+
+class NeedleRequest(Strict):
+    """One needle in a haystack, run live (:func:`headlab.heads.retrieval.live_needle`)."""
+
+    model: str | None = Field(
+        None, pattern=NAME_PATTERN,
+        description="a name from /api/models; omitted: smollm2 when installed, else default",
+    )  # fmt: skip
+    depth: float = Field(0.5, ge=0.0, le=1.0, description="where the needle sits, 0 = first")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="picks the number and the haystack")
+
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _json_integer(cls, value: Any) -> Any:
+        return json_integer(value)
+
+
+class NeedleResponse(BaseModel):
+    """The needle, the model's answer, and the heads that copied it (Wu et al. 2024's score)."""
+
+    model: str
+    length: int = Field(description="context tokens, needle and question included")
+    depth: float
+    seed: int
+    needle: str = Field(description="the fact's text, which the model should repeat")
+    question: str
+    generated: str = Field(description="what the model wrote, greedily")
+    answered: bool = Field(description="true when it wrote the number whole")
+    top_heads: list[dict[str, Any]] = Field(
+        description="{layer, head, score}: the heads with the highest retrieval score on this "
+        "probe (score > 0 only)"
+    )
+    heads: int = Field(description="heads in the model")
+    above_threshold: int = Field(description="heads at or above 0.1 on this one probe")

@@ -1,4 +1,5 @@
-"""The experiments' results shipped with the package (``src/headlab/experiments/results``)."""
+"""The experiments' results shipped with the package (``src/headlab/experiments/results``), and
+the live look at one needle in a haystack beside the stored retrieval run."""
 
 from __future__ import annotations
 
@@ -6,16 +7,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Request
 from fastapi import Path as PathParam
 
 import headlab
-from headlab.server.schemas import NAME_PATTERN
+from headlab.server.schemas import NAME_PATTERN, NeedleRequest, NeedleResponse
 
 router = APIRouter(tags=["experiments"])
 RESULTS = Path(headlab.__file__).parent / "experiments" / "results"
 # The experiments the page has a section for, in page order.
-PAGE_EXPERIMENTS = ("one-vs-many", "head-count", "induction", "prune", "gqa")
+PAGE_EXPERIMENTS = ("one-vs-many", "head-count", "induction", "prune", "gqa", "retrieval", "sinks")
 
 
 def shipped() -> dict[str, Path]:
@@ -51,3 +52,26 @@ def experiment(name: str = PathParam(pattern=NAME_PATTERN)) -> dict[str, Any]:
         )
     data: dict[str, Any] = json.loads(have[name].read_text())
     return data
+
+
+@router.post("/retrieval/needle", response_model=NeedleResponse)
+def needle(req: NeedleRequest, request: Request) -> dict[str, Any]:
+    """One needle-in-a-haystack probe run now: the model's answer and the heads whose most
+    attended token was the needle's digit being written
+    (:func:`headlab.heads.retrieval.live_needle`), on SmolLM2 when installed (the model the
+    stored run measured), else on the default model."""
+    from headlab.heads.retrieval import live_needle
+
+    name = req.model or _needle_model(request)
+    model, tokenizer = request.app.state.models.get(name)
+    try:
+        found = live_needle(model, tokenizer, req.depth, req.seed)
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
+    return {"model": name, **found}
+
+
+def _needle_model(request: Request) -> str:
+    """smollm2 when the zoo has it here, else default."""
+    offered = {r["name"] for r in request.app.state.models.catalogue() if r["available"]}
+    return "smollm2" if "smollm2" in offered else "default"

@@ -1,10 +1,11 @@
 // Draws an experiment's shipped results (GET /api/experiments/NAME). Each known experiment has its
 // own view; anything else gets its headline numbers and every per-step history as line charts.
 import { h, clear, fmtCompact, fmtBytes, fmtInt } from "./dom.js";
-import { lineChart, CHART_WIDTH } from "./figures.js";
 import { barChart, matrix, BAR_WIDTH } from "./bars.js";
 import { figure } from "./export.js";
 import { pruneNote, gqaNote } from "./stored-notes.js";
+import { retrieval, sinks } from "./long-context.js";
+import { chart, table, verdictList } from "./stored-parts.js";
 
 const isNum = (v) => typeof v === "number" && Number.isFinite(v);
 const pretty = (key) => String(key).replace(/_/g, " ");
@@ -16,21 +17,6 @@ function pm(v, digits = 3) {
   if (!v || !isNum(v.mean)) return "—";
   const n = Array.isArray(v.values) ? v.values.length : 0;
   return n > 1 ? `${v.mean.toFixed(digits)} ± ${(v.std ?? 0).toFixed(digits)}` : v.mean.toFixed(digits);
-}
-
-function table(id, head, rows) {
-  return h("div", { class: "table-wrap" }, h("table", { id },
-    h("thead", {}, h("tr", {}, head.map((c, k) => h("th", { class: k ? "num" : null }, c)))),
-    h("tbody", {}, rows.map((r) => h("tr", {}, r.map((c, k) => h("td", { class: k ? "num" : null }, c)))))));
-}
-
-// A line chart drawn to the width of its figure; `note` (optional) says what it shows where it
-// looks wrong, under its caption.
-function chart(name, series, opts, data, note = null) {
-  const readout = h("p", { class: "note", "aria-live": "polite" }, "Hover the chart to read exact values; the buttons show or hide a line.");
-  const { svg, legend, draw } = lineChart(series, { ...opts, readout });
-  const why = note ? h("p", { class: "chart-note", "data-note": name }, note) : null;
-  return figure(svg, { name, caption: opts.title, data, extra: h("div", {}, why, legend, readout), fit: { max: CHART_WIDTH, draw } });
 }
 
 // A bar chart drawn to the width of its figure.
@@ -89,11 +75,6 @@ function headCount(name, r) {
     out.push(h("p", { class: "note" }, `Beside it, ${ref.paper}:`), table("head-count-reference", ref.columns, ref.rows.map((row) => row.map(String))));
   }
   return out;
-}
-
-function verdictList(r, id) {
-  const verdicts = Array.isArray(r.verdict) ? r.verdict : typeof r.verdict === "string" ? [r.verdict] : [];
-  return verdicts.length ? h("ul", { id }, verdicts.map((v) => h("li", {}, v))) : null;
 }
 
 function prune(name, r) {
@@ -238,7 +219,7 @@ function generic(name, results, path = []) {
   return out;
 }
 
-const VIEWS = { "one-vs-many": oneVsMany, "head-count": headCount, prune, gqa, induction };
+const VIEWS = { "one-vs-many": oneVsMany, "head-count": headCount, prune, gqa, induction, retrieval, sinks };
 
 export function renderExperiment(el, name, results) {
   const view = VIEWS[name] || generic;
