@@ -12,7 +12,16 @@ Shape legend
 The exported graph is :class:`PatternGraph`: the model's own forward, traced, whose outputs are
 every layer's attention weights and each layer's averaged head
 (:func:`headlab.heads.averaged_pattern`), so the browser draws the numbers PyTorch computes, not
-a re-implementation of them.
+a re-implementation of them. The same graph with random weights, one per
+:data:`headlab.heads.baselines.BASELINE_SEEDS`, gives the floors that gate the labels.
+
+The head scores and labels are computed in the browser by ``offline/scores.js``, a port of
+:func:`headlab.heads.pattern_scores` and :func:`headlab.heads.labels.label_head` (their
+data-dependent rows, argmaxes and loops do not trace into a fixed graph) that
+tests/unit/test_site_scores.py checks equal to :func:`headlab.heads.analyse`. What the port
+must not re-derive comes from here: the thresholds and tiers (:func:`label_rules`), the content
+score's shuffle orders drawn by torch itself (:func:`shuffle_orders`) and wordfreq's English
+table for the rare-word score (:func:`write_word_table`).
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ GET_ROUTES = (
     "experiments",
     "live",
 )
+WORDS_FILE = "words-en.txt.gz"  # wordfreq's English table: line c holds the words at −c centibels
 
 
 class PatternGraph(nn.Module):
@@ -89,6 +99,15 @@ def export_onnx(model: nn.Module, path: Path) -> Path:
             opset_version=17,
         )
     return path
+
+
+def export_random(model: nn.Module, folder: Path) -> list[Path]:
+    """``random-SEED.onnx`` for each of :data:`~headlab.heads.baselines.BASELINE_SEEDS`: the same
+    graph with the weights :func:`~headlab.heads.baselines.random_model` draws."""
+    from headlab.heads.baselines import BASELINE_SEEDS, random_model
+
+    return [export_onnx(random_model(model, seed), folder / f"random-{seed}.onnx")
+            for seed in BASELINE_SEEDS]  # fmt: skip
 
 
 def api_answers(out: Path) -> list[str]:
@@ -139,9 +158,10 @@ def page_html() -> str:
     return html.replace("<body>\n", "<body>\n" + noscript, 1)
 
 
-def site_config(model: nn.Module) -> dict[str, Any]:
-    """What the in-browser API needs to know of the model and the probes, read from the library."""
-    from headlab.measure import REPEAT_SENTENCE
+def site_config(model: nn.Module, tokenizer: Any) -> dict[str, Any]:
+    """What the in-browser API needs to know of the model, its tokenizer, the probes and the
+    labelling rule, read from the library."""
+    from headlab.measure import REPEAT_SENTENCE, special_ids
 
     c: Any = model.config
     return {
@@ -150,7 +170,51 @@ def site_config(model: nn.Module) -> dict[str, Any]:
         "n_heads": int(c.n_heads),
         "n_kv_heads": int(c.n_kv_heads or c.n_heads),
         "repeat_sentence": REPEAT_SENTENCE,
+        "special_ids": sorted(special_ids(tokenizer)),
+        "rules": label_rules(),
+        "orders": shuffle_orders(int(c.max_len)),
     }
+
+
+def label_rules() -> dict[str, Any]:
+    """The labelling rule's constants (:mod:`headlab.heads.labels`, :mod:`headlab.heads.baselines`)
+    as the browser's port reads them, so that no threshold is typed twice."""
+    from headlab.heads import baselines, labels
+
+    return {
+        "thresholds": dict(labels.THRESHOLDS),
+        "tiers": [list(t) for t in labels.TIERS],
+        "labels": dict(labels.LABELS),
+        "offset_labels": {str(k): v for k, v in labels.OFFSET_LABELS.items()},
+        "best_types": dict(labels.BEST_TYPES),
+        "rest_of_label": dict(labels.REST_OF_LABEL),
+        "sink_threshold": labels.SINK_THRESHOLD,
+        "k_sd": baselines.K_SD,
+        "baseline_seeds": list(baselines.BASELINE_SEEDS),
+    }
+
+
+def shuffle_orders(max_len: int, seed: int = 0) -> list[list[int]]:
+    """For m = 0 … max_len movable positions, the permutation
+    :func:`headlab.heads.targets.shuffle_positions` draws for one sequence with ``seed``: it
+    depends on m alone (a fresh generator per call), so the browser looks it up, exactly."""
+    orders = []
+    for m in range(max_len + 1):
+        g = torch.Generator().manual_seed(seed)
+        orders.append(torch.randperm(m, generator=g).tolist())
+    return orders
+
+
+def write_word_table(path: Path) -> Path:
+    """wordfreq's English ("best") table as gzipped text: line c holds, space-separated, the
+    words whose frequency is 10^(−c/100) (what :func:`headlab.measure.word_zipf` looks up)."""
+    import gzip
+
+    import wordfreq
+
+    pack = wordfreq.get_frequency_list("en", "best")
+    text = "\n".join(" ".join(bucket) for bucket in pack).encode("utf-8")
+    return write_atomic(path, gzip.compress(text, mtime=0))
 
 
 def ort_dist(web: Path) -> Path:
@@ -172,8 +236,8 @@ def build(out: Path, web: Path, model: nn.Module | None = None) -> dict[str, Any
     from headlab import zoo
 
     dist = ort_dist(web)
-    if model is None:
-        model, _ = zoo.load("default")
+    default, tokenizer = zoo.load("default")
+    model = default if model is None else model
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(PAGE, out / "static")
@@ -183,8 +247,10 @@ def build(out: Path, web: Path, model: nn.Module | None = None) -> dict[str, Any
     for name in ORT_FILES:
         shutil.copy2(dist / name, offline / name)
     shutil.copy2(PACKAGE / "weights" / "tokenizer.json", offline / "tokenizer.json")
-    write_json(offline / "config.json", site_config(model))
+    write_json(offline / "config.json", site_config(model, tokenizer))
+    write_word_table(offline / WORDS_FILE)
     export_onnx(model, offline / "model.onnx")
+    export_random(model, offline)
     routes = api_answers(out)
     files = [p for p in out.rglob("*") if p.is_file()]
     return {"files": len(files), "bytes": sum(p.stat().st_size for p in files), "routes": routes}
