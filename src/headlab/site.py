@@ -131,6 +131,7 @@ def api_answers(out: Path) -> list[str]:
     return routes
 
 
+CHARSET = "<meta charset=\"utf-8\">\n"  # the hints go right after it (it must come first)
 # browsers refuse ES modules from file:// (no origin): a classic script, which they do run, says so
 FILE_NOTE = """<script>
 if (location.protocol === "file:") document.addEventListener("DOMContentLoaded", () => {
@@ -148,13 +149,20 @@ def page_html() -> str:
     html = (PAGE / "index.html").read_text(encoding="utf-8").replace('"/static/', '"static/')
     script = '<script type="module" src="static/js/main.js"></script>'
     offline = '<script type="module" src="static/offline/offline-api.js"></script>\n'
+    # the runtime and its 14 MB of WASM are the longest wait: fetched from the first line read
+    early = (
+        '<link rel="modulepreload" href="static/offline/ort.wasm.bundle.min.mjs">\n'
+        '<link rel="modulepreload" href="static/offline/offline-api.js">\n'
+        '<link rel="preload" href="static/offline/ort-wasm-simd-threaded.wasm" as="fetch" '
+        'type="application/wasm" crossorigin>\n'
+    )
     noscript = (
         "<noscript><p>This page runs a model in your browser: it needs JavaScript and "
         "WebAssembly.</p></noscript>\n" + FILE_NOTE
     )
     if script not in html:
         raise ValueError(f"index.html no longer loads {script}: the static site cannot hook in")
-    html = html.replace(script, offline + script)
+    html = html.replace(script, offline + script).replace(CHARSET, CHARSET + early, 1)
     return html.replace("<body>\n", "<body>\n" + noscript, 1)
 
 

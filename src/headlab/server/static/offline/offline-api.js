@@ -20,9 +20,26 @@ const pageFetch = window.fetch.bind(window);
 const LIVE_NOTE = "live training needs the headlab server (`headlab serve`): this static site shows the stored run only";
 const NO_WASM = "This page runs the model in your browser and needs WebAssembly, which this browser does not offer. Use a current Chrome, Firefox or Safari, or run `headlab serve`.";
 
+// where the first render's time goes: benchmarks/bench_static.py reads these marks
+const mark = (what) => performance.mark(`headlab:${what}`);
+mark("offline-api");
+
 function reply(status, body) {
   return new Response(JSON.stringify(body), { status, headers: { "content-type": "application/json" } });
 }
+
+// every model's bytes and the word table, fetched at once (the runtime compiles meanwhile)
+const bytes = (file) => pageFetch(new URL(file, HERE)).then((r) => {
+  if (!r.ok) throw new Error(`this static site is missing static/offline/${file}`);
+  return r.arrayBuffer();
+});
+const siteConfig = pageFetch(new URL("config.json", HERE)).then((r) => r.json());
+const models = new Map([["model", bytes("model.onnx").then((b) => new Uint8Array(b))]]);
+const words = bytes("words-en.txt.gz").then(loadWordTable);
+siteConfig.then((c) => c.rules.baseline_seeds.forEach((seed) =>
+  models.set(seed, bytes(`random-${seed}.onnx`).then((b) => new Uint8Array(b)))));
+// a missing file is reported by the request that needs it, not as an unhandled rejection now
+for (const p of [siteConfig, words, models.get("model")]) p.catch(() => {});
 
 // the model, tokenizer and runtime, loaded once on the first request that needs them
 let loaded = null;
@@ -30,13 +47,15 @@ function load() {
   if (!loaded) loaded = (async () => {
     if (typeof WebAssembly !== "object") throw new Error(NO_WASM);
     const ort = await import(new URL("ort.wasm.bundle.min.mjs", HERE).href);
+    mark("runtime-imported");
     ort.env.wasm.wasmPaths = HERE.href;  // the runtime's .wasm from this folder, never a CDN
     ort.env.wasm.numThreads = 1;         // threads need cross-origin isolation a static host rarely gives
     const [session, tokenizer, config] = await Promise.all([
-      ort.InferenceSession.create(new URL("model.onnx", HERE).href, { executionProviders: ["wasm"] }),
+      ort.InferenceSession.create(await models.get("model"), { executionProviders: ["wasm"] }),
       pageFetch(new URL("tokenizer.json", HERE)).then((r) => r.json()).then((j) => new Tokenizer(j)),
-      pageFetch(new URL("config.json", HERE)).then((r) => r.json()),
+      siteConfig,
     ]);
+    mark("model-ready");
     return { ort, session, tokenizer, config };
   })();
   return loaded;
@@ -46,11 +65,15 @@ function load() {
 let scoring = null;
 function loadScoring() {
   if (!scoring) scoring = (async () => {
-    const { ort, config } = await load();
-    const words = pageFetch(new URL("words-en.txt.gz", HERE)).then((r) => r.arrayBuffer()).then(loadWordTable);
-    const randoms = config.rules.baseline_seeds.map((seed) =>
-      ort.InferenceSession.create(new URL(`random-${seed}.onnx`, HERE).href, { executionProviders: ["wasm"] }));
-    return { table: await words, randoms: await Promise.all(randoms) };
+    const { ort, config: c } = await load();
+    const randoms = [];
+    for (const seed of c.rules.baseline_seeds) {  // one at a time: the runtime is single-threaded
+      randoms.push(await ort.InferenceSession.create(await models.get(seed), { executionProviders: ["wasm"] }));
+      mark(`random-${seed}-ready`);
+    }
+    const ready = { table: await words, randoms };
+    mark("scoring-ready");
+    return ready;
   })();
   return scoring;
 }
@@ -133,7 +156,9 @@ async function heads(body) {
   if (body.floors !== undefined && typeof body.floors !== "boolean") return reply(422, { detail: `floors: must be true (labels gated by random-weights floors) or false (thresholds alone), got ${JSON.stringify(body.floors)}` });
   const run = await runText(body);
   if (run.error) return reply(422, { detail: run.error });
+  mark("weights");
   const scored = await scoreText(run);
+  mark("scored");
   const gated = body.floors !== false;
   const chosen = gated ? scored.gated : scored.thresholds;
   return reply(200, {
@@ -180,7 +205,7 @@ async function answer(path, init) {
 }
 
 // start fetching and compiling the runtime and the model now, while the page draws the rest
-load().catch(() => {});  // a failure is reported by the request that needs them
+load().then(loadScoring).catch(() => {});  // a failure is reported by the request that needs them
 
 window.fetch = async (input, init) => {
   const path = typeof input === "string" ? input : input.url;

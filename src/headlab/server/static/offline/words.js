@@ -39,15 +39,37 @@ export function tokenWords(text, offsets, special) {
   return { index, words: spans.map(([a, b]) => chars.slice(a, b).join("")) };
 }
 
-// wordfreq's table: word → its line (centibels below 1), read once
+// wordfreq's table: a word's line (centibels below 1), looked up in the text itself (a Map of its
+// 321,000 words would cost the first render more than the few words of a sentence ever need)
+class WordTable {
+  constructor(text) {
+    this.text = " " + text.replaceAll("\n", " \n ") + " ";  // every word between two spaces
+    this.lines = [];  // where each line ends
+    for (let at = this.text.indexOf("\n"); at >= 0; at = this.text.indexOf("\n", at + 1)) this.lines.push(at);
+    this.found = new Map();
+  }
+
+  get(word) {
+    if (!this.found.has(word)) {
+      const at = word && !/\s/u.test(word) ? this.text.indexOf(` ${word} `) : -1;
+      let line = 0;
+      if (at >= 0) for (let lo = 0, hi = this.lines.length; lo < hi; ) {
+        const mid = (lo + hi) >> 1;
+        if (this.lines[mid] < at) { lo = mid + 1; line = lo; } else hi = mid;
+      }
+      this.found.set(word, at < 0 ? undefined : line);
+    }
+    return this.found.get(word);
+  }
+
+  has(word) {
+    return this.get(word) !== undefined;
+  }
+}
+
 export async function loadWordTable(bytes) {
   const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
-  const text = await new Response(stream).text();
-  const table = new Map();
-  text.split("\n").forEach((line, cB) => {
-    if (line) for (const w of line.split(" ")) table.set(w, cB);
-  });
-  return table;
+  return new WordTable(await new Response(stream).text());
 }
 
 // wordfreq's numbers.py: the frequency of a run of digits (Benford's law, years apart)
