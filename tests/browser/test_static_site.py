@@ -297,3 +297,16 @@ def test_shapes_widget_equals_headlab_shapes(page) -> None:
         valid += want.valid
     assert 100 < valid < len(bodies)  # both kinds were checked
     assert "is not divisible by n_heads=6" in got[0]["problems"][0]
+
+
+def test_from_a_file_it_says_to_serve_the_folder(browser, site: Path) -> None:
+    """Chromium runs no module, fetch or XHR from file://, so the page cannot compute there:
+    it says so, and names the command that serves the folder."""
+    context = browser.new_context()
+    pg = context.new_page()
+    pg.goto((site / "index.html").as_uri())
+    pg.wait_for_function(
+        "() => document.querySelector('#server-status').textContent.includes('file://')"
+    )
+    assert "python -m http.server" in pg.inner_text("#server-status")
+    context.close()

@@ -26,14 +26,33 @@ export function buildTargets(ids, causal, delimiters, fixed, rare) {
   const dup = (i, j) => j < i && same(i, j);                  // duplicate_token_pattern
   const indMul = (i, j) => j >= 1 && dup(i, j - 1);           // induction_pattern
   const copies = (i, j) => (causal ? dup(i, j) : i !== j && same(i, j));
-  return {
-    n, ids, causal, delimiters, fixed, rare,
+  const k = visibleKeys(n, causal);
+  const t = {
+    n, ids, causal, delimiters, fixed, rare, k,
     induction: grid(n, (i, j) => indMul(i, j) && !same(i, j)),
     duplicate: grid(n, (i, j) => copies(i, j) && !indMul(i, j)),
     inductionMul: grid(n, indMul),
     duplicateMul: grid(n, dup),
     tokenRules: grid(n, (i, j) => (i !== j && same(i, j)) || indMul(i, j)),
+    previousMul: grid(n, (i, j) => j === i - 1),
+    first: Uint8Array.from({ length: n }, (_, j) => (j === 0 ? 1 : 0)),
   };
+  // offset_mass's targets: key i + shift, visible, from a query with a choice
+  t.shift = Object.fromEntries([-1, 0, 1].map((d) => [d, grid(n, (i, j) => j === i + d && j < k[i] && k[i] >= 2)]));
+  t.positional = positionalTable(t);
+  return t;
+}
+
+// positional_score's head-independent part: which (query, offset) pairs count, how many reach each
+function positionalTable(t) {
+  const { n, k } = t;
+  const D = 2 * n - 1;
+  const ok = new Uint8Array(n * D), reach = new Array(D).fill(0);
+  for (let i = 0; i < n; i++) for (let d = 0; d < D; d++) {
+    const key = i + d - (n - 1);
+    if (key >= 0 && key < k[i] && k[i] >= 2 && !t.tokenRules[i * n + key]) { ok[i * D + d] = 1; reach[d]++; }
+  }
+  return { D, ok, reach, need: Math.max(1, k.filter((v) => v >= 2).length / 2) };
 }
 
 // rare_word_targets for one sequence: wordIndex (n,) each token's word (−1 none), zipf per word
@@ -90,8 +109,7 @@ function keyMass(A, keys, n) {
 }
 
 function offsetMass(A, shift, t) {
-  const k = visibleKeys(t.n, t.causal);
-  return massWherePossible(A, grid(t.n, (i, j) => j === i + shift && j < k[i] && k[i] >= 2), t.n);
+  return massWherePossible(A, t.shift[shift], t.n);
 }
 
 function argmaxRow(A, i, n) {
@@ -102,20 +120,13 @@ function argmaxRow(A, i, n) {
 
 // positional_score: the share of queries whose argmax falls at the most common offset δ
 function positional(A, t) {
-  const { n, causal } = t;
-  const k = visibleKeys(n, causal);
-  const D = 2 * n - 1;
-  const ok = (i, d) => {
-    const key = i + d - (n - 1);
-    return key >= 0 && key < k[i] && k[i] >= 2 && !t.tokenRules[i * n + key];
-  };
-  const reach = new Array(D).fill(0), counts = new Array(D).fill(0);
-  for (let i = 0; i < n; i++) for (let d = 0; d < D; d++) if (ok(i, d)) reach[d]++;
+  const { n } = t;
+  const { D, ok, reach, need } = t.positional;
+  const counts = new Array(D).fill(0);
   for (let i = 0; i < n; i++) {
     const d = argmaxRow(A, i, n) - i + (n - 1);
-    if (ok(i, d)) counts[d]++;
+    if (ok[i * D + d]) counts[d]++;
   }
-  const need = Math.max(1, k.filter((v) => v >= 2).length / 2);
   let best = 0;
   const masked = counts.map((c, d) => (reach[d] >= need ? c : -1));
   for (let d = 1; d < D; d++) if (masked[d] > masked[best]) best = d;
@@ -129,7 +140,7 @@ function rareWord(A, rare, rows, n) {
 }
 
 function diffuse(A, t) {
-  const k = visibleKeys(t.n, t.causal);
+  const { k } = t;
   let total = 0, rows = 0;
   for (let i = 0; i < t.n; i++) {
     if (k[i] < 2) continue;
@@ -141,8 +152,9 @@ function diffuse(A, t) {
 }
 
 // _overlap of one row pair on the keys marked; with `pool` the keys of one token id are summed
-function overlap(p, q, keys, pool, slots) {
-  const a = new Float64Array(slots), b = new Float64Array(slots);
+// (a and b: scratch of at least `slots`, reused: this runs once per query of every head)
+function overlap(p, q, keys, pool, slots, a, b) {
+  a.fill(0, 0, slots); b.fill(0, 0, slots);
   let ma = 0, mb = 0;
   for (let j = 0; j < p.length; j++) {
     if (!keys[j]) continue;
@@ -153,26 +165,41 @@ function overlap(p, q, keys, pool, slots) {
   return { overlap: sum, w: Math.min(ma, mb) };
 }
 
-// content_score: how much the pattern follows the tokens, not the positions, when shuffled by order
-function content(A, S, order, t) {
+// content_score's head-independent part for one order: σ⁻¹, token slots, K_i and the seen keys
+function contentTable(t, order) {
+  if (t.content?.order === order) return t.content;
   const { n, causal, fixed, ids } = t;
   const inv = new Array(n);
   order.forEach((old, p) => { inv[old] = p; });
   const distinct = [...new Set(ids)].sort((x, y) => x - y);
-  const byId = ids.map((v) => distinct.indexOf(v));
-  const same = Array.from({ length: n }, (_, j) => j);
+  const seen = grid(n, (i, j) => !fixed[j] && (!causal || i >= j));
+  const both = grid(n, (i, j) => seen[i * n + j] && (!causal || inv[i] >= inv[j]));
+  t.content = { order, inv, seen, both, byId: ids.map((v) => distinct.indexOf(v)), slots: distinct.length,
+    same: Array.from({ length: n }, (_, j) => j) };
+  return t.content;
+}
+
+// content_score: how much the pattern follows the tokens, not the positions, when shuffled by order
+function content(A, S, order, t) {
+  const { n } = t;
+  const { inv, seen, both, byId, slots, same } = contentTable(t, order);
+  const back = new Float32Array(n), a = new Float64Array(n), b = new Float64Array(n);
   let num = 0, den = 0;
   for (let i = 0; i < n; i++) {
-    const seen = Array.from({ length: n }, (_, j) => !fixed[j] && (!causal || i >= j));
-    const both = seen.map((s, j) => s && (!causal || inv[i] >= inv[j]));
     const row = A.subarray(i * n, (i + 1) * n), shuf = S.subarray(i * n, (i + 1) * n);
-    const back = Array.from({ length: n }, (_, j) => S[inv[i] * n + inv[j]]);
-    const byPosition = overlap(row, shuf, seen, same, n).overlap;
-    const byToken = overlap(row, back, both, byId, distinct.length);
+    for (let j = 0; j < n; j++) back[j] = S[inv[i] * n + inv[j]];
+    const byPosition = overlap(row, shuf, seen.subarray(i * n, (i + 1) * n), same, n, a, b).overlap;
+    const byToken = overlap(row, back, both.subarray(i * n, (i + 1) * n), byId, slots, a, b);
     num += byToken.w * Math.max(0, byToken.overlap - byPosition);
     den += byToken.w;
   }
   return f32(num / Math.max(den, 1e-12));
+}
+
+// the rows off each type's targets (where resting_weight looks), per probe
+function idleRows(t) {
+  const rows = (m) => Uint8Array.from({ length: t.n }, (_, i) => (m.subarray(i * t.n, (i + 1) * t.n).some((v) => v) ? 0 : 1));
+  return { duplicate: rows(t.duplicate), induction: rows(t.induction), rare: t.rare ? t.rare.rows.map((v) => 1 - v) : null };
 }
 
 // pattern_scores for one head: A on the tokens, S on them shuffled by `order` (or null)
@@ -184,21 +211,20 @@ export function headScores(A, t, S, order) {
   scores.positional = pos.score;
   scores.duplicate = massWherePossible(A, t.duplicate, t.n);
   scores.induction = massWherePossible(A, t.induction, t.n);
-  const rows = (m) => Uint8Array.from({ length: t.n }, (_, i) => (m.subarray(i * t.n, (i + 1) * t.n).some((v) => v) ? 1 : 0));
-  const idle = (r) => r.map((v) => 1 - v);
-  const rests = { duplicate: restingWeight(A, idle(rows(t.duplicate)), t.n), induction: restingWeight(A, idle(rows(t.induction)), t.n) };
+  t.idle ??= idleRows(t);
+  const rests = { duplicate: restingWeight(A, t.idle.duplicate, t.n), induction: restingWeight(A, t.idle.induction, t.n) };
   if (S && order) {
     scores.content = content(A, S, order, t);
     rests.content = keyMass(A, t.fixed, t.n);
   }
   if (t.rare) {
     scores.rare_word = rareWord(A, t.rare.rare, t.rare.rows, t.n);
-    rests.rare_word = restingWeight(A, idle(t.rare.rows), t.n);
+    rests.rare_word = restingWeight(A, t.idle.rare, t.n);
   }
-  scores.first_token = keyMass(A, Uint8Array.from({ length: t.n }, (_, j) => (j === 0 ? 1 : 0)), t.n);
+  scores.first_token = keyMass(A, t.first, t.n);
   scores.delimiter = keyMass(A, t.delimiters, t.n);
   scores.diffuse = diffuse(A, t);
-  scores.previous_mul = mulScore(A, grid(t.n, (i, j) => j === i - 1), t.n);
+  scores.previous_mul = mulScore(A, t.previousMul, t.n);
   scores.duplicate_mul = mulScore(A, t.duplicateMul, t.n);
   scores.induction_mul = mulScore(A, t.inductionMul, t.n);
   return { scores, offset: pos.offset, rests };
