@@ -41,6 +41,10 @@ siteConfig.then((c) => c.rules.baseline_seeds.forEach((seed) =>
 // a missing file is reported by the request that needs it, not as an unhandled rejection now
 for (const p of [siteConfig, words, models.get("model")]) p.catch(() => {});
 
+// no graph rewrites: a session is made in about half the time (measured in headless Chromium),
+// and each model runs as PyTorch's exporter wrote it
+const SESSION = { executionProviders: ["wasm"], graphOptimizationLevel: "disabled" };
+
 // the model, tokenizer and runtime, loaded once on the first request that needs them
 let loaded = null;
 function load() {
@@ -51,7 +55,7 @@ function load() {
     ort.env.wasm.wasmPaths = HERE.href;  // the runtime's .wasm from this folder, never a CDN
     ort.env.wasm.numThreads = 1;         // threads need cross-origin isolation a static host rarely gives
     const [session, tokenizer, config] = await Promise.all([
-      ort.InferenceSession.create(await models.get("model"), { executionProviders: ["wasm"] }),
+      ort.InferenceSession.create(await models.get("model"), SESSION),
       pageFetch(new URL("tokenizer.json", HERE)).then((r) => r.json()).then((j) => new Tokenizer(j)),
       siteConfig,
     ]);
@@ -68,7 +72,7 @@ function loadScoring() {
     const { ort, config: c } = await load();
     const randoms = [];
     for (const seed of c.rules.baseline_seeds) {  // one at a time: the runtime is single-threaded
-      randoms.push(await ort.InferenceSession.create(await models.get(seed), { executionProviders: ["wasm"] }));
+      randoms.push(await ort.InferenceSession.create(await models.get(seed), SESSION));
       mark(`random-${seed}-ready`);
     }
     const ready = { table: await words, randoms };
