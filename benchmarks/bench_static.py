@@ -163,9 +163,11 @@ def main() -> None:
         ["static / served", f"{median['static'] / median['served']:.2f}×"],
         *([f"  mark {m} (s)", f"{v:.2f}"] for m, v in marks.items()),
     ]
-    results = {"size_mb": round(sizes["total"] / 1e6, 1), "ratio": median["static"] / median["served"],
-               "sizes": sizes, "median_seconds": median, "median_marks": marks, "runs": runs,
-               "rounds": args.rounds, "load_before": load_before}  # fmt: skip
+    ratio = median["static"] / median["served"]
+    results = {"size_mb": round(sizes["total"] / 1e6, 1), "ratio": round(ratio, 2),
+               "seconds": {k: round(v, 2) for k, v in median.items()}, "sizes": sizes,
+               "median_marks": marks, "runs": runs, "rounds": args.rounds,
+               "load_before": load_before}  # fmt: skip
     save(args.json, ["what", "value"], rows, results, load_after=machine()["load_average"])
     for row in rows:
         print(f"{row[0]:<48} {row[1]}")

@@ -131,7 +131,7 @@ def api_answers(out: Path) -> list[str]:
     return routes
 
 
-CHARSET = "<meta charset=\"utf-8\">\n"  # the hints go right after it (it must come first)
+CHARSET = '<meta charset="utf-8">\n'  # the hints go right after it (it must come first)
 # browsers refuse ES modules from file:// (no origin): a classic script, which they do run, says so
 FILE_NOTE = """<script>
 if (location.protocol === "file:") document.addEventListener("DOMContentLoaded", () => {

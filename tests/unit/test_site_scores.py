@@ -40,7 +40,7 @@ SENTENCES = [
     "Colorless green ideas sleep furiously, furiously, furiously.",
     "I think, therefore I am; I am, therefore I think.",
     "Antidisestablishmentarianism is a long word; floccinaucinihilipilification is longer.",
-    "She said: \"Go!\" and he went (quickly) — then stopped.",
+    'She said: "Go!" and he went (quickly) — then stopped.',
     "the the the the the the the",
     "Naïve résumé façade jalapeño piñata",
     "x",
@@ -78,30 +78,7 @@ def _runs(model, tokens: torch.Tensor, order: torch.Tensor, folder: Path, name: 
         (folder / f"{name}-{part}-averaged.bin").write_bytes(w.mean(dim=1).numpy().tobytes())
 
 
-DRIVER = """
-import { readFileSync } from "node:fs";
-const [dir] = process.argv.slice(2);
-const at = (f) => new URL(f, "file://OFFLINE/").href;
-const { Tokenizer } = await import(at("tokenizer.js"));
-const { textProbe, loadWordTable } = await import(at("words.js"));
-const { analyseRuns, shuffleOrder } = await import(at("scores.js"));
-const manifest = JSON.parse(readFileSync(dir + "/manifest.json", "utf8"));
-const config = JSON.parse(readFileSync(dir + "/config.json", "utf8"));
-const tokenizer = new Tokenizer(JSON.parse(readFileSync(manifest.tokenizer, "utf8")));
-const table = await loadWordTable(readFileSync(dir + "/words.gz"));
-const floats = (f) => { const b = readFileSync(f); return new Float32Array(b.buffer, b.byteOffset, b.length / 4); };
-const out = [];
-for (const [k, text] of manifest.texts.entries()) {
-  const probe = textProbe(text, tokenizer, config, table, shuffleOrder);
-  const n = probe.ids.length;
-  const run = (name, part) => ({ L: manifest.L, h: manifest.h, n,
-    weights: floats(`${dir}/${k}/${name}-${part}-weights.bin`), averaged: floats(`${dir}/${k}/${name}-${part}-averaged.bin`) });
-  const both = (name) => ({ run: run(name, "run"), shuffled: run(name, "shuffled") });
-  const result = analyseRuns(probe, both("model"), manifest.seeds.map((s) => both(`random-${s}`)), config);
-  out.push({ ids: probe.ids, words: probe.words, zipf: probe.zipf.map((z) => (Number.isNaN(z) ? null : z)), order: probe.order, ...result });
-}
-process.stdout.write(JSON.stringify(out));
-"""
+DRIVER = Path(__file__).with_suffix(".mjs")  # the port run in Node on the cases written here
 
 
 @pytest.fixture(scope="module")
@@ -129,12 +106,14 @@ def compared(tmp_path_factory) -> list[tuple[object, object, object, dict]]:
                 "seeds": list(BASELINE_SEEDS),
                 "tokenizer": str(site.PACKAGE / "weights" / "tokenizer.json")}  # fmt: skip
     (tmp / "manifest.json").write_text(json.dumps(manifest))
-    (tmp / "driver.mjs").write_text(DRIVER.replace("OFFLINE", str(OFFLINE)))
-    done = subprocess.run([str(NODE), str(tmp / "driver.mjs"), str(tmp)], capture_output=True,
+    done = subprocess.run([str(NODE), str(DRIVER), str(OFFLINE), str(tmp)], capture_output=True,
                           text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     answers = json.loads(done.stdout)
-    return [(p, plain, gated, {**a, "want_floors": f}) for (p, plain, gated, f), a in zip(cases, answers, strict=True)]
+    return [
+        (p, plain, gated, {**a, "want_floors": f})
+        for (p, plain, gated, f), a in zip(cases, answers, strict=True)
+    ]
 
 
 def test_enough_sentences_and_one_at_the_limit(compared) -> None:
