@@ -155,13 +155,13 @@ def main() -> None:
              for m in MARKS}  # fmt: skip
     rows = [
         ["site size (MB)", f"{sizes['total'] / 1e6:.1f}"],
-        ["  runtime (onnxruntime-web WASM)", f"{sizes['runtime'] / 1e6:.1f}"],
-        ["  models (ONNX: trained + 3 random-weights)", f"{sizes['models'] / 1e6:.1f}"],
-        ["  word table (wordfreq, English)", f"{sizes['word_table'] / 1e6:.1f}"],
+        ["of it: runtime (onnxruntime-web WASM)", f"{sizes['runtime'] / 1e6:.1f}"],
+        ["of it: models (ONNX: trained + 3 random-weights)", f"{sizes['models'] / 1e6:.1f}"],
+        ["of it: word table (wordfreq, English)", f"{sizes['word_table'] / 1e6:.1f}"],
         ["first render, static site (s, median)", f"{median['static']:.2f}"],
         ["first render, served page (s, median)", f"{median['served']:.2f}"],
         ["static / served", f"{median['static'] / median['served']:.2f}×"],
-        *([f"  mark {m} (s)", f"{v:.2f}"] for m, v in marks.items()),
+        *([f"page mark {m} (s, median)", f"{v:.2f}"] for m, v in marks.items()),
     ]
     ratio = median["static"] / median["served"]
     results = {"size_mb": round(sizes["total"] / 1e6, 1), "ratio": round(ratio, 2),
