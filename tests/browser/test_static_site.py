@@ -185,6 +185,13 @@ def test_labels_equal_headlab_heads_json(page) -> None:
     )
     gated, plain = ([r["label"] for r in a["heads"]] for a in answers)
     assert cli == (gated if "floor" in done.stdout else plain)
+    assert answers[0]["floors"] and answers[1]["floors"] is None
+    bad = page.evaluate(
+        """async () => { const r = await fetch("/api/heads", { method: "POST",
+            body: JSON.stringify({ text: "a b", floors: "yes" }) });
+            return [r.status, (await r.json()).detail]; }"""
+    )
+    assert bad[0] == 422 and bad[1].startswith("floors: must be true")
 
 
 def _random_text(rng: random.Random) -> str:
