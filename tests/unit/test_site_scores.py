@@ -19,7 +19,7 @@ from headlab import site
 from headlab.heads import analyse
 from headlab.heads.baselines import BASELINE_SEEDS, baselines, random_model
 from headlab.heads.targets import shuffle_positions
-from headlab.measure import text_probe, word_zipf
+from headlab.measure import REPEAT_SENTENCE, text_probe, word_zipf
 from headlab.trace import Trace
 
 NODE = shutil.which("node")
@@ -49,6 +49,7 @@ SENTENCES = [
     "Where is the key? The key is under the mat, where the key always is.",
     "A<|endoftext|>B and then the end.",
     "emoji 🙂 and tabs\tand\nnew lines",
+    REPEAT_SENTENCE,  # the head viewer's first render: the "repeat" probe
 ]
 
 
