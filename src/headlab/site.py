@@ -12,7 +12,16 @@ Shape legend
 The exported graph is :class:`PatternGraph`: the model's own forward, traced, whose outputs are
 every layer's attention weights and each layer's averaged head
 (:func:`headlab.heads.averaged_pattern`), so the browser draws the numbers PyTorch computes, not
-a re-implementation of them.
+a re-implementation of them. The same graph with random weights, one per
+:data:`headlab.heads.baselines.BASELINE_SEEDS`, gives the floors that gate the labels.
+
+The head scores and labels are computed in the browser by ``offline/scores.js``, a port of
+:func:`headlab.heads.pattern_scores` and :func:`headlab.heads.labels.label_head` (their
+data-dependent rows, argmaxes and loops do not trace into a fixed graph) that
+tests/unit/test_site_scores.py checks equal to :func:`headlab.heads.analyse`. What the port
+must not re-derive comes from here: the thresholds and tiers (:func:`label_rules`), the content
+score's shuffle orders drawn by torch itself (:func:`shuffle_orders`) and wordfreq's English
+table for the rare-word score (:func:`write_word_table`).
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ GET_ROUTES = (
     "experiments",
     "live",
 )
+WORDS_FILE = "words-en.txt.gz"  # wordfreq's English table: line c holds the words at −c centibels
 
 
 class PatternGraph(nn.Module):
@@ -88,7 +98,31 @@ def export_onnx(model: nn.Module, path: Path) -> Path:
             dynamo=False,
             opset_version=17,
         )
+    return fold_constants(path)
+
+
+def fold_constants(path: Path) -> Path:
+    """``path`` rewritten by onnxruntime's basic optimisations (constant folding, redundant nodes
+    removed: rewrites every execution provider runs the same): the traced graph's ~500 nodes
+    become ~190, which the browser's runtime loads and runs sooner."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    folded = path.with_suffix(".folded.onnx")
+    options.optimized_model_filepath = str(folded)
+    onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    folded.replace(path)
     return path
+
+
+def export_random(model: nn.Module, folder: Path) -> list[Path]:
+    """``random-SEED.onnx`` for each of :data:`~headlab.heads.baselines.BASELINE_SEEDS`: the same
+    graph with the weights :func:`~headlab.heads.baselines.random_model` draws."""
+    from headlab.heads.baselines import BASELINE_SEEDS, random_model
+
+    return [export_onnx(random_model(model, seed), folder / f"random-{seed}.onnx")
+            for seed in BASELINE_SEEDS]  # fmt: skip
 
 
 def api_answers(out: Path) -> list[str]:
@@ -112,6 +146,7 @@ def api_answers(out: Path) -> list[str]:
     return routes
 
 
+CHARSET = '<meta charset="utf-8">\n'  # the hints go right after it (it must come first)
 # browsers refuse ES modules from file:// (no origin): a classic script, which they do run, says so
 FILE_NOTE = """<script>
 if (location.protocol === "file:") document.addEventListener("DOMContentLoaded", () => {
@@ -129,19 +164,27 @@ def page_html() -> str:
     html = (PAGE / "index.html").read_text(encoding="utf-8").replace('"/static/', '"static/')
     script = '<script type="module" src="static/js/main.js"></script>'
     offline = '<script type="module" src="static/offline/offline-api.js"></script>\n'
+    # the runtime and its 14 MB of WASM are the longest wait: fetched from the first line read
+    early = (
+        '<link rel="modulepreload" href="static/offline/ort.wasm.bundle.min.mjs">\n'
+        '<link rel="modulepreload" href="static/offline/offline-api.js">\n'
+        '<link rel="preload" href="static/offline/ort-wasm-simd-threaded.wasm" as="fetch" '
+        'type="application/wasm" crossorigin>\n'
+    )
     noscript = (
         "<noscript><p>This page runs a model in your browser: it needs JavaScript and "
         "WebAssembly.</p></noscript>\n" + FILE_NOTE
     )
     if script not in html:
         raise ValueError(f"index.html no longer loads {script}: the static site cannot hook in")
-    html = html.replace(script, offline + script)
+    html = html.replace(script, offline + script).replace(CHARSET, CHARSET + early, 1)
     return html.replace("<body>\n", "<body>\n" + noscript, 1)
 
 
-def site_config(model: nn.Module) -> dict[str, Any]:
-    """What the in-browser API needs to know of the model and the probes, read from the library."""
-    from headlab.measure import REPEAT_SENTENCE
+def site_config(model: nn.Module, tokenizer: Any) -> dict[str, Any]:
+    """What the in-browser API needs to know of the model, its tokenizer, the probes and the
+    labelling rule, read from the library."""
+    from headlab.measure import REPEAT_SENTENCE, special_ids
 
     c: Any = model.config
     return {
@@ -150,7 +193,51 @@ def site_config(model: nn.Module) -> dict[str, Any]:
         "n_heads": int(c.n_heads),
         "n_kv_heads": int(c.n_kv_heads or c.n_heads),
         "repeat_sentence": REPEAT_SENTENCE,
+        "special_ids": sorted(special_ids(tokenizer)),
+        "rules": label_rules(),
+        "orders": shuffle_orders(int(c.max_len)),
     }
+
+
+def label_rules() -> dict[str, Any]:
+    """The labelling rule's constants (:mod:`headlab.heads.labels`, :mod:`headlab.heads.baselines`)
+    as the browser's port reads them, so that no threshold is typed twice."""
+    from headlab.heads import baselines, labels
+
+    return {
+        "thresholds": dict(labels.THRESHOLDS),
+        "tiers": [list(t) for t in labels.TIERS],
+        "labels": dict(labels.LABELS),
+        "offset_labels": {str(k): v for k, v in labels.OFFSET_LABELS.items()},
+        "best_types": dict(labels.BEST_TYPES),
+        "rest_of_label": dict(labels.REST_OF_LABEL),
+        "sink_threshold": labels.SINK_THRESHOLD,
+        "k_sd": baselines.K_SD,
+        "baseline_seeds": list(baselines.BASELINE_SEEDS),
+    }
+
+
+def shuffle_orders(max_len: int, seed: int = 0) -> list[list[int]]:
+    """For m = 0 … max_len movable positions, the permutation
+    :func:`headlab.heads.targets.shuffle_positions` draws for one sequence with ``seed``: it
+    depends on m alone (a fresh generator per call), so the browser looks it up, exactly."""
+    orders = []
+    for m in range(max_len + 1):
+        g = torch.Generator().manual_seed(seed)
+        orders.append(torch.randperm(m, generator=g).tolist())
+    return orders
+
+
+def write_word_table(path: Path) -> Path:
+    """wordfreq's English ("best") table as gzipped text: line c holds, space-separated, the
+    words whose frequency is 10^(−c/100) (what :func:`headlab.measure.word_zipf` looks up)."""
+    import gzip
+
+    import wordfreq
+
+    pack = wordfreq.get_frequency_list("en", "best")
+    text = "\n".join(" ".join(bucket) for bucket in pack).encode("utf-8")
+    return write_atomic(path, gzip.compress(text, mtime=0))
 
 
 def ort_dist(web: Path) -> Path:
@@ -172,8 +259,8 @@ def build(out: Path, web: Path, model: nn.Module | None = None) -> dict[str, Any
     from headlab import zoo
 
     dist = ort_dist(web)
-    if model is None:
-        model, _ = zoo.load("default")
+    default, tokenizer = zoo.load("default")
+    model = default if model is None else model
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(PAGE, out / "static")
@@ -183,8 +270,10 @@ def build(out: Path, web: Path, model: nn.Module | None = None) -> dict[str, Any
     for name in ORT_FILES:
         shutil.copy2(dist / name, offline / name)
     shutil.copy2(PACKAGE / "weights" / "tokenizer.json", offline / "tokenizer.json")
-    write_json(offline / "config.json", site_config(model))
+    write_json(offline / "config.json", site_config(model, tokenizer))
+    write_word_table(offline / WORDS_FILE)
     export_onnx(model, offline / "model.onnx")
+    export_random(model, offline)
     routes = api_answers(out)
     files = [p for p in out.rglob("*") if p.is_file()]
     return {"files": len(files), "bytes": sum(p.stat().st_size for p in files), "routes": routes}

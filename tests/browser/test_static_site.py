@@ -128,6 +128,72 @@ def test_typed_sentence_draws_pytorchs_weights(page, tmp_path: Path) -> None:
     assert page.errors == []
 
 
+# new sentences typed into the head viewer: a repeat, punctuation, a rare word, digits
+TYPED = [
+    "The quiet heron waded, then the quiet heron waited.",
+    "Zebras, quokkas and axolotls: 3 rare friends!",
+    "one two one two one two",
+]
+
+
+def drawn_labels(page) -> list[str]:
+    """Every head's label as the head viewer's layer.head menu lists it ("0.3 induction")."""
+    options = page.eval_on_selector_all("#heads-which option", "os => os.map(o => o.textContent)")
+    return [o.split(" ", 1)[1] if " " in o else "" for o in options]
+
+
+def test_typed_sentence_labels_equal_analyse(page) -> None:
+    """Type a sentence: the labels drawn equal analyse with the random-weights floors; the
+    threshold-only answer ("floors": false) equals analyse without them, scores within 1e-5."""
+    from headlab import zoo
+    from headlab.heads import analyse
+    from headlab.heads.baselines import baselines
+    from headlab.measure import text_probe
+
+    model, tokenizer = zoo.load("default")
+    for text in TYPED:
+        probe = text_probe(tokenizer, text, model.config.max_len)
+        gated = analyse(model, probe, floors=baselines(model, probe, shuffled=False).floors())
+        run_sentence(page, text)
+        assert drawn_labels(page) == [s.label for s in gated.heads], text
+        got = page.evaluate(
+            """async (text) => (await fetch("/api/heads", { method: "POST",
+                body: JSON.stringify({ text, probe: "text", floors: false }) })).json()""",
+            text,
+        )
+        plain = analyse(model, probe)
+        assert [r["label"] for r in got["heads"]] == [s.label for s in plain.heads], text
+        for row, want in zip(got["heads"], plain.heads, strict=True):
+            for kind, value in want.scores.items():
+                assert abs(row["scores"][kind] - value) <= 1e-5, (text, kind)
+    assert page.errors == []
+
+
+def test_labels_equal_headlab_heads_json(page) -> None:
+    """`headlab heads --model default --text … --json` labels as the page answers under the
+    same rule (gated when the command reports floors, thresholds alone otherwise)."""
+    text = TYPED[0]
+    cmd = [sys.executable, "-m", "headlab.cli", "heads", "--model", "default", "--text", text,
+           "--json"]  # fmt: skip
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    cli = [r["label"] for r in json.loads(done.stdout)["heads"]]
+    answers = page.evaluate(
+        """async (text) => Promise.all([true, false].map(async (floors) => (await fetch(
+            "/api/heads", { method: "POST", body: JSON.stringify({ text, floors }) })).json()))""",
+        text,
+    )
+    gated, plain = ([r["label"] for r in a["heads"]] for a in answers)
+    assert cli == (gated if "floor" in done.stdout else plain)
+    assert answers[0]["floors"] and answers[1]["floors"] is None
+    bad = page.evaluate(
+        """async () => { const r = await fetch("/api/heads", { method: "POST",
+            body: JSON.stringify({ text: "a b", floors: "yes" }) });
+            return [r.status, (await r.json()).detail]; }"""
+    )
+    assert bad[0] == 422 and bad[1].startswith("floors: must be true")
+
+
 def _random_text(rng: random.Random) -> str:
     pieces = ["the", " cat", "Mary", "  ", "\n", "'s", "'ll", "é", "日本", "🙂", "123", "4.5",
               ",", "!?", "<|endoftext|>", " ", "\t", "don't", "ÀÉ", "x" * 7, "—", "\u00a0",
@@ -251,3 +317,16 @@ def test_shapes_widget_equals_headlab_shapes(page) -> None:
     assert 100 < valid < len(bodies)  # both kinds were checked
     assert sum(r["valid"] and r["config"]["d_k"] is not None for r in got) > 100
     assert "is not divisible by n_heads=6" in got[0]["problems"][0]
+
+
+def test_from_a_file_it_says_to_serve_the_folder(browser, site: Path) -> None:
+    """Chromium runs no module, fetch or XHR from file://, so the page cannot compute there:
+    it says so, and names the command that serves the folder."""
+    context = browser.new_context()
+    pg = context.new_page()
+    pg.goto((site / "index.html").as_uri())
+    pg.wait_for_function(
+        "() => document.querySelector('#server-status').textContent.includes('file://')"
+    )
+    assert "python -m http.server" in pg.inner_text("#server-status")
+    context.close()

@@ -27,6 +27,9 @@ def static(out: Path = OUT_ARGUMENT, web: Path = WEB_OPTION) -> None:
         written = site.build(out, web)
     except FileNotFoundError as exc:
         raise fail(str(exc)) from None
+    except ModuleNotFoundError as exc:  # onnx or wordfreq: the build's own extras
+        raise fail(f"{exc.name} is not installed; the static site needs it: "
+                   "pip install 'headlab[static]'") from None  # fmt: skip
     mb = written["bytes"] / 1e6
     console.print(f"wrote {written['files']} files, {mb:.1f} MB, to {out}")
     console.print(f"serve it: python -m http.server -d {out} 8000")

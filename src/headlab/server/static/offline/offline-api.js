@@ -2,14 +2,17 @@
 // scripts run unchanged without `headlab serve` (loaded before them by the site's index.html only).
 //   GET  /api/…           the answer the real server gave when the site was built (api/….json)
 //   POST /api/attention   the default model, exported to ONNX by PyTorch, run by onnxruntime-web
-//   POST /api/heads       the same run: every head's weights and each layer's averaged head; the
-//                         scores and labels are not computed here (each head says "unlabelled")
+//   POST /api/heads       the same run, and every head's scores and label computed here (scores.js):
+//                         labels gated by the floors of the same graph with random weights (one
+//                         per baseline seed), or by the thresholds alone with "floors": false
 //   POST /api/shapes      widget 1's report, computed here (shapes.js)
 //   POST /api/live/…      refused: live training needs `headlab serve`
 // Everything is read from this site's own folder: no other address is ever asked.
 
 import { Tokenizer } from "./tokenizer.js";
 import { shapesReport } from "./shapes.js";
+import { analyseRuns, shuffleOrder } from "./scores.js";
+import { loadWordTable, textProbe } from "./words.js";
 
 const HERE = new URL(".", import.meta.url);  // static/offline/
 const SITE = new URL("../../", HERE);         // the site's root
@@ -17,9 +20,30 @@ const pageFetch = window.fetch.bind(window);
 const LIVE_NOTE = "live training needs the headlab server (`headlab serve`): this static site shows the stored run only";
 const NO_WASM = "This page runs the model in your browser and needs WebAssembly, which this browser does not offer. Use a current Chrome, Firefox or Safari, or run `headlab serve`.";
 
+// where the first render's time goes: benchmarks/bench_static.py reads these marks
+const mark = (what) => performance.mark(`headlab:${what}`);
+mark("offline-api");
+
 function reply(status, body) {
   return new Response(JSON.stringify(body), { status, headers: { "content-type": "application/json" } });
 }
+
+// every model's bytes and the word table, fetched at once (the runtime compiles meanwhile)
+const bytes = (file) => pageFetch(new URL(file, HERE)).then((r) => {
+  if (!r.ok) throw new Error(`this static site is missing static/offline/${file}`);
+  return r.arrayBuffer();
+});
+const siteConfig = pageFetch(new URL("config.json", HERE)).then((r) => r.json());
+const models = new Map([["model", bytes("model.onnx").then((b) => new Uint8Array(b))]]);
+const words = bytes("words-en.txt.gz").then(loadWordTable);
+siteConfig.then((c) => c.rules.baseline_seeds.forEach((seed) =>
+  models.set(seed, bytes(`random-${seed}.onnx`).then((b) => new Uint8Array(b)))));
+// a missing file is reported by the request that needs it, not as an unhandled rejection now
+for (const p of [siteConfig, words, models.get("model")]) p.catch(() => {});
+
+// no graph rewrites: a session is made in about half the time (measured in headless Chromium),
+// and each model runs as PyTorch's exporter wrote it
+const SESSION = { executionProviders: ["wasm"], graphOptimizationLevel: "disabled" };
 
 // the model, tokenizer and runtime, loaded once on the first request that needs them
 let loaded = null;
@@ -27,16 +51,35 @@ function load() {
   if (!loaded) loaded = (async () => {
     if (typeof WebAssembly !== "object") throw new Error(NO_WASM);
     const ort = await import(new URL("ort.wasm.bundle.min.mjs", HERE).href);
+    mark("runtime-imported");
     ort.env.wasm.wasmPaths = HERE.href;  // the runtime's .wasm from this folder, never a CDN
     ort.env.wasm.numThreads = 1;         // threads need cross-origin isolation a static host rarely gives
     const [session, tokenizer, config] = await Promise.all([
-      ort.InferenceSession.create(new URL("model.onnx", HERE).href, { executionProviders: ["wasm"] }),
+      ort.InferenceSession.create(await models.get("model"), SESSION),
       pageFetch(new URL("tokenizer.json", HERE)).then((r) => r.json()).then((j) => new Tokenizer(j)),
-      pageFetch(new URL("config.json", HERE)).then((r) => r.json()),
+      siteConfig,
     ]);
+    mark("model-ready");
     return { ort, session, tokenizer, config };
   })();
   return loaded;
+}
+
+// what the scores need beyond the model: wordfreq's table and the random-weights models, once
+let scoring = null;
+function loadScoring() {
+  if (!scoring) scoring = (async () => {
+    const { ort, config: c } = await load();
+    const randoms = [];
+    for (const seed of c.rules.baseline_seeds) {  // one at a time: the runtime is single-threaded
+      randoms.push(await ort.InferenceSession.create(await models.get(seed), SESSION));
+      mark(`random-${seed}-ready`);
+    }
+    const ready = { table: await words, randoms };
+    mark("scoring-ready");
+    return ready;
+  })();
+  return scoring;
 }
 
 // nested arrays (L, h, n, n) from a flat Float32Array, unrounded: the weights PyTorch's graph gives
@@ -86,15 +129,49 @@ async function attention(body) {
   });
 }
 
+// one session's weights on token ids (1, n): {L, h, n, weights (L, h, n, n), averaged (L, n, n)}
+async function forward(ort, session, ids) {
+  const tokens = new ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, ids.length]);
+  const out = await session.run({ tokens });
+  const [L, h] = out.weights.dims;
+  return { L, h, n: ids.length, weights: out.weights.data, averaged: out.averaged.data };
+}
+
+// the model and each random-weights model on the probe and on it shuffled (analyse's two sequences)
+async function scoreText(run) {
+  const { ort, session, tokenizer, config } = await load();
+  const { table, randoms } = await loadScoring();
+  const probe = textProbe(run.text, tokenizer, config, table, shuffleOrder);
+  const shuffledIds = probe.order.map((j) => probe.ids[j]);
+  const both = async (s, plain) => ({ run: plain || await forward(ort, s, probe.ids), shuffled: await forward(ort, s, shuffledIds) });
+  const main = await both(session, run);
+  const rest = [];
+  for (const s of randoms) rest.push(await both(s));  // one at a time: the runtime is single-threaded
+  return { ...analyseRuns(probe, main, rest, config), startToken: !probe.movable[0] };
+}
+
+// HeadReport.sink_position: where a sink rests on this probe
+function restsOn(token, start) {
+  const what = start ? "the start token" : `the first word, '${token.trim()}'`;
+  return { position: 0, token, start_token: start, note: `a sink rests on ${what}` + (start ? "" : "; the rare-word score leaves position 0 out") };
+}
+
 async function heads(body) {
+  if (body.floors !== undefined && typeof body.floors !== "boolean") return reply(422, { detail: `floors: must be true (labels gated by random-weights floors) or false (thresholds alone), got ${JSON.stringify(body.floors)}` });
   const run = await runText(body);
   if (run.error) return reply(422, { detail: run.error });
-  const rows = [];
-  for (let l = 0; l < run.L; l++) for (let k = 0; k < run.h; k++) rows.push({ layer: l, head: k, label: "unlabelled", offset: 0, scores: {}, rest: null });
+  mark("weights");
+  const scored = await scoreText(run);
+  mark("scored");
+  const gated = body.floors !== false;
+  const chosen = gated ? scored.gated : scored.thresholds;
   return reply(200, {
     model: "default", text: run.text, probe: run.probe, tokens: run.tokens, ids: run.ids, causal: run.config.causal,
     n_layers: run.L, n_heads: run.h, n_kv_heads: run.config.n_kv_heads || run.config.n_heads,
-    heads: rows, averaged: [], best: {}, thresholds: {}, sinks: { threshold: 0, layers: [], rests_on: null },
+    ...chosen,
+    sinks: { ...chosen.sinks, rests_on: restsOn(run.tokens[0] || "", scored.startToken) },
+    floors: gated ? scored.floors : null,
+    label_rule: gated ? "threshold and random-weights floor" : "threshold only (unchecked against chance)",
     weights: nest(run.weights, [run.L, run.h, run.n, run.n]),
     averaged_weights: nest(run.averaged, [run.L, run.n, run.n]),
     syntax_labels: false, computed: "in your browser (onnxruntime-web)",
@@ -132,7 +209,7 @@ async function answer(path, init) {
 }
 
 // start fetching and compiling the runtime and the model now, while the page draws the rest
-load().catch(() => {});  // a failure is reported by the request that needs them
+load().then(loadScoring).catch(() => {});  // a failure is reported by the request that needs them
 
 window.fetch = async (input, init) => {
   const path = typeof input === "string" ? input : input.url;
@@ -154,7 +231,7 @@ function relabel(root) {
   }
   const status = document.getElementById("server-status");
   if (status && status.textContent.startsWith("Connected to headlab")) {
-    status.textContent = "A static copy of the explainer: the default model runs in your browser (onnxruntime-web) and the shape calculator computes here; stored figures name the run that made them. Head labels and scores, other models and live training need `headlab serve`.";
+    status.textContent = "A static copy of the explainer: the default model runs in your browser (onnxruntime-web) and the shape calculator computes here; stored figures name the run that made them; head scores and labels are computed here too. Other models, syntactic heads, evidence and live training need `headlab serve`.";
   }
 }
 new MutationObserver(() => relabel(document)).observe(document.documentElement, { childList: true, subtree: true, characterData: true });

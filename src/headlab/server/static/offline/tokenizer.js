@@ -56,32 +56,53 @@ export class Tokenizer {
     return ids;
   }
 
-  // ids of a run of ordinary text
-  encodePlain(text) {
-    const ids = [];
+  // ids of a run of ordinary text, and each one's character span [start, end) in code points
+  // from `base` (a piece of a split character spans that character, as Hugging Face's offsets)
+  encodePlain(text, base = 0) {
+    const ids = [], offsets = [];
     const utf8 = new TextEncoder();
+    let at = base;
     for (const piece of text.match(SPLIT) || []) {
+      const owner = [];  // code point of each byte of the piece
+      Array.from(piece).forEach((ch, k) => { for (let b = utf8.encode(ch).length; b > 0; b--) owner.push(at + k); });
       const mapped = Array.from(utf8.encode(piece), (b) => this.bytes[b]).join("");
-      ids.push(...this.bpe(mapped));
+      let byte = 0;
+      for (const id of this.bpe(mapped)) {
+        const width = this.names[id].length;
+        ids.push(id);
+        offsets.push([owner[byte], owner[byte + width - 1] + 1]);
+        byte += width;
+      }
+      at += Array.from(piece).length;
     }
-    return ids;
+    return { ids, offsets };
   }
 
   // token ids of `text`, the start token included (what Python's tokenizer.encode gives)
   encode(text) {
-    const ids = [...this.start];
-    let rest = text;
+    return this.encodeWithOffsets(text).ids;
+  }
+
+  // ids and character spans (Python's tokenizer.offsets: code points, the start token (0, 0))
+  encodeWithOffsets(text) {
+    const ids = [...this.start], offsets = this.start.map(() => [0, 0]);
+    const add = (part) => { ids.push(...part.ids); offsets.push(...part.offsets); };
+    let rest = text, at = 0;
     while (rest.length) {
-      let at = -1, hit = null;
+      let k = -1, hit = null;
       for (const [content, id] of this.added) {
-        const k = rest.indexOf(content);
-        if (k >= 0 && (at < 0 || k < at)) { at = k; hit = [content, id]; }
+        const i = rest.indexOf(content);
+        if (i >= 0 && (k < 0 || i < k)) { k = i; hit = [content, id]; }
       }
-      if (!hit) { ids.push(...this.encodePlain(rest)); break; }
-      ids.push(...this.encodePlain(rest.slice(0, at)), hit[1]);
-      rest = rest.slice(at + hit[0].length);
+      if (!hit) { add(this.encodePlain(rest, at)); break; }
+      const before = rest.slice(0, k), width = Array.from(hit[0]).length;
+      add(this.encodePlain(before, at));
+      at += Array.from(before).length;
+      add({ ids: [hit[1]], offsets: [[at, at + width]] });
+      at += width;
+      rest = rest.slice(k + hit[0].length);
     }
-    return ids;
+    return { ids, offsets };
   }
 
   // the display label of each id, as headlab.zoo's token_strings writes it

@@ -1,0 +1,185 @@
+"""The static site's head scores and labels (offline/scores.js, words.js, tokenizer.js run by
+Node) equal :func:`headlab.heads.analyse` on many sentences: both with the thresholds alone and
+gated by the random-weights floors of :mod:`headlab.heads.baselines`. The browser is handed
+PyTorch's own weights here, so any difference is the port's; tests/browser/test_static_site.py
+checks the weights onnxruntime-web computes."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from headlab import site
+from headlab.heads import analyse
+from headlab.heads.baselines import BASELINE_SEEDS, baselines, random_model
+from headlab.heads.targets import shuffle_positions
+from headlab.measure import REPEAT_SENTENCE, text_probe, word_zipf
+from headlab.trace import Trace
+
+NODE = shutil.which("node")
+pytestmark = pytest.mark.skipif(NODE is None, reason="needs Node (the site's scripts run in it)")
+OFFLINE = site.PAGE / "offline"
+
+SENTENCES = [
+    "Mary gave the red kite to John, and then Mary gave the red kite to Sue.",
+    "The cat sat on the mat. The cat sat on the mat.",
+    "Hello, world!",
+    "A quixotic zephyr bewildered the xylophonist's ocelot.",
+    "It's 1984 and the clocks strike 13; the year 2050 won't come.",
+    "l'amour, o'clock, rock'n'roll — and the café’s crème brûlée.",
+    "one two three one two three one two three",
+    "?!?! ... ,,, ;;",
+    "Sphinx of black quartz, judge my vow.",
+    "The old lighthouse keeper, tired but careful, climbed the stairs at dusk.",
+    "Colorless green ideas sleep furiously, furiously, furiously.",
+    "I think, therefore I am; I am, therefore I think.",
+    "Antidisestablishmentarianism is a long word; floccinaucinihilipilification is longer.",
+    'She said: "Go!" and he went (quickly) — then stopped.',
+    "the the the the the the the",
+    "Naïve résumé façade jalapeño piñata",
+    "x",
+    "Buffalo buffalo Buffalo buffalo buffalo buffalo Buffalo buffalo.",
+    "In 3.14 seconds, 1,000,000 photons hit the 2nd detector at 9:30pm.",
+    "Where is the key? The key is under the mat, where the key always is.",
+    "A<|endoftext|>B and then the end.",
+    "emoji 🙂 and tabs\tand\nnew lines",
+    REPEAT_SENTENCE,  # the head viewer's first render: the "repeat" probe
+]
+
+
+def _long(tokenizer, max_len: int) -> str:
+    """A text of exactly ``max_len`` tokens (the model's limit)."""
+    words = ("the quick brown fox jumps over the lazy dog, and the dog sleeps on " * 20).split()
+    for k in range(len(words), 0, -1):
+        text = " ".join(words[:k])
+        if len(tokenizer.encode(text)) <= max_len:
+            assert len(tokenizer.encode(text)) == max_len or k < len(words)
+            return text
+    raise AssertionError("no text fits")
+
+
+def _runs(model, tokens: torch.Tensor, order: torch.Tensor, folder: Path, name: str) -> None:
+    """The weights analyse scores, (tokens; tokens shuffled by order) in one batch as it runs
+    them, written as float32 (L, h, n, n) and (L, n, n) for each of the two sequences."""
+    kept: list[torch.Tensor] = []
+    batch = torch.cat([tokens, tokens.gather(1, order)])  # (2, n)
+    trace = Trace(only=("weights",), reduce=lambda _name, w: kept.append(w.float()))
+    with torch.no_grad():
+        model.hidden_states(batch, trace=trace)
+    weights = torch.stack(kept)  # (L, 2, h, n, n)
+    for b, part in enumerate(("run", "shuffled")):
+        w = weights[:, b].contiguous()
+        (folder / f"{name}-{part}-weights.bin").write_bytes(w.numpy().tobytes())
+        (folder / f"{name}-{part}-averaged.bin").write_bytes(w.mean(dim=1).numpy().tobytes())
+
+
+DRIVER = Path(__file__).with_suffix(".mjs")  # the port run in Node on the cases written here
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory) -> list[tuple[object, object, object, dict]]:
+    """(probe, plain report, gated report, the port's answer) for every sentence."""
+    from headlab import zoo
+
+    model, tokenizer = zoo.load("default")
+    texts = [*SENTENCES, _long(tokenizer, model.config.max_len)]
+    tmp = tmp_path_factory.mktemp("scores")
+    (tmp / "config.json").write_text(json.dumps(site.site_config(model, tokenizer)))
+    site.write_word_table(tmp / "words.gz")
+    randoms = {s: random_model(model, s) for s in BASELINE_SEEDS}
+    cases = []
+    for k, text in enumerate(texts):
+        probe = text_probe(tokenizer, text, model.config.max_len)
+        order = shuffle_positions(probe.tokens, probe.movable, 0)
+        (tmp / str(k)).mkdir()
+        _runs(model, probe.tokens, order, tmp / str(k), "model")
+        for s, m in randoms.items():
+            _runs(m, probe.tokens, order, tmp / str(k), f"random-{s}")
+        floors = baselines(model, probe, shuffled=False).floors()
+        cases.append((probe, analyse(model, probe), analyse(model, probe, floors=floors), floors))
+    manifest = {"texts": texts, "L": model.config.n_layers, "h": model.config.n_heads,
+                "seeds": list(BASELINE_SEEDS),
+                "tokenizer": str(site.PACKAGE / "weights" / "tokenizer.json")}  # fmt: skip
+    (tmp / "manifest.json").write_text(json.dumps(manifest))
+    done = subprocess.run([str(NODE), str(DRIVER), str(OFFLINE), str(tmp)], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    answers = json.loads(done.stdout)
+    return [
+        (p, plain, gated, {**a, "want_floors": f})
+        for (p, plain, gated, f), a in zip(cases, answers, strict=True)
+    ]
+
+
+def test_enough_sentences_and_one_at_the_limit(compared) -> None:
+    assert len(compared) >= 20
+    assert max(p.n for p, *_ in compared) == 64
+    # some sentences have a word wordfreq has never seen, and some repeat tokens
+    assert any(0.0 in word_zipf(p.words[0]) for p, *_ in compared)
+    assert any(len(set(p.tokens[0].tolist())) < p.n for p, *_ in compared)
+
+
+def test_probe_tokens_words_and_shuffle(compared) -> None:
+    for probe, _, _, got in compared:
+        assert got["ids"] == probe.tokens[0].tolist(), probe.text
+        assert got["words"] == list(probe.words[0]), probe.text
+        want = [None if math.isnan(z) else z for z in word_zipf(probe.words[0])]
+        assert got["zipf"] == want, probe.text
+        assert got["order"] == shuffle_positions(probe.tokens, probe.movable, 0)[0].tolist()
+
+
+def _same_report(want, got: dict, text: str) -> None:
+    rows = [(s, g) for s, g in zip(want.heads, got["heads"], strict=True)]
+    rows += list(zip(want.averaged, got["averaged"], strict=True))
+    for s, g in rows:
+        where = f"{text!r} head {s.layer}.{s.head}"
+        assert (g["layer"], g["head"], g["label"], g["offset"]) == (
+            s.layer, s.head, s.label, s.offset), where  # fmt: skip
+        assert set(g["scores"]) == set(s.scores), where
+        for kind, value in s.scores.items():
+            assert abs(g["scores"][kind] - value) <= 1e-5, f"{where} {kind}"
+        assert (g["rest"] is None) == (s.rest is None), where
+        if s.rest is not None:
+            assert abs(g["rest"] - s.rest) <= 1e-4, where
+    d = want.to_dict()
+    assert got["best"] == d["best"], text
+    assert got["sinks"]["layers"] == d["sinks"]["layers"], text
+    assert got["thresholds"] == d["thresholds"]
+
+
+def test_labels_and_scores_by_thresholds_equal_analyse(compared) -> None:
+    for probe, plain, _, got in compared:
+        _same_report(plain, got["thresholds"], probe.text)
+
+
+def test_gated_labels_equal_analyse_with_floors(compared) -> None:
+    for probe, _, gated, got in compared:
+        want = got["want_floors"]
+        for layer, floors in want.items():
+            for kind, value in floors.items():
+                assert abs(got["floors"][str(layer)][kind] - value) <= 1e-5, (probe.text, kind)
+        _same_report(gated, got["gated"], probe.text)
+    # the floors take labels away somewhere: the two rules are not the same test twice
+    assert any(
+        [s.label for s in plain.heads] != [s.label for s in gated.heads]
+        for _, plain, gated, _ in compared
+    )
+
+
+def test_shuffle_orders_equal_shuffle_positions() -> None:
+    orders = site.shuffle_orders(64)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(50):
+        n = int(torch.randint(1, 65, (1,), generator=gen))
+        movable = torch.rand(1, n, generator=gen) < 0.8
+        free = movable[0].nonzero()[:, 0]
+        order = torch.arange(n)
+        order[free] = free[torch.tensor(orders[free.numel()], dtype=torch.long)]
+        want = shuffle_positions(torch.zeros(1, n, dtype=torch.long), movable, 0)[0]
+        assert order.tolist() == want.tolist()
