@@ -21,6 +21,7 @@ judged where it can act (:func:`mass_where_possible` over the rows that have a t
     diffuse_score        normalised entropy of each row
     *_mul_score          TransformerLens's "mul" scores, Σ(A ⊙ P)/ΣA over every query, kept
                          under their own names (previous_mul, duplicate_mul, induction_mul)
+    stacked_masses       every target-mask score above at once, from a probe's TargetStack
     pattern_scores       all of them for one layer's heads on a probe's :class:`Targets`
 
 Papers: Voita et al. 2019; Clark et al. 2019; Olsson et al. 2022; Wang et al. 2022; Xiao et al.
@@ -34,6 +35,7 @@ from torch import Tensor
 
 from headlab.heads.targets import (
     Targets,
+    TargetStack,
     as_batched,
     duplicate_token_pattern,
     induction_pattern,
@@ -288,9 +290,9 @@ def content_score(
     S, _ = as_batched(shuffled)
     inverse = order.argsort(dim=-1)  # (B, n): old position → new position
     B, h, n, _ = A.shape
-    idx = inverse[:, None, :].expand(B, h, n)
-    back = S.gather(2, idx[..., None].expand(B, h, n, n))  # rows to old query order
-    back = back.gather(3, idx[:, :, None, :].expand(B, h, n, n))  # columns to old key order
+    # back[b, h, i, j] = S[b, h, σ⁻¹(i), σ⁻¹(j)]: rows and columns in one gather
+    cell = (inverse[:, :, None] * n + inverse[:, None, :]).flatten(1)  # (B, n·n)
+    back = S.flatten(-2).gather(-1, cell[:, None].expand(B, h, -1)).view(B, h, n, n)
     pos = torch.arange(n, device=A.device)
     free = torch.ones(B, n, dtype=torch.bool) if fixed is None else ~fixed.bool()
     free = free[:, None, :].expand(B, n, n)  # (B, n, n): key j is movable
@@ -312,9 +314,10 @@ def _overlap(
     a, b = p * keys, q * keys
     if tokens is not None:
         ids = torch.unique(tokens, return_inverse=True)[1]  # (B, s): 0 … distinct − 1
-        one_hot = torch.nn.functional.one_hot(ids).to(p.dtype)  # (B, s, distinct)
-        a = torch.einsum("bhns,bsv->bhnv", a, one_hot)
-        b = torch.einsum("bhns,bsv->bhnv", b, one_hot)
+        index = ids[:, None, None, :].expand_as(a)  # a scatter, not an (s × distinct) matmul
+        pooled = a.new_zeros(*a.shape[:-1], int(ids.max()) + 1)  # (B, h, n, distinct)
+        a = pooled.scatter_add(-1, index, a)
+        b = pooled.scatter_add(-1, index, b)
     mass_a, mass_b = a.sum(-1, keepdim=True), b.sum(-1, keepdim=True)  # (B, h, n, 1)
     overlap = torch.minimum(a / mass_a.clamp_min(1e-12), b / mass_b.clamp_min(1e-12)).sum(-1)
     return overlap, torch.minimum(mass_a, mass_b)[..., 0]
@@ -335,6 +338,31 @@ def resting_weight(weights: Tensor, idle: Tensor) -> Tensor:
     return mass_where_possible(weights[..., :1], idle[..., None])  # key 0 only: (B, h, n, 1)
 
 
+def stacked_masses(weights: Tensor, stack: TargetStack) -> dict[str, Tensor]:
+    """Every target-mask score of weights (B, h, n, n) on a probe's :class:`TargetStack`, each
+    (h,), in a fixed handful of tensor operations whatever the number of heads or targets: the
+    token targets by one batched contraction, the one-key-per-query targets by one gather, the
+    marked keys by one contraction of the column sums, then one weighted sum over rows and one
+    over sequences.
+
+    Equal (to float rounding) to :func:`mass_where_possible` for the targets averaged over their
+    rows and to :func:`pattern_score` / :func:`key_mass_score` for the others.
+    """
+    B, h, n, s = weights.shape
+    dense = torch.einsum("bhij,kbij->kbhi", weights, stack.dense)  # (K, B, h, n)
+    index = stack.picks.T.expand(B, h, n, -1)  # (B, h, n, P)
+    picked = weights.gather(-1, index).permute(3, 0, 1, 2)  # (P, B, h, n)
+    per_row = torch.einsum("kbhi,kbi->kbh", torch.cat([dense, picked]), stack.row_weight)
+    mass = weights.sum(dim=-2)  # (B, h, s): the attention each key receives
+    marked = torch.einsum("bhs,cbs->cbh", mass, stack.columns)  # (C, B, h)
+    total = mass.sum(-1)  # (B, h)
+    per_total = torch.where(total > 0, 1 / total.clamp_min(1e-30), torch.zeros_like(total))
+    hit = torch.cat([per_row, marked])  # (K + P + C, B, h)
+    per_seq = hit * torch.where(stack.ratio[:, None, None], per_total, 1.0)
+    mean = torch.einsum("kbh,kb->kh", per_seq.double(), stack.seq_weight).float()
+    return dict(zip(stack.names, mean.unbind(0), strict=True))
+
+
 def pattern_scores(
     weights: Tensor,
     targets: Targets,
@@ -346,31 +374,31 @@ def pattern_scores(
 
     ``shuffled``/``order`` feed :func:`content_score`, and the targets' rare words
     :func:`rare_word_score`; without them "content" and "rare_word" are left out. Pure in the
-    weights of one layer, so a caller may score layer by layer. Returns
+    weights of one layer, so a caller may score layer by layer. The target-mask scores come
+    from :func:`stacked_masses` on the targets' stack (built once per probe). Returns
     ``({type: (h,)}, offsets (h,), {type: where the head rests off its rows (h,)})``.
     """
     A, _ = as_batched(weights, targets.tokens)
     causal, t = targets.causal, targets
     positional, offsets = positional_score(A, causal, confounded=t.token_rules)
+    m = stacked_masses(A, t.stack)
     scores = {
-        "previous": offset_mass(A, -1, causal),
-        **({} if causal else {"next": offset_mass(A, 1, causal)}),  # nothing to see when causal
-        "self": offset_mass(A, 0, causal),
+        "previous": m["previous"],
+        **({} if causal else {"next": m["next"]}),  # nothing to see when causal
+        "self": m["self"],
         "positional": positional,
-        "duplicate": mass_where_possible(A, t.duplicate),
-        "induction": mass_where_possible(A, t.induction),
+        "duplicate": m["duplicate"],
+        "induction": m["induction"],
     }
-    rests = {
-        "duplicate": resting_weight(A, ~t.duplicate_rows),
-        "induction": resting_weight(A, ~t.induction_rows),
-    }
+    rests = {"duplicate": m["rest:duplicate"], "induction": m["rest:induction"]}
     if shuffled is not None and order is not None:
         scores["content"] = content_score(A, shuffled, order, causal, t.fixed, t.tokens)
-        rests["content"] = key_mass_score(A, t.fixed)
+        rests["content"] = m["rest:content"]
     if t.rare is not None:
         scores["rare_word"] = rare_word_score(A, *t.rare)
-        rests["rare_word"] = resting_weight(A, ~t.rare[1])
-    scores["first_token"] = first_token_score(A)
-    scores["delimiter"] = key_mass_score(A, t.delimiters)
+        rests["rare_word"] = m["rest:rare_word"]
+    scores["first_token"] = m["first_token"]
+    scores["delimiter"] = m["delimiter"]
     scores["diffuse"] = diffuse_score(A, causal)
-    return {**scores, **mul_scores(A, t)}, offsets, rests
+    mul = {k: m[k] for k in ("previous_mul", "duplicate_mul", "induction_mul")}
+    return {**scores, **mul}, offsets, rests
