@@ -36,6 +36,7 @@ from torch import Tensor
 from headlab.heads.targets import (
     Targets,
     TargetStack,
+    positional_reach,
     as_batched,
     duplicate_token_pattern,
     induction_pattern,
@@ -141,23 +142,21 @@ def positional_score(
     """
     A, _ = as_batched(weights)
     B, h, n, s = A.shape
-    k = visible_keys(n, s, causal)  # (n,)
-    i = torch.arange(n)[:, None]
-    key = i + torch.arange(-(n - 1), s)[None, :]  # (n, D): the key at each offset δ
-    ok = (key >= 0) & (key < k[:, None]) & (k[:, None] >= 2)  # (n, D): reachable, with a choice
-    ok = ok.expand(B, n, -1).clone()  # (B, n, D)
-    if confounded is not None:
-        clash = confounded.gather(2, key.clamp(0, s - 1).expand(B, n, -1))  # (B, n, D)
-        ok &= ~clash
-    reach = ok.sum(dim=(0, 1))  # (D,): queries that can reach δ
-    rel = A.argmax(dim=-1) - i[:, 0] + (n - 1)  # (B, h, n): column of the argmax offset
-    counts = torch.zeros(h, n + s - 1, dtype=torch.long)
-    for b in range(B):
-        valid = ok[b].gather(1, rel[b].T)  # (n, h): the argmax offset is counted
-        counts.scatter_add_(1, rel[b], valid.T.long())
-    eligible = reach >= max(1.0, float((k >= 2).sum() * B) / 2)
+    return _positional(A.argmax(dim=-1), positional_reach(B, n, s, causal, confounded))
+
+
+def _positional(argmax: Tensor, reach: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """:func:`positional_score` from each query's argmax key (B, h, n) and the probe's
+    :func:`headlab.heads.targets.positional_reach`; every sequence and head at once."""
+    ok, reachable, eligible = reach  # (B, n, D), (D,), (D,)
+    B, h, n = argmax.shape
+    rel = argmax - torch.arange(n) + (n - 1)  # (B, h, n): column of the argmax offset
+    valid = ok.gather(2, rel.transpose(1, 2))  # (B, n, h): the argmax offset is counted
+    counts = torch.zeros(h, ok.shape[-1], dtype=torch.long)
+    counts.scatter_add_(1, rel.transpose(0, 1).reshape(h, -1),
+                        valid.permute(2, 0, 1).reshape(h, -1).long())  # fmt: skip
     best = counts.masked_fill(~eligible, -1).argmax(dim=-1)  # (h,)
-    score = counts.gather(-1, best[:, None])[:, 0].float() / reach[best].clamp_min(1).float()
+    score = counts.gather(-1, best[:, None])[:, 0].float() / reachable[best].clamp_min(1).float()
     return score, best - (n - 1)
 
 
@@ -209,12 +208,17 @@ def rare_word_score(weights: Tensor, rare: Tensor, rows: Tensor) -> Tensor:
     Per sequence the share of its rows, then the mean over sequences that have any.
     """
     A, _ = as_batched(weights)
-    hit = rare.gather(1, A.argmax(dim=-1).flatten(1)).view(A.shape[:3])  # (B, h, n)
+    return _rare_word(A.argmax(dim=-1), rare, rows)
+
+
+def _rare_word(argmax: Tensor, rare: Tensor, rows: Tensor) -> Tensor:
+    """:func:`rare_word_score` from each query's argmax key (B, h, n)."""
+    hit = rare.gather(1, argmax.flatten(1)).view(argmax.shape)  # (B, h, n)
     count = rows.sum(-1)  # (B,)
     per_seq = (hit & rows[:, None]).sum(-1) / count.clamp_min(1)[:, None]  # (B, h)
     valid = count > 0
     if not valid.any():
-        return torch.zeros(A.shape[1])
+        return torch.zeros(argmax.shape[1])
     return per_seq[valid].double().mean(dim=0).float()
 
 
@@ -249,7 +253,9 @@ def diffuse_score(weights: Tensor, causal: bool) -> Tensor:
     A, _ = as_batched(weights)
     h, n, s = A.shape[1:]
     k = visible_keys(n, s, causal).to(A.dtype)
-    entropy = -torch.special.xlogy(A, A).sum(-1)  # (B, h, n); 0 · log 0 = 0
+    # 0 · log 0 = 0: a zero weight meets the log of the least normal float, a finite number
+    # (torch.special.xlogy says the same, several times slower)
+    entropy = -(A * A.clamp_min(torch.finfo(A.dtype).tiny).log()).sum(-1)  # (B, h, n)
     rows = k >= 2
     norm = entropy[..., rows] / k[rows].log()  # (B, h, rows)
     return norm.mean(dim=(0, 2)).float() if rows.any() else torch.zeros(h)
@@ -319,7 +325,9 @@ def _overlap(
         a = pooled.scatter_add(-1, index, a)
         b = pooled.scatter_add(-1, index, b)
     mass_a, mass_b = a.sum(-1, keepdim=True), b.sum(-1, keepdim=True)  # (B, h, n, 1)
-    overlap = torch.minimum(a / mass_a.clamp_min(1e-12), b / mass_b.clamp_min(1e-12)).sum(-1)
+    # in place: a and b are this function's own, and (B, h, n, s) allocations cost a pass each
+    a.div_(mass_a.clamp_min(1e-12))
+    overlap = torch.minimum(a, b.div_(mass_b.clamp_min(1e-12)), out=a).sum(-1)
     return overlap, torch.minimum(mass_a, mass_b)[..., 0]
 
 
@@ -380,7 +388,8 @@ def pattern_scores(
     """
     A, _ = as_batched(weights, targets.tokens)
     causal, t = targets.causal, targets
-    positional, offsets = positional_score(A, causal, confounded=t.token_rules)
+    argmax = A.argmax(dim=-1)  # (B, h, n): the positional and rare-word scores read it
+    positional, offsets = _positional(argmax, t.stack.reach)
     m = stacked_masses(A, t.stack)
     scores = {
         "previous": m["previous"],
@@ -395,7 +404,7 @@ def pattern_scores(
         scores["content"] = content_score(A, shuffled, order, causal, t.fixed, t.tokens)
         rests["content"] = m["rest:content"]
     if t.rare is not None:
-        scores["rare_word"] = rare_word_score(A, *t.rare)
+        scores["rare_word"] = _rare_word(argmax, *t.rare)
         rests["rare_word"] = m["rest:rare_word"]
     scores["first_token"] = m["first_token"]
     scores["delimiter"] = m["delimiter"]

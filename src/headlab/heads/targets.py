@@ -60,6 +60,27 @@ def visible_keys(n: int, s: int, causal: bool) -> Tensor:
     return torch.arange(1, n + 1) + (s - n) if causal else torch.full((n,), s)
 
 
+def positional_reach(
+    B: int, n: int, s: int, causal: bool, confounded: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Where :func:`headlab.heads.scores.positional_score` can count an offset δ = column − (n − 1):
+    ``ok`` (B, n, n + s − 1) bool, query i reaches key i + δ (it exists, is visible, the query
+    has a choice, and no token rule in ``confounded`` (B, n, s) predicts it); ``reach`` (D,)
+    how many queries reach each δ; ``eligible`` (D,) the offsets reached by at least half the
+    queries that have a choice (at least one)."""
+    k = visible_keys(n, s, causal)  # (n,)
+    i = torch.arange(n)[:, None]
+    key = i + torch.arange(-(n - 1), s)[None, :]  # (n, D): the key at each offset δ
+    ok = (key >= 0) & (key < k[:, None]) & (k[:, None] >= 2)  # (n, D): reachable, with a choice
+    ok = ok.expand(B, n, -1).clone()  # (B, n, D)
+    if confounded is not None:
+        clash = confounded.gather(2, key.clamp(0, s - 1).expand(B, n, -1))  # (B, n, D)
+        ok &= ~clash
+    reach = ok.sum(dim=(0, 1))  # (D,): queries that can reach δ
+    eligible = reach >= max(1.0, float((k >= 2).sum() * B) / 2)
+    return ok, reach, eligible
+
+
 def offset_pattern(n: int, s: int, shift: int) -> Tensor:
     """(1, n, s) 0/1 target: query i → key i + shift (−1 previous, 0 itself, +1 next)."""
     i, j = torch.arange(n)[:, None], torch.arange(s)[None, :]
@@ -222,6 +243,7 @@ class TargetStack:
     row_weight: Tensor  # (K + P, B, n) float
     seq_weight: Tensor  # (K + P + C, B) float64
     ratio: Tensor  # (K + P + C,) bool: normalised by the head's total attention
+    reach: tuple[Tensor, Tensor, Tensor]  # positional_reach of the probe, token rules left out
 
 
 def _picks(t: Targets) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
@@ -275,6 +297,7 @@ def stack_targets(t: Targets) -> TargetStack:
         torch.stack(weights).float(),
         torch.stack([uniform if w is None else w.double() for w in seqs]),
         torch.tensor([name not in rows for name in names]),
+        positional_reach(B, n, n, t.causal, t.token_rules),
     )  # fmt: skip
 
 
