@@ -36,11 +36,11 @@ from torch import Tensor
 from headlab.heads.targets import (
     Targets,
     TargetStack,
-    positional_reach,
     as_batched,
     duplicate_token_pattern,
     induction_pattern,
     offset_pattern,
+    positional_reach,
     previous_token_pattern,
     token_rule_targets,
     visible_keys,
@@ -141,7 +141,7 @@ def positional_score(
     (Olsson et al. 2022's trap). Pooled over the batch. Returns ``(score (h,), offset (h,))``.
     """
     A, _ = as_batched(weights)
-    B, h, n, s = A.shape
+    B, _, n, s = A.shape
     return _positional(A.argmax(dim=-1), positional_reach(B, n, s, causal, confounded))
 
 
@@ -149,7 +149,7 @@ def _positional(argmax: Tensor, reach: tuple[Tensor, Tensor, Tensor]) -> tuple[T
     """:func:`positional_score` from each query's argmax key (B, h, n) and the probe's
     :func:`headlab.heads.targets.positional_reach`; every sequence and head at once."""
     ok, reachable, eligible = reach  # (B, n, D), (D,), (D,)
-    B, h, n = argmax.shape
+    h, n = argmax.shape[1:]
     rel = argmax - torch.arange(n) + (n - 1)  # (B, h, n): column of the argmax offset
     valid = ok.gather(2, rel.transpose(1, 2))  # (B, n, h): the argmax offset is counted
     counts = torch.zeros(h, ok.shape[-1], dtype=torch.long)
@@ -356,7 +356,7 @@ def stacked_masses(weights: Tensor, stack: TargetStack) -> dict[str, Tensor]:
     Equal (to float rounding) to :func:`mass_where_possible` for the targets averaged over their
     rows and to :func:`pattern_score` / :func:`key_mass_score` for the others.
     """
-    B, h, n, s = weights.shape
+    B, h, n, _ = weights.shape
     dense = torch.einsum("bhij,kbij->kbhi", weights, stack.dense)  # (K, B, h, n)
     index = stack.picks.T.expand(B, h, n, -1)  # (B, h, n, P)
     picked = weights.gather(-1, index).permute(3, 0, 1, 2)  # (P, B, h, n)
