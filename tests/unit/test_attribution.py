@@ -209,8 +209,9 @@ def one_at_a_time(model, tokens, rows):
         return hook
 
     base = loss_of({})
-    return torch.tensor([loss_of({l: ablate(i)}) - base for l in range(L) for i in range(h)],
-                        dtype=torch.float64)
+    return torch.tensor(
+        [loss_of({l: ablate(i)}) - base for l in range(L) for i in range(h)], dtype=torch.float64
+    )
 
 
 def test_one_step_is_the_plain_first_order_estimate(default, repeat):
