@@ -28,16 +28,16 @@ patching. Each (head, point) beyond the first is a copy of the probe; a layer's 
 by side along the batch from the residual stream the clean run left at that layer, one backward
 per metric (:func:`own_paths`). On the repeat probe (loss over every token, against exact mean
 ablation) four steps lift the default model's Spearman ρ over all 16 heads from 0.62 to 0.98,
-the top five alike; ``benchmarks/bench_estimate.py`` measures ρ, the top-five overlap and the
+4 of the top five shared; ``benchmarks/bench_estimate.py`` measures ρ, the top-five overlap and the
 cost by steps for the default model and SmolLM2 (docs/evidence.md quotes it). The copies cost
 (k − 1) partial forwards and backwards per head: more than exact ablation, which runs one
-partial forward per head, so the path pays where a ranking must match exact ablation and the
-model's heads are too many to ablate for each question. ``path`` averages the gradient over
-points of a joint path on which every head moves a share α together (Marks et al. 2024 do so
-for a layer's features): it lifts the default model to 0.95 but drops SmolLM2 from 0.91 to
-0.50, whose 270 heads moved together leave the model far from either end. So by default the
-estimate ranks and the figures quoted for the heads that matter come from exact ablation of the
-heads it ranks first (``headlab.heads.evidence.evidence(check=…)``).
+partial forward per head, so on these models exact ablation is the cheaper way to a ranking
+that matches it, and the path shows where the plain estimate goes wrong. ``path`` averages
+the gradient over points of a joint path on which every head moves a share α together (Marks
+et al. 2024 do so for a layer's features): it lifts the default model to 0.95 but drops
+SmolLM2 from 0.91 to 0.50, whose 270 heads moved together leave the model far from either end.
+So by default the estimate ranks and the figures quoted for the heads that matter come from
+exact ablation of the heads it ranks first (``headlab.heads.evidence.evidence(check=…)``).
 
 :class:`Attributions` answers as :class:`headlab.heads.effects.Ablations` does
 (``index``, ``loss_effect``, ``induction``, ``clean_induction``), for the row sets and the
@@ -223,22 +223,12 @@ def attribute_heads(
     for r in rows:
         if bool(r.any()) and not any(torch.equal(r.cpu(), m) for m in marked):
             marked.append(r.cpu())
-    effects = torch.zeros(len(marked), L * h)
-    changes = torch.zeros(len(induction_heads), L, h)
     clean = _induction(model, tokens, target) if induction_heads else torch.zeros(L, h)
     with torch.inference_mode(False), torch.enable_grad():
-        points = len(path)
-        for alpha in path:
-            run = _forward(model, tokens, {l for l, _ in induction_heads}, alpha, mode)
-            for k, r in enumerate(marked):
-                metric = run.losses[r.to(run.losses.device)].mean()
-                effects[k] += _first_order(metric, run, L).flatten() / points
-            for k, (l, i) in enumerate(induction_heads):
-                score = mass_where_possible(run.weights[l][:, i : i + 1].float(),
-                                            target.to(tokens.device))[0]  # fmt: skip
-                changes[k, :l] += _first_order(score, run, l) / points
+        effects, changes = _joint_path(model, tokens, marked, induction_heads, target, path, mode)
     metrics = len(marked) + len(induction_heads)
-    forwards, backwards, passes = len(path) + bool(induction_heads), len(path) * metrics, 1.0
+    forwards, backwards = len(path) + bool(induction_heads), len(path) * metrics
+    passes = float(forwards)
     if steps > 1:
         with torch.inference_mode(False), torch.enable_grad():
             more = own_paths(model, tokens, marked, induction_heads, target, mode, steps)
@@ -253,6 +243,26 @@ def attribute_heads(
     return Attributions(mode, every, list(zip(marked, effects, strict=True)), clean, induction,
                         forwards, backwards, time.perf_counter() - start, steps,
                         passes)  # fmt: skip
+
+
+def _joint_path(model: Any, tokens: Tensor, marked: Sequence[Tensor],
+                induction_heads: Sequence[tuple[int, int]], target: Tensor,
+                path: Sequence[float], mode: str) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The first-order terms averaged over the points of ``path`` (every head moved a share α
+    together): ``(loss effects (M, L·h), induction changes (I, L, h))``."""
+    L, h = model.config.n_layers, model.config.n_heads
+    effects = torch.zeros(len(marked), L * h)
+    changes = torch.zeros(len(induction_heads), L, h)
+    for alpha in path:
+        run = _forward(model, tokens, {l for l, _ in induction_heads}, alpha, mode)
+        for k, r in enumerate(marked):
+            metric = run.losses[r.to(run.losses.device)].mean()
+            effects[k] += _first_order(metric, run, L).flatten() / len(path)
+        for k, (l, i) in enumerate(induction_heads):
+            score = mass_where_possible(run.weights[l][:, i : i + 1].float(),
+                                        target.to(tokens.device))[0]  # fmt: skip
+            changes[k, :l] += _first_order(score, run, l) / len(path)
+    return effects, changes
 
 
 @dataclass
@@ -334,7 +344,7 @@ def _copies(model: Any, clean: Any, layer: int, copies: list[tuple[int, float]],
     finally:
         handle.remove()
     hidden = model.final_norm(x)
-    metrics = []
+    metrics: list[Tensor | None] = []
     for rows in marked:
         r = rows.to(hidden.device).repeat(C, 1)  # (C·B, n − 1)
         logits = model.unembed(hidden[:, :-1][r]).float()  # (rows, V)
