@@ -413,3 +413,12 @@ def test_a_type_with_no_row_anywhere_scores_zero():
     assert torch.equal(masses["duplicate"], torch.zeros(3))
     assert torch.allclose(masses["rest:induction"], reference_mass(A[..., :1],
                           torch.ones(2, 10, 1)), atol=1e-6)  # fmt: skip
+
+
+def test_double_precision_weights_are_scored_too():
+    """The stacked targets are float32; weights in float64 are scored all the same."""
+    A, S, order, targets = random_case(2, 3, 12, True, 7)
+    got = pattern_scores(A.double(), targets, S.double(), order)[0]
+    want = reference_pattern_scores(A.double(), targets, S.double(), order)[0]
+    for kind in want:
+        assert torch.allclose(got[kind].double(), want[kind].double(), atol=1e-6), kind

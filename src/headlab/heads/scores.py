@@ -357,17 +357,19 @@ def stacked_masses(weights: Tensor, stack: TargetStack) -> dict[str, Tensor]:
     rows and to :func:`pattern_score` / :func:`key_mass_score` for the others.
     """
     B, h, n, _ = weights.shape
-    dense = torch.einsum("bhij,kbij->kbhi", weights, stack.dense)  # (K, B, h, n)
-    index = stack.picks.T.expand(B, h, n, -1)  # (B, h, n, P)
+    dense = torch.einsum("bhij,kbij->kbhi", weights, stack.dense.to(weights))  # (K, B, h, n)
+    index = stack.picks.T.expand(B, h, n, -1).to(weights.device)  # (B, h, n, P)
     picked = weights.gather(-1, index).permute(3, 0, 1, 2)  # (P, B, h, n)
-    per_row = torch.einsum("kbhi,kbi->kbh", torch.cat([dense, picked]), stack.row_weight)
+    rows = stack.row_weight.to(weights)
+    per_row = torch.einsum("kbhi,kbi->kbh", torch.cat([dense, picked]), rows)
     mass = weights.sum(dim=-2)  # (B, h, s): the attention each key receives
-    marked = torch.einsum("bhs,cbs->cbh", mass, stack.columns)  # (C, B, h)
+    marked = torch.einsum("bhs,cbs->cbh", mass, stack.columns.to(weights))  # (C, B, h)
     total = mass.sum(-1)  # (B, h)
     per_total = torch.where(total > 0, 1 / total.clamp_min(1e-30), torch.zeros_like(total))
     hit = torch.cat([per_row, marked])  # (K + P + C, B, h)
-    per_seq = hit * torch.where(stack.ratio[:, None, None], per_total, 1.0)
-    mean = torch.einsum("kbh,kb->kh", per_seq.double(), stack.seq_weight).float()
+    ratio = stack.ratio.to(weights.device)[:, None, None]
+    per_seq = hit * torch.where(ratio, per_total, 1.0)
+    mean = torch.einsum("kbh,kb->kh", per_seq.double(), stack.seq_weight.to(hit.device)).float()
     return dict(zip(stack.names, mean.unbind(0), strict=True))
 
 
