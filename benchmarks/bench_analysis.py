@@ -11,8 +11,14 @@ transformers' forward on the same tokens. The default model has no transformers 
 (attention-only), so its ratios are against headlab's own traced forward; MiniLM is
 bidirectional, so it has no next-token loss to ablate against.
 
+The content score needs the probe's tokens in shuffled positions too, run beside the probe in
+the same forward: "headlab forward, traced, probe + shuffle" times that forward alone, the floor
+under "analyse, all scores". ``--lengths`` adds MiniLM's and SmolLM2's analyse on random tokens
+of those lengths repeated 4 times, where the forward's share of the cost grows with the length.
+
 Run: ``python benchmarks/bench_analysis.py [--models default minilm smollm2] [--threads 1 2]
-[--rounds 7] [--slow-rounds 2]``; results go to benchmarks/results/analysis.json (``--json``).
+[--rounds 7] [--slow-rounds 2] [--lengths 16 64]``; results go to
+benchmarks/results/analysis.json (``--json``).
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ from record import path_for, save
 
 BASE = "transformers forward, output_attentions"
 TRACED = "headlab forward, traced"
+# the content score's probe and its shuffled copy side by side: the forward analyse runs
+PAIRED = "headlab forward, traced, probe + shuffle"
 
 
 def _hf(name: str) -> Any:
@@ -55,27 +63,35 @@ def _hf(name: str) -> Any:
     return None
 
 
-def contenders(name: str) -> tuple[dict[str, Callable[[], object]], set[str], int]:
-    """The timed calls on ``name``'s probe, which of them are slow, and the probe's length."""
+def contenders(
+    name: str, length: int | None = None, ablations: bool = True
+) -> tuple[dict[str, Callable[[], object]], set[str], int]:
+    """The timed calls on ``name``'s probe, which of them are slow, and the probe's length:
+    the built-in repeat probe (MiniLM: 31 random words 4 times), or ``length`` random tokens
+    repeated 4 times; ``ablations`` adds the ablation evidence (causal models)."""
     model, tok = zoo.load(name)
-    if name == "minilm":  # [CLS] + 31 random words 4 times + [SEP] = 126 tokens
-        probe = random_repeat_probe(tok, model.config.vocab_size, 512, length=31, batch=1)
+    vocab = model.config.vocab_size
+    if length is not None:
+        probe = random_repeat_probe(tok, vocab, model.config.max_len, length=length, batch=1)
+    elif name == "minilm":  # [CLS] + 31 random words 4 times + [SEP] = 126 tokens
+        probe = random_repeat_probe(tok, vocab, 512, length=31, batch=1)
     else:
-        probe = build_probe("repeat", tok, min(model.config.max_len, 128), model.config.vocab_size)
+        probe = build_probe("repeat", tok, min(model.config.max_len, 128), vocab)
     x, hf = probe.tokens, _hf(name)
+    paired = torch.cat([x, x.flip(-1)])  # the cost of the content score's shuffled copy
 
     def traced() -> object:
-        with torch.inference_mode():
-            return model.hidden_states(x, trace=Trace(only=("weights",)))
+        return _traced(model, x)
 
     fns: dict[str, Callable[[], object]] = {}
     if hf is not None:
         fns[BASE] = lambda: _hf_forward(hf, x)
     fns[TRACED] = traced
+    fns[PAIRED] = lambda: _traced(model, paired)
     fns["analyse, all scores"] = lambda: analyse(model, probe, keep=())
     fns["analyse, all but content"] = lambda: analyse(model, probe, content=False, keep=())
     slow: set[str] = set()
-    if model.config.causal:
+    if model.config.causal and ablations:
         rows = loss_rows(probe, True)
         fns["ablation, attribution estimate"] = lambda: measure_ablations(
             model, probe, rows, [], exact=False, check=0)  # fmt: skip
@@ -84,6 +100,11 @@ def contenders(name: str) -> tuple[dict[str, Callable[[], object]], set[str], in
         fns["ablation, exact, every head"] = lambda: ablate_heads(model, probe)
         slow = {"ablation, estimate + exact check", "ablation, exact, every head"}
     return fns, slow, probe.n
+
+
+def _traced(model: Any, x: torch.Tensor) -> object:
+    with torch.inference_mode():
+        return model.hidden_states(x, trace=Trace(only=("weights",)))
 
 
 def _hf_forward(hf: Any, x: torch.Tensor) -> object:
@@ -115,14 +136,19 @@ def main() -> int:
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--slow-rounds", type=int, default=2, help="rounds of the ablations")
+    parser.add_argument("--lengths", nargs="*", type=int, default=[],
+                        help="also time analyse on random tokens of these lengths, repeated 4 "
+                             "times (no ablations)")  # fmt: skip
     parser.add_argument("--json", default=path_for("analysis"), help="where the results go")
     args = parser.parse_args()
     results: dict[str, Any] = {}
     rows: list[list[Any]] = []
     loads = [round(v, 2) for v in os.getloadavg()]
-    for name in args.models:
+    runs = [(name, None) for name in args.models]
+    runs += [(name, k) for name in args.models if name != "default" for k in args.lengths]
+    for name, length in runs:
         try:
-            fns, slow, n = contenders(name)
+            fns, slow, n = contenders(name, length, ablations=length is None)
         except (ImportError, zoo.ModelNotAvailable) as exc:
             print(f"skipped {name}: not available here ({exc})")
             continue
@@ -134,13 +160,14 @@ def main() -> int:
             print(f"{name}, {n} tokens, {threads} thread(s), medians (× {against} forward)")
             for what, t in medians.items():
                 print(f"  {what:36s} {t * 1e3:9.1f} ms  {t / base:6.2f}×")
-                rows.append([name, threads, what, f"{t * 1e3:.1f}", f"{t / base:.2f}"])
+                rows.append([name, n, threads, what, f"{t * 1e3:.1f}", f"{t / base:.2f}"])
             ratios = {k: v / base for k, v in medians.items()}
-            results[f"{name}/{threads}"] = {"tokens": n, "against": against,
+            key = f"{name}/{threads}" if length is None else f"{name}@{n}/{threads}"
+            results[key] = {"tokens": n, "against": against,
                                             "median_s": medians, "ratio": ratios}  # fmt: skip
     end = [round(v, 2) for v in os.getloadavg()]
     print(f"load average (1, 5, 15 min): {loads} at the start, {end} at the end")
-    columns = ["model", "threads", "what", "median ms", "× forward"]
+    columns = ["model", "tokens", "threads", "what", "median ms", "× forward"]
     save(args.json, columns, rows, {**results, "load_average": {"start": loads, "end": end}})
     return 0
 

@@ -130,3 +130,132 @@ def test_smollm2s_quoted_effects_rank_its_heads_as_exact_ablation():
     rho_all, overlap = agreement(exact, reported)
     rho_top, _ = agreement(exact, reported, top=20)
     assert rho_all >= 0.9 and rho_top >= 0.9 and overlap >= 4
+
+
+# --- the estimate along each head's own path (attribute_heads(steps=k)) ----------------------
+
+
+def head_slopes(model, tokens, rows, at: dict[tuple[int, int], float] | None = None):
+    """The oracle for one point of the path: with each head ``(l, i)`` of ``at`` moved the
+    share ``at[(l, i)]`` toward its clean mean (the others clean), d loss / d ε_s of moving
+    each head s a further ε_s toward its mean, times 1 (ε is the share of Δa_s = mean − a_s):
+    one backward through plain forward hooks, no headlab attribution code."""
+    L, h, dk = model.config.n_layers, model.config.n_heads, model.config.d_k
+    clean: dict[int, torch.Tensor] = {}
+
+    def record(l):
+        def hook(module, args):
+            clean[l] = args[0].detach().clone()
+
+        return hook
+
+    hooks = [b.attn.W_O.register_forward_pre_hook(record(l)) for l, b in enumerate(model.blocks)]
+    with torch.no_grad():
+        model(tokens)
+    for handle in hooks:
+        handle.remove()
+    eps = torch.zeros(L, h, requires_grad=True)
+    share = torch.zeros(L, h)
+    for (l, i), a in (at or {}).items():
+        share[l, i] = a
+
+    def move(l):
+        def hook(module, args):
+            x = args[0].view(*args[0].shape[:-1], h, dk)
+            mean = clean[l].view_as(x).mean(dim=(0, 1), keepdim=True)  # the clean run's
+            delta = mean - x
+            moved = x + (share[l] + eps[l])[None, None, :, None] * delta
+            return (moved.flatten(-2),)
+
+        return hook
+
+    hooks = [b.attn.W_O.register_forward_pre_hook(move(l)) for l, b in enumerate(model.blocks)]
+    try:
+        with torch.enable_grad():
+            logits = model(tokens)[:, :-1].double()
+            loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:],
+                                                     reduction="none")  # fmt: skip
+            (grad,) = torch.autograd.grad(loss[rows].mean(), eps)
+    finally:
+        for handle in hooks:
+            handle.remove()
+    return grad.flatten()
+
+
+def one_at_a_time(model, tokens, rows):
+    """Exact mean-ablation, one head per forward through a plain hook on W_O's input: the
+    rise of the mean loss over ``rows`` with each head replaced by its clean mean (L·h,)."""
+    L, h, dk = model.config.n_layers, model.config.n_heads, model.config.d_k
+
+    def loss_of(hooked: dict[int, object]) -> float:
+        handles = [model.blocks[l].attn.W_O.register_forward_pre_hook(f) for l, f in hooked.items()]
+        try:
+            with torch.no_grad():
+                logits = model(tokens)[:, :-1].double()
+        finally:
+            for handle in handles:
+                handle.remove()
+        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:],
+                                                 reduction="none")  # fmt: skip
+        return float(loss[rows].mean())
+
+    def ablate(i):
+        def hook(module, args):
+            x = args[0].clone()
+            part = x[..., i * dk : (i + 1) * dk]
+            x[..., i * dk : (i + 1) * dk] = part.mean(dim=(0, 1)).expand_as(part)
+            return (x,)
+
+        return hook
+
+    base = loss_of({})
+    return torch.tensor(
+        [loss_of({l: ablate(i)}) - base for l in range(L) for i in range(h)], dtype=torch.float64
+    )
+
+
+def test_one_step_is_the_plain_first_order_estimate(default, repeat):
+    """steps=1 is plain attribution patching: every head's slope at the clean run, as the
+    hook-and-autograd oracle computes it."""
+    model, _ = default
+    rows = loss_rows(repeat, True)["any"]
+    est = attribute_heads(model, repeat, [rows], steps=1).loss_effect(rows)
+    assert torch.allclose(est, head_slopes(model, repeat.tokens, rows).float(), atol=1e-5)
+
+
+def test_two_steps_average_the_slopes_at_the_clean_run_and_half_way(default, repeat):
+    """steps=2: for each head the mean of its slope at the clean run and at its own half-way
+    point (that head alone moved half way to its mean), each from the oracle."""
+    model, _ = default
+    L, h = model.config.n_layers, model.config.n_heads
+    rows = loss_rows(repeat, True)["any"]
+    est = attribute_heads(model, repeat, [rows], steps=2).loss_effect(rows)
+    at_zero = head_slopes(model, repeat.tokens, rows)
+    halfway = torch.stack([head_slopes(model, repeat.tokens, rows, {(l, i): 0.5})[l * h + i]
+                           for l in range(L) for i in range(h)])  # fmt: skip
+    assert torch.allclose(est, ((at_zero + halfway) / 2).float(), atol=1e-5)
+
+
+def test_the_path_estimate_ranks_the_default_models_heads_as_exact_ablation(default, repeat):
+    """Plain attribution patching ranks the default model's 16 heads poorly against exact
+    ablation (the previous-token head's effect goes through the induction heads' softmax);
+    four points on each head's own path rank them as exact ablation does: Spearman ρ ≥ 0.9
+    and 4 of the top 5 shared, against exact ablation done one head per forward."""
+    model, _ = default
+    rows = loss_rows(repeat, True)["any"]
+    exact = one_at_a_time(model, repeat.tokens, rows)
+    assert torch.allclose(exact, ablate_heads(model, repeat).loss_effect(rows).double(),
+                          atol=1e-4)  # fmt: skip
+    plain = attribute_heads(model, repeat, [rows]).loss_effect(rows)
+    assert agreement(exact, plain.double())[0] < 0.9  # what the path is for
+    rho, overlap = agreement(exact, attribute_heads(model, repeat, [rows], steps=4)
+                             .loss_effect(rows).double())  # fmt: skip
+    assert rho >= 0.9 and overlap >= 4, (rho, overlap)
+
+
+def test_steps_must_be_a_whole_number_with_the_plain_path(default, repeat):
+    model, _ = default
+    rows = loss_rows(repeat, True)["any"]
+    for bad in ({"steps": 0}, {"steps": 2, "path": (0.1, 0.5)}):
+        with pytest.raises(ValueError, match="steps must be a whole number"):
+            attribute_heads(model, repeat, [rows], **bad)

@@ -111,7 +111,9 @@ class _Clean:
     losses: Tensor  # (B, n − 1)
 
 
-def _clean_run(model: Any, tokens: Tensor, target: Tensor) -> _Clean:
+def clean_run(model: Any, tokens: Tensor, target: Tensor) -> _Clean:
+    """The unablated run of ``tokens`` (B, n): each layer's input, each head's mean output, every
+    head's induction score on ``target`` (B, n, n), every position's next-token loss."""
     L, h = model.config.n_layers, model.config.n_heads
     resid: list[Tensor] = [torch.empty(0)] * L
     means: list[Tensor] = [torch.empty(0)] * L
@@ -208,7 +210,7 @@ def ablate_heads(
     start = time.perf_counter()
     tokens = probe.tokens.to(input_device(model))
     target = token_rule_targets(probe.tokens, causal=True)[0]  # (B, n, n)
-    clean = _clean_run(model, tokens, target)
+    clean = clean_run(model, tokens, target)
     losses, induction, forwards, passes = [], [], 1, 1.0
     for layer in sorted({l for l, _ in heads}):
         mine = [i for l, i in heads if l == layer]

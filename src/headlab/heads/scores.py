@@ -21,6 +21,7 @@ judged where it can act (:func:`mass_where_possible` over the rows that have a t
     diffuse_score        normalised entropy of each row
     *_mul_score          TransformerLens's "mul" scores, Σ(A ⊙ P)/ΣA over every query, kept
                          under their own names (previous_mul, duplicate_mul, induction_mul)
+    stacked_masses       every target-mask score above at once, from a probe's TargetStack
     pattern_scores       all of them for one layer's heads on a probe's :class:`Targets`
 
 Papers: Voita et al. 2019; Clark et al. 2019; Olsson et al. 2022; Wang et al. 2022; Xiao et al.
@@ -34,10 +35,12 @@ from torch import Tensor
 
 from headlab.heads.targets import (
     Targets,
+    TargetStack,
     as_batched,
     duplicate_token_pattern,
     induction_pattern,
     offset_pattern,
+    positional_reach,
     previous_token_pattern,
     token_rule_targets,
     visible_keys,
@@ -138,24 +141,22 @@ def positional_score(
     (Olsson et al. 2022's trap). Pooled over the batch. Returns ``(score (h,), offset (h,))``.
     """
     A, _ = as_batched(weights)
-    B, h, n, s = A.shape
-    k = visible_keys(n, s, causal)  # (n,)
-    i = torch.arange(n)[:, None]
-    key = i + torch.arange(-(n - 1), s)[None, :]  # (n, D): the key at each offset δ
-    ok = (key >= 0) & (key < k[:, None]) & (k[:, None] >= 2)  # (n, D): reachable, with a choice
-    ok = ok.expand(B, n, -1).clone()  # (B, n, D)
-    if confounded is not None:
-        clash = confounded.gather(2, key.clamp(0, s - 1).expand(B, n, -1))  # (B, n, D)
-        ok &= ~clash
-    reach = ok.sum(dim=(0, 1))  # (D,): queries that can reach δ
-    rel = A.argmax(dim=-1) - i[:, 0] + (n - 1)  # (B, h, n): column of the argmax offset
-    counts = torch.zeros(h, n + s - 1, dtype=torch.long)
-    for b in range(B):
-        valid = ok[b].gather(1, rel[b].T)  # (n, h): the argmax offset is counted
-        counts.scatter_add_(1, rel[b], valid.T.long())
-    eligible = reach >= max(1.0, float((k >= 2).sum() * B) / 2)
+    B, _, n, s = A.shape
+    return _positional(A.argmax(dim=-1), positional_reach(B, n, s, causal, confounded))
+
+
+def _positional(argmax: Tensor, reach: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """:func:`positional_score` from each query's argmax key (B, h, n) and the probe's
+    :func:`headlab.heads.targets.positional_reach`; every sequence and head at once."""
+    ok, reachable, eligible = reach  # (B, n, D), (D,), (D,)
+    h, n = argmax.shape[1:]
+    rel = argmax - torch.arange(n) + (n - 1)  # (B, h, n): column of the argmax offset
+    valid = ok.gather(2, rel.transpose(1, 2))  # (B, n, h): the argmax offset is counted
+    counts = torch.zeros(h, ok.shape[-1], dtype=torch.long)
+    counts.scatter_add_(1, rel.transpose(0, 1).reshape(h, -1),
+                        valid.permute(2, 0, 1).reshape(h, -1).long())  # fmt: skip
     best = counts.masked_fill(~eligible, -1).argmax(dim=-1)  # (h,)
-    score = counts.gather(-1, best[:, None])[:, 0].float() / reach[best].clamp_min(1).float()
+    score = counts.gather(-1, best[:, None])[:, 0].float() / reachable[best].clamp_min(1).float()
     return score, best - (n - 1)
 
 
@@ -207,12 +208,17 @@ def rare_word_score(weights: Tensor, rare: Tensor, rows: Tensor) -> Tensor:
     Per sequence the share of its rows, then the mean over sequences that have any.
     """
     A, _ = as_batched(weights)
-    hit = rare.gather(1, A.argmax(dim=-1).flatten(1)).view(A.shape[:3])  # (B, h, n)
+    return _rare_word(A.argmax(dim=-1), rare, rows)
+
+
+def _rare_word(argmax: Tensor, rare: Tensor, rows: Tensor) -> Tensor:
+    """:func:`rare_word_score` from each query's argmax key (B, h, n)."""
+    hit = rare.gather(1, argmax.flatten(1)).view(argmax.shape)  # (B, h, n)
     count = rows.sum(-1)  # (B,)
     per_seq = (hit & rows[:, None]).sum(-1) / count.clamp_min(1)[:, None]  # (B, h)
     valid = count > 0
     if not valid.any():
-        return torch.zeros(A.shape[1])
+        return torch.zeros(argmax.shape[1])
     return per_seq[valid].double().mean(dim=0).float()
 
 
@@ -247,7 +253,9 @@ def diffuse_score(weights: Tensor, causal: bool) -> Tensor:
     A, _ = as_batched(weights)
     h, n, s = A.shape[1:]
     k = visible_keys(n, s, causal).to(A.dtype)
-    entropy = -torch.special.xlogy(A, A).sum(-1)  # (B, h, n); 0 · log 0 = 0
+    # 0 · log 0 = 0: a zero weight meets the log of the least normal float, a finite number
+    # (torch.special.xlogy says the same, several times slower)
+    entropy = -(A * A.clamp_min(torch.finfo(A.dtype).tiny).log()).sum(-1)  # (B, h, n)
     rows = k >= 2
     norm = entropy[..., rows] / k[rows].log()  # (B, h, rows)
     return norm.mean(dim=(0, 2)).float() if rows.any() else torch.zeros(h)
@@ -288,9 +296,9 @@ def content_score(
     S, _ = as_batched(shuffled)
     inverse = order.argsort(dim=-1)  # (B, n): old position → new position
     B, h, n, _ = A.shape
-    idx = inverse[:, None, :].expand(B, h, n)
-    back = S.gather(2, idx[..., None].expand(B, h, n, n))  # rows to old query order
-    back = back.gather(3, idx[:, :, None, :].expand(B, h, n, n))  # columns to old key order
+    # back[b, h, i, j] = S[b, h, σ⁻¹(i), σ⁻¹(j)]: rows and columns in one gather
+    cell = (inverse[:, :, None] * n + inverse[:, None, :]).flatten(1)  # (B, n·n)
+    back = S.flatten(-2).gather(-1, cell[:, None].expand(B, h, -1)).view(B, h, n, n)
     pos = torch.arange(n, device=A.device)
     free = torch.ones(B, n, dtype=torch.bool) if fixed is None else ~fixed.bool()
     free = free[:, None, :].expand(B, n, n)  # (B, n, n): key j is movable
@@ -312,11 +320,14 @@ def _overlap(
     a, b = p * keys, q * keys
     if tokens is not None:
         ids = torch.unique(tokens, return_inverse=True)[1]  # (B, s): 0 … distinct − 1
-        one_hot = torch.nn.functional.one_hot(ids).to(p.dtype)  # (B, s, distinct)
-        a = torch.einsum("bhns,bsv->bhnv", a, one_hot)
-        b = torch.einsum("bhns,bsv->bhnv", b, one_hot)
+        index = ids[:, None, None, :].expand_as(a)  # a scatter, not an (s × distinct) matmul
+        pooled = a.new_zeros(*a.shape[:-1], int(ids.max()) + 1)  # (B, h, n, distinct)
+        a = pooled.scatter_add(-1, index, a)
+        b = pooled.scatter_add(-1, index, b)
     mass_a, mass_b = a.sum(-1, keepdim=True), b.sum(-1, keepdim=True)  # (B, h, n, 1)
-    overlap = torch.minimum(a / mass_a.clamp_min(1e-12), b / mass_b.clamp_min(1e-12)).sum(-1)
+    # in place: a and b are this function's own, and (B, h, n, s) allocations cost a pass each
+    a.div_(mass_a.clamp_min(1e-12))
+    overlap = torch.minimum(a, b.div_(mass_b.clamp_min(1e-12)), out=a).sum(-1)
     return overlap, torch.minimum(mass_a, mass_b)[..., 0]
 
 
@@ -335,6 +346,33 @@ def resting_weight(weights: Tensor, idle: Tensor) -> Tensor:
     return mass_where_possible(weights[..., :1], idle[..., None])  # key 0 only: (B, h, n, 1)
 
 
+def stacked_masses(weights: Tensor, stack: TargetStack) -> dict[str, Tensor]:
+    """Every target-mask score of weights (B, h, n, n) on a probe's :class:`TargetStack`, each
+    (h,), in a fixed handful of tensor operations whatever the number of heads or targets: the
+    token targets by one batched contraction, the one-key-per-query targets by one gather, the
+    marked keys by one contraction of the column sums, then one weighted sum over rows and one
+    over sequences.
+
+    Equal (to float rounding) to :func:`mass_where_possible` for the targets averaged over their
+    rows and to :func:`pattern_score` / :func:`key_mass_score` for the others.
+    """
+    B, h, n, _ = weights.shape
+    dense = torch.einsum("bhij,kbij->kbhi", weights, stack.dense.to(weights))  # (K, B, h, n)
+    index = stack.picks.T.expand(B, h, n, -1).to(weights.device)  # (B, h, n, P)
+    picked = weights.gather(-1, index).permute(3, 0, 1, 2)  # (P, B, h, n)
+    rows = stack.row_weight.to(weights)
+    per_row = torch.einsum("kbhi,kbi->kbh", torch.cat([dense, picked]), rows)
+    mass = weights.sum(dim=-2)  # (B, h, s): the attention each key receives
+    marked = torch.einsum("bhs,cbs->cbh", mass, stack.columns.to(weights))  # (C, B, h)
+    total = mass.sum(-1)  # (B, h)
+    per_total = torch.where(total > 0, 1 / total.clamp_min(1e-30), torch.zeros_like(total))
+    hit = torch.cat([per_row, marked])  # (K + P + C, B, h)
+    ratio = stack.ratio.to(weights.device)[:, None, None]
+    per_seq = hit * torch.where(ratio, per_total, 1.0)
+    mean = torch.einsum("kbh,kb->kh", per_seq.double(), stack.seq_weight.to(hit.device)).float()
+    return dict(zip(stack.names, mean.unbind(0), strict=True))
+
+
 def pattern_scores(
     weights: Tensor,
     targets: Targets,
@@ -346,31 +384,32 @@ def pattern_scores(
 
     ``shuffled``/``order`` feed :func:`content_score`, and the targets' rare words
     :func:`rare_word_score`; without them "content" and "rare_word" are left out. Pure in the
-    weights of one layer, so a caller may score layer by layer. Returns
+    weights of one layer, so a caller may score layer by layer. The target-mask scores come
+    from :func:`stacked_masses` on the targets' stack (built once per probe). Returns
     ``({type: (h,)}, offsets (h,), {type: where the head rests off its rows (h,)})``.
     """
     A, _ = as_batched(weights, targets.tokens)
     causal, t = targets.causal, targets
-    positional, offsets = positional_score(A, causal, confounded=t.token_rules)
+    argmax = A.argmax(dim=-1)  # (B, h, n): the positional and rare-word scores read it
+    positional, offsets = _positional(argmax, t.stack.reach)
+    m = stacked_masses(A, t.stack)
     scores = {
-        "previous": offset_mass(A, -1, causal),
-        **({} if causal else {"next": offset_mass(A, 1, causal)}),  # nothing to see when causal
-        "self": offset_mass(A, 0, causal),
+        "previous": m["previous"],
+        **({} if causal else {"next": m["next"]}),  # nothing to see when causal
+        "self": m["self"],
         "positional": positional,
-        "duplicate": mass_where_possible(A, t.duplicate),
-        "induction": mass_where_possible(A, t.induction),
+        "duplicate": m["duplicate"],
+        "induction": m["induction"],
     }
-    rests = {
-        "duplicate": resting_weight(A, ~t.duplicate_rows),
-        "induction": resting_weight(A, ~t.induction_rows),
-    }
+    rests = {"duplicate": m["rest:duplicate"], "induction": m["rest:induction"]}
     if shuffled is not None and order is not None:
         scores["content"] = content_score(A, shuffled, order, causal, t.fixed, t.tokens)
-        rests["content"] = key_mass_score(A, t.fixed)
+        rests["content"] = m["rest:content"]
     if t.rare is not None:
-        scores["rare_word"] = rare_word_score(A, *t.rare)
-        rests["rare_word"] = resting_weight(A, ~t.rare[1])
-    scores["first_token"] = first_token_score(A)
-    scores["delimiter"] = key_mass_score(A, t.delimiters)
+        scores["rare_word"] = _rare_word(argmax, *t.rare)
+        rests["rare_word"] = m["rest:rare_word"]
+    scores["first_token"] = m["first_token"]
+    scores["delimiter"] = m["delimiter"]
     scores["diffuse"] = diffuse_score(A, causal)
-    return {**scores, **mul_scores(A, t)}, offsets, rests
+    mul = {k: m[k] for k in ("previous_mul", "duplicate_mul", "induction_mul")}
+    return {**scores, **mul}, offsets, rests

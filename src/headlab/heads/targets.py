@@ -17,6 +17,8 @@ causal is a fact of its config, passed in (``model.config.causal``), never read 
     token_rule_targets       induction and duplicate targets with the keys both predict left out
     rare_word_targets        the least frequent word's pieces, and the rows that can see them
     Targets                  all of the above for one probe, built once (:func:`build_targets`)
+    TargetStack              the same targets stacked by the form the scores read them in, so
+                             that a layer's scores are a few batched contractions
 
 Papers: Olsson et al. 2022; Voita et al. 2019; TransformerLens (Nanda and Bloom 2022).
 """
@@ -24,6 +26,7 @@ Papers: Olsson et al. 2022; Voita et al. 2019; TransformerLens (Nanda and Bloom 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -55,6 +58,27 @@ def visible_keys(n: int, s: int, causal: bool) -> Tensor:
     """(n,) the number of keys each query may see: i + 1 plus the s − n cached keys under a
     causal mask (aligned bottom-right, DESIGN.md), every key otherwise."""
     return torch.arange(1, n + 1) + (s - n) if causal else torch.full((n,), s)
+
+
+def positional_reach(
+    B: int, n: int, s: int, causal: bool, confounded: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Where :func:`headlab.heads.scores.positional_score` can count an offset δ = column − (n − 1):
+    ``ok`` (B, n, n + s − 1) bool, query i reaches key i + δ (it exists, is visible, the query
+    has a choice, and no token rule in ``confounded`` (B, n, s) predicts it); ``reach`` (D,)
+    how many queries reach each δ; ``eligible`` (D,) the offsets reached by at least half the
+    queries that have a choice (at least one)."""
+    k = visible_keys(n, s, causal)  # (n,)
+    i = torch.arange(n)[:, None]
+    key = i + torch.arange(-(n - 1), s)[None, :]  # (n, D): the key at each offset δ
+    ok = (key >= 0) & (key < k[:, None]) & (k[:, None] >= 2)  # (n, D): reachable, with a choice
+    ok = ok.expand(B, n, -1).clone()  # (B, n, D)
+    if confounded is not None:
+        clash = confounded.gather(2, key.clamp(0, s - 1).expand(B, n, -1))  # (B, n, D)
+        ok &= ~clash
+    reach = ok.sum(dim=(0, 1))  # (D,): queries that can reach δ
+    eligible = reach >= max(1.0, float((k >= 2).sum() * B) / 2)
+    return ok, reach, eligible
 
 
 def offset_pattern(n: int, s: int, shift: int) -> Tensor:
@@ -188,6 +212,93 @@ class Targets:
     def duplicate_rows(self) -> Tensor:
         """(B, n) bool: the queries a duplicate-token head can be judged on."""
         return self.duplicate.sum(-1) > 0
+
+    @cached_property
+    def stack(self) -> TargetStack:
+        """The targets stacked for :func:`headlab.heads.scores.pattern_scores`, built on the
+        first layer's call and shared by the others."""
+        return stack_targets(self)
+
+
+@dataclass(frozen=True)
+class TargetStack:
+    """A probe's targets stacked so that a few batched contractions score every target type of
+    a layer's heads at once (:func:`headlab.heads.scores.stacked_masses`):
+
+        dense     (K, B, n, n) 0/1 token targets: hits Σ_j A[b, h, i, j] · T[k, b, i, j]
+        picks     (P, n) long: one key per query (an offset i + δ, or key 0); hits A[b, h, i, key]
+        columns   (C, B, n) 0/1 marked keys: hits Σ_i Σ_j A[b, h, i, j] · marks[c, b, j]
+
+    ``names`` orders the K + P + C scores. A target with rows is averaged over them per
+    sequence and then over the sequences that have any (:func:`headlab.heads.scores.
+    mass_where_possible`): its ``row_weight`` is rows / their count, its ``seq_weight`` valid /
+    their count. The others are TransformerLens's Σ(A ⊙ P)/ΣA (``ratio``): every row counts and
+    every sequence. Names starting "rest:" are the resting weights on key 0 off a type's rows.
+    """
+
+    names: tuple[str, ...]
+    dense: Tensor  # (K, B, n, n)
+    picks: Tensor  # (P, n) long key index, clamped into range (row_weight says where it counts)
+    columns: Tensor  # (C, B, n)
+    row_weight: Tensor  # (K + P, B, n) float
+    seq_weight: Tensor  # (K + P + C, B) float64
+    ratio: Tensor  # (K + P + C,) bool: normalised by the head's total attention
+    reach: tuple[Tensor, Tensor, Tensor]  # positional_reach of the probe, token rules left out
+
+
+def _picks(t: Targets) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
+    """The one-key-per-query targets of ``t``: name → key index (n,), the rows where the key
+    exists (n,) bool, and for those averaged over rows, their (B, n) rows."""
+    B, n = t.tokens.shape
+    i = torch.arange(n)
+    k = visible_keys(n, n, t.causal)  # (n,)
+    offsets = {"previous": -1, "self": 0} | ({} if t.causal else {"next": 1})
+    keys, valid, rows = {}, {}, {}
+    for name, shift in offsets.items():
+        keys[name] = i + shift
+        valid[name] = (keys[name] >= 0) & (keys[name] < k) & (k >= 2)
+        rows[name] = valid[name].expand(B, n)
+    rests = {"duplicate": ~t.duplicate_rows, "induction": ~t.induction_rows}
+    if t.rare is not None:
+        rests["rare_word"] = ~t.rare[1]
+    for name, idle in rests.items():
+        keys[f"rest:{name}"] = torch.zeros(n, dtype=torch.long)
+        valid[f"rest:{name}"] = torch.ones(n, dtype=torch.bool)
+        rows[f"rest:{name}"] = idle
+    keys["previous_mul"] = i - 1  # TransformerLens's previous-token target: every query
+    valid["previous_mul"] = i >= 1
+    return keys, valid, rows
+
+
+def stack_targets(t: Targets) -> TargetStack:
+    """The :class:`TargetStack` of ``t``: the same targets as :mod:`headlab.heads.scores`'
+    single-score functions build, stacked (analysis runs without a cache: s == n)."""
+    B, n = t.tokens.shape
+    keys, valid, rows = _picks(t)
+    rows |= {"induction": t.induction_rows, "duplicate": t.duplicate_rows}
+    dense = ("induction", "duplicate", "induction_mul", "duplicate_mul")
+    first = torch.zeros(B, n, dtype=torch.bool)
+    first[:, 0] = True
+    names = (*dense, *keys, "first_token", "delimiter", "rest:content")
+    ones = torch.ones(B, n, dtype=torch.bool)
+    weights, seqs = [], []
+    for name in names[: len(dense) + len(keys)]:
+        r = rows.get(name, valid[name].expand(B, n) if name in valid else ones)
+        count = r.sum(-1)  # (B,)
+        weights.append(r / count.clamp_min(1)[:, None] if name in rows else r.float())
+        seqs.append((count > 0) / (count > 0).sum().clamp_min(1) if name in rows else None)
+    seqs += [None] * 3
+    uniform = torch.full((B,), 1.0 / B, dtype=torch.float64)
+    return TargetStack(
+        names,
+        torch.stack([getattr(t, name) for name in dense]).float(),
+        torch.stack(list(keys.values())).clamp(0, n - 1),
+        torch.stack([first, t.delimiters.bool(), t.fixed.bool()]).float(),
+        torch.stack(weights).float(),
+        torch.stack([uniform if w is None else w.double() for w in seqs]),
+        torch.tensor([name not in rows for name in names]),
+        positional_reach(B, n, n, t.causal, t.token_rules),
+    )  # fmt: skip
 
 
 def targets_of(

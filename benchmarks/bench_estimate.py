@@ -1,0 +1,114 @@
+"""How well the ablation estimate ranks the heads, and what it costs, by the number of points on
+each head's own path (``attribute_heads(steps=k)``, headlab.heads.attribution): for each model
+and k, Spearman ρ of the estimated rise of the loss on every token against exact mean-ablation
+(headlab.heads.effects.ablate_heads) over all heads and over the 20 heads with the largest exact
+effects, how many of the exact top 5 the estimate's top 5 holds, and the estimate's wall time as
+a ratio against one traced forward of the same probe, measured in the same run (medians of
+``--rounds``; the estimates and the exact ablation, seconds long, once each).
+
+Run: ``python benchmarks/bench_estimate.py [--models default smollm2] [--steps 1 2 4 8]
+[--threads 1]``; results go to benchmarks/results/estimate.json (``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+from scipy.stats import spearmanr
+
+from headlab import Trace, zoo
+from headlab.heads.attribution import attribute_heads
+from headlab.heads.effects import ablate_heads
+from headlab.heads.evidence import loss_rows
+from headlab.measure import build_probe
+from record import path_for, save
+
+
+def agreement(exact: torch.Tensor, estimate: torch.Tensor, top: int | None = None) -> float:
+    """Spearman ρ over every head, or over the ``top`` heads by exact effect."""
+    pick = exact.argsort(descending=True)[: top or len(exact)]
+    return float(spearmanr(exact[pick].numpy(), estimate[pick].numpy()).statistic)
+
+
+def overlap(exact: torch.Tensor, estimate: torch.Tensor) -> int:
+    """How many of the exact top 5 heads are among the estimate's top 5."""
+    top = set(exact.argsort(descending=True)[:5].tolist())
+    return len(top & set(estimate.argsort(descending=True)[:5].tolist()))
+
+
+def forward_seconds(model: Any, tokens: torch.Tensor, rounds: int) -> float:
+    """Median seconds of one traced forward (the weights recorded, as analysis runs it)."""
+    times = []
+    for _ in range(rounds + 1):
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            model.hidden_states(tokens, trace=Trace(only=("weights",)))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def measure(name: str, steps: list[int], rounds: int) -> list[dict[str, Any]]:
+    """One row per k, and one for exact ablation, on ``name``'s repeat probe."""
+    model, tok = zoo.load(name)
+    probe = build_probe("repeat", tok, min(model.config.max_len, 128), model.config.vocab_size)
+    rows = loss_rows(probe, True)["any"]
+    forward = forward_seconds(model, probe.tokens, rounds)
+    t0 = time.perf_counter()
+    exact_run = ablate_heads(model, probe)
+    exact_s = time.perf_counter() - t0
+    exact = exact_run.loss_effect(rows)
+    out = [{"model": name, "method": "exact", "steps": None, "rho_all": 1.0, "rho_top20": 1.0,
+            "top5": 5, "seconds": exact_s, "forward_s": forward,
+            "model_passes": exact_run.model_passes}]  # fmt: skip
+    for k in steps:
+        t0 = time.perf_counter()
+        at = attribute_heads(model, probe, [rows], steps=k)
+        seconds = time.perf_counter() - t0
+        est = at.loss_effect(rows)
+        out.append({"model": name, "method": "estimate", "steps": k,
+                    "rho_all": agreement(exact, est), "rho_top20": agreement(exact, est, 20),
+                    "top5": overlap(exact, est), "seconds": seconds, "forward_s": forward,
+                    "model_passes": at.model_passes})  # fmt: skip
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["default", "smollm2"])
+    parser.add_argument("--steps", nargs="+", type=int, default=[1, 2, 4, 8])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=7, help="rounds of the forward")
+    parser.add_argument("--json", default=path_for("estimate"), help="where the results go")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    start = [round(v, 2) for v in os.getloadavg()]
+    results: list[dict[str, Any]] = []
+    for name in args.models:
+        try:
+            results += measure(name, args.steps, args.rounds)
+        except (ImportError, zoo.ModelNotAvailable) as exc:
+            print(f"skipped {name}: not available here ({exc})")
+    rows = []
+    for r in results:
+        what = "exact ablation" if r["steps"] is None else f"estimate, {r['steps']} step(s)"
+        rows.append([r["model"], what, f"{r['rho_all']:.2f}", f"{r['rho_top20']:.2f}", r["top5"],
+                     f"{r['seconds']:.2f}", f"{r['seconds'] / r['forward_s']:.1f}",
+                     f"{r['model_passes']:.1f}"])  # fmt: skip
+        print("  ".join(str(v) for v in rows[-1]), flush=True)
+    end = [round(v, 2) for v in os.getloadavg()]
+    print(f"load average (1, 5, 15 min): {start} at the start, {end} at the end")
+    columns = ["model", "what", "ρ all heads", "ρ top 20", "top-5 shared", "seconds",
+               "× one forward", "model passes"]  # fmt: skip
+    save(args.json, columns, rows, {"rows": results, "load_average": {"start": start,
+                                                                      "end": end}})  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
