@@ -10,7 +10,9 @@ many prompts, and the prompts sharded across torch.distributed ranks.
     rank_budget     one rank's memory budget: its share of this machine's GPUs
     all_reduce      the ranks' sums added together
     heads_over_prompts  all of these: the table over a prompts file, from every rank
-    HeadTable       the means, labelled as one probe's scores are: JSON and CSV
+    prompt_table    the table from one rank's prompts, labels gated by random-weights floors
+
+The table itself, its JSON and CSV, is :class:`headlab.head_table.HeadTable`.
 
 Under ``torchrun --nproc-per-node N`` rank r scores prompts r, r + N, r + 2N, …; a prompt gets
 the same seed (``seed`` + its index) whichever rank scores it and the sums are float64, so N
@@ -20,8 +22,6 @@ processes give the one-process means up to the order of the additions.
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
 import os
 import tempfile
@@ -35,8 +35,15 @@ import torch
 from torch import Tensor
 
 from headlab import files
-from headlab.files import check_writable
-from headlab.heads import SCORE_TYPES, THRESHOLDS, HeadScore, analyse, label_head
+from headlab.head_table import HeadTable
+from headlab.heads import SCORE_TYPES, HeadScore, analyse, label_head
+from headlab.heads.baselines import (
+    BASELINE_SEEDS,
+    Floors,
+    ScoreRows,
+    floors_from,
+    gate_rows,
+)
 from headlab.measure import Probe, TokenizerLike, text_probe
 
 MAX_PROMPT_CHARS = 100_000  # longest prompt line read (a 4,096-token prompt is ~20,000 chars)
@@ -194,9 +201,19 @@ class PromptSums:
         self.prompts += 1
         self.tokens += len(report.ids)
 
-    def table(self) -> HeadTable:
+    def score_rows(self) -> ScoreRows:
+        """Each score's mean: type → (L, h) for the heads, type → (L, 1) for averaged heads."""
+        means = {k: (v / self.counts[k]).float() for k, v in self.sums.items()}
+        L, h_all = self.n_layers, self.n_layers * self.n_heads
+        return ({k: v[:h_all].view(L, -1) for k, v in means.items()},
+                {k: v[h_all:].view(L, 1) for k, v in means.items()})  # fmt: skip
+
+    def table(self, floors: Floors | None = None, averaged_floors: Floors | None = None
+              ) -> HeadTable:  # fmt: skip
         """The mean of each score, each head labelled from its means and its most common
-        offset (0 when none fell within ±:data:`OFFSET_WINDOW`)."""
+        offset (0 when none fell within ±:data:`OFFSET_WINDOW`); with ``floors`` (and the
+        averaged heads' ``averaged_floors``, :func:`headlab.heads.baselines.floors_from`) each
+        label needs its floor too, and each head carries it (:func:`gate_rows`)."""
         if not self.prompts:
             raise ValueError("no prompts were scored")
         offsets = self.offsets if self.offsets is not None else torch.zeros(self.rows, 1)
@@ -209,9 +226,14 @@ class PromptSums:
             values = {k: means[k][row] for k in kinds}
             layer, head = _row_head(row, self.n_layers, self.n_heads)
             offset = int(best[row])
-            scored.append(HeadScore(layer, head, label_head(values, offset), values, offset))
+            gates = (floors if head >= 0 else averaged_floors) or {}
+            label = label_head(values, offset, gates.get(layer) if floors is not None else None)
+            scored.append(HeadScore(layer, head, label, values, offset))
         h_all = self.n_layers * self.n_heads
-        return HeadTable(self.prompts, self.tokens, scored[:h_all], scored[h_all:])
+        heads, averaged = scored[:h_all], scored[h_all:]
+        if floors is not None:
+            heads, averaged = gate_rows(heads, averaged, floors, averaged_floors=averaged_floors)
+        return HeadTable(self.prompts, self.tokens, heads, averaged, floors)
 
 
 def _row_head(row: int, L: int, h: int) -> tuple[int, int]:
@@ -377,6 +399,7 @@ def heads_over_prompts(
     load: dict[str, Any] | None = None,
     timeout_s: float = 60.0,
     progress: Callable[[int, int, Ranks], None] | None = None,
+    floors: bool = True,
 ) -> tuple[HeadTable, Ranks]:
     """Every head's scores averaged over a prompts file (:func:`read_prompts`), the prompts
     shared out among the ranks torchrun started (:func:`process_group`; one process without it).
@@ -386,7 +409,9 @@ def heads_over_prompts(
     its copy over its share of this machine's GPUs (:func:`rank_budget`). Rank r of N scores
     prompts r, r + N, …; every rank returns the same table, summed over all ranks, and its
     :class:`Ranks` (the process group is closed by then). ``progress(done, total, ranks)`` is
-    called before this rank's first prompt (done 0) and after each. A ValueError says what is
+    called before this rank's first prompt (done 0) and after each, over every pass. With
+    ``floors`` (the default) the labels are gated as one probe's are (:func:`prompt_table`: 3
+    more passes over the prompts); without, thresholds alone. A ValueError says what is
     wrong: the file, the model, a prompt, or ranks that cannot reach each other.
     """
     from headlab import zoo
@@ -401,79 +426,38 @@ def heads_over_prompts(
         model, tokenizer = zoo.load(model_name, **load)
         probes = prompt_probes(tokenizer, lines, model.config.max_len, str(prompts_path))
         mine = list(enumerate(probes))[ranks.rank :: ranks.world]
-        if progress is not None:
-            progress(0, len(mine), ranks)
-        advance = None if progress is None else lambda done, total: progress(done, total, ranks)
-        total = all_reduce(score_prompts(model, mine, seed, content, advance), ranks)
-    return total.table(), ranks
+        table = prompt_table(model, mine, ranks, seed, content, floors, progress)
+    return table, ranks
 
 
-# --- the result ---------------------------------------------------------------------------------
+def prompt_table(
+    model: Any,
+    mine: list[tuple[int, Probe]],
+    ranks: Ranks,
+    seed: int = 0,
+    content: bool = True,
+    floors: bool = True,
+    progress: Callable[[int, int, Ranks], None] | None = None,
+) -> HeadTable:
+    """The table of :func:`heads_over_prompts` from this rank's ``(index, probe)`` pairs. With
+    ``floors`` each label also needs its layer's floor: the same means for ``model``'s
+    architecture with random weights (each of :data:`BASELINE_SEEDS`, the same prompts through
+    :func:`score_prompts` and :func:`all_reduce`), mean + K_SD · sd over the random heads and
+    seeds (:func:`headlab.heads.baselines.floors_from`): 3 more passes over the prompts."""
+    passes = 1 + (len(BASELINE_SEEDS) if floors else 0)
+    done_passes = [0]
 
+    def pass_over(m: Any) -> PromptSums:
+        start, total = done_passes[0] * len(mine), passes * len(mine)
+        step = None if progress is None else (
+            lambda done, _: progress(start + done, total, ranks))  # fmt: skip
+        sums = all_reduce(score_prompts(m, mine, seed, content, step), ranks)
+        done_passes[0] += 1
+        return sums
 
-@dataclass(frozen=True)
-class HeadTable:
-    """Every head's scores averaged over prompts, labelled from the means."""
-
-    prompts: int
-    tokens: int
-    heads: list[HeadScore]  # layer-major
-    averaged: list[HeadScore]  # each layer's averaged head (head = −1)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready, scores at full precision."""
-        rows = [
-            {
-                "layer": s.layer,
-                "head": s.head,
-                "label": s.label,
-                "offset": s.offset,
-                "scores": dict(s.scores),
-            }
-            for s in [*self.heads, *self.averaged]
-        ]
-        L = len(self.averaged)
-        return {
-            "prompts": self.prompts,
-            "tokens": self.tokens,
-            "heads": rows[: len(rows) - L],
-            "averaged": rows[len(rows) - L :],
-            "thresholds": dict(THRESHOLDS),
-        }
-
-    def to_csv(self) -> str:
-        """One row per head (averaged heads last, head −1): layer, head, label, offset, scores."""
-        kinds = list(self.heads[0].scores) if self.heads else []
-        out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(["layer", "head", "label", "offset", *kinds])
-        for s in [*self.heads, *self.averaged]:
-            writer.writerow(
-                [s.layer, s.head, s.label, s.offset, *(repr(s.scores[k]) for k in kinds)]
-            )
-        return out.getvalue()
-
-
-OUT_FORMATS = (".json", ".csv")
-
-
-def check_out_path(path: str | Path) -> Path:
-    """``path`` if a result can be written there (.json or .csv, in an existing directory that
-    takes new files, not a device, FIFO or folder, a name the file system allows: tried, by
-    :func:`headlab.files.check_writable`), checked before any work."""
-    p = Path(path)
-    if p.suffix.lower() not in OUT_FORMATS:
-        raise ValueError(f"--out {p}: the file name must end in .json or .csv")
-    if not p.parent.is_dir():
-        raise ValueError(f"--out {p}: directory {p.parent} does not exist; create it first")
-    problem = check_writable(p, try_it=True)
-    if problem is not None:
-        raise ValueError(f"--out {problem}")
-    return p
-
-
-def table_text(table: HeadTable, path: str | Path, extra: dict[str, Any] | None = None) -> str:
-    """The table as the text of ``path``'s format: CSV, or JSON with ``extra`` keys first."""
-    if Path(path).suffix.lower() == ".csv":
-        return table.to_csv()
-    return json.dumps({**(extra or {}), **table.to_dict()}, ensure_ascii=False) + "\n"
+    if progress is not None:
+        progress(0, passes * len(mine), ranks)
+    total = pass_over(model)
+    if not floors:
+        return total.table()
+    return total.table(*floors_from(model, lambda m: pass_over(m).score_rows()))

@@ -36,6 +36,7 @@ ORDER = (
     "measure",
     "ablation",
     "heads",  # targets, scores, labels, evidence, syntax, the report, terminal views
+    "head_table",  # the table over many prompts, its JSON and CSV
     "scaling",
     "training",  # the loop, the watched run, tasks
     "default_model",

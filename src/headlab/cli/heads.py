@@ -141,7 +141,8 @@ def heads(
     load = _load_options(device, dtype, device_map, max_memory, offload_folder)
     if prompts is not None:
         where = Path(out) if out is not None else None
-        _heads_over_prompts(model, Path(prompts), where, seed, content, load, dist_timeout, as_json)
+        _heads_over_prompts(model, Path(prompts), where, seed, content, load, dist_timeout, as_json,
+                            floors)  # fmt: skip
     else:
         text = _read_text_file(text_file) if text_file is not None else text
         html = Path(html_out) if html_out is not None else None
@@ -419,22 +420,25 @@ def _heads_over_prompts(
     load: dict,
     timeout: float,
     as_json: bool,
+    floors: bool = True,
 ) -> None:
-    """Every head's scores averaged over a prompts file (headlab.scaling.heads_over_prompts);
-    rank 0 prints and writes the table, the other ranks only compute."""
-    from headlab import scaling
+    """Every head's scores averaged over a prompts file (headlab.scaling.heads_over_prompts),
+    labels gated by the random-weights floors unless ``floors`` is False; rank 0 prints and
+    writes the table, the other ranks only compute."""
+    from headlab import head_table, scaling
 
     try:
-        out = scaling.check_out_path(out) if out is not None else None
+        out = head_table.check_out_path(out) if out is not None else None
         with progress_bar() as bar:
 
             def advance(done: int, total: int, ranks: scaling.Ranks) -> None:
                 if ranks.rank == 0:
-                    bar(done, total, f"prompts (rank 0 of {ranks.world})" if ranks.world > 1
-                        else "prompts")  # fmt: skip
+                    what = " (then 3 random models' for the floors)" if floors else ""
+                    bar(done, total, (f"prompts (rank 0 of {ranks.world})" if ranks.world > 1
+                                      else "prompts") + what)  # fmt: skip
 
             table, ranks = scaling.heads_over_prompts(model, prompts, seed, content, load,
-                                                      timeout, advance)  # fmt: skip
+                                                      timeout, advance, floors)  # fmt: skip
     except ValueError as exc:
         raise fail(str(exc)) from None
     if ranks.rank == 0:
@@ -446,12 +450,12 @@ def _write_prompts_table(table: Any, info: dict, out: Path | None, as_json: bool
     """The averaged table to --out (atomically), as JSON on stdout, or as a terminal table."""
     import json
 
-    from headlab import scaling
+    from headlab import head_table
     from headlab.files import write_atomic
     from headlab.heads.render import heads_legend, heads_table
 
     if out is not None:
-        write_atomic(out, scaling.table_text(table, out, info))
+        write_atomic(out, head_table.table_text(table, out, info))
         err_console.print(f"{table.prompts} prompts, {table.tokens} tokens: table in {out}")
     if as_json:
         typer.echo(json.dumps({**info, **table.to_dict()}, ensure_ascii=False))

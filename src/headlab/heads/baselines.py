@@ -353,10 +353,20 @@ def gate(report: HeadReport, floors: Floors, label_syntactic: bool = False,
     """``report`` (labelled by :func:`analyse` with ``floors`` and ``averaged_floors``) with
     each head's floor, its label's margin over it, and the label that thresholds alone would
     give where the floor took it away (:attr:`HeadScore.below_floor`)."""
-    heads = [_gated(s, floors.get(s.layer, {}), label_syntactic) for s in report.heads]
-    averaged = [_gated(s, (averaged_floors or {}).get(s.layer, {}), False)
-                for s in report.averaged]  # fmt: skip
+    heads, averaged = gate_rows(report.heads, report.averaged, floors, label_syntactic,
+                                averaged_floors)  # fmt: skip
     return replace(report, heads=heads, averaged=averaged, floors=floors)
+
+
+def gate_rows(heads: list[HeadScore], averaged: list[HeadScore], floors: Floors,
+              label_syntactic: bool = False, averaged_floors: Floors | None = None,
+              ) -> tuple[list[HeadScore], list[HeadScore]]:  # fmt: skip
+    """:func:`gate` of any rows already labelled with these floors (one probe's report, or the
+    means over many prompts of :class:`headlab.scaling.HeadTable`): heads, averaged heads."""
+    return (
+        [_gated(s, floors.get(s.layer, {}), label_syntactic) for s in heads],
+        [_gated(s, (averaged_floors or {}).get(s.layer, {}), False) for s in averaged],
+    )
 
 
 def label_heads(
@@ -402,3 +412,23 @@ def label_heads(
     report = analyse(model, probe, seed, content, keep, step, syntactic, gates, label_syntactic,
                      averaged, retrieval)  # fmt: skip
     return gate(report, gates, label_syntactic, averaged)
+
+
+# --- floors of any scoring of a model: e.g. the means over many prompts (headlab.scaling) -------
+ScoreRows = tuple[dict[str, Tensor], dict[str, Tensor]]  # type → (L, h), type → (L, 1)
+
+
+def floors_from(
+    model: Any, score: Callable[[Transformer], ScoreRows], seeds: tuple[int, ...] = BASELINE_SEEDS
+) -> tuple[Floors, Floors]:
+    """The floors of the heads and of each layer's averaged head for scores that ``score``
+    gives (type → (L, h) and type → (L, 1)), by the rule of :func:`random_spreads` and
+    :meth:`Baselines.floors`: ``score`` of ``model``'s architecture with random weights, one
+    model per seed (:func:`random_model`), per layer mean + K_SD · sd over its heads and the
+    seeds (:func:`spread`, :func:`floors_of`). Not cached: ``score`` may read anything."""
+    runs = [score(random_model(model, s)) for s in seeds]
+    heads, averaged = (
+        {t: spread(torch.stack([r[part][t] for r in runs]), (0, 2)) for t in runs[0][part]}
+        for part in (0, 1)
+    )  # (S, L, h or 1) → (2, L)
+    return floors_of(heads), floors_of(averaged)
