@@ -186,13 +186,16 @@ def assert_same_table(got: list[dict], want: list[dict], tol: float) -> None:
 
 @pytest.mark.slow
 def test_prompts_mean_equals_a_plain_loop_and_writes_json_and_csv(tmp_path):
+    """--no-floors: the plain loop's means, labelled by thresholds alone."""
     prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS, jsonl=True)
-    result = run("heads", "--prompts", str(prompts), "--out", str(tmp_path / "t.json"))
+    result = run("heads", "--prompts", str(prompts), "--out", str(tmp_path / "t.json"),
+                 "--no-floors")  # fmt: skip
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "t.json").read_text())
     assert data["prompts"] == 5 and data["model"] == "default"
     assert_same_table(data["heads"], plain_mean(PROMPTS), tol=1e-9)
-    result = run("heads", "--prompts", str(prompts), "--out", str(tmp_path / "t.csv"))
+    result = run("heads", "--prompts", str(prompts), "--out", str(tmp_path / "t.csv"),
+                 "--no-floors")  # fmt: skip
     assert result.exit_code == 0, result.output
     lines = (tmp_path / "t.csv").read_text().splitlines()
     assert lines[0].startswith("layer,head,label,offset,previous")
@@ -205,7 +208,8 @@ def test_prompts_mean_equals_a_plain_loop_and_writes_json_and_csv(tmp_path):
 @pytest.mark.slow
 def test_the_library_call_returns_the_table_and_reports_progress(tmp_path):
     """`headlab heads --prompts` is one call of scaling.heads_over_prompts: in one process it
-    returns the plain loop's table and rank 0 of 1, and reports every prompt done."""
+    returns the plain loop's table and rank 0 of 1, and reports every prompt done: once
+    without floors, four times (the model's, then 3 random models') with them."""
     prompts = write_prompts(tmp_path / "p.txt", PROMPTS[:3])
     seen: list[tuple[int, int, int]] = []
     table, ranks = scaling.heads_over_prompts(
@@ -213,11 +217,18 @@ def test_the_library_call_returns_the_table_and_reports_progress(tmp_path):
         prompts,
         seed=2,
         progress=lambda done, total, r: seen.append((done, total, r.world)),
+        floors=False,
     )
     assert (ranks.rank, ranks.world) == (0, 1)
     assert seen == [(0, 3, 1), (1, 3, 1), (2, 3, 1), (3, 3, 1)]
     assert table.prompts == 3
     assert_same_table(table.to_dict()["heads"], plain_mean(PROMPTS[:3], seed=2), tol=1e-9)
+    seen.clear()
+    gated, _ = scaling.heads_over_prompts(
+        "default", prompts, seed=2, progress=lambda done, total, r: seen.append((done, total))
+    )
+    assert seen == [(i, 12) for i in range(13)]
+    assert [s.scores for s in gated.heads] == [s.scores for s in table.heads]
 
 
 def free_port() -> int:
@@ -251,6 +262,9 @@ def test_two_torchrun_ranks_give_the_one_process_table(tmp_path):
     assert a["prompts"] == b["prompts"] == 5 and a["tokens"] == b["tokens"]
     assert_same_table(b["heads"], a["heads"], tol=1e-6)
     assert_same_table(b["averaged"], a["averaged"], tol=1e-6)
+    assert a["floors"] is not None  # the random models' passes were shared out too
+    for x, y in zip(a["heads"] + a["averaged"], b["heads"] + b["averaged"], strict=True):
+        assert (x["floor"], x["below_floor"]) == pytest.approx((y["floor"], y["below_floor"]))
 
 
 @pytest.mark.slow

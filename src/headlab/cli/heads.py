@@ -33,7 +33,9 @@ Prompts = Annotated[
         "--prompts",
         help=(
             "Average every head's scores over many prompts: a file with one text per line, or "
-            'JSONL with a "text" field. Under torchrun the prompts are shared out among the ranks.'
+            'JSONL with a "text" field. Under torchrun the prompts are shared out among the ranks. '
+            "Labels are gated by the floors of the same means with random weights: 3 more passes "
+            "over the prompts (--no-floors: one)."
         ),
     ),
 ]
