@@ -227,7 +227,7 @@ def test_experiment_model_option_refuses_what_it_cannot_run(args: list[str], wor
 
 
 def test_experiment_retrieval_quick_on_gemma3(tmp_path: Path) -> None:
-    """--model gemma3 --quick runs the quick sweep on Gemma 3 270M: every one of its heads scored."""
+    """--model gemma3 --quick runs the quick sweep on Gemma 3 270M: each of its heads scored."""
     from headlab import gemma3
 
     require(gemma3.is_fetched(), "Gemma 3 is not fetched (`headlab --fetch gemma3`)")
@@ -242,5 +242,6 @@ def test_experiment_retrieval_quick_on_gemma3(tmp_path: Path) -> None:
     model, _ = zoo.load("gemma3")
     assert res["model"] == res["config"]["model"] == "gemma3"
     assert res["command"].endswith("--quick --model gemma3")
-    assert [len(res["scores"]), len(res["scores"][0])] == [model.config.n_layers, model.config.n_heads]
+    shape = [model.config.n_layers, model.config.n_heads]
+    assert [len(res["scores"]), len(res["scores"][0])] == shape
     assert res["heads"] == model.config.n_layers * model.config.n_heads

@@ -107,6 +107,7 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
     found = syntax_table(request, req.model) if req.wants_syntax() else None
     margins = found["report"].margins() if found and found.get("report") else None
     ruled = req.syntax_labels and margins is not None
+    extra: dict[str, Any] = {"needles": needles} if needles else {}
     if req.evidence:  # labels then need their margins over random weights too
         from headlab.heads.evidence import evidence
 
@@ -117,11 +118,10 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
                                     f"layers 0..{L - 1} and heads 0..{h - 1}")  # fmt: skip
         backed = evidence(model, probe, keep=None, syntactic=margins, label_syntactic=ruled,
                           exact=req.exact)  # fmt: skip
-        report, extra = backed.report, {"evidence": backed.to_dict()}
+        report, extra["evidence"] = backed.report, backed.to_dict()
     else:
         report = label_heads(model, probe, syntactic=margins, label_syntactic=ruled,
                              floors=req.floors, retrieval=retrieval)  # fmt: skip
-        extra = {"needles": needles} if needles else {}
     body = {**report.to_dict(patterns=True), "syntax_labels": ruled, **extra}
     if found is not None:
         body["syntax"] = syntax_body(request, req.model, found, probe, report.patterns)
