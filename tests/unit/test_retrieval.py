@@ -245,3 +245,24 @@ def test_experiment_retrieval_quick_on_gemma3(tmp_path: Path) -> None:
     shape = [model.config.n_layers, model.config.n_heads]
     assert [len(res["scores"]), len(res["scores"][0])] == shape
     assert res["heads"] == model.config.n_layers * model.config.n_heads
+
+
+def test_shipped_gemma3_run_agrees_with_itself() -> None:
+    """results/retrieval-gemma3.json: its summary numbers recomputed from its own per-head
+    scores and masking rows, its command the one that reruns it, its config Gemma 3's."""
+    from headlab.experiments import results_path
+
+    res = json.loads(results_path("retrieval-gemma3").read_text())
+    assert res["model"] == "gemma3" and res["config"] == json.loads(
+        json.dumps(experiment.asdict(experiment.GEMMA3)))  # fmt: skip
+    assert res["command"] == "headlab experiment retrieval --ship --model gemma3"
+    flat = [x for row in res["scores"] for x in row]
+    assert res["heads"] == len(flat)
+    assert res["share_above_0_1"] == pytest.approx(sum(x > 0.1 for x in flat) / len(flat))
+    ranked = sorted(flat, reverse=True)[: len(res["top_heads"])]
+    assert [t["score"] for t in res["top_heads"]] == [round(x, 4) for x in ranked]
+    assert res["accuracy"] == sum(p["correct"] for p in res["probes"]) / len(res["probes"])
+    assert [row["k"] for row in res["masking"]["by_k"]] == list(experiment.GEMMA3.ks)
+    for row in res["masking"]["by_k"]:
+        top = {(t["layer"], t["head"]) for t in res["top_heads"]}
+        assert all(not {tuple(h) for h in d} & top for d in row["random_heads"])
