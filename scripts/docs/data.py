@@ -26,6 +26,7 @@ DATA = ROOT / "docs/data"
 COMMANDS = {
     "heads-default": "headlab heads --model default --json",
     "heads-default-random": "headlab heads --model default --probe random-repeat --json",
+    "heads-default-needle": "headlab heads --model default --probe needle --json",
     "heads-minilm": "headlab heads --model minilm --json",
     "syntax-minilm": "headlab syntax --model minilm --json",
     "syntax-default": "headlab syntax --model default --json",

@@ -105,9 +105,11 @@ def caption(source: str, command: str) -> str:
 
 
 def experiment_command(source: str) -> str:
-    data = load(source)
+    data, name = load(source), source.partition("/")[2]
+    if data.get("experiment", name) != name and "command" in data:  # another model's run
+        return str(data["command"])  # (results/retrieval-gemma3.json: its own --model)
     seeds = len(data.get("seeds", [])) or 1
-    return f"headlab experiment {source.partition('/')[2]} --seeds {seeds} --ship"
+    return f"headlab experiment {name} --seeds {seeds} --ship"
 
 
 # --- rendering -----------------------------------------------------------------------------------

@@ -192,6 +192,28 @@ def test_repeated_random_tokens_show_labelled_induction_heads(page) -> None:
     assert page.errors == []
 
 
+def test_needle_probe_shows_retrieval_labels(page) -> None:
+    """The needle probe in the head viewer: the grid labels exactly the heads that the server's
+    /api/heads answer labels "retrieval" (at least one on the shipped model), text box off."""
+    require(_model_name() == "default", "the default model is not built")
+    answer = page.evaluate(
+        """async () => (await fetch('/api/heads', { method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'default', probe: 'needle' }) })).json()"""
+    )
+    labelled = [h for h in answer["heads"] if h["label"] == "retrieval"]
+    wanted = sorted(f"{h['layer']}.{h['head']}" for h in labelled)
+    assert wanted, "no head of the shipped model is labelled retrieval on the needle probe"
+    page.select_option("#heads-probe", "needle")
+    expect(page.locator("#heads-text")).to_be_disabled()
+    expect(page.locator("#label-counts")).to_contain_text("retrieval", timeout=60_000)
+    shown = page.locator("#heads-grid button[data-head]", has_text="retrieval")
+    got = sorted(shown.nth(i).get_attribute("data-head") for i in range(shown.count()))
+    assert got == wanted
+    page.select_option("#heads-probe", "text")
+    assert page.errors == []
+
+
 def _window(page) -> tuple[int, int, int, int]:
     """(first query, last query, first key, last key) of the first heatmap's window."""
     import re
@@ -272,7 +294,7 @@ def test_the_page_asks_for_each_vocabulary_once(browser, server: str) -> None:
     for path in ("/api/shapes/presets", "/api/probes", "/api/shapes/limits", "/api/models"):
         assert asked.count(path) == 1, (path, asked)
     options = pg.eval_on_selector_all("#heads-probe option", "os => os.map(o => o.value)")
-    assert options == list(PROBES) and pg.input_value("#heads-probe") == "text"
+    assert options == [*PROBES, "needle"] and pg.input_value("#heads-probe") == "text"
     assert pg.get_attribute("#shapes-d_model", "max") == str(LIMITS["d_model"][1])
     assert pg.get_attribute("#shapes-cache_len", "min") == "0"
     context.close()

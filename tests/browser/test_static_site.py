@@ -330,3 +330,21 @@ def test_from_a_file_it_says_to_serve_the_folder(browser, site: Path) -> None:
     )
     assert "python -m http.server" in pg.inner_text("#server-status")
     context.close()
+
+
+def test_the_needle_probe_says_it_needs_the_server(page) -> None:
+    """The picker offers what the server's GET /api/probes listed at build time, "needle"
+    included; the static site cannot run it and says so in the status line, in words."""
+    offered = page.eval_on_selector_all("#heads-probe option", "os => os.map((o) => o.value)")
+    assert "needle" in offered
+    page.select_option("#heads-probe", "needle")
+    page.eval_on_selector("#heads-status", "e => { e.textContent = ''; }")
+    page.click("#heads-run")
+    page.wait_for_function(
+        "() => { const t = document.querySelector('#heads-status').textContent;"
+        " return t !== '' && t !== 'Running the model…'; }"
+    )
+    said = page.inner_text("#heads-status")
+    assert "'needle' probe needs `headlab serve`" in said, said
+    assert not [e for e in page.errors if "pageerror" in e], page.errors
+    page.select_option("#heads-probe", "text")

@@ -208,3 +208,61 @@ def test_a_probe_has_one_start_token_at_the_front(default: tuple) -> None:
         assert ids[: len(start)] == start
         assert [i for i in ids if i in specials] == start
         assert not set(p.answer.tolist()) & specials
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [(["retrieval", "--quick", "--model", "nope"], "'nope' has no retrieval config; valid: "
+      "smollm2, gemma3"),
+     (["sinks", "--quick", "--model", "gemma3"], "--model is for the retrieval experiment")],
+)  # fmt: skip
+def test_experiment_model_option_refuses_what_it_cannot_run(args: list[str], words: str) -> None:
+    """`headlab experiment retrieval --model M` takes the models with a retrieval config; a bad
+    name, or --model on another experiment, is one line and exit 2, before any model loads."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-m", "headlab.cli", "experiment", *args],
+                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and words in " ".join(done.stderr.split()), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_experiment_retrieval_quick_on_gemma3(tmp_path: Path) -> None:
+    """--model gemma3 --quick runs the quick sweep on Gemma 3 270M: each of its heads scored."""
+    from headlab import gemma3
+
+    require(gemma3.is_fetched(), "Gemma 3 is not fetched (`headlab --fetch gemma3`)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run(
+        [sys.executable, "-m", "headlab.cli", "experiment", "retrieval", "--quick", "--json",
+         "--model", "gemma3", "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    res = json.loads(done.stdout)
+    model, _ = zoo.load("gemma3")
+    assert res["model"] == res["config"]["model"] == "gemma3"
+    assert res["command"].endswith("--quick --model gemma3")
+    shape = [model.config.n_layers, model.config.n_heads]
+    assert [len(res["scores"]), len(res["scores"][0])] == shape
+    assert res["heads"] == model.config.n_layers * model.config.n_heads
+
+
+def test_shipped_gemma3_run_agrees_with_itself() -> None:
+    """results/retrieval-gemma3.json: its summary numbers recomputed from its own per-head
+    scores and masking rows, its command the one that reruns it, its config Gemma 3's."""
+    from headlab.experiments import results_path
+
+    res = json.loads(results_path("retrieval-gemma3").read_text())
+    assert res["model"] == "gemma3" and res["config"] == json.loads(
+        json.dumps(experiment.asdict(experiment.GEMMA3)))  # fmt: skip
+    assert res["command"] == "headlab experiment retrieval --ship --model gemma3"
+    flat = [x for row in res["scores"] for x in row]
+    assert res["heads"] == len(flat)
+    assert res["share_above_0_1"] == pytest.approx(sum(x > 0.1 for x in flat) / len(flat))
+    ranked = sorted(flat, reverse=True)[: len(res["top_heads"])]
+    assert [t["score"] for t in res["top_heads"]] == [round(x, 4) for x in ranked]
+    assert res["accuracy"] == sum(p["correct"] for p in res["probes"]) / len(res["probes"])
+    assert [row["k"] for row in res["masking"]["by_k"]] == list(experiment.GEMMA3.ks)
+    for row in res["masking"]["by_k"]:
+        top = {(t["layer"], t["head"]) for t in res["top_heads"]}
+        assert all(not {tuple(h) for h in d} & top for d in row["random_heads"])

@@ -944,11 +944,12 @@ def test_a_layers_valid_head_counts_are_the_divisors() -> None:
 
 def test_the_probes_are_measures_one_vocabulary(client: TestClient) -> None:
     """The page offers the probes GET /api/probes lists; they, the request schema's enum and
-    what build_probe takes are one vocabulary, headlab.measure.PROBES."""
+    what build_probe takes are one vocabulary, headlab.measure.PROBES (and "needle", which
+    /api/heads runs through headlab.heads.retrieval)."""
     from headlab.measure import PROBES
 
     rows = client.get("/api/probes").json()
-    assert [r["name"] for r in rows] == list(PROBES)
+    assert [r["name"] for r in rows] == [*PROBES, "needle"]
     assert all(r["description"] for r in rows)
     assert [r["name"] for r in rows if r["takes_text"]] == ["text"]
     schema = client.get("/openapi.json").json()

@@ -3,7 +3,12 @@ probe, and bad input refused with the field named; the page lists the long-conte
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +19,8 @@ from headlab import zoo
 from headlab.heads import retrieval as r
 from headlab.server import create_app
 from headlab.server.routes.experiments import PAGE_EXPERIMENTS
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +72,62 @@ def test_the_page_has_the_long_context_sections(client: TestClient) -> None:
     for name in ("retrieval", "sinks"):
         assert f'data-experiment="{name}"' in page
     assert client.get("/api/experiments").json()["missing"] == []
+
+
+def test_heads_takes_the_needle_probe_as_the_cli_does(client: TestClient) -> None:
+    """POST /api/heads with probe "needle" labels the heads as `headlab heads --probe needle
+    --json` does on the default model (its 64 positions fit the server's token budget): the
+    same retrieval scores, labels and needles, computed here by the CLI in its own process."""
+    require(zoo._default_info().available, "the default model is not built")
+    got = client.post("/api/heads", json={"model": "default", "probe": "needle"})
+    assert got.status_code == 200, got.text
+    body = got.json()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-m", "headlab.cli", "heads", "--model", "default",
+                           "--probe", "needle", "--json"], capture_output=True, text=True,
+                          env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    cli = json.loads(done.stdout)
+    assert body["probe"] == cli["probe"] == "needle"
+    assert body["needles"] == cli["needles"] and len(body["needles"]) == len(r.DEPTHS)
+
+    def by_head(rows: list[dict]) -> dict:
+        return {(h["layer"], h["head"]): (h["label"], h["scores"]["retrieval"]) for h in rows}
+
+    assert by_head(body["heads"]) == by_head(cli["heads"])
+    assert body["thresholds"]["retrieval"] == 0.1
+    for head in body["heads"]:  # the label follows the score's rule
+        if head["label"] == "retrieval":
+            assert head["scores"]["retrieval"] >= 0.1
+
+
+def test_the_probe_list_offers_the_needle_to_the_head_viewer(client: TestClient) -> None:
+    """GET /api/probes (the page's picker) and the /api/heads schema offer "needle", a probe
+    that takes no text; /api/attention, which answers one sequence, keeps measure's probes."""
+    from headlab.measure import PROBES
+
+    rows = client.get("/api/probes").json()
+    assert [p["name"] for p in rows] == [*PROBES, "needle"]
+    assert next(p for p in rows if p["name"] == "needle")["takes_text"] is False
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    enums = [a.get("enum") for a in schemas["HeadsRequest"]["properties"]["probe"]["anyOf"]]
+    assert [*PROBES, "needle"] in enums
+    no_text = schemas["HeadsRequest"]["allOf"][0]["if"]["properties"]["probe"]["enum"]
+    assert "needle" in no_text
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "payload", "words"),
+    [("/api/heads", {"probe": "needles"}, ["repeat", "random-repeat", "text", "needle"]),
+     ("/api/attention", {"probe": "needle"}, ["repeat", "random-repeat", "text"]),
+     ("/api/heads", {"probe": "needle", "text": "hi"}, ["takes no text"]),
+     ("/api/heads", {"probe": "needle", "evidence": True}, ["evidence", "masking"])],
+)  # fmt: skip
+def test_bad_probe_names_get_a_422_listing_the_valid_ones(
+    client: TestClient, endpoint: str, payload: dict, words: list[str]
+) -> None:
+    got = client.post(endpoint, json=payload)
+    assert got.status_code == 422, got.text
+    detail = str(got.json()["detail"])
+    assert all(w in detail for w in words), detail
+    assert "probe" in detail or "evidence" in detail

@@ -81,6 +81,9 @@ THREADS_HELP = (
 )
 
 
+MODEL_HELP = "retrieval only: smollm2 (the default) or gemma3 (its own sweep, shipped apart)."
+
+
 def experiment_command(
     name: str = typer.Argument(..., help="Experiment name, or 'list' to see them all."),
     quick: bool = typer.Option(False, "--quick", help=QUICK_HELP),
@@ -91,6 +94,7 @@ def experiment_command(
     verify: bool = typer.Option(False, "--verify", help=VERIFY_HELP),
     threads: int | None = typer.Option(None, "--threads", min=1, max=256, help=THREADS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+    model: str | None = typer.Option(None, "--model", help=MODEL_HELP),
 ) -> None:
     """Run an experiment: results.json and PNG figures in --out, a summary here."""
     from headlab.experiments import ship_results
@@ -111,13 +115,18 @@ def experiment_command(
         seed, seeds = _verify_seeds(name, quick or ship, threads)
     if threads is not None and "threads" not in experiment.options:
         raise fail(f"--threads is for the induction experiment; {name} runs on one thread")
+    if model is not None and "model" not in experiment.options:
+        raise fail(f"--model is for the retrieval experiment; {name} runs its own models")
     out_dir = _out_dir(out, name)
     err_console.print(f"running {name}{' (quick)' if quick else ''}, {seeds} seed(s) from {seed}")
     extra = _run_progress(experiment.options) | ({} if threads is None else {"threads": threads})
+    extra |= {} if model is None else {"model": model}
     try:
         results = experiment.run(quick=quick, seeds=seeds, seed=seed, out=out_dir, **extra)
     except KeyboardInterrupt:
         raise fail("interrupted; nothing was written", code=130) from None
+    except ValueError as exc:  # an option the experiment refuses (--model: which it takes)
+        raise fail(str(exc)) from None
     if as_json:
         import json
 
@@ -125,8 +134,9 @@ def experiment_command(
     else:
         _print_summary(name, results)
         console.print(f"results and figures in {out_dir}")
-    if ship:
-        console.print(f"shipped as {ship_results(name, results)}")
+    if ship:  # another model's run beside the page's own: results/NAME-MODEL.json
+        stored = name if model is None else f"{name}-{model}"
+        console.print(f"shipped as {ship_results(stored, results)}")
     if verify:
         from headlab.verify import verify_induction_results
 

@@ -61,7 +61,7 @@ def experiments() -> dict[str, Experiment]:
             _entry("prune", prune),
             _entry("gqa", gqa),
             _entry("sinks", sinks),
-            _entry("retrieval", retrieval),
+            _entry("retrieval", retrieval, frozenset({"model"})),
         )
     }
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,20 @@ FULL = RetrievalConfig()
 QUICK = RetrievalConfig(model="default", lengths=(40, 52), depths=(0.0, 0.5, 1.0), seeds=1,
                         ks=(1, 2), draws=2, mask_lengths=(40,),
                         question=SHORT_QUESTION)  # fmt: skip
+# Gemma 3 270M (72 heads, a 32k window): SmolLM2's sweep with a 512-token context added (one
+# thread scored three 256-token needles in 10 s, so the whole run takes minutes, not hours)
+GEMMA3 = replace(FULL, model="gemma3", lengths=(64, 128, 256, 512))
+MODELS = {"smollm2": FULL, "gemma3": GEMMA3}  # the models ``--model`` takes: their full configs
+
+
+def config(quick: bool, model: str | None) -> RetrievalConfig:
+    """The run's config: the quick one (on ``model`` when given) or ``model``'s full one.
+    Raises ValueError naming the valid models for any other name."""
+    if model is not None and model not in MODELS:
+        raise ValueError(f"model {model!r} has no retrieval config; valid: {', '.join(MODELS)}")
+    if quick:
+        return QUICK if model is None else replace(QUICK, model=model)
+    return MODELS[model or FULL.model]
 
 
 def score_probes(model: Transformer, probes: list[NeedleProbe]) -> list[dict[str, Any]]:
@@ -95,15 +109,19 @@ def masking(
             "probes": len(probes), "lengths": list(cfg.mask_lengths)}  # fmt: skip
 
 
-def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None = None) -> dict:
+def run(
+    *, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None = None,
+    model: str | None = None,
+) -> dict:  # fmt: skip
     """Score every head on needle probes, then mask; write results.json and retrieval.png.
-    ``seeds`` probes per length and depth (at least the config's), from ``seed``."""
+    ``seeds`` probes per length and depth (at least the config's), from ``seed``; ``model`` one
+    of :data:`MODELS` (default SmolLM2, the quick run the default model)."""
     from headlab import zoo
 
-    cfg = QUICK if quick else FULL
+    cfg = config(quick, model)
     t0 = time.perf_counter()
     with one_thread():
-        model, tokenizer = zoo.load(cfg.model)
+        net, tokenizer = zoo.load(cfg.model)
         hay = haystack(tokenizer)
         seed_list = range(seed, seed + max(seeds, cfg.seeds))
 
@@ -111,12 +129,12 @@ def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None 
             return [build_needle(tokenizer, hay, n, d, s, cfg.question)
                     for n in lengths for d in cfg.depths for s in seed_list]  # fmt: skip
 
-        rows = score_probes(model, make(cfg.lengths))
+        rows = score_probes(net, make(cfg.lengths))
         mean = torch.stack([r.pop("scores") for r in rows]).mean(0)  # (L, h)
         order = mean.flatten().argsort(descending=True).tolist()
         h = mean.shape[1]
         ranking = [(i // h, i % h) for i in order]
-        masked = masking(model, make(cfg.mask_lengths), ranking, cfg, seed)
+        masked = masking(net, make(cfg.mask_lengths), ranking, cfg, seed)
     results = summary(cfg, quick, list(seed_list), rows, mean, ranking, masked)
     results["figures"] = [f for f in [_figure(results, out)] if f]
     results["wall_seconds"] = time.perf_counter() - t0
@@ -138,7 +156,9 @@ def summary(
     ]
     results = {
         "experiment": "retrieval",
-        "command": "headlab experiment retrieval" + (" --quick" if quick else " --ship"),
+        "command": "headlab experiment retrieval"
+        + (" --quick" if quick else " --ship")
+        + ("" if cfg.model in (FULL.model, QUICK.model) else f" --model {cfg.model}"),
         "quick": quick,
         "model": cfg.model,
         "config": asdict(cfg),

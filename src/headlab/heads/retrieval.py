@@ -169,12 +169,13 @@ def needle_probes(
 
 
 def needle_analysis(
-    model: Transformer, tokenizer: Any, seed: int = 0
+    model: Transformer, tokenizer: Any, seed: int = 0, max_len: int | None = None
 ) -> tuple[Probe, RetrievalScores, list[dict[str, Any]]]:
     """What :func:`headlab.heads.analyse` needs for the needle probe: the probes as one
     :class:`~headlab.measure.Probe` (B = one per depth), each head's retrieval score averaged
-    over them, and per probe whether the model answered (with its answer's token ids)."""
-    needles = needle_probes(tokenizer, model.config.max_len, seed)
+    over them, and per probe whether the model answered (with its answer's token ids).
+    ``max_len``: the positions the probes may use (default the model's; the server's is less)."""
+    needles = needle_probes(tokenizer, max_len or model.config.max_len, seed)
     rows = score_needles(model, needles)
     mean = torch.stack([r.pop("scores") for r in rows]).mean(0)  # (L, h)
     scores = {(l, i): float(mean[l, i]) for l in range(mean.shape[0]) for i in range(mean.shape[1])}

@@ -25,11 +25,23 @@ MAX_TOKENS = settings.max_tokens()
 
 # What each probe of headlab.measure.PROBES (the one vocabulary of probe names) runs, in words the
 # page shows, and whether it reads the request's text (headlab.measure.build_probe enforces that).
+# /api/heads also takes "needle", as `headlab heads --probe needle` does: needle-in-a-haystack
+# probes whose answers give each head a retrieval score (headlab.heads.retrieval.needle_analysis),
+# the one probe whose labels include "retrieval"; it yields no single sequence for /api/attention.
+NEEDLE = "needle"
+HEAD_PROBE_INFO: dict[str, tuple[bool, str]] = {
+    **PROBE_INFO,
+    NEEDLE: (False, "needle-in-a-haystack probes: a secret number hidden in Hamlet at five "
+             "depths, the model asked for it (Wu et al. 2024's retrieval heads; /api/heads only)"),
+}  # fmt: skip
+HEAD_PROBES = tuple(HEAD_PROBE_INFO)
 if TYPE_CHECKING:
     ProbeName = str
+    HeadProbeName = str
     Dtype = str
 else:  # the one vocabulary of each, so the schema lists them as an enum
     ProbeName = Literal[PROBES]  # headlab.measure.PROBES
+    HeadProbeName = Literal[HEAD_PROBES]  # those and "needle"
     Dtype = Literal[tuple(DTYPES)]  # headlab.shapes.DTYPES, aliases included
 
 
@@ -170,8 +182,8 @@ def shape_limits() -> ShapeLimits:
     return ShapeLimits(sizes={k: list(v) for k, v in LIMITS.items()}, dtypes=list(DTYPE_NAMES))
 
 
-def _probes(takes_text: bool) -> list[str]:
-    return [name for name in PROBES if PROBE_INFO[name][0] == takes_text]
+def _probes(takes_text: bool, names: tuple[str, ...] = PROBES) -> list[str]:
+    return [name for name in names if HEAD_PROBE_INFO[name][0] == takes_text]
 
 
 def _probe_is(names: list[str]) -> dict[str, Any]:
@@ -181,35 +193,48 @@ def _probe_is(names: list[str]) -> dict[str, Any]:
 class ProbeInfo(BaseModel):
     """A probe the head analysis can run (``probe`` of /api/heads and /api/attention)."""
 
-    name: str = Field(description="a name of headlab.measure.PROBES")
+    name: str = Field(description="a name of headlab.measure.PROBES, or 'needle' (/api/heads only)")
     takes_text: bool = Field(description="true: the request must carry a text; false: none")
     description: str
 
 
 def probe_infos() -> list[ProbeInfo]:
-    """Every probe, in the order of :data:`headlab.measure.PROBES`."""
-    return [ProbeInfo(name=n, takes_text=PROBE_INFO[n][0], description=PROBE_INFO[n][1])
-            for n in PROBES]  # fmt: skip
+    """Every probe /api/heads takes: :data:`headlab.measure.PROBES` in order, then "needle"."""
+    return [ProbeInfo(name=n, takes_text=HEAD_PROBE_INFO[n][0],
+                      description=HEAD_PROBE_INFO[n][1]) for n in HEAD_PROBES]  # fmt: skip
 
 
-class TextRequest(Strict):
-    # the schema says what headlab.measure.build_probe enforces: a probe that reads no text
-    # takes none, one that reads a text needs it
-    model_config = ConfigDict(
+def _text_rules(names: tuple[str, ...]) -> ConfigDict:
+    """A request's config: unknown fields refused, and the schema saying what the probes of
+    ``names`` enforce (headlab.measure.build_probe): one that reads no text takes none, one that
+    reads a text needs it."""
+    return ConfigDict(
         extra="forbid",
         json_schema_extra={
             "allOf": [
                 {
-                    "if": _probe_is(_probes(takes_text=False)),
+                    "if": _probe_is(_probes(False, names)),
                     "then": {"properties": {"text": {"type": "null"}}},
                 },
                 {
-                    "if": _probe_is(_probes(takes_text=True)),
+                    "if": _probe_is(_probes(True, names)),
                     "then": {"required": ["text"], "properties": {"text": {"type": "string"}}},
                 },
             ]
         },
     )
+
+
+def _probe_help(names: tuple[str, ...]) -> str:
+    return "; ".join(f"'{n}': {HEAD_PROBE_INFO[n][1]}" for n in names) + (
+        ". Omitted: the first of these that fits, 'text' when a text is given, else 'repeat' "
+        "(headlab.measure.build_probe, the names `headlab heads --probe` takes; GET /api/probes "
+        "lists them)"
+    )
+
+
+class TextRequest(Strict):
+    model_config = _text_rules(PROBES)
 
     model: str = Field("default", pattern=NAME_PATTERN, description="a name from /api/models")
     text: str | None = Field(
@@ -218,13 +243,7 @@ class TextRequest(Strict):
         max_length=MAX_TEXT_CHARS,
         description="text to run; omitted = the built-in sentence with a repeat",
     )
-    probe: ProbeName | None = Field(
-        None,
-        description="; ".join(f"'{n}': {PROBE_INFO[n][1]}" for n in PROBES)
-        + ". Omitted: the first of these that fits, 'text' when a text is given, else 'repeat' "
-        "(headlab.measure.build_probe, the names `headlab heads --probe` takes; GET /api/probes "
-        "lists them)",
-    )
+    probe: ProbeName | None = Field(None, description=_probe_help(PROBES))
 
     def probe_name(self) -> str:
         """``probe``, or when omitted the first probe of PROBES that fits the request: one that
@@ -233,6 +252,9 @@ class TextRequest(Strict):
 
 
 class HeadsRequest(TextRequest):
+    model_config = _text_rules(HEAD_PROBES)
+
+    probe: HeadProbeName | None = Field(None, description=_probe_help(HEAD_PROBES))
     syntax: StrictBool = Field(
         False,
         description="also score syntactic heads on the shipped evaluation text and parse the "
@@ -376,6 +398,12 @@ class HeadsResponse(ModelOnText):
     )
     syntax_labels: bool = Field(
         False, description="whether the labels took the syntactic score into account"
+    )
+    needles: list[dict[str, Any]] | None = Field(
+        None,
+        description="probe 'needle': per needle its length, depth and seed, whether the model "
+        "answered the number, its answer's and the number's token ids and the number's span "
+        "(headlab.heads.retrieval.needle_analysis, as `headlab heads --probe needle --json`)",
     )
     weights: list[list[list[list[float]]]] = Field(
         description="[layer][head][query i][key j] on the probe's first sequence"

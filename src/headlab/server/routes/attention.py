@@ -14,6 +14,7 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from headlab.server.fastjson import json_response
 from headlab.server.schemas import (
     MAX_TOKENS,
+    NEEDLE,
     AttentionResponse,
     CircuitRequest,
     CircuitResponse,
@@ -102,10 +103,11 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
         raise HTTPException(422, "floors: evidence checks every label against its "
                             'random-weights floor; leave out "floors": false or '
                             '"evidence": true')  # fmt: skip
-    model, probe = load_probe(request, req)
+    model, probe, retrieval, needles = heads_probe(request, req)
     found = syntax_table(request, req.model) if req.wants_syntax() else None
     margins = found["report"].margins() if found and found.get("report") else None
     ruled = req.syntax_labels and margins is not None
+    extra: dict[str, Any] = {"needles": needles} if needles else {}
     if req.evidence:  # labels then need their margins over random weights too
         from headlab.heads.evidence import evidence
 
@@ -116,11 +118,10 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
                                     f"layers 0..{L - 1} and heads 0..{h - 1}")  # fmt: skip
         backed = evidence(model, probe, keep=None, syntactic=margins, label_syntactic=ruled,
                           exact=req.exact)  # fmt: skip
-        report, extra = backed.report, {"evidence": backed.to_dict()}
+        report, extra["evidence"] = backed.report, backed.to_dict()
     else:
         report = label_heads(model, probe, syntactic=margins, label_syntactic=ruled,
-                             floors=req.floors)  # fmt: skip
-        extra = {}
+                             floors=req.floors, retrieval=retrieval)  # fmt: skip
     body = {**report.to_dict(patterns=True), "syntax_labels": ruled, **extra}
     if found is not None:
         body["syntax"] = syntax_body(request, req.model, found, probe, report.patterns)
@@ -135,6 +136,32 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
             **body,
         }
     )
+
+
+def heads_probe(request: Request, req: HeadsRequest) -> tuple[Any, Any, Any, list[dict]]:
+    """``(model, probe, retrieval scores, needles)`` for /api/heads: with probe "needle" the
+    needle-in-a-haystack probes, sized to the server's token budget, and each head's retrieval
+    score and each needle's answer (:func:`headlab.heads.retrieval.needle_analysis`, as
+    ``headlab heads --probe needle``); else :func:`load_probe`'s, None and []."""
+    if req.probe != NEEDLE:
+        return (*load_probe(request, req), None, [])
+    from headlab.heads.retrieval import DIGITS, needle_analysis
+
+    if req.evidence:
+        raise HTTPException(422, "evidence backs the pattern probes' labels; the needle "
+                            "probe's are tested by masking (`headlab experiment retrieval`): "
+                            'leave out "evidence": true or pick another probe')  # fmt: skip
+    if req.text is not None:
+        raise HTTPException(422, "probe 'needle' takes no text; leave the text out or use "
+                            "probe 'text'")  # fmt: skip
+    model, tokenizer = request.app.state.models.get(req.model)
+    # the needles' context fits the token budget, with room for the answer as the CLI leaves it
+    positions = min(model.config.max_len, token_limit(model) + 2 * DIGITS)
+    try:
+        probe, retrieval, needles = needle_analysis(model, tokenizer, seed=0, max_len=positions)
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from None
+    return model, probe, retrieval, needles
 
 
 @router.post("/circuit", response_model=CircuitResponse)
