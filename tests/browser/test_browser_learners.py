@@ -636,7 +636,7 @@ def test_each_section_opens_with_one_claim_then_its_figure(learner) -> None:
 
 
 def test_figures_say_whether_they_are_live_or_stored(learner) -> None:
-    from headlab.server.routes.experiments import shipped
+    from headlab.server.routes.experiments import PAGE_EXPERIMENTS, shipped
 
     lede = learner.inner_text(".lede")
     assert "stored" in lede and "Every figure" not in lede
@@ -650,7 +650,7 @@ def test_figures_say_whether_they_are_live_or_stored(learner) -> None:
         assert "computed now by headlab" in marker.inner_text()
     files = shipped()
     experiments = learner.locator(".experiment[data-experiment]")
-    assert experiments.count() == 5
+    assert experiments.count() == len(PAGE_EXPERIMENTS)
     for k in range(experiments.count()):
         el = experiments.nth(k)
         name = el.get_attribute("data-experiment")

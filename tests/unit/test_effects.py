@@ -4,6 +4,8 @@ them (Olsson et al. 2022)."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,7 @@ from headlab import Trace, zoo
 from headlab.ablation import full_mask
 from headlab.heads import analyse, induction_score
 from headlab.heads.baselines import baselines
-from headlab.heads.effects import ablate_heads
+from headlab.heads.effects import _mean_fill, ablate_heads, this_thread
 from headlab.measure import build_probe, copy_targets, token_losses
 
 
@@ -134,3 +136,52 @@ def test_the_previous_token_head_feeds_the_induction_heads(repeat, ablations, la
         after = a.induction[a.index(*prev), layer, head].item()
         assert before > 0.3 and after < before / 10
     assert effect[a.index(*prev)] > effect[a.index(1, 0) :].max()
+
+
+def _forward_in_thread(model, tokens) -> torch.Tensor:
+    """The logits of ``tokens`` computed in another thread (as a second server request is)."""
+    out: list = []
+    worker = threading.Thread(target=lambda: out.append(model(tokens).detach()))
+    worker.start()
+    worker.join()
+    return out[0]
+
+
+def test_an_ablation_leaves_other_threads_forwards_alone(default, repeat):
+    """The server answers requests on one shared model from several threads: while one request
+    ablates a head (a hook on the layer), another thread's forward, of another batch size
+    too, must equal the clean forward (it crashed, or silently gained the ablation, before)."""
+    model = default[0]
+    tokens = repeat.tokens
+    other = torch.cat([tokens, tokens.flip(1)])  # (2B, n): a batch size the hook was not made for
+    with torch.no_grad():
+        clean = model(other)
+        means = mean_outputs(model, tokens)
+        ablated = torch.zeros(1, model.config.n_heads)
+        ablated[0, 0] = 1.0
+        with _mean_fill(model.blocks[0].attn, ablated, means[0], tokens.shape[0]):
+            elsewhere = _forward_in_thread(model, other)
+            here = model(tokens, head_mask=full_mask(model.config.n_layers,
+                                                     model.config.n_heads, [(0, 0)]))  # fmt: skip
+    assert torch.equal(elsewhere, clean)
+    want, _ = reference(model, tokens, 0, 0, "mean", means)
+    got = torch.nn.functional.cross_entropy(
+        here[:, :-1].flatten(0, 1), tokens[:, 1:].flatten(), reduction="none"
+    ).view(tokens.shape[0], -1)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_a_thread_scoped_hook_acts_only_in_its_thread(default, repeat):
+    """this_thread(hook) changes the output in the thread that made it, and in no other."""
+    model, tokens = default[0], repeat.tokens
+    with torch.no_grad():
+        clean = model(tokens)
+        handle = model.blocks[0].attn.register_forward_hook(
+            this_thread(lambda module, inputs, output: output * 0)
+        )
+        try:
+            elsewhere, here = _forward_in_thread(model, tokens), model(tokens)
+        finally:
+            handle.remove()
+    assert torch.equal(elsewhere, clean)
+    assert not torch.allclose(here, clean)

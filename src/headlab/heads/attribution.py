@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from headlab.devices import input_device
-from headlab.heads.effects import MODES, Mode, clean_run
+from headlab.heads.effects import MODES, Mode, clean_run, this_thread
 from headlab.heads.scores import mass_where_possible
 from headlab.heads.targets import token_rule_targets
 from headlab.measure import Probe, layer_index
@@ -151,8 +151,9 @@ def _forward(model: Any, tokens: Tensor, layers: set[int], alpha: float, mode: s
             run.weights[layer_index(name)] = value
 
     # the graph starts at the embedding: no parameter needs a gradient
-    hooks = [model.embed.register_forward_hook(lambda m, i, out: out.detach().requires_grad_())]
-    hooks += [b.attn.W_O.register_forward_pre_hook(_mover(run, l, h, alpha, mode))
+    start = this_thread(lambda m, i, out: out.detach().requires_grad_())
+    hooks = [model.embed.register_forward_hook(start)]
+    hooks += [b.attn.W_O.register_forward_pre_hook(this_thread(_mover(run, l, h, alpha, mode)))
               for l, b in enumerate(model.blocks)]  # fmt: skip
     try:
         trace = Trace(only=("weights",), detach=False, reduce=keep)
@@ -335,7 +336,7 @@ def _copies(model: Any, clean: Any, layer: int, copies: list[tuple[int, float]],
     def keep(name: str, value: Tensor) -> None:
         weights[layer_index(name)] = value
 
-    handle = model.blocks[layer].attn.W_O.register_forward_pre_hook(move)
+    handle = model.blocks[layer].attn.W_O.register_forward_pre_hook(this_thread(move))
     trace = Trace(only=("weights",), detach=False, reduce=keep)
     try:
         x = clean.resid[layer].detach().repeat(C, 1, 1)  # (C·B, n, d)

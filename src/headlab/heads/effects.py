@@ -25,8 +25,9 @@ Papers: Michel et al. 2019 (head masks); Olsson et al. 2022 (induction heads and
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -133,6 +134,19 @@ def clean_run(model: Any, tokens: Tensor, target: Tensor) -> _Clean:
     return _Clean(resid, means, induction, _losses(model, hidden, tokens[:, 1:]))
 
 
+def this_thread(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """``hook`` acting only in the thread that made it: a module's hooks are seen by every
+    thread's forward, and the server answers requests on one shared model from several
+    threads, so another request's forward must pass through unchanged (a hook returning None
+    leaves a module's input or output as it is)."""
+    owner = threading.get_ident()
+
+    def guarded(*args: Any) -> Any:
+        return hook(*args) if threading.get_ident() == owner else None
+
+    return guarded
+
+
 @contextmanager
 def _mean_fill(attn: Any, ablated: Tensor, means: Tensor, B: int) -> Iterator[None]:
     """While inside, the layer's output gains W_O,h · mean_h for each head h that ``ablated``
@@ -145,7 +159,7 @@ def _mean_fill(attn: Any, ablated: Tensor, means: Tensor, B: int) -> Iterator[No
     def add(module: Any, inputs: Any, output: Tensor) -> Tensor:
         return output + delta[:, None, :]
 
-    handle = attn.register_forward_hook(add)
+    handle = attn.register_forward_hook(this_thread(add))
     try:
         yield
     finally:
