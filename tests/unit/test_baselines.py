@@ -123,3 +123,37 @@ def test_trained_labels_stand_above_their_baselines(default, probes, base):
     for s in induction:
         mean, sd = b.random["induction"][:, s.layer].tolist()
         assert s.scores["induction"] > mean + K_SD * sd
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 2])
+def test_random_models_are_torchs_seeded_init_whatever_other_threads_draw(n_kv_heads) -> None:
+    """random_model(seed) equals Transformer(config) built after torch.manual_seed(seed), also
+    while another thread keeps drawing from (and reseeding) torch's global generator, as a live
+    run does in the server; the floors cached from it were wrong when it used that generator."""
+    import threading
+
+    from headlab.heads.baselines import random_model
+    from headlab.model import ModelConfig, Transformer
+
+    config = ModelConfig(vocab_size=50, d_model=32, n_heads=4, n_kv_heads=n_kv_heads,
+                         n_layers=2, max_len=16)  # fmt: skip
+    model = Transformer(config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1000)
+        want = Transformer(config).state_dict()
+    stop = threading.Event()
+
+    def draw() -> None:
+        while not stop.is_set():
+            torch.manual_seed(7)
+            torch.rand(64)
+
+    other = threading.Thread(target=draw)
+    other.start()
+    try:
+        built = [random_model(model, 1000).state_dict() for _ in range(20)]
+    finally:
+        stop.set()
+        other.join()
+    for got in built:
+        assert all(torch.equal(got[k], want[k]) for k in want)

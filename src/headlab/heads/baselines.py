@@ -55,6 +55,7 @@ from headlab.heads.report import (
 from headlab.heads.targets import shuffle_positions
 from headlab.measure import Probe, earlier_occurrence
 from headlab.model import Transformer
+from headlab.model.transformer import SeededInit
 from headlab.pypi import cache_root
 
 BASELINE_SEEDS = (1000, 1001, 1002)  # the random initialisations and shuffle orders
@@ -80,10 +81,12 @@ def score_tensor(report: HeadReport, averaged: bool = False) -> dict[str, Tensor
 # only the allocation; the floors' cache saves the whole cost instead.
 def random_model(model: Any, seed: int) -> Transformer:
     """``model``'s architecture with random weights drawn from ``seed`` (its config's
-    init_std), on the device and dtype of its embedding; the global RNG is left as it was."""
+    init_std), on the device and dtype of its embedding: the weights of ``Transformer(config)``
+    after ``torch.manual_seed(seed)``, drawn from a generator of its own (:class:`SeededInit`),
+    so that other threads drawing from the global one (a live run in the server) cannot change
+    them; the global RNG is neither read nor moved."""
     weight = model.embed.weight
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with SeededInit(torch.Generator().manual_seed(seed)):
         fresh = Transformer(model.config)
     return fresh.to(device=weight.device, dtype=weight.dtype).eval()
 

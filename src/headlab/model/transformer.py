@@ -39,6 +39,24 @@ class SkipInit(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class SeededInit(TorchFunctionMode):
+    """Inside this context ``torch.nn.init``'s random fills draw from ``generator`` instead of
+    torch's global one, in the same order and by the same rule, so a model built here with a
+    generator seeded s equals one built after ``torch.manual_seed(s)``. The global generator is
+    shared by every thread (a server answering requests while it trains), this one is not;
+    torch function modes are per thread, so other threads are unaffected."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        super().__init__()
+        self.generator = generator
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in SkipInit.SKIPPED:
+            return func(*args, **{**kwargs, "generator": self.generator})
+        return func(*args, **kwargs)
+
+
 class Transformer(nn.Module):
     """Embedding → blocks → final norm → unembedding, recording into an optional Trace."""
 

@@ -31,8 +31,8 @@ MAX_TOKENS = settings.max_tokens()
 NEEDLE = "needle"
 HEAD_PROBE_INFO: dict[str, tuple[bool, str]] = {
     **PROBE_INFO,
-    NEEDLE: (False, "needle-in-a-haystack probes: a secret number hidden in Hamlet at five "
-             "depths, the model asked for it (Wu et al. 2024's retrieval heads; /api/heads only)"),
+    NEEDLE: (False, "needle in a haystack (a secret number hidden in Hamlet at five depths, "
+             "the model asked for it: Wu et al. 2024's retrieval heads; /api/heads only)"),
 }  # fmt: skip
 HEAD_PROBES = tuple(HEAD_PROBE_INFO)
 if TYPE_CHECKING:
