@@ -59,6 +59,23 @@ def _threads_per_worker() -> Iterator[None]:
 # --- one server and one browser for the whole process ---------------------------------------
 
 
+def random_model_folders(
+    model: Any, seeds: tuple[int, ...], tmp_path_factory: Any
+) -> dict[int, str]:
+    """``model``'s architecture with random weights, one per seed, saved as model folders that
+    ``headlab heads --model FOLDER`` loads, with the default model's tokenizer: seed → folder."""
+    from headlab import zoo
+    from headlab.heads.baselines import random_model
+
+    out = {}
+    for seed in seeds:
+        folder = tmp_path_factory.mktemp(f"random{seed}")
+        random_model(model, seed).save(folder)
+        shutil.copy(zoo.WEIGHTS_DIR / "tokenizer.json", folder / "tokenizer.json")
+        out[seed] = str(folder)
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

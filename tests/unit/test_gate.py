@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 from collections.abc import Iterator
 
 import numpy as np
@@ -16,7 +15,7 @@ import torch
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from conftest import require
+from conftest import random_model_folders, require
 from headlab import show, zoo
 from headlab.cli import app
 from headlab.heads import THRESHOLDS, analyse, label_head
@@ -49,14 +48,7 @@ def probe_of(default, name: str):
 def checkpoints(default, tmp_path_factory) -> dict[int, str]:
     """The default model's architecture with random weights (seeds 0–2), saved as model folders
     that ``headlab heads --model FOLDER`` loads, with the default model's tokenizer."""
-    model, _ = default
-    out = {}
-    for seed in SEEDS:
-        folder = tmp_path_factory.mktemp(f"random{seed}")
-        B.random_model(model, seed).save(folder)
-        shutil.copy(zoo.WEIGHTS_DIR / "tokenizer.json", folder / "tokenizer.json")
-        out[seed] = str(folder)
-    return out
+    return random_model_folders(default[0], SEEDS, tmp_path_factory)
 
 
 def type_labels(heads: list[dict]) -> set[str]:

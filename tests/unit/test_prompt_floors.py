@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import require
+from conftest import random_model_folders, require
 from headlab import scaling, zoo
 from headlab.cli import app
 from headlab.heads import THRESHOLDS, analyse, label_head
@@ -43,14 +42,7 @@ def default():
 def checkpoints(default, tmp_path_factory) -> dict[int, str]:
     """The default model's architecture with random weights (seeds 0–2), saved as model folders
     that ``headlab heads --model FOLDER`` loads, with the default model's tokenizer."""
-    model, _ = default
-    out = {}
-    for seed in SEEDS:
-        folder = tmp_path_factory.mktemp(f"random{seed}")
-        B.random_model(model, seed).save(folder)
-        shutil.copy(zoo.WEIGHTS_DIR / "tokenizer.json", folder / "tokenizer.json")
-        out[seed] = str(folder)
-    return out
+    return random_model_folders(default[0], SEEDS, tmp_path_factory)
 
 
 def repeated(count: int = 4) -> list[str]:
