@@ -7,16 +7,15 @@ round by round, so a busy machine slows them all alike, after one untimed warm-u
 fills the page cache: "cold" is a new process, not a cold disk. Per command it reports the median,
 least and most wall seconds and the median CPU seconds (user + system) of its rounds, and the
 median as a ratio to the torch import's median. Goals: ``--help`` under 0.3 s, and ``shapes``
-under the torch import alone: it runs the real layer on the meta device, so it imports torch and
-nothing else heavy. Two more reference rows frame it. Torch plus one product on a meta tensor
-shows what ``shapes`` steps around: PyTorch computes that product's meta result in Python, and its
-first call imports torch._dynamo; the shape trace runs its one product in place, whose meta kernel
-does not (headlab/shapes/report.py). Torch plus one matrix product on meta is the floor of any
-meta trace: the Python meta kernels of mm, bmm and softmax check their inputs with
-``torch._check``, whose first call imports torch.fx.experimental.symbolic_shapes (and sympy). The
-machine (cores, Python, torch) and its load
-average at the start and the end are written with the figures, since a shared machine's
-figures mean little without them.
+under the torch import alone. ``shapes`` answers from the shape table (headlab/shapes/figures.py,
+no torch), which the tests hold equal to the traced layer; ``shapes --trace`` runs the real layer
+on the meta device, so it imports torch, and nothing else heavy. Two more reference rows show what
+that trace steps around: PyTorch computes the meta results of products and softmax in Python, and
+the first such call imports torch._dynamo (``mul``'s type promotion) or, through
+``torch._check``, torch.fx's symbolic shapes and sympy (``mm``); the trace makes those results
+itself (headlab/shapes/report.py). The machine (cores, Python, torch) and its load average at the
+start and the end are written with the figures, since a shared machine's figures mean little
+without them.
 
 Run: ``python benchmarks/bench_cold_start.py [--rounds 7] [--json PATH]``; writes
 ``benchmarks/results/cold_start.json`` by default.
@@ -43,9 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "cold_start.json"
 REFERENCE = 'python -c "import torch"'
 # torch's Python meta kernels for elementwise products import torch._dynamo on their first call
-# (torch/_compile.py); `headlab shapes` avoids that, and this row shows what it avoids
+# (torch/_compile.py); `headlab shapes --trace` avoids that, and this row shows what it avoids
 META_OP = "import torch; torch.empty(1, device='meta') * 2"
-# the floor of a meta trace: a Python meta kernel's torch._check imports symbolic_shapes (sympy)
+# a Python meta kernel's torch._check imports symbolic_shapes (sympy); the trace avoids it too
 META_MM = "import torch; x = torch.empty(2, 2, device='meta'); x @ x"
 HEADLAB = [sys.executable, "-m", "headlab.cli"]
 COMMANDS: dict[str, list[str]] = {
@@ -56,6 +55,8 @@ COMMANDS: dict[str, list[str]] = {
     "headlab models": [*HEADLAB, "models"],
     "headlab shapes --d-model 512 --heads 8": [*HEADLAB, "shapes", "--d-model", "512",
                                                "--heads", "8"],
+    "headlab shapes --d-model 512 --heads 8 --trace": [*HEADLAB, "shapes", "--d-model", "512",
+                                                       "--heads", "8", "--trace"],
     "headlab heads --model default": [*HEADLAB, "heads", "--model", "default"],
 }  # fmt: skip
 

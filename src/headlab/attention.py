@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from headlab.numbers import valid_head_counts
 from headlab.trace import Trace
 
 Impl = Literal["auto", "explicit", "fused"]
@@ -133,13 +134,6 @@ def causal_allowed(
     j = torch.arange(s, device=device)[None, :]
     seen = j <= offset + i  # (n, s)
     return seen if window is None else seen & (j > offset + i - window)
-
-
-def valid_head_counts(d_model: int) -> list[int]:
-    """The head counts that split ``d_model`` evenly: its divisors, ascending (each divisor up
-    to √d_model paired with its cofactor, so even a huge d_model answers quickly)."""
-    small = [h for h in range(1, math.isqrt(max(d_model, 0)) + 1) if d_model % h == 0]
-    return sorted(set(small) | {d_model // h for h in small})
 
 
 def check_config(

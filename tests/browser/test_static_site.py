@@ -311,7 +311,7 @@ def test_shapes_widget_equals_headlab_shapes(page) -> None:
     for body, report in zip(bodies, got, strict=True):
         want = trace_shapes(**ShapesRequest(**body).model_dump())  # the API's defaults
         assert _as_doubles(report) == _as_doubles(
-            {**want.to_dict(), **want.config.head_counts()}
+            {**want.to_dict(), **want.config.head_counts(), "source": "table"}
         ), body
         valid += want.valid
     assert 100 < valid < len(bodies)  # both kinds were checked

@@ -23,6 +23,7 @@ from headlab.shapes import (
     ShapeReport,
     format_bytes,
     nearest_divisors,
+    table_shapes,
     trace_shapes,
 )
 from headlab.trace import Trace
@@ -125,6 +126,8 @@ def test_report_matches_a_real_forward_pass(cfg):
         assert pt.count == dict(module.named_parameters())[pt.name].numel()
     assert report.shape_preserving
     assert report.stage("out").shape == report.stage("x").shape
+    # the closed form the command line answers with gives every figure of this report
+    assert table_shapes(**cfg).differences(report) == []
 
 
 @settings(max_examples=2000, deadline=None)
@@ -154,6 +157,45 @@ def test_closed_form_formulas_agree_with_the_trace(cfg):
     assert report.flops["total"] == 2 * B * n * (2 * d * d + 2 * d * kv_width) + n2
     assert ("h_kv" in "".join(s.symbolic for s in report.stages)) == (h_kv != h)
     assert ("s" in "".join(s.symbolic for s in report.stages)) == (cfg["cache_len"] > 0)
+
+
+@st.composite
+def any_sizes(draw: st.DrawFn) -> dict:
+    """Sizes valid or not: widths that heads do not split, K/V heads that do not divide h,
+    given head widths, every dtype name, caches; now and then a size past the limits."""
+    big = draw(st.sampled_from([1, 1, 1, 1, 2**20]))
+    return {
+        "d_model": draw(st.integers(1, 40)) * big,
+        "n_heads": draw(st.integers(1, 9)),
+        "n_kv_heads": draw(st.sampled_from([None, 1, 2, 3, 4])),
+        "seq_len": draw(st.integers(1, 7)) * draw(st.sampled_from([1, 1, 2**24])),
+        "batch": draw(st.integers(1, 3)),
+        "bias": draw(st.booleans()),
+        "dtype": draw(st.sampled_from(sorted(DTYPES))),
+        "cache_len": draw(st.sampled_from([0, 0, 1, 5])),
+        "d_k": draw(st.sampled_from([None, None, 1, 3, 16])),
+    }
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(configs(), head_width_configs(), any_sizes()))
+@pytest.mark.slow
+def test_the_table_gives_the_traced_report_field_for_field(cfg):
+    """`headlab shapes` answers from table_shapes (no torch); trace_shapes reads the same report
+    off the real layer on meta. Every key of to_dict but ``source`` must be equal, for valid and
+    refused sizes alike."""
+    table, traced = table_shapes(**cfg), trace_shapes(**cfg)
+    assert (table.source, traced.source) == ("table", "trace")
+    assert table.differences(traced) == []
+    assert {**table.to_dict(), "source": "trace"} == traced.to_dict()
+
+
+def test_itemsizes_are_torchs():
+    from headlab.shapes.config import ITEMSIZE
+
+    torch_sizes = {name: torch.empty(0, dtype=DTYPES[name]).element_size() for name in ITEMSIZE}
+    assert torch_sizes == ITEMSIZE
+    assert set(ITEMSIZE) == {str(d).removeprefix("torch.") for d in DTYPES.values()}
 
 
 @settings(max_examples=150, deadline=None)
@@ -424,8 +466,46 @@ def test_cli_json_matches_the_library():
     result = runner.invoke(app, ["shapes", "--preset", "gpt2-small", "--seq", "8", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert data == json.loads(json.dumps(trace_shapes(768, 12, 8, 1).to_dict()))
-    assert data["params"]["total"] == 2_362_368
+    assert data == json.loads(json.dumps(table_shapes(768, 12, 8, 1).to_dict()))
+    assert data["params"]["total"] == 2_362_368 and data["source"] == "table"
+    traced = runner.invoke(app, ["shapes", "--preset", "gpt2-small", "--seq", "8", "--json",
+                                 "--trace"])  # fmt: skip
+    assert traced.exit_code == 0, traced.output
+    want = json.loads(json.dumps(trace_shapes(768, 12, 8, 1).to_dict()))
+    assert json.loads(traced.stdout) == want and want["source"] == "trace"
+    assert {**want, "source": "table"} == data
+
+
+def test_cli_says_where_the_report_comes_from():
+    args = ["shapes", "--d-model", "64", "--heads", "4", "--kv-heads", "2", "--cache-len", "2"]
+    table = runner.invoke(app, args)
+    traced = runner.invoke(app, [*args, "--trace"])
+    assert table.exit_code == traced.exit_code == 0, table.output + traced.output
+    assert "from the shape table" in " ".join(table.output.split())
+    assert "read off the real layer run on the meta device" in " ".join(traced.output.split())
+    # apart from that line, the two print the same report
+    assert table.output.split("source:")[0] == traced.output.split("source:")[0]
+
+
+def test_cli_trace_refuses_a_table_that_disagrees_with_the_layer(monkeypatch):
+    """If the closed form ever drifts from the layer, --trace says so and exits 1."""
+    import dataclasses
+
+    import headlab.shapes as shapes
+
+    real = shapes.trace_shapes
+
+    def wider(*args, **kwargs):
+        report = real(*args, **kwargs)
+        stages = list(report.stages)
+        stages[-1] = dataclasses.replace(stages[-1], shape=(1, 10, 65))
+        return dataclasses.replace(report, stages=tuple(stages))
+
+    monkeypatch.setattr(shapes, "trace_shapes", wider)
+    result = runner.invoke(app, ["shapes", "--d-model", "64", "--heads", "4", "--trace"])
+    assert result.exit_code == 1
+    assert "disagree on stages" in " ".join(result.output.split())
+    assert "Traceback" not in result.output
 
 
 def test_cli_preset_defaults_and_overrides():
@@ -440,7 +520,7 @@ def test_cli_preset_defaults_and_overrides():
 def test_cli_head_width_and_the_gemma3_preset():
     gemma = runner.invoke(app, ["shapes", "--preset", "gemma-3-270m", "--seq", "8", "--json"])
     assert gemma.exit_code == 0, gemma.output
-    want = trace_shapes(640, 4, 8, 1, n_kv_heads=1, bias=False, d_k=256).to_dict()
+    want = table_shapes(640, 4, 8, 1, n_kv_heads=1, bias=False, d_k=256).to_dict()
     assert json.loads(gemma.stdout) == json.loads(json.dumps(want))
     for flag in ("--d-k", "--head-dim"):
         args = ["shapes", "--d-model", "640", "--heads", "4", "--kv-heads", "1", flag, "256"]

@@ -8,6 +8,11 @@ import typer
 
 from headlab.cli.common import console, fail
 
+TRACE_HELP = (
+    "Run the real layer on PyTorch's meta device and read the report off it, checked against "
+    "the shape table (imports torch: about a second more)."
+)
+
 
 def _size_option(name: str, help_text: str, *flags: str) -> Any:
     """An optional size of ``headlab shapes``, bounded as the API's schema bounds it."""
@@ -36,14 +41,17 @@ def shapes(
     bias: bool | None = typer.Option(None, "--bias/--no-bias", help="Projection biases."),
     preset: str | None = typer.Option(None, help="A published model, e.g. gpt2-small."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    trace: bool = typer.Option(False, "--trace", help=TRACE_HELP),
 ) -> None:
     """Every tensor's shape, the parameters, FLOPs and KV cache of one attention layer.
 
+    The report comes from the layer's shape table, which headlab's tests hold equal to the real
+    layer traced on the meta device; --trace runs that trace here.
     FLOPs: a multiply-add counts 2; bias adds, the 1/√d_k scale and softmax are not counted.
     """
     import json
 
-    from headlab.shapes import PRESETS, Preset, check_shape_config, shape_config
+    from headlab.shapes import PRESETS, Preset, check_shape_config, shape_config, table_shapes
 
     if preset is not None and preset not in PRESETS:
         raise fail(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
@@ -59,20 +67,34 @@ def shapes(
         0 if cache_len is None else cache_len,
         p.d_k if d_k is None else d_k,
     )
-    # a refused size is answered before the layer's module (and torch) is imported; --json
-    # prints the refused report itself, so it goes on to trace_shapes
+    # a refused size is answered before anything is built; --json prints the refused report
     problems = check_shape_config(shape_config(*sizes))
     if problems and not as_json:
         raise fail("; ".join(problems))
-    from headlab.shapes import trace_shapes
-
-    r = trace_shapes(*sizes)
+    r = table_shapes(*sizes)
+    if trace and r.valid:
+        r = _traced(r, sizes)
     if as_json:
         typer.echo(json.dumps(r.to_dict(), indent=2, ensure_ascii=False))
     if not r.valid:
         raise fail("; ".join(r.problems))
     if not as_json:
         _print_report(r, p.title)
+
+
+def _traced(table: Any, sizes: tuple[Any, ...]) -> Any:
+    """The report read off the real layer on meta, which must equal the table's."""
+    from headlab.shapes import trace_shapes
+
+    traced = trace_shapes(*sizes)
+    differ = traced.differences(table)
+    if differ:
+        raise fail(
+            f"the shape table and the traced layer disagree on {', '.join(differ)}: a headlab "
+            "bug; the traced figures are the layer's own",
+            code=1,
+        )
+    return traced
 
 
 def _print_report(r: Any, title: str) -> None:
@@ -92,3 +114,10 @@ def _print_report(r: Any, title: str) -> None:
     console.print(table, params)
     for line in r.summary():
         console.print(line, highlight=False)
+    source = (
+        "read off the real layer run on the meta device, and equal to the shape table"
+        if r.source == "trace"
+        else "from the shape table, which the tests hold equal to the traced layer; "
+        "--trace runs the layer"
+    )
+    console.print(f"source: {source}", highlight=False)

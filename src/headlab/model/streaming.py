@@ -42,7 +42,9 @@ class SinkCache(KVCache):
             )
         super().__init__(batch, n_kv_heads, d_k, sinks + window, dtype, device)
         self.sinks, self.window = sinks, window
-        self.raw = torch.zeros_like(self.k)  # (B, h_kv, capacity, d_k) keys before rotary
+        # keys before rotary; torch.zeros, not zeros_like: on meta (the shape report) zeros_like
+        # is decomposed in Python, whose first call imports sympy
+        self.raw = torch.zeros(self.k.shape, dtype=dtype, device=self.k.device)
         self.dropped = 0  # tokens that have left the window so far
 
     @property

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from headlab.numbers import valid_head_counts
+
 # No torch here: `headlab shapes --help` and its argument errors read this module (LIMITS, the
 # checks) and answer before torch is imported; the report (report.py) runs the layer.
 
@@ -26,6 +28,10 @@ DTYPE_ALIASES: dict[str, str] = {
     "float64": "float64",
     "fp64": "float64",
 }
+
+
+# bytes per element of each dtype, under its one name (torch's ``itemsize``; a test holds them)
+ITEMSIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 
 # one name per dtype, as reports and the page's menu write it (the aliases above map onto these)
@@ -233,10 +239,6 @@ def canonical_dtype(dtype: str) -> str:
 
 
 def _divisors(n: int) -> list[int]:
-    """:func:`headlab.attention.valid_head_counts`, the divisors' one home, imported when first
-    asked for: it brings torch, which a valid size never needs here."""
-    from headlab.attention import valid_head_counts
-
     return valid_head_counts(n)
 
 

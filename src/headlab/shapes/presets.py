@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from headlab.shapes.report import ShapeReport
+    from headlab.shapes.figures import ShapeReport
 
 
 @dataclass(frozen=True)

@@ -1,161 +1,40 @@
 """The shape report: every tensor of the attention layer, read off the real module run on the
-``meta`` device, with parameters, FLOPs, bytes and the KV cache.
+``meta`` device, with parameters, FLOPs, bytes and the KV cache. (The report's types and its
+closed form, which needs no torch, are in figures.py.)
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from headlab.attention import KVCache, MultiHeadAttention
-from headlab.shapes.config import (
-    DTYPE_ALIASES,
-    LARGE_ELEMENTS,
-    N2_STAGES,
-    STAGES,
-    ShapeConfig,
-    check_shape_config,
-    shape_config,
-    stage_flops,
+from headlab.shapes.config import DTYPE_ALIASES, ShapeConfig, check_shape_config, shape_config
+from headlab.shapes.figures import (
+    ParamTensor,
+    ShapeReport,
+    Stage,
+    closed_stage,
+    format_bytes,
+    kv_figures,
+    param_tensor,
+    table_shapes,
+    warnings_of,
+    with_verdict,
 )
 from headlab.trace import Trace
+
+__all__ = ["DTYPES", "ParamTensor", "ShapeReport", "Stage", "format_bytes", "table_shapes",
+           "trace_shapes"]  # fmt: skip
 
 # every dtype name a user may type (DTYPE_ALIASES) → the torch dtype the layer is run in
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16,
                  "bfloat16": torch.bfloat16, "float64": torch.float64}  # fmt: skip
 DTYPES: dict[str, torch.dtype] = {a: _TORCH_DTYPES[name] for a, name in DTYPE_ALIASES.items()}
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One tensor of the forward pass, in the order the layer computes it."""
-
-    name: str  # trace name, e.g. "scores"
-    label: str  # what it is, e.g. "scores QKᵀ/√d_k"
-    symbolic: str  # e.g. "B×h×n×d_k"
-    shape: tuple[int, ...]  # concrete shape recorded from the real module
-    dtype: str  # the dtype the module produced, e.g. "bfloat16"
-    elements: int
-    bytes: int  # elements × bytes per element at that dtype
-    flops: int  # FLOPs of the product that made it (0 for a reshape)
-    n2: bool  # part of the n·s attention pattern
-
-
-@dataclass(frozen=True)
-class ParamTensor:
-    """One parameter tensor of the layer, as the real module holds it."""
-
-    name: str  # e.g. "W_Q.weight"
-    symbolic: str  # e.g. "h·d_k×d_model" (nn.Linear stores out × in)
-    shape: tuple[int, ...]
-    count: int
-
-
-@dataclass(frozen=True)
-class ShapeReport:
-    """Everything :func:`trace_shapes` found; ``to_dict()`` is its JSON form."""
-
-    config: ShapeConfig
-    valid: bool
-    problems: tuple[str, ...]
-    warnings: tuple[str, ...] = ()
-    stages: tuple[Stage, ...] = ()
-    param_tensors: tuple[ParamTensor, ...] = ()
-    kv_cache: dict[str, int | float] = field(default_factory=dict)
-    shape_preserving: bool = False
-    verdict: str = ""
-
-    def stage(self, name: str) -> Stage:
-        """The stage with trace name ``name``."""
-        for st in self.stages:
-            if st.name == name:
-                return st
-        raise KeyError(f"no stage {name!r}; stages: {', '.join(s.name for s in self.stages)}")
-
-    @property
-    def params(self) -> dict[str, int]:
-        """Parameters per projection (weight + bias) and in total."""
-        out = {m: 0 for m in ("W_Q", "W_K", "W_V", "W_O")}
-        for p in self.param_tensors:
-            out[p.name.split(".")[0]] += p.count
-        out["total"] = sum(p.count for p in self.param_tensors)
-        return out
-
-    @property
-    def flops(self) -> dict[str, Any]:
-        """Total FLOPs, those of the n·s part (QKᵀ and A·V), its share, and per stage."""
-        total = sum(st.flops for st in self.stages)
-        n2 = sum(st.flops for st in self.stages if st.name in ("scores", "head_out"))
-        by_stage = {st.name: st.flops for st in self.stages if st.flops}
-        return {"total": total, "n2": n2, "n2_share": n2 / total if total else 0.0, **by_stage}
-
-    @property
-    def memory(self) -> dict[str, int]:
-        """Bytes of the attention pattern (scores + weights), all activations, the parameters."""
-        n2 = sum(st.bytes for st in self.stages if st.n2)
-        elem = DTYPES[self.config.dtype].itemsize if self.config.dtype in DTYPES else 0
-        return {
-            "n2_bytes": n2,
-            "activation_bytes": sum(st.bytes for st in self.stages),
-            "param_bytes": self.params["total"] * elem,
-        }
-
-    def summary(self) -> list[str]:
-        """The report's figures as sentences for people (the CLI prints these)."""
-        if not self.valid:
-            return list(self.problems)
-        p, fl, mem = self.params, self.flops, self.memory
-        cfg = self.config
-        mha = cfg.kind == "MHA" and cfg.bias and cfg.heads_fill_width
-        return [
-            "parameters: "
-            + ", ".join(f"{k} {v:,}" for k, v in p.items())
-            + (" (= 4·d_model² + 4·d_model)" if mha else ""),
-            f"FLOPs: {fl['total']:,}; {fl['n2_share']:.1%} of them in QKᵀ and A·V, the n·s part "
-            "(a multiply-add counts 2; bias, scale and softmax are not counted)",
-            f"attention pattern (scores + weights): {format_bytes(mem['n2_bytes'])}; "
-            f"all activations {format_bytes(mem['activation_bytes'])}",
-            _kv_sentence(self.kv_cache),
-            *(f"warning: {w}" for w in self.warnings),
-            f"verdict: {self.verdict}",
-        ]
-
-    def to_dict(self) -> dict[str, Any]:
-        """The report as plain JSON-able data.
-
-        Keys: ``valid`` (bool); ``problems`` and ``warnings`` (lists of sentences); ``config``
-        (the inputs plus ``kind`` "MHA"/"GQA"/"MQA" and ``sizes``, the legend's symbols → values);
-        ``stages``: list of ``{name, label, symbolic, shape, dtype, elements, bytes, flops, n2}``
-        in computation order; ``params``: ``{W_Q, W_K, W_V, W_O, total}`` (weight + bias each);
-        ``param_tensors``: list of ``{name, symbolic, shape, count}``; ``flops``: ``{total, n2,
-        n2_share, <stage>: flops…}``; ``memory``: ``{n2_bytes, activation_bytes, param_bytes}``;
-        ``kv_cache_bytes`` (int) and ``kv_cache``: ``{bytes, bytes_per_token, tokens,
-        mha_bytes, mha_bytes_per_token, ratio_vs_mha, mqa_bytes, mqa_bytes_per_token,
-        sink_bytes_per_token}``; ``shape_preserving`` (bool);
-        ``verdict`` (one sentence); ``summary`` (sentences for people). An invalid report has
-        the same keys, empty or zero.
-        """
-        cfg = self.config
-        return {
-            "valid": self.valid,
-            "problems": list(self.problems),
-            "warnings": list(self.warnings),
-            "config": {**asdict(cfg), "kind": cfg.kind, "sizes": cfg.sizes()},
-            "stages": [{**asdict(st), "shape": list(st.shape)} for st in self.stages],
-            "params": self.params,
-            "param_tensors": [{**asdict(p), "shape": list(p.shape)} for p in self.param_tensors],
-            "flops": self.flops,
-            "memory": self.memory,
-            "kv_cache_bytes": int(self.kv_cache.get("bytes", 0)),
-            "kv_cache": dict(self.kv_cache),
-            "shape_preserving": self.shape_preserving,
-            "verdict": self.verdict,
-            "summary": self.summary(),
-        }
 
 
 def trace_shapes(
@@ -181,23 +60,24 @@ def trace_shapes(
     cfg = shape_config(d_model, n_heads, seq_len, batch, n_kv_heads, bias, dtype, cache_len, d_k)
     problems = check_shape_config(cfg)
     if problems:
-        return ShapeReport(cfg, valid=False, problems=tuple(problems))
+        return ShapeReport(cfg, valid=False, problems=tuple(problems), source="trace")
     trace, module = _run_on_meta(cfg)
     stages = tuple(_stage(cfg, name, t) for name, t in trace.items())
-    params = tuple(_param(cfg, name, p) for name, p in module.named_parameters())
+    params = tuple(param_tensor(cfg, n, tuple(p.shape)) for n, p in module.named_parameters())
     x, y = trace["x"], trace["out"]
     preserving = x.shape == y.shape and x.dtype == y.dtype
     report = ShapeReport(
         cfg,
         valid=True,
         problems=(),
-        warnings=tuple(_warnings(stages)),
+        warnings=tuple(warnings_of(stages)),
         stages=stages,
         param_tensors=params,
         kv_cache=_kv_cache(cfg),
         shape_preserving=preserving,
+        source="trace",
     )
-    return _with_verdict(report)
+    return with_verdict(report)
 
 
 @functools.lru_cache(maxsize=64)
@@ -222,7 +102,7 @@ def _run_on_meta(cfg: ShapeConfig) -> tuple[Trace, MultiHeadAttention]:
     trace = Trace()
     # no torch.device("meta") mode here: x and the module are on meta already, and the mode
     # would route every op through __torch_function__
-    with torch.no_grad(), _MetaProductsInPlace():
+    with torch.no_grad(), _MetaKernels():
         x = torch.empty(cfg.batch, cfg.seq_len, cfg.d_model, dtype=DTYPES[cfg.dtype], device="meta")
         cache = None
         if cfg.cache_len:
@@ -232,14 +112,20 @@ def _run_on_meta(cfg: ShapeConfig) -> tuple[Trace, MultiHeadAttention]:
     return trace, module
 
 
-class _MetaProductsInPlace(TorchDispatchMode):
-    """Run ``a * b`` on meta tensors as a copy into the result, then ``mul_``.
+class _MetaKernels(TorchDispatchMode):
+    """The meta results of the trace's products and softmax, made here rather than by PyTorch.
 
-    On the meta device ``mul``'s result comes from PyTorch's Python reference (torch._refs),
-    whose type-promotion wrapper imports torch._dynamo on its first call: 1.5 s, about as long
-    as ``import torch`` itself, for one product (the scores' 1/√d_k). The in-place kernel's
-    meta function does not. The result is the same tensor ``mul`` makes: the broadcast shape,
-    the promoted dtype (``torch.result_type``), on meta. Every other op runs unchanged.
+    On the meta device PyTorch computes the results of ``mm``, ``bmm``, ``_softmax`` and ``mul``
+    in Python (torch._meta_registrations, torch._refs). Their first calls import what a shape
+    never needs: ``torch._check`` imports torch.fx's symbolic shapes and sympy (0.7 s), and
+    ``mul``'s type-promotion wrapper torch._dynamo (1.5 s), each about half to all of
+    ``import torch`` itself. This mode answers those four ops on meta tensors with an empty
+    meta tensor of the result's shape and dtype, as their meta kernels do: (n, k)·(k, m) →
+    (n, m); (b, n, k)·(b, k, m) → (b, n, m); softmax keeps the shape (float32 when asked to
+    upcast half); ``a * b`` has the broadcast shape and the promoted dtype, filled in place
+    (``copy_`` then ``mul_``, whose kernels are not Python). Inputs these rules do not cover
+    (mismatched sizes or dtypes) go to PyTorch's own kernel, which raises its own error; every
+    other op runs unchanged. The tests hold each result to PyTorch's own meta kernel.
     """
 
     @classmethod
@@ -252,46 +138,64 @@ class _MetaProductsInPlace(TorchDispatchMode):
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict | None = None
     ) -> Any:
-        if func is not torch.ops.aten.mul.Tensor or kwargs or args[0].device.type != "meta":
-            return func(*args, **(kwargs or {}))
-        a, b = args  # b: a tensor or a Python number (the scale)
-        shape = torch.broadcast_shapes(a.shape, getattr(b, "shape", ()))
-        out = torch.empty(shape, dtype=torch.result_type(a, b), device="meta")
-        return out.copy_(a).mul_(b)
+        kernel = _KERNELS.get(func)
+        if kernel is not None and not kwargs and args[0].device.type == "meta":
+            out = kernel(*args)
+            if out is not None:
+                return out
+        return func(*args, **(kwargs or {}))
 
 
-def _symbolic(cfg: ShapeConfig, pattern: str) -> str:
-    """Name h_kv only where it differs from h, and s only where a cache makes it differ from n."""
-    same = {"h_kv": "h"} if cfg.h_kv == cfg.n_heads else {}
-    if cfg.cache_len == 0:
-        same["s"] = "n"
-    dims = ("·".join(same.get(f, f) for f in dim.split("·")) for dim in pattern.split("×"))
-    return "×".join(dims)
+def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0] or a.dtype != b.dtype:
+        return None
+    return torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device="meta")
+
+
+def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+    if a.dim() != 3 or b.dim() != 3 or a.dtype != b.dtype:
+        return None
+    if a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
+        return None
+    return torch.empty(a.shape[0], a.shape[1], b.shape[2], dtype=a.dtype, device="meta")
+
+
+def _softmax(x: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor | None:
+    if not -x.dim() <= dim < max(x.dim(), 1) or (half_to_float and x.dtype != torch.half):
+        return None
+    return torch.empty(x.shape, dtype=torch.float32 if half_to_float else x.dtype, device="meta")
+
+
+def _mul(a: torch.Tensor, b: Any) -> torch.Tensor | None:
+    """``a * b``, b a tensor or a Python number (the scores' 1/√d_k)."""
+    shape = _broadcast(tuple(a.shape), tuple(getattr(b, "shape", ())))
+    if shape is None:
+        return None
+    out = torch.empty(shape, dtype=torch.result_type(a, b), device="meta")
+    return out.copy_(a).mul_(b)
+
+
+def _broadcast(x: tuple[int, ...], y: tuple[int, ...]) -> tuple[int, ...] | None:
+    """NumPy's broadcast of two shapes, or None where they do not broadcast (torch's own
+    ``broadcast_shapes`` imports sympy on its first call)."""
+    width = max(len(x), len(y))
+    x, y = (1,) * (width - len(x)) + x, (1,) * (width - len(y)) + y
+    if any(i != j and 1 not in (i, j) for i, j in zip(x, y, strict=True)):
+        return None
+    return tuple(j if i == 1 else i for i, j in zip(x, y, strict=True))
+
+
+_KERNELS: dict[Any, Callable[..., torch.Tensor | None]] = {
+    torch.ops.aten.mm.default: _mm,
+    torch.ops.aten.bmm.default: _bmm,
+    torch.ops.aten._softmax.default: _softmax,
+    torch.ops.aten.mul.Tensor: _mul,
+}
 
 
 def _stage(cfg: ShapeConfig, name: str, t: torch.Tensor) -> Stage:
-    label, pattern = STAGES.get(name, (name, "?"))
-    elements = t.numel()
-    return Stage(
-        name=name,
-        label=label,
-        symbolic=_symbolic(cfg, pattern),
-        shape=tuple(t.shape),
-        dtype=str(t.dtype).removeprefix("torch."),
-        elements=elements,
-        bytes=elements * t.element_size(),
-        flops=stage_flops(cfg, name),
-        n2=name in N2_STAGES,
-    )
-
-
-def _param(cfg: ShapeConfig, name: str, p: torch.Tensor) -> ParamTensor:
-    width = {"W_Q": "h·d_k", "W_K": "h_kv·d_k", "W_V": "h_kv·d_k", "W_O": "d_model"}
-    matrix, kind = name.split(".")
-    out = _symbolic(cfg, width[matrix])
-    fan_in = "h·d_k" if matrix == "W_O" else "d_model"
-    symbolic = out if kind == "bias" else f"{out}×{fan_in}"  # nn.Linear stores (out, in)
-    return ParamTensor(name, symbolic, tuple(p.shape), p.numel())
+    dtype = str(t.dtype).removeprefix("torch.")
+    return closed_stage(cfg, name, tuple(t.shape), dtype, t.element_size())
 
 
 def _kv_cache(cfg: ShapeConfig) -> dict[str, int | float]:
@@ -303,70 +207,9 @@ def _kv_cache(cfg: ShapeConfig) -> dict[str, int | float]:
 
     z = cfg.sizes()
     dt = DTYPES[cfg.dtype]
-    ours = KVCache(z["B"], z["h_kv"], z["d_k"], z["s"], dt, device="meta").nbytes
-    mha = KVCache(z["B"], z["h"], z["d_k"], z["s"], dt, device="meta").nbytes
-    mqa = KVCache(z["B"], 1, z["d_k"], z["s"], dt, device="meta").nbytes
+
+    def bytes_of(heads: int) -> int:
+        return KVCache(z["B"], heads, z["d_k"], z["s"], dt, device="meta").nbytes
+
     slot = SinkCache(1, z["h_kv"], z["d_k"], 0, 1, dt, device="meta").nbytes
-    tokens = z["B"] * z["s"]
-    return {
-        "bytes": ours,
-        "bytes_per_token": ours // tokens,
-        "tokens": tokens,
-        "mha_bytes": mha,
-        "mha_bytes_per_token": mha // tokens,
-        "ratio_vs_mha": mha / ours,
-        "mqa_bytes": mqa,
-        "mqa_bytes_per_token": mqa // tokens,
-        "sink_bytes_per_token": slot,
-    }
-
-
-def _warnings(stages: tuple[Stage, ...]) -> list[str]:
-    big = [st for st in stages if st.elements > LARGE_ELEMENTS]
-    if not big:
-        return []
-    names = ", ".join(st.name for st in big)
-    return [
-        f"{names} would hold over 2**40 elements each (up to {max(s.bytes for s in big):,} bytes):"
-        " no single accelerator holds that; fused kernels (FlashAttention, SDPA) never store"
-        " the n·s pattern, and real runs split the batch or the sequence"
-    ]
-
-
-def _with_verdict(report: ShapeReport) -> ShapeReport:
-    cfg = report.config
-    d_k = cfg.sizes()["d_k"]
-    maps = (
-        "h·d_k = d_model back to d_model"
-        if cfg.heads_fill_width
-        else f"h·d_k = {cfg.n_heads * d_k:,} back to d_model = {cfg.d_model:,}"
-    )
-    preserve = (
-        f"shape-preserving: B×n×d_model in and out (W_O maps {maps}), "
-        "so the output adds onto the residual stream and blocks stack"
-        if report.shape_preserving
-        else "NOT shape-preserving"
-    )
-    verdict = f"{cfg.kind}, h={cfg.n_heads}, h_kv={cfg.h_kv}, d_k={d_k}; {preserve}"
-    return replace(report, verdict=verdict)
-
-
-def _kv_sentence(kv: dict[str, int | float]) -> str:
-    compared = (
-        f"plain MHA would hold {format_bytes(kv['mha_bytes'])}, {kv['ratio_vs_mha']:g}× as much"
-        if kv["ratio_vs_mha"] != 1
-        else "this is MHA: every head keeps its own keys and values"
-    )
-    return (
-        f"KV cache: {format_bytes(kv['bytes_per_token'])} per token, "
-        f"{format_bytes(kv['bytes'])} for {kv['tokens']:,} tokens (B·s); {compared}"
-    )
-
-
-def format_bytes(n: int | float) -> str:
-    """Bytes in binary units for people: 40960 → '40.0 KiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
+    return kv_figures(bytes_of, z, slot)

@@ -129,7 +129,7 @@ function summary(r, c) {
 function empty(config, problems) {
   return { valid: false, problems, warnings: [], config, stages: [], params: { W_Q: 0, W_K: 0, W_V: 0, W_O: 0, total: 0 },
     param_tensors: [], flops: { total: 0, n2: 0, n2_share: 0.0 }, memory: { n2_bytes: 0, activation_bytes: 0, param_bytes: 0 },
-    kv_cache_bytes: 0, kv_cache: {}, shape_preserving: false, verdict: "", summary: problems };
+    kv_cache_bytes: 0, kv_cache: {}, shape_preserving: false, verdict: "", summary: problems, source: "table" };
 }
 
 function params(c, z) {
@@ -186,5 +186,6 @@ export function shapesReport(body) {
     stages: stages.map(({ big: _b, ...st }) => ({ ...st, flops: num(st.flops) })), params: p, param_tensors: ptensors,
     flops, memory, kv_cache_bytes: kv.bytes, kv_cache: kv, shape_preserving: true, verdict };
   report.summary = summary({ ...report, flopsBig }, config);
+  report.source = "table";  // a closed form, as headlab.shapes.table_shapes (the server traces)
   return { ...report, ...counts };
 }
