@@ -23,7 +23,7 @@ import torch
 from scipy.stats import spearmanr
 
 from headlab import Trace, zoo
-from headlab.heads.attribution import attribute_heads
+from headlab.heads.attribution import CHECK, LAYER_STEPS, attribute_heads, estimate_heads
 from headlab.heads.effects import ablate_heads
 from headlab.heads.evidence import loss_rows
 from headlab.measure import build_probe
@@ -53,35 +53,68 @@ def forward_seconds(model: Any, tokens: torch.Tensor, rounds: int) -> float:
     return statistics.median(times[1:])
 
 
-def measure(name: str, steps: list[int], rounds: int) -> list[dict[str, Any]]:
-    """One row per k, and one for exact ablation, on ``name``'s repeat probe."""
+def row(name: str, what: str, exact: torch.Tensor, est: torch.Tensor, seconds: float,
+        forward: float, exact_s: float, at: Any) -> dict[str, Any]:  # fmt: skip
+    """One method's agreement with exact ablation and its cost."""
+    checked = getattr(at, "exact", None)
+    return {"model": name, "method": what, "steps": getattr(at, "steps", None),
+            "rho_all": agreement(exact, est), "rho_top20": agreement(exact, est, 20),
+            "top5": overlap(exact, est), "seconds": seconds, "forward_s": forward,
+            "exact_all_s": exact_s, "probe_passes": at.probe_passes,
+            "checked": 0 if checked is None else len(checked.heads)}  # fmt: skip
+
+
+def timed(run: Any) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = run()
+    return out, time.perf_counter() - t0
+
+
+def measure(name: str, steps: list[int], layer_steps: list[int], checks: list[int],
+            rounds: int) -> list[dict[str, Any]]:  # fmt: skip
+    """One row for exact ablation of every head, one per k on each head's own path
+    (``steps``), per k on each layer's path (``layer_steps``) and per number of heads the
+    two-stage estimate checks exactly (``checks``), on ``name``'s repeat probe."""
     model, tok = zoo.load(name)
     probe = build_probe("repeat", tok, min(model.config.max_len, 128), model.config.vocab_size)
     rows = loss_rows(probe, True)["any"]
     forward = forward_seconds(model, probe.tokens, rounds)
-    t0 = time.perf_counter()
-    exact_run = ablate_heads(model, probe)
-    exact_s = time.perf_counter() - t0
+    exact_run, exact_s = timed(lambda: ablate_heads(model, probe))
     exact = exact_run.loss_effect(rows)
-    out = [{"model": name, "method": "exact", "steps": None, "rho_all": 1.0, "rho_top20": 1.0,
-            "top5": 5, "seconds": exact_s, "forward_s": forward,
-            "model_passes": exact_run.model_passes}]  # fmt: skip
-    for k in steps:
-        t0 = time.perf_counter()
-        at = attribute_heads(model, probe, [rows], steps=k)
-        seconds = time.perf_counter() - t0
-        est = at.loss_effect(rows)
-        out.append({"model": name, "method": "estimate", "steps": k,
-                    "rho_all": agreement(exact, est), "rho_top20": agreement(exact, est, 20),
-                    "top5": overlap(exact, est), "seconds": seconds, "forward_s": forward,
-                    "model_passes": at.model_passes})  # fmt: skip
+    out = [row(name, "exact", exact, exact, exact_s, forward, exact_s, exact_run)]
+    runs = [(f"estimate, {k} step(s) per head", lambda k=k: attribute_heads(
+        model, probe, [rows], steps=k)) for k in steps]  # fmt: skip
+    runs += [(f"estimate, {k} step(s) per layer", lambda k=k: attribute_heads(
+        model, probe, [rows], steps=k, per="layer")) for k in layer_steps]  # fmt: skip
+    runs += [
+        (
+            f"estimate per layer ({LAYER_STEPS} steps) + exact check of {c}",
+            lambda c=c: estimate_heads(model, probe, [rows], check=c),
+        )
+        for c in checks
+    ]
+    for what, run in runs:
+        at, seconds = timed(run)
+        out.append(row(name, what, exact, at.loss_effect(rows), seconds, forward, exact_s, at))
     return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["default", "smollm2"])
-    parser.add_argument("--steps", nargs="+", type=int, default=[1, 2, 4, 8])
+    parser.add_argument(
+        "--steps", nargs="*", type=int, default=[1, 2, 4, 8], help="points on each head's own path"
+    )
+    parser.add_argument(
+        "--layer-steps", nargs="*", type=int, default=[2], help="points on each layer's path"
+    )
+    parser.add_argument(
+        "--check",
+        nargs="*",
+        type=int,
+        default=[CHECK],
+        help="heads the two-stage estimate ablates exactly",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=7, help="rounds of the forward")
     parser.add_argument("--json", default=path_for("estimate"), help="where the results go")
@@ -91,20 +124,20 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     for name in args.models:
         try:
-            results += measure(name, args.steps, args.rounds)
+            results += measure(name, args.steps, args.layer_steps, args.check, args.rounds)
         except (ImportError, zoo.ModelNotAvailable) as exc:
             print(f"skipped {name}: not available here ({exc})")
     rows = []
     for r in results:
-        what = "exact ablation" if r["steps"] is None else f"estimate, {r['steps']} step(s)"
-        rows.append([r["model"], what, f"{r['rho_all']:.2f}", f"{r['rho_top20']:.2f}", r["top5"],
-                     f"{r['seconds']:.2f}", f"{r['seconds'] / r['forward_s']:.1f}",
-                     f"{r['model_passes']:.1f}"])  # fmt: skip
+        rows.append([r["model"], r["method"], f"{r['rho_all']:.2f}", f"{r['rho_top20']:.2f}",
+                     r["top5"], f"{r['seconds']:.2f}", f"{r['seconds'] / r['forward_s']:.1f}",
+                     f"{r['seconds'] / r['exact_all_s']:.2f}", f"{r['probe_passes']:.1f}",
+                     r["checked"]])  # fmt: skip
         print("  ".join(str(v) for v in rows[-1]), flush=True)
     end = [round(v, 2) for v in os.getloadavg()]
     print(f"load average (1, 5, 15 min): {start} at the start, {end} at the end")
     columns = ["model", "what", "ρ all heads", "ρ top 20", "top-5 shared", "seconds",
-               "× one forward", "model passes"]  # fmt: skip
+               "× one forward", "× exact, every head", "probe passes", "heads exact"]  # fmt: skip
     save(args.json, columns, rows, {"rows": results, "load_average": {"start": start,
                                                                       "end": end}})  # fmt: skip
     return 0

@@ -52,16 +52,16 @@ importance as a first-order Taylor term).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from headlab.devices import input_device
-from headlab.heads.effects import MODES, Mode, clean_run, this_thread
+from headlab.heads.effects import MODES, Ablations, Mode, ablate_heads, clean_run, this_thread
 from headlab.heads.scores import mass_where_possible
 from headlab.heads.targets import token_rule_targets
 from headlab.measure import Probe, layer_index
@@ -73,6 +73,8 @@ PATH = (0.0,)
 # points on each head's own path (module docstring): 1 is plain attribution patching
 STEPS = 1
 COPIES = 16  # (head, point) copies of the probe run side by side in one partial forward
+Per = Literal["head", "layer"]
+PER = ("head", "layer")  # whose path the points lie on: each head's own, or its layer's
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,8 @@ class Attributions:
     seconds: float  # wall time
     steps: int = 1  # points on each head's own path (1: plain attribution patching)
     model_passes: float = 1.0  # forwards in whole-model equivalents, partial ones by share
+    per: str = "head"  # the path of steps > 1: each head's own, or its layer's heads together
+    probe_passes: float = 1.0  # model_passes with each copy of the probe counted
     method = "attribution"
 
     def index(self, layer: int, head: int) -> int:
@@ -112,7 +116,8 @@ class Attributions:
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.method, "mode": self.mode, "heads": len(self.heads),
                 "forwards": self.forwards, "backwards": self.backwards, "steps": self.steps,
-                "model_passes": round(self.model_passes, 2),
+                "per": self.per, "model_passes": round(self.model_passes, 2),
+                "probe_passes": round(self.probe_passes, 2),
                 "seconds": round(self.seconds, 2)}  # fmt: skip
 
 
@@ -198,6 +203,7 @@ def attribute_heads(
     mode: Mode = "mean",
     path: Sequence[float] = PATH,
     steps: int = STEPS,
+    per: Per = "head",
 ) -> Attributions:
     """Every head's ablation effect on the mean next-token loss over each of ``rows``
     ((B, n − 1) bool each) and on the induction score of each of ``induction_heads``, to first
@@ -207,15 +213,11 @@ def attribute_heads(
     model: a causal :class:`headlab.model.Transformer`; ``mode`` as for
     :func:`headlab.heads.effects.ablate_heads`. Estimated induction scores are clipped to
     [0, 1], the range of the score. ``steps`` > 1 averages each head's gradient over the
-    points α = j / steps (j = 0 … steps − 1) of its own path (:func:`own_paths`); the plain
-    estimate is its first point, so ``steps=1`` is plain attribution patching."""
-    if mode not in MODES:
-        raise ValueError(f"ablation mode {mode!r}: valid modes are {', '.join(MODES)}")
-    if steps < 1 or (steps > 1 and tuple(path) != PATH):
-        raise ValueError(f"steps must be a whole number ≥ 1 (got {steps}), and more than one "
-                         "only with the plain path (0.0,)")  # fmt: skip
-    if not model.config.causal:
-        raise ValueError("ablation evidence measures next-token loss: it needs a causal model")
+    points α = j / steps (j = 0 … steps − 1) of its own path (``per="head"``,
+    :func:`own_paths`) or of its layer's path, every head of the layer moved together
+    (``per="layer"``, :func:`layer_paths`); the plain estimate is the first point, so
+    ``steps=1`` is plain attribution patching."""
+    _check_arguments(model, mode, path, steps, per)
     start = time.perf_counter()
     L, h = model.config.n_layers, model.config.n_heads
     tokens = probe.tokens.to(input_device(model))
@@ -229,21 +231,37 @@ def attribute_heads(
         effects, changes = _joint_path(model, tokens, marked, induction_heads, target, path, mode)
     metrics = len(marked) + len(induction_heads)
     forwards, backwards = len(path) + bool(induction_heads), len(path) * metrics
-    passes = float(forwards)
+    passes = probe_passes = float(forwards)
     if steps > 1:
+        along = own_paths if per == "head" else layer_paths
         with torch.inference_mode(False), torch.enable_grad():
-            more = own_paths(model, tokens, marked, induction_heads, target, mode, steps)
+            more = along(model, tokens, marked, induction_heads, target, mode, steps)
         effects = (effects + more.loss) / steps
         changes = (changes + more.induction) / steps
         forwards, backwards = forwards + more.forwards + 1, backwards + more.backwards
         passes += 1 + more.passes
+        probe_passes += 1 + more.probe_passes
     induction = torch.full((L * h, L, h), float("nan"))
     for k, (l, i) in enumerate(induction_heads):
         induction[:, l, i] = (clean[l, i] + changes[k].flatten()).clamp(0.0, 1.0)
     every = [(l, i) for l in range(L) for i in range(h)]
     return Attributions(mode, every, list(zip(marked, effects, strict=True)), clean, induction,
-                        forwards, backwards, time.perf_counter() - start, steps,
-                        passes)  # fmt: skip
+                        forwards, backwards, time.perf_counter() - start, steps, passes,
+                        per, probe_passes)  # fmt: skip
+
+
+def _check_arguments(model: Any, mode: str, path: Sequence[float], steps: int,
+                     per: str) -> None:  # fmt: skip
+    """One line saying what is wrong with :func:`attribute_heads`'s arguments, and what is valid."""
+    if mode not in MODES:
+        raise ValueError(f"ablation mode {mode!r}: valid modes are {', '.join(MODES)}")
+    if steps < 1 or (steps > 1 and tuple(path) != PATH):
+        raise ValueError(f"steps must be a whole number ≥ 1 (got {steps}), and more than one "
+                         "only with the plain path (0.0,)")  # fmt: skip
+    if per not in PER:
+        raise ValueError(f"per {per!r}: a path per 'head' or per 'layer'")
+    if not model.config.causal:
+        raise ValueError("ablation evidence measures next-token loss: it needs a causal model")
 
 
 def _joint_path(model: Any, tokens: Tensor, marked: Sequence[Tensor],
@@ -268,13 +286,15 @@ def _joint_path(model: Any, tokens: Tensor, marked: Sequence[Tensor],
 
 @dataclass
 class _Paths:
-    """What :func:`own_paths` adds: the gradient terms of the points α > 0, and its cost."""
+    """What :func:`own_paths` and :func:`layer_paths` add: the gradient terms of the points
+    α > 0, and their cost."""
 
     loss: Tensor  # (M, L·h) per row set
     induction: Tensor  # (I, L, h) per induction head asked about
     forwards: int
     backwards: int
     passes: float  # whole-model equivalents: Σ over partial forwards of (L − l) / L
+    probe_passes: float = 0.0  # the same with each copy of the probe counted
 
 
 def own_paths(model: Any, tokens: Tensor, marked: Sequence[Tensor],
@@ -288,40 +308,69 @@ def own_paths(model: Any, tokens: Tensor, marked: Sequence[Tensor],
     clean run left at that layer (a head moves nothing before its layer), and one backward per
     metric gives every copy's gradient. ``marked``: row sets (B, n − 1); ``target``: the
     induction target (B, n, n)."""
+    h = model.config.n_heads
+    points = [(i, j / steps) for i in range(h) for j in range(1, steps)]
+    shares = []
+    for part in range(0, len(points), COPIES):
+        share = torch.zeros(len(points[part : part + COPIES]), h)  # copy → how far each head
+        for c, (i, a) in enumerate(points[part : part + COPIES]):
+            share[c, i] = a
+        shares.append(share)
+    return _paths(model, tokens, marked, induction_heads, target, mode, shares)
+
+
+def layer_paths(model: Any, tokens: Tensor, marked: Sequence[Tensor],
+                induction_heads: Sequence[tuple[int, int]], target: Tensor, mode: str,
+                steps: int) -> _Paths:  # fmt: skip
+    """Σ_{j=1}^{steps−1} Δa_s · ∂m/∂a_s with every head of s's layer moved the share j / steps
+    toward its ablated value together and every other layer clean: integrated gradients along
+    one path per layer (Marks et al. 2024 integrate a layer's nodes together), the points
+    beyond the first. A layer's steps − 1 points are its copies of the probe, run side by side
+    from the residual stream the clean run left there: one copy per layer and point, against
+    one per head and point on each head's own path (:func:`own_paths`). Arguments as there."""
+    h = model.config.n_heads
+    share = torch.tensor([[j / steps] * h for j in range(1, steps)])  # (steps − 1, h)
+    shares = [share[part : part + COPIES] for part in range(0, steps - 1, COPIES)]
+    return _paths(model, tokens, marked, induction_heads, target, mode, shares)
+
+
+def _paths(model: Any, tokens: Tensor, marked: Sequence[Tensor],
+           induction_heads: Sequence[tuple[int, int]], target: Tensor, mode: str,
+           shares: list[Tensor]) -> _Paths:  # fmt: skip
+    """For every layer, each (C, h) matrix of ``shares`` run as C copies of the probe moved
+    that far (:func:`_copies`), each head's terms summed over the copies that move it."""
     L, h = model.config.n_layers, model.config.n_heads
     with torch.no_grad():
         clean = clean_run(model, tokens, target.to(tokens.device))
     out = _Paths(torch.zeros(len(marked), L, h), torch.zeros(len(induction_heads), L, h), 0, 0, 0)
-    points = [(i, j / steps) for i in range(h) for j in range(1, steps)]
     for layer in range(L):
-        for part in range(0, len(points), COPIES):
-            copies = points[part : part + COPIES]
-            grads = _copies(model, clean, layer, copies, marked, induction_heads,
+        for share in shares:
+            terms = _copies(model, clean, layer, share, marked, induction_heads,
                             (tokens, target), mode)  # fmt: skip
-            for k, g in enumerate(grads[: len(marked)]):
-                out.loss[k, layer].index_add_(0, torch.tensor([i for i, _ in copies]), g)
-            for k, g in enumerate(grads[len(marked) :]):
-                out.induction[k, layer].index_add_(0, torch.tensor([i for i, _ in copies]), g)
+            moves = (share > 0).float()  # only a moved head's term is on its path
+            for k, t in enumerate(terms[: len(marked)]):
+                out.loss[k, layer] += (t * moves).sum(0)
+            for k, t in enumerate(terms[len(marked) :]):
+                out.induction[k, layer] += (t * moves).sum(0)
             out.forwards += 1
-            out.backwards += len(grads)
+            out.backwards += len(terms)
             out.passes += (L - layer) / L
+            out.probe_passes += share.shape[0] * (L - layer) / L
     out.loss = out.loss.flatten(1)
     return out
 
 
-def _copies(model: Any, clean: Any, layer: int, copies: list[tuple[int, float]],
+def _copies(model: Any, clean: Any, layer: int, share: Tensor,
             marked: Sequence[Tensor], induction_heads: Sequence[tuple[int, int]],
             probe: tuple[Tensor, Tensor], mode: str) -> list[Tensor]:  # fmt: skip
-    """One partial forward of ``copies`` ((head, α) each) of the probe from ``layer`` on, and
-    per metric the term Δa · ∂m/∂a of each copy's moved head → one (C,) tensor per metric
-    (the row sets', then the later induction heads'; 0 for an induction head at or before
-    ``layer``). ``probe``: its tokens (B, n) and induction target (B, n, n)."""
+    """One partial forward of C copies of the probe from ``layer`` on, copy c with each head i
+    of ``layer`` moved the share ``share[c, i]`` ((C, h)) toward its ablated value, and per
+    metric the term Δa · ∂m/∂a of every head of ``layer`` in every copy → one (C, h) tensor
+    per metric (the row sets', then the later induction heads'; 0 for an induction head at or
+    before ``layer``). ``probe``: its tokens (B, n) and induction target (B, n, n)."""
     L, h = model.config.n_layers, model.config.n_heads
     tokens, target = probe
-    C, (B, n, _) = len(copies), clean.resid[layer].shape
-    share = torch.zeros(C, h)  # how far each copy moves each head
-    heads = torch.tensor([i for i, _ in copies])
-    share[torch.arange(C), heads] = torch.tensor([a for _, a in copies])
+    C, (B, n, _) = share.shape[0], clean.resid[layer].shape
     weights: dict[int, Tensor] = {}
     moved: dict[str, Tensor] = {}
     mean = clean.means[layer] if mode == "mean" else torch.zeros_like(clean.means[layer])
@@ -360,9 +409,96 @@ def _copies(model: Any, clean: Any, layer: int, copies: list[tuple[int, float]],
     out = []
     for m in metrics:
         if m is None:
-            out.append(torch.zeros(C))
+            out.append(torch.zeros(C, h))
             continue
         g = torch.autograd.grad(m, moved["at"], retain_graph=True)[0]  # (C·B, n, h, d_k)
         term = torch.einsum("bnhk,bnhk->bh", g.float(), moved["delta"].float()).view(C, B, h)
-        out.append(term.sum(1)[torch.arange(C), heads].cpu())
+        out.append(term.sum(1).cpu())
     return out
+
+
+# the two-stage estimate (module docstring): the layer path's points, and how many heads of each
+# row set's ranking are then ablated exactly
+LAYER_STEPS = 2
+CHECK = 40
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The estimate of every head's effects, and exact ablation of the heads it ranks first
+    (:func:`estimate_heads`): answers as :class:`headlab.heads.effects.Ablations` does, with
+    the exact figure where a head was ablated exactly and the estimate elsewhere."""
+
+    estimate: Attributions
+    exact: Ablations | None  # the checked heads (and any asked for), ablated exactly
+    method = "estimate+exact"
+
+    @property
+    def heads(self) -> list[tuple[int, int]]:
+        return self.estimate.heads
+
+    def index(self, layer: int, head: int) -> int:
+        return self.estimate.index(layer, head)
+
+    def loss_effect(self, rows: Tensor) -> Tensor:
+        """(S,) layer-major: the loss rise over ``rows`` (B, n − 1) with each head ablated,
+        exact where it was ablated exactly, estimated elsewhere."""
+        out = self.estimate.loss_effect(rows).clone()
+        if self.exact is not None and bool(rows.any()):
+            measured = self.exact.loss_effect(rows)
+            for s, head in enumerate(self.exact.heads):
+                out[self.index(*head)] = measured[s]
+        return out
+
+    @property
+    def probe_passes(self) -> float:
+        """Forwards of the probe in whole-model equivalents, each copy counted, both stages."""
+        return self.estimate.probe_passes + (0.0 if self.exact is None else self.exact.probe_passes)
+
+    def to_dict(self) -> dict[str, Any]:
+        exact = None if self.exact is None else self.exact.to_dict()
+        seconds = self.estimate.seconds + (0.0 if self.exact is None else self.exact.seconds)
+        return {
+            "method": self.method,
+            "estimate": self.estimate.to_dict(),
+            "exact": exact,
+            "checked": 0 if self.exact is None else len(self.exact.heads),
+            "probe_passes": round(self.probe_passes, 2),
+            "seconds": round(seconds, 2),
+        }
+
+
+def first_ranked(
+    estimate: Attributions, rows: Sequence[Tensor], check: int
+) -> set[tuple[int, int]]:
+    """The ``check`` heads with the largest estimated loss rise over each of ``rows``."""
+    out: set[tuple[int, int]] = set()
+    for r in rows:
+        effect = estimate.loss_effect(r)
+        if check > 0 and not bool(effect.isnan().all()):
+            out |= {estimate.heads[int(s)] for s in effect.argsort(descending=True)[:check]}
+    return out
+
+
+def estimate_heads(
+    model: Any,
+    probe: Probe,
+    rows: Sequence[Tensor],
+    induction_heads: Sequence[tuple[int, int]] = (),
+    mode: Mode = "mean",
+    check: int = CHECK,
+    steps: int = LAYER_STEPS,
+    exact: Collection[tuple[int, int]] = (),
+) -> Checked:
+    """Every head's ablation effects in two stages (module docstring): the estimate along each
+    layer's path (:func:`attribute_heads` with ``steps`` points, ``per="layer"``), then exact
+    batched ablation (:func:`headlab.heads.effects.ablate_heads`) of the ``check`` heads it
+    ranks first by loss rise over each of ``rows``, of ``induction_heads`` and of ``exact``.
+    Arguments as for :func:`attribute_heads`."""
+    if check < 0:
+        raise ValueError(f"check must be a whole number ≥ 0 (got {check}): the heads per row "
+                         "set ablated exactly")  # fmt: skip
+    estimate = attribute_heads(model, probe, rows, induction_heads, mode, steps=steps,
+                               per="layer")  # fmt: skip
+    picked = first_ranked(estimate, rows, check) | set(induction_heads) | set(exact)
+    return Checked(estimate, ablate_heads(model, probe, sorted(picked), mode) if picked else None)
