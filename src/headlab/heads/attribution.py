@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
@@ -420,7 +420,7 @@ def _copies(model: Any, clean: Any, layer: int, share: Tensor,
 # the two-stage estimate (module docstring): the layer path's points, and how many heads of each
 # row set's ranking are then ablated exactly
 LAYER_STEPS = 2
-CHECK = 40
+CHECK = 60
 
 
 @dataclass(frozen=True)
@@ -489,16 +489,29 @@ def estimate_heads(
     check: int = CHECK,
     steps: int = LAYER_STEPS,
     exact: Collection[tuple[int, int]] = (),
+    rank: Sequence[Tensor] | None = None,
 ) -> Checked:
     """Every head's ablation effects in two stages (module docstring): the estimate along each
-    layer's path (:func:`attribute_heads` with ``steps`` points, ``per="layer"``), then exact
-    batched ablation (:func:`headlab.heads.effects.ablate_heads`) of the ``check`` heads it
-    ranks first by loss rise over each of ``rows``, of ``induction_heads`` and of ``exact``.
-    Arguments as for :func:`attribute_heads`."""
+    layer's path (:func:`attribute_heads` with ``steps`` points, ``per="layer"``) on the loss
+    over each row set of ``rank`` (default: every one of ``rows``), plain attribution patching
+    for the other row sets and ``induction_heads``' scores; then exact batched ablation
+    (:func:`headlab.heads.effects.ablate_heads`) of the ``check`` heads with the largest
+    estimated loss rise over each row set of ``rank``, of ``induction_heads`` and of ``exact``.
+    Other arguments as for :func:`attribute_heads`."""
     if check < 0:
         raise ValueError(f"check must be a whole number ≥ 0 (got {check}): the heads per row "
                          "set ablated exactly")  # fmt: skip
-    estimate = attribute_heads(model, probe, rows, induction_heads, mode, steps=steps,
-                               per="layer")  # fmt: skip
-    picked = first_ranked(estimate, rows, check) | set(induction_heads) | set(exact)
+    rank = list(rows) if rank is None else list(rank)
+    path = attribute_heads(model, probe, rank, (), mode, steps=steps, per="layer")
+    rest = [r for r in rows if not any(torch.equal(r.cpu(), q.cpu()) for q in rank)]
+    estimate = path
+    if rest or induction_heads:
+        plain = attribute_heads(model, probe, rest, induction_heads, mode)
+        estimate = replace(plain, row_sets=path.row_sets + plain.row_sets, steps=path.steps,
+                           per="layer", forwards=path.forwards + plain.forwards,
+                           backwards=path.backwards + plain.backwards,
+                           seconds=path.seconds + plain.seconds,
+                           model_passes=path.model_passes + plain.model_passes,
+                           probe_passes=path.probe_passes + plain.probe_passes)  # fmt: skip
+    picked = first_ranked(path, rank, check) | set(induction_heads) | set(exact)
     return Checked(estimate, ablate_heads(model, probe, sorted(picked), mode) if picked else None)

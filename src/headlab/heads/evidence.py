@@ -33,10 +33,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from headlab.heads.attribution import Attributions, attribute_heads
+from headlab.heads.attribution import CHECK, LAYER_STEPS, Attributions, estimate_heads
 from headlab.heads.baselines import Baselines, baselines, gate
 from headlab.heads.composition import Composition, composition_scores
-from headlab.heads.effects import CHUNK, Ablations, Mode, ablate_heads
+from headlab.heads.effects import Ablations, Mode, ablate_heads
 from headlab.heads.labels import BEST_TYPES, THRESHOLDS
 from headlab.heads.report import HeadReport, HeadScore, analyse
 from headlab.heads.targets import build_targets
@@ -249,42 +249,38 @@ def _effect(score: HeadScore, ablation: dict[str, Any]) -> str:
 # True: every head exactly; None: exactly when that costs no more than the estimate; else the
 # heads to ablate exactly beside the estimate
 Exact = bool | Collection[tuple[int, int]] | None
-CHECK = 10  # heads ablated exactly beside the estimate: the first by each estimated loss rise
 
 
-def _checked(a: Attributions, rows: dict[str, Tensor], check: int) -> set[tuple[int, int]]:
-    """The ``check`` heads with the largest estimated effect (either sign) on the loss over
-    every token, and on a later copy's tokens."""
-    out: set[tuple[int, int]] = set()
-    for kind in ("any", "copy"):
-        effect = a.loss_effect(rows[kind])
-        if not bool(effect.isnan().all()):
-            out |= {a.heads[int(s)] for s in effect.abs().argsort(descending=True)[:check]}
-    return out
-
-
-def _exact_is_cheap(model: Any, rows: dict[str, Tensor], induction: list[Any]) -> bool:
-    """Whether ablating every head exactly costs no more model passes than the estimate (a
-    forward, and a backward of about two passes per metric): true of small models."""
+def _exact_is_cheap(model: Any, rows: dict[str, Tensor], induction: list[Any], check: int) -> bool:
+    """Whether ablating every head exactly costs no more probe passes (forwards of the probe,
+    each copy counted, a backward as two) than the two-stage estimate: true of small models.
+    The estimate: the plain terms (a forward, a backward per quantity), the layer path's
+    steps − 1 copies per layer with a backward for the loss on every token, and exact
+    ablation of the ``check`` heads it ranks first and the induction heads."""
     L, h = model.config.n_layers, model.config.n_heads
-    exact = 1 + sum(-(-h // CHUNK) * (L - l) / L for l in range(L))
+    depth = sum((L - l) / L for l in range(L))  # a partial forward from every layer
+    exact = 1 + h * depth
     metrics = len({tuple(r.flatten().tolist()) for r in rows.values()}) + len(induction)
-    return exact <= 1 + 2 * metrics
+    checked = min(check + len(induction), L * h)
+    estimate = 2 + 2 * metrics + (LAYER_STEPS - 1) * depth * 3 + checked * depth / L
+    return exact <= estimate
 
 
 def measure_ablations(model: Any, probe: Probe, rows: dict[str, Tensor],
                       induction: list[tuple[int, int]], mode: Mode = "mean", exact: Exact = (),
                       check: int = CHECK) -> tuple[Any, Ablations | None]:  # fmt: skip
     """Every head's ablation effects on the loss over each of ``rows`` (:func:`loss_rows`) and
-    on the scores of ``induction``'s heads: estimated (or exact when ``exact`` is True), and
-    the exact ablations of the heads ``exact`` names, of ``induction``'s and of the ``check``
-    the estimate ranks first. :func:`reported_effect` reads the two together."""
-    if exact is True or (exact is None and _exact_is_cheap(model, rows, induction)):
+    on the scores of ``induction``'s heads: estimated in two stages (:func:`headlab.heads.
+    attribution.estimate_heads`: ranked along each layer's path by the loss on every token,
+    and the ``check`` heads it ranks first, ``induction``'s and the heads ``exact`` names
+    ablated exactly), or exact for every head when ``exact`` is True. :func:`reported_effect`
+    reads the two together."""
+    if exact is True or (exact is None and _exact_is_cheap(model, rows, induction, check)):
         return ablate_heads(model, probe, mode=mode), None
-    estimate = attribute_heads(model, probe, list(rows.values()), induction, mode)
     picked = set() if exact is False or exact is None else set(exact)
-    picked |= _checked(estimate, rows, check) | set(induction)
-    return estimate, ablate_heads(model, probe, sorted(picked), mode) if picked else None
+    two = estimate_heads(model, probe, list(rows.values()), induction, mode, check,
+                         exact=picked, rank=[rows["any"]])  # fmt: skip
+    return two.estimate, two.exact
 
 
 def reported_effect(estimate: Ablations | Attributions, exact: Ablations | None,
