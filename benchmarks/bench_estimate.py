@@ -1,13 +1,18 @@
-"""How well the ablation estimate ranks the heads, and what it costs, by the number of points on
-each head's own path (``attribute_heads(steps=k)``, headlab.heads.attribution): for each model
-and k, Spearman ρ of the estimated rise of the loss on every token against exact mean-ablation
-(headlab.heads.effects.ablate_heads) over all heads and over the 20 heads with the largest exact
-effects, how many of the exact top 5 the estimate's top 5 holds, and the estimate's wall time as
-a ratio against one traced forward of the same probe, measured in the same run (medians of
-``--rounds``; the estimates and the exact ablation, seconds long, once each).
+"""How well the ablation estimates rank the heads, and what they cost: for each model, exact
+mean ablation of every head (headlab.heads.effects.ablate_heads, the reference), the estimate
+along each head's own path and along each layer's path by number of points
+(``attribute_heads(steps=k, per=...)``, headlab.heads.attribution), and the two-stage estimate
+by number of heads it ablates exactly (``estimate_heads(check=c)``, headlab.heads.estimate).
+Per method: Spearman ρ of the loss rise on every token against exact ablation over all heads and
+over the 20 heads with the largest exact effects, how many of the exact top 5 its top 5 holds,
+its wall time as a ratio against one traced forward of the same probe (median of ``--rounds``)
+and against exact ablation of every head, both measured in the same run (the estimates and the
+exact ablation once each), its probe passes (forwards of the probe in whole-model equivalents,
+each copy of the probe counted, backwards not) and how many heads it ablated exactly.
 
-Run: ``python benchmarks/bench_estimate.py [--models default smollm2] [--steps 1 2 4 8]
-[--threads 1]``; results go to benchmarks/results/estimate.json (``--json``).
+Run: ``nice -n 10 python benchmarks/bench_estimate.py [--models default smollm2] [--steps 1 2 4 8]
+[--layer-steps 2 3] [--check 60] [--threads 1]``; results go to
+benchmarks/results/estimate.json (``--json``).
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ import torch
 from scipy.stats import spearmanr
 
 from headlab import Trace, zoo
-from headlab.heads.attribution import CHECK, LAYER_STEPS, attribute_heads, estimate_heads
+from headlab.heads.attribution import attribute_heads
 from headlab.heads.effects import ablate_heads
+from headlab.heads.estimate import CHECK, LAYER_STEPS, estimate_heads
 from headlab.heads.evidence import loss_rows
 from headlab.measure import build_probe
 from record import path_for, save
@@ -60,7 +66,8 @@ def row(name: str, what: str, exact: torch.Tensor, est: torch.Tensor, seconds: f
     return {"model": name, "method": what, "steps": getattr(at, "steps", None),
             "rho_all": agreement(exact, est), "rho_top20": agreement(exact, est, 20),
             "top5": overlap(exact, est), "seconds": seconds, "forward_s": forward,
-            "exact_all_s": exact_s, "probe_passes": at.probe_passes,
+            "exact_all_s": exact_s, "vs_exact": seconds / exact_s,
+            "probe_passes": at.probe_passes,
             "checked": 0 if checked is None else len(checked.heads)}  # fmt: skip
 
 

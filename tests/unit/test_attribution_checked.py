@@ -7,14 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 from scipy.stats import spearmanr
+from test_attribution import head_slopes, one_at_a_time
 
 from conftest import require
 from headlab import zoo
-from headlab.heads.attribution import attribute_heads, estimate_heads
+from headlab.heads.attribution import attribute_heads
 from headlab.heads.effects import ablate_heads
+from headlab.heads.estimate import estimate_heads
 from headlab.heads.evidence import loss_rows
 from headlab.measure import build_probe
-from test_attribution import head_slopes, one_at_a_time
 
 
 @pytest.fixture(scope="module")

@@ -18,42 +18,43 @@ head's output and misses what a head does through later layers' softmaxes: a pre
 head's effect through the induction heads it feeds (SmolLM2's 16.0: exact 0.28 nats, estimated
 0.02), a head whose removal moves a sink.
 
-``steps=k`` integrates each head's gradient along its own path instead (integrated gradients,
-Sundararajan et al. 2017, one head at a time as exact ablation moves it):
+``steps=k`` integrates the gradient along a path instead (integrated gradients, Sundararajan
+et al. 2017), j = 0 being the plain term, so ``steps=1`` is plain attribution patching:
 
-    Δm_s ≈ (1/k) Σ_{j=0}^{k−1} Σ_{b, q} (ā_s − a_s[b, q]) · ∂m / ∂a_s  at  a_s + (j/k)(ā_s − a_s)
+    Δm_s ≈ (1/k) Σ_{j=0}^{k−1} Σ_{b, q} (ā_s − a_s[b, q]) · ∂m / ∂a_s  at the point j/k
 
-with every other head clean; j = 0 is the plain term, so ``steps=1`` is plain attribution
-patching. Each (head, point) beyond the first is a copy of the probe; a layer's copies run side
-by side along the batch from the residual stream the clean run left at that layer, one backward
-per metric (:func:`own_paths`). On the repeat probe (loss over every token, against exact mean
-ablation) four steps lift the default model's Spearman ρ over all 16 heads from 0.62 to 0.98,
-4 of the top five shared; ``benchmarks/bench_estimate.py`` measures ρ, the top-five overlap and the
-cost by steps for the default model and SmolLM2 (docs/evidence.md quotes it). The copies cost
-(k − 1) partial forwards and backwards per head: more than exact ablation, which runs one
-partial forward per head, so on these models exact ablation is the cheaper way to a ranking
-that matches it, and the path shows where the plain estimate goes wrong. ``path`` averages
-the gradient over points of a joint path on which every head moves a share α together (Marks
-et al. 2024 do so for a layer's features): it lifts the default model to 0.95 but drops
-SmolLM2 from 0.91 to 0.50, whose 270 heads moved together leave the model far from either end.
-So by default the estimate ranks and the figures quoted for the heads that matter come from
-exact ablation of the heads it ranks first (``headlab.heads.evidence.evidence(check=…)``).
+``per="head"``: the point moves head s alone, a_s + (j/k)(ā_s − a_s), every other head clean
+(:func:`own_paths`); ``per="layer"``: it moves every head of s's layer together, the other
+layers clean (:func:`layer_paths`; Marks et al. 2024 integrate a layer's nodes together). Each
+point beyond the first is a copy of the probe run from the residual stream the clean run left
+at that layer (copies side by side along the batch), one backward per metric: k − 1 copies per
+head on a head's own path, more than exact ablation's one partial forward per head; k − 1 per
+layer on the layer's. Moving every head at once (``path``, one joint path) fails on SmolLM2.
+
+Measured by ``benchmarks/bench_estimate.py`` on the repeat probe (loss over every token), against
+exact mean ablation of every head: the plain estimate ranks the default model's 16 heads with
+Spearman ρ 0.62 and SmolLM2's 20 heads with the largest exact effects with 0.47 (its
+previous-token head 16.0 acts through later heads' softmax: exact 0.28 nats, estimated 0.02);
+two points per layer rank SmolLM2's all and top 20 with 0.94 and 0.83 at a fifth of exact
+ablation's time, head 16.0 first; three points per layer do worse (0.83, 0.77).
+
+So the estimate the evidence uses has two stages (:mod:`headlab.heads.estimate`): the layer
+path ranks every head, and exact ablation of the heads it ranks first gives their figures.
 
 :class:`Attributions` answers as :class:`headlab.heads.effects.Ablations` does
 (``index``, ``loss_effect``, ``induction``, ``clean_induction``), for the row sets and the
 induction heads it was asked about.
 
 Papers: Nanda 2023 (attribution patching); Syed, Rager and Conmy 2023; Sundararajan, Taly and
-Yan 2017 (integrated gradients); Marks et al. 2024 (integrated gradients over a layer's nodes at
-once); Kramár et al. 2024 (AtP*, where attribution patching fails); Michel et al. 2019 (head
-importance as a first-order Taylor term).
+Yan 2017 (integrated gradients); Marks et al. 2024 (integrated gradients over a layer's nodes);
+Kramár et al. 2024 (AtP*, where attribution patching fails); Michel et al. 2019.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -61,7 +62,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from headlab.devices import input_device
-from headlab.heads.effects import MODES, Ablations, Mode, ablate_heads, clean_run, this_thread
+from headlab.heads.effects import MODES, Mode, clean_run, this_thread
 from headlab.heads.scores import mass_where_possible
 from headlab.heads.targets import token_rule_targets
 from headlab.measure import Probe, layer_index
@@ -415,103 +416,3 @@ def _copies(model: Any, clean: Any, layer: int, share: Tensor,
         term = torch.einsum("bnhk,bnhk->bh", g.float(), moved["delta"].float()).view(C, B, h)
         out.append(term.sum(1).cpu())
     return out
-
-
-# the two-stage estimate (module docstring): the layer path's points, and how many heads of each
-# row set's ranking are then ablated exactly
-LAYER_STEPS = 2
-CHECK = 60
-
-
-@dataclass(frozen=True)
-class Checked:
-    """The estimate of every head's effects, and exact ablation of the heads it ranks first
-    (:func:`estimate_heads`): answers as :class:`headlab.heads.effects.Ablations` does, with
-    the exact figure where a head was ablated exactly and the estimate elsewhere."""
-
-    estimate: Attributions
-    exact: Ablations | None  # the checked heads (and any asked for), ablated exactly
-    method = "estimate+exact"
-
-    @property
-    def heads(self) -> list[tuple[int, int]]:
-        return self.estimate.heads
-
-    def index(self, layer: int, head: int) -> int:
-        return self.estimate.index(layer, head)
-
-    def loss_effect(self, rows: Tensor) -> Tensor:
-        """(S,) layer-major: the loss rise over ``rows`` (B, n − 1) with each head ablated,
-        exact where it was ablated exactly, estimated elsewhere."""
-        out = self.estimate.loss_effect(rows).clone()
-        if self.exact is not None and bool(rows.any()):
-            measured = self.exact.loss_effect(rows)
-            for s, head in enumerate(self.exact.heads):
-                out[self.index(*head)] = measured[s]
-        return out
-
-    @property
-    def probe_passes(self) -> float:
-        """Forwards of the probe in whole-model equivalents, each copy counted, both stages."""
-        return self.estimate.probe_passes + (0.0 if self.exact is None else self.exact.probe_passes)
-
-    def to_dict(self) -> dict[str, Any]:
-        exact = None if self.exact is None else self.exact.to_dict()
-        seconds = self.estimate.seconds + (0.0 if self.exact is None else self.exact.seconds)
-        return {
-            "method": self.method,
-            "estimate": self.estimate.to_dict(),
-            "exact": exact,
-            "checked": 0 if self.exact is None else len(self.exact.heads),
-            "probe_passes": round(self.probe_passes, 2),
-            "seconds": round(seconds, 2),
-        }
-
-
-def first_ranked(
-    estimate: Attributions, rows: Sequence[Tensor], check: int
-) -> set[tuple[int, int]]:
-    """The ``check`` heads with the largest estimated loss rise over each of ``rows``."""
-    out: set[tuple[int, int]] = set()
-    for r in rows:
-        effect = estimate.loss_effect(r)
-        if check > 0 and not bool(effect.isnan().all()):
-            out |= {estimate.heads[int(s)] for s in effect.argsort(descending=True)[:check]}
-    return out
-
-
-def estimate_heads(
-    model: Any,
-    probe: Probe,
-    rows: Sequence[Tensor],
-    induction_heads: Sequence[tuple[int, int]] = (),
-    mode: Mode = "mean",
-    check: int = CHECK,
-    steps: int = LAYER_STEPS,
-    exact: Collection[tuple[int, int]] = (),
-    rank: Sequence[Tensor] | None = None,
-) -> Checked:
-    """Every head's ablation effects in two stages (module docstring): the estimate along each
-    layer's path (:func:`attribute_heads` with ``steps`` points, ``per="layer"``) on the loss
-    over each row set of ``rank`` (default: every one of ``rows``), plain attribution patching
-    for the other row sets and ``induction_heads``' scores; then exact batched ablation
-    (:func:`headlab.heads.effects.ablate_heads`) of the ``check`` heads with the largest
-    estimated loss rise over each row set of ``rank``, of ``induction_heads`` and of ``exact``.
-    Other arguments as for :func:`attribute_heads`."""
-    if check < 0:
-        raise ValueError(f"check must be a whole number ≥ 0 (got {check}): the heads per row "
-                         "set ablated exactly")  # fmt: skip
-    rank = list(rows) if rank is None else list(rank)
-    path = attribute_heads(model, probe, rank, (), mode, steps=steps, per="layer")
-    rest = [r for r in rows if not any(torch.equal(r.cpu(), q.cpu()) for q in rank)]
-    estimate = path
-    if rest or induction_heads:
-        plain = attribute_heads(model, probe, rest, induction_heads, mode)
-        estimate = replace(plain, row_sets=path.row_sets + plain.row_sets, steps=path.steps,
-                           per="layer", forwards=path.forwards + plain.forwards,
-                           backwards=path.backwards + plain.backwards,
-                           seconds=path.seconds + plain.seconds,
-                           model_passes=path.model_passes + plain.model_passes,
-                           probe_passes=path.probe_passes + plain.probe_passes)  # fmt: skip
-    picked = first_ranked(path, rank, check) | set(induction_heads) | set(exact)
-    return Checked(estimate, ablate_heads(model, probe, sorted(picked), mode) if picked else None)

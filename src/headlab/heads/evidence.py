@@ -10,10 +10,11 @@ Shape legend
        (:mod:`headlab.heads.baselines`: random weights and shuffled tokens, 3 seeds each)
     2. every head ablated alone, mean by default: the loss on a later copy's tokens, the loss
        on the rows where the head's type can act, and the induction heads' scores. Estimated
-       for every head at once by attribution patching (:func:`headlab.heads.attribution.
-       attribute_heads`, a few forwards and backwards) unless ``exact`` asks for exact
-       ablation (:func:`headlab.heads.effects.ablate_heads`) of every head (True) or of the
-       heads it names, whose cards then show the exact figure beside the estimate
+       in two stages (:func:`headlab.heads.estimate.estimate_heads`: an estimate ranks every
+       head, the heads it ranks first are ablated exactly) where exact ablation
+       (:func:`headlab.heads.effects.ablate_heads`) of every head costs more, or when
+       ``exact`` names heads, whose cards then show the exact figure beside the estimate;
+       exact for every head when ``exact`` is True
     3. the composition scores of every pair (:mod:`headlab.heads.composition`)
 
 and gives each head a :class:`HeadCard`. Beside each ablation effect stands the median effect of
@@ -33,10 +34,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from headlab.heads.attribution import CHECK, LAYER_STEPS, Attributions, estimate_heads
+from headlab.heads.attribution import Attributions
 from headlab.heads.baselines import Baselines, baselines, gate
 from headlab.heads.composition import Composition, composition_scores
 from headlab.heads.effects import Ablations, Mode, ablate_heads
+from headlab.heads.estimate import CHECK, LAYER_STEPS, estimate_heads
 from headlab.heads.labels import BEST_TYPES, THRESHOLDS
 from headlab.heads.report import HeadReport, HeadScore, analyse
 from headlab.heads.targets import build_targets
@@ -313,12 +315,12 @@ def evidence(
     :func:`headlab.heads.analyse` (default: no patterns), ``syntactic`` its syntactic margins
     (labelling with them only with ``label_syntactic``);
     ``progress(stage)`` is called before each of :data:`STAGES`. Ablation effects are
-    estimated for every head (:mod:`headlab.heads.attribution`) unless ``exact`` is True (every
+    estimated for every head (:mod:`headlab.heads.estimate`) unless ``exact`` is True (every
     head ablated exactly) or None (the default) on a model small enough that exact ablation of
-    every head costs no more model passes than the estimate (the default model); the
+    every head costs no more probe passes than the estimate (the default model); the
     (layer, head) pairs ``exact`` lists, the induction heads and the ``check`` heads the
-    estimate ranks first on every token and on a later copy are also ablated exactly, and their
-    cards show both figures. Ablations need a causal model; for another they are left out."""
+    estimate ranks first by the loss on every token are ablated exactly, and their cards show
+    both figures. Ablations need a causal model; for another they are left out."""
     times: dict[str, float] = {}
 
     def stage(name: str, run: Callable[[], Any]) -> Any:
