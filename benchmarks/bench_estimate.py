@@ -2,7 +2,8 @@
 mean ablation of every head (headlab.heads.effects.ablate_heads, the reference), the estimate
 along each head's own path and along each layer's path by number of points
 (``attribute_heads(steps=k, per=...)``, headlab.heads.attribution), and the two-stage estimate
-by number of heads it ablates exactly (``estimate_heads(check=c)``, headlab.heads.estimate).
+by number of heads it ablates exactly (``estimate_heads(check=c)``, headlab.heads.estimate),
+and the evidence's ablation stage both ways (every head exact; its default).
 Per method: Spearman ρ of the loss rise on every token against exact ablation over all heads and
 over the 20 heads with the largest exact effects, how many of the exact top 5 its top 5 holds,
 its wall time as a ratio against one traced forward of the same probe (median of ``--rounds``)
@@ -28,10 +29,11 @@ import torch
 from scipy.stats import spearmanr
 
 from headlab import Trace, zoo
+from headlab.heads import analyse
 from headlab.heads.attribution import attribute_heads
 from headlab.heads.effects import ablate_heads
-from headlab.heads.estimate import CHECK, LAYER_STEPS, estimate_heads
-from headlab.heads.evidence import loss_rows
+from headlab.heads.estimate import CHECK, LAYER_STEPS, Checked, estimate_heads
+from headlab.heads.evidence import loss_rows, measure_ablations
 from headlab.measure import build_probe
 from record import path_for, save
 
@@ -103,7 +105,27 @@ def measure(name: str, steps: list[int], layer_steps: list[int], checks: list[in
     for what, run in runs:
         at, seconds = timed(run)
         out.append(row(name, what, exact, at.loss_effect(rows), seconds, forward, exact_s, at))
-    return out
+    return out + in_evidence(name, model, probe, exact, forward)
+
+
+def in_evidence(name: str, model: Any, probe: Any, exact: torch.Tensor,
+                forward: float) -> list[dict[str, Any]]:  # fmt: skip
+    """The evidence's ablation stage (headlab.heads.evidence.measure_ablations) both ways, with
+    every quantity the evidence asks about (the loss over each row set of ``loss_rows``, the
+    scores of the heads ``analyse`` labels induction): exact ablation of every head, then the
+    two-stage estimate, its time as a ratio against the first."""
+    rows = loss_rows(probe, True)
+    report = analyse(model, probe, content=False)
+    induction = [(s.layer, s.head) for s in report.heads if s.label == "induction"]
+    (every, _), every_s = timed(lambda: measure_ablations(model, probe, rows, induction,
+                                                          exact=True))  # fmt: skip
+    (est, checked), two_s = timed(lambda: measure_ablations(model, probe, rows, induction,
+                                                               exact=None))  # fmt: skip
+    two = Checked(est, checked) if est.method == "attribution" else every
+    return [row(name, "evidence's ablations, every head exact", exact,
+                every.loss_effect(rows["any"]), every_s, forward, every_s, every),
+            row(name, "evidence's ablations, as its default chooses", exact,
+                two.loss_effect(rows["any"]), two_s, forward, every_s, two)]  # fmt: skip
 
 
 def main() -> int:
