@@ -35,7 +35,7 @@ Measured by ``benchmarks/bench_estimate.py`` on the repeat probe (loss over ever
 exact mean ablation of every head: the plain estimate ranks the default model's 16 heads with
 Spearman ρ 0.62 and SmolLM2's 20 heads with the largest exact effects with 0.47 (its
 previous-token head 16.0 acts through later heads' softmax: exact 0.28 nats, estimated 0.02);
-two points per layer rank SmolLM2's all and top 20 with 0.94 and 0.83 at a fifth of exact
+two points per layer rank SmolLM2's all and top 20 with 0.94 and 0.83 in 0.15–0.30 of exact
 ablation's time, head 16.0 first; three points per layer do worse (0.83, 0.77).
 
 So the estimate the evidence uses has two stages (:mod:`headlab.heads.estimate`): the layer

@@ -23,9 +23,10 @@ orders the heads it checks as exact ablation does.
 Measured by ``benchmarks/bench_estimate.py`` on the repeat probe (loss over every token) against
 exact mean ablation of every head (docs/evidence.md quotes the table): on SmolLM2 the two stages
 rank all 270 heads with Spearman ρ 0.95 and the 20 with the largest exact effects with 1.00, the
-top fives alike, at about a third of the time of exact ablation of every head (60 of its 270
-heads ablated exactly; 20 give 0.92 over the top 20 at a fifth of the time). On the default
-model exact ablation of every head costs less than either stage, and the evidence uses it there.
+top fives alike, in 0.27–0.62 of the time of exact ablation of every head over four runs on a
+shared two-core machine (60 of its 270 heads ablated exactly; 20 give 0.92 over the top 20 in
+0.20–0.39 of the time). On the default model exact ablation of every head costs less than
+either stage, and the evidence uses it there.
 
 Papers: Nanda 2023 (attribution patching); Sundararajan, Taly and Yan 2017 (integrated
 gradients); Marks et al. 2024 (a layer's nodes integrated together); Kramár et al. 2024 (AtP*:
