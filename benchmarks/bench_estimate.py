@@ -80,10 +80,12 @@ def timed(run: Any) -> tuple[Any, float]:
 
 
 def measure(name: str, steps: list[int], layer_steps: list[int], checks: list[int],
-            rounds: int) -> list[dict[str, Any]]:  # fmt: skip
+            plain_checks: list[int], rounds: int) -> list[dict[str, Any]]:  # fmt: skip
     """One row for exact ablation of every head, one per k on each head's own path
     (``steps``), per k on each layer's path (``layer_steps``) and per number of heads the
-    two-stage estimate checks exactly (``checks``), on ``name``'s repeat probe."""
+    two-stage estimate checks exactly (``checks``; ``plain_checks`` with plain attribution
+    patching ranking every head by the size of its estimated effect on the loss over every
+    token and over a later copy's tokens), on ``name``'s repeat probe."""
     model, tok = zoo.load(name)
     probe = build_probe("repeat", tok, min(model.config.max_len, 128), model.config.vocab_size)
     rows = loss_rows(probe, True)["any"]
@@ -102,6 +104,10 @@ def measure(name: str, steps: list[int], layer_steps: list[int], checks: list[in
         )
         for c in checks
     ]
+    both = [rows, loss_rows(probe, True)["copy"]]  # every token, and a later copy's tokens
+    runs += [(f"plain estimate + exact check of {c} by size, every token and later copy",
+              lambda c=c: estimate_heads(model, probe, both, check=c, steps=1, rank=both,
+                                         by="size")) for c in plain_checks]  # fmt: skip
     for what, run in runs:
         at, seconds = timed(run)
         out.append(row(name, what, exact, at.loss_effect(rows), seconds, forward, exact_s, at))
@@ -144,6 +150,9 @@ def main() -> int:
         default=[CHECK],
         help="heads the two-stage estimate ablates exactly",
     )
+    parser.add_argument("--plain-check", nargs="*", type=int, default=[], help=(
+        "heads the two-stage estimate ablates exactly, ranked by plain attribution patching "
+        "by size on every token and a later copy"))  # fmt: skip
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=7, help="rounds of the forward")
     parser.add_argument("--json", default=path_for("estimate"), help="where the results go")
@@ -153,7 +162,8 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     for name in args.models:
         try:
-            results += measure(name, args.steps, args.layer_steps, args.check, args.rounds)
+            results += measure(name, args.steps, args.layer_steps, args.check, args.plain_check,
+                               args.rounds)  # fmt: skip
         except (ImportError, zoo.ModelNotAvailable) as exc:
             print(f"skipped {name}: not available here ({exc})")
     rows = []

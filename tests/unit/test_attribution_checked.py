@@ -91,6 +91,8 @@ def test_the_check_and_the_path_must_be_valid(default, repeat):
     rows = loss_rows(repeat, True)["any"]
     with pytest.raises(ValueError, match="check must be a whole number"):
         estimate_heads(model, repeat, [rows], check=-1)
+    with pytest.raises(ValueError, match="rank by the estimated loss 'rise' or by its 'size'"):
+        estimate_heads(model, repeat, [rows], by="most")
     with pytest.raises(ValueError, match="a path per 'head' or per 'layer'"):
         attribute_heads(model, repeat, [rows], steps=2, per="model")  # type: ignore[arg-type]
 
@@ -116,3 +118,25 @@ def test_smollm2s_two_stage_estimate_ranks_its_top_heads_as_exact_ablation():
     rho_top, _ = agreement(exact, reported, top=20)
     assert rho_all >= 0.9 and rho_top >= 0.9 and overlap >= 4, (rho_all, rho_top, overlap)
     assert two.probe_passes < every.probe_passes
+
+
+def test_ranked_by_size_the_plain_estimates_largest_effects_of_either_sign_are_checked(
+    default, repeat
+):
+    """steps=1, by="size": the heads ablated exactly are the ``check`` with the largest plain
+    attribution-patching estimate in size on each row set, falls included; their figures are
+    exact ablation's one head per forward."""
+    model, _ = default
+    rows = loss_rows(repeat, True)
+    both = [rows["any"], rows["copy"]]
+    two = estimate_heads(model, repeat, both, check=3, steps=1, rank=both, by="size")
+    want = set()
+    for r in both:
+        plain = head_slopes(model, repeat.tokens, r)
+        want |= {two.heads[int(s)] for s in plain.abs().argsort(descending=True)[:3]}
+    assert two.exact is not None and set(two.exact.heads) == want
+    exact = one_at_a_time(model, repeat.tokens, rows["any"])
+    reported = two.loss_effect(rows["any"]).double()
+    for head in want:
+        assert float(reported[two.index(*head)]) == pytest.approx(float(exact[two.index(*head)]),
+                                                                  abs=1e-4)  # fmt: skip

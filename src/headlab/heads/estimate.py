@@ -95,15 +95,16 @@ class Checked:
         }
 
 
-def first_ranked(
-    estimate: Attributions, rows: Sequence[Tensor], check: int
-) -> set[tuple[int, int]]:
-    """The ``check`` heads with the largest estimated loss rise over each of ``rows``."""
+def first_ranked(estimate: Attributions, rows: Sequence[Tensor], check: int,
+                 by: str = "rise") -> set[tuple[int, int]]:  # fmt: skip
+    """The ``check`` heads with the largest estimated loss rise over each of ``rows`` (``by``
+    "rise"), or the largest in size, a fall too ("size")."""
     out: set[tuple[int, int]] = set()
     for r in rows:
         effect = estimate.loss_effect(r)
         if check > 0 and not bool(effect.isnan().all()):
-            out |= {estimate.heads[int(s)] for s in effect.argsort(descending=True)[:check]}
+            key = effect if by == "rise" else effect.abs()
+            out |= {estimate.heads[int(s)] for s in key.argsort(descending=True)[:check]}
     return out
 
 
@@ -117,17 +118,21 @@ def estimate_heads(
     steps: int = LAYER_STEPS,
     exact: Collection[tuple[int, int]] = (),
     rank: Sequence[Tensor] | None = None,
+    by: str = "rise",
 ) -> Checked:
     """Every head's ablation effects in two stages (module docstring): the estimate along each
     layer's path (:func:`attribute_heads` with ``steps`` points, ``per="layer"``) on the loss
     over each row set of ``rank`` (default: every one of ``rows``), plain attribution patching
     for the other row sets and ``induction_heads``' scores; then exact batched ablation
     (:func:`headlab.heads.effects.ablate_heads`) of the ``check`` heads with the largest
-    estimated loss rise over each row set of ``rank``, of ``induction_heads`` and of ``exact``.
-    Other arguments as for :func:`attribute_heads`."""
+    estimated loss rise (``by="rise"``; "size": the largest in size, a fall too) over each row
+    set of ``rank``, of ``induction_heads`` and of ``exact``. ``steps=1``: plain attribution
+    patching ranks. Other arguments as for :func:`attribute_heads`."""
     if check < 0:
         raise ValueError(f"check must be a whole number ≥ 0 (got {check}): the heads per row "
                          "set ablated exactly")  # fmt: skip
+    if by not in ("rise", "size"):
+        raise ValueError(f"by {by!r}: rank by the estimated loss 'rise' or by its 'size'")
     rank = list(rows) if rank is None else list(rank)
     path = attribute_heads(model, probe, rank, (), mode, steps=steps, per="layer")
     rest = [r for r in rows if not any(torch.equal(r.cpu(), q.cpu()) for q in rank)]
@@ -140,5 +145,5 @@ def estimate_heads(
                            seconds=path.seconds + plain.seconds,
                            model_passes=path.model_passes + plain.model_passes,
                            probe_passes=path.probe_passes + plain.probe_passes)  # fmt: skip
-    picked = first_ranked(path, rank, check) | set(induction_heads) | set(exact)
+    picked = first_ranked(path, rank, check, by) | set(induction_heads) | set(exact)
     return Checked(estimate, ablate_heads(model, probe, sorted(picked), mode) if picked else None)
