@@ -38,7 +38,7 @@ from headlab.heads.attribution import Attributions
 from headlab.heads.baselines import Baselines, baselines, gate
 from headlab.heads.composition import Composition, composition_scores
 from headlab.heads.effects import Ablations, Mode, ablate_heads
-from headlab.heads.estimate import CHECK, LAYER_STEPS, estimate_heads
+from headlab.heads.estimate import CHECK, CHECK_SIZE, LAYER_STEPS, estimate_heads
 from headlab.heads.labels import BEST_TYPES, THRESHOLDS
 from headlab.heads.report import HeadReport, HeadScore, analyse
 from headlab.heads.targets import build_targets
@@ -253,35 +253,48 @@ def _effect(score: HeadScore, ablation: dict[str, Any]) -> str:
 Exact = bool | Collection[tuple[int, int]] | None
 
 
-def _exact_is_cheap(model: Any, rows: dict[str, Tensor], induction: list[Any], check: int) -> bool:
+def _plan(rows: dict[str, Tensor], check: int | None) -> dict[str, Any]:
+    """How the two-stage estimate ranks (:mod:`headlab.heads.estimate`): on a probe with a later
+    copy, plain attribution patching by the size of each head's estimated effect on every token
+    and on the later copy, :data:`CHECK_SIZE` heads of each ablated exactly; elsewhere, the
+    layer path by the rise on every token, :data:`CHECK` heads ablated exactly."""
+    if bool(rows["copy"].any()):
+        return {"rank": [rows["any"], rows["copy"]], "steps": 1, "by": "size",
+                "check": CHECK_SIZE if check is None else check}  # fmt: skip
+    return {"rank": [rows["any"]], "steps": LAYER_STEPS, "by": "rise",
+            "check": CHECK if check is None else check}  # fmt: skip
+
+
+def _exact_is_cheap(model: Any, rows: dict[str, Tensor], induction: list[Any],
+                    plan: dict[str, Any]) -> bool:  # fmt: skip
     """Whether ablating every head exactly costs no more probe passes (forwards of the probe,
-    each copy counted, a backward as two) than the two-stage estimate: true of small models.
-    The estimate: the plain terms (a forward, a backward per quantity), the layer path's
-    steps − 1 copies per layer with a backward for the loss on every token, and exact
-    ablation of the ``check`` heads it ranks first and the induction heads."""
+    each copy counted, a backward as two) than the two-stage estimate of ``plan``: true of
+    small models. The estimate: the plain terms (a forward, a backward per quantity), the layer
+    path's steps − 1 copies per layer with a backward per ranking, and exact ablation of the
+    heads each ranking puts first and of the induction heads."""
     L, h = model.config.n_layers, model.config.n_heads
     depth = sum((L - l) / L for l in range(L))  # a partial forward from every layer
     exact = 1 + h * depth
     metrics = len({tuple(r.flatten().tolist()) for r in rows.values()}) + len(induction)
-    checked = min(check + len(induction), L * h)
-    estimate = 2 + 2 * metrics + (LAYER_STEPS - 1) * depth * 3 + checked * depth / L
-    return exact <= estimate
+    path = (plan["steps"] - 1) * depth * (1 + 2 * len(plan["rank"]))
+    checked = min(plan["check"] * len(plan["rank"]) + len(induction), L * h)
+    return exact <= 1 + 2 * metrics + path + checked * depth / L
 
 
 def measure_ablations(model: Any, probe: Probe, rows: dict[str, Tensor],
                       induction: list[tuple[int, int]], mode: Mode = "mean", exact: Exact = (),
-                      check: int = CHECK) -> tuple[Any, Ablations | None]:  # fmt: skip
+                      check: int | None = None) -> tuple[Any, Ablations | None]:  # fmt: skip
     """Every head's ablation effects on the loss over each of ``rows`` (:func:`loss_rows`) and
     on the scores of ``induction``'s heads: estimated in two stages (:func:`headlab.heads.
-    attribution.estimate_heads`: ranked along each layer's path by the loss on every token,
-    and the ``check`` heads it ranks first, ``induction``'s and the heads ``exact`` names
-    ablated exactly), or exact for every head when ``exact`` is True. :func:`reported_effect`
-    reads the two together."""
-    if exact is True or (exact is None and _exact_is_cheap(model, rows, induction, check)):
+    estimate.estimate_heads`, ranked as :func:`_plan` says, ``check`` heads per ranking, and
+    ``induction``'s and the heads ``exact`` names ablated exactly), or exact for every head when
+    ``exact`` is True. :func:`reported_effect` reads the two together."""
+    plan = _plan(rows, check)
+    if exact is True or (exact is None and _exact_is_cheap(model, rows, induction, plan)):
         return ablate_heads(model, probe, mode=mode), None
     picked = set() if exact is False or exact is None else set(exact)
-    two = estimate_heads(model, probe, list(rows.values()), induction, mode, check,
-                         exact=picked, rank=[rows["any"]])  # fmt: skip
+    two = estimate_heads(model, probe, list(rows.values()), induction, mode, exact=picked,
+                         **plan)  # fmt: skip
     return two.estimate, two.exact
 
 
@@ -309,7 +322,7 @@ def evidence(
     syntactic: Any = None,
     label_syntactic: bool = False,
     exact: Exact = None,
-    check: int = CHECK,
+    check: int | None = None,
 ) -> Evidence:
     """Every head's :class:`HeadCard` on ``probe`` (module docstring). ``keep`` as for
     :func:`headlab.heads.analyse` (default: no patterns), ``syntactic`` its syntactic margins
@@ -318,9 +331,9 @@ def evidence(
     estimated for every head (:mod:`headlab.heads.estimate`) unless ``exact`` is True (every
     head ablated exactly) or None (the default) on a model small enough that exact ablation of
     every head costs no more probe passes than the estimate (the default model); the
-    (layer, head) pairs ``exact`` lists, the induction heads and the ``check`` heads the
-    estimate ranks first by the loss on every token are ablated exactly, and their cards show
-    both figures. Ablations need a causal model; for another they are left out."""
+    (layer, head) pairs ``exact`` lists, the induction heads and the heads the estimate ranks
+    first (``check`` per ranking; by default as :func:`_plan` says) are ablated exactly, and
+    their cards show both figures. Ablations need a causal model; for another they are left out."""
     times: dict[str, float] = {}
 
     def stage(name: str, run: Callable[[], Any]) -> Any:
