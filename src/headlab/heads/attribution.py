@@ -38,8 +38,9 @@ previous-token head 16.0 acts through later heads' softmax: exact 0.28 nats, est
 two points per layer rank SmolLM2's all and top 20 with 0.94 and 0.83 in 0.15–0.30 of exact
 ablation's time, head 16.0 first; three points per layer do worse (0.83, 0.77).
 
-So the estimate the evidence uses has two stages (:mod:`headlab.heads.estimate`): the layer
-path ranks every head, and exact ablation of the heads it ranks first gives their figures.
+So the estimate the evidence uses has two stages (:mod:`headlab.heads.estimate`): an estimate
+(the layer path, or the plain one by size) ranks every head, and exact ablation of the heads it
+ranks first gives their figures.
 
 :class:`Attributions` answers as :class:`headlab.heads.effects.Ablations` does
 (``index``, ``loss_effect``, ``induction``, ``clean_induction``), for the row sets and the

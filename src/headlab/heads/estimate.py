@@ -6,27 +6,32 @@ Shape legend
 
 :func:`estimate_heads` runs
 
-    1. the estimate along each layer's path (:func:`headlab.heads.attribution.attribute_heads`
-       with two points, ``per="layer"``: the gradient at the clean run and with every head of
-       the layer half way to its ablated value, averaged) on the loss the ranking is by, and
-       plain attribution patching for the other quantities asked about
-    2. exact batched ablation (:func:`headlab.heads.effects.ablate_heads`) of the :data:`CHECK`
-       heads the estimate ranks first by loss rise, and of any heads asked for
+    1. an estimate of every head's effects (:func:`headlab.heads.attribution.attribute_heads`):
+       along each layer's path with two points (``steps=2``, the default: the gradient at the
+       clean run and with every head of the layer half way to its ablated value, averaged) on
+       the losses the ranking is by, plain attribution patching (``steps=1``) for the other
+       quantities asked about
+    2. exact batched ablation (:func:`headlab.heads.effects.ablate_heads`) of the ``check``
+       heads the estimate ranks first on each ranking's loss, by the rise (``by="rise"``) or by
+       the size of the effect, a fall too (``by="size"``), and of any heads asked for
 
 and :class:`Checked` quotes the exact figure where a head was ablated exactly and the estimate
 elsewhere: the figures are exact for the heads that matter, as long as the estimate puts them
-among its first :data:`CHECK`. The estimate alone misses what a head does through later layers'
-softmaxes (module docstring of :mod:`headlab.heads.attribution`); the layer path puts SmolLM2's
-previous-token head 16.0 first where the plain estimate puts it 46th, and the exact stage
-orders the heads it checks as exact ablation does.
+among its first. The estimate alone misses what a head does through later layers' softmaxes
+(:mod:`headlab.heads.attribution`); the layer path puts SmolLM2's previous-token head 16.0 first
+where the plain estimate puts it 46th, and the exact stage orders the heads it checks as exact
+ablation does.
 
 Measured by ``benchmarks/bench_estimate.py`` on the repeat probe (loss over every token) against
-exact mean ablation of every head (docs/evidence.md quotes the table): on SmolLM2 the two stages
-rank all 270 heads with Spearman ρ 0.95 and the 20 with the largest exact effects with 1.00, the
-top fives alike, in 0.27–0.62 of the time of exact ablation of every head over four runs on a
-shared two-core machine (60 of its 270 heads ablated exactly; 20 give 0.92 over the top 20 in
-0.20–0.39 of the time). On the default model exact ablation of every head costs less than
-either stage, and the evidence uses it there.
+exact mean ablation of every head (docs/evidence.md quotes the table): on SmolLM2 the layer path
+with :data:`CHECK` heads checked ranks all 270 heads with Spearman ρ 0.95 and the 20 with the
+largest exact effects with 1.00, the top fives alike, in 0.27–0.62 of the time of exact ablation
+of every head over six runs on a shared two-core machine (20 checked: 0.92 over the top 20).
+Plain attribution patching ranking by size on every token and on a later copy, with
+:data:`CHECK_SIZE` heads of each checked (66 heads), gives 0.98 and 1.00 in 0.34–0.38 of the
+time (two runs): where the probe has a later copy the evidence ranks so (it finds the induction
+circuit's heads on the later copy), elsewhere along the layer path. On the default model exact
+ablation of every head costs less than either, and the evidence uses it there.
 
 Papers: Nanda 2023 (attribution patching); Sundararajan, Taly and Yan 2017 (integrated
 gradients); Marks et al. 2024 (a layer's nodes integrated together); Kramár et al. 2024 (AtP*:
