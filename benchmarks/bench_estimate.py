@@ -1,13 +1,19 @@
-"""How well the ablation estimate ranks the heads, and what it costs, by the number of points on
-each head's own path (``attribute_heads(steps=k)``, headlab.heads.attribution): for each model
-and k, Spearman ρ of the estimated rise of the loss on every token against exact mean-ablation
-(headlab.heads.effects.ablate_heads) over all heads and over the 20 heads with the largest exact
-effects, how many of the exact top 5 the estimate's top 5 holds, and the estimate's wall time as
-a ratio against one traced forward of the same probe, measured in the same run (medians of
-``--rounds``; the estimates and the exact ablation, seconds long, once each).
+"""How well the ablation estimates rank the heads, and what they cost: for each model, exact
+mean ablation of every head (headlab.heads.effects.ablate_heads, the reference), the estimate
+along each head's own path and along each layer's path by number of points
+(``attribute_heads(steps=k, per=...)``, headlab.heads.attribution), and the two-stage estimate
+by number of heads it ablates exactly (``estimate_heads(check=c)``, headlab.heads.estimate),
+and the evidence's ablation stage both ways (every head exact; its default).
+Per method: Spearman ρ of the loss rise on every token against exact ablation over all heads and
+over the 20 heads with the largest exact effects, how many of the exact top 5 its top 5 holds,
+its wall time as a ratio against one traced forward of the same probe (median of ``--rounds``)
+and against exact ablation of every head, both measured in the same run (the estimates and the
+exact ablation once each), its probe passes (forwards of the probe in whole-model equivalents,
+each copy of the probe counted, backwards not) and how many heads it ablated exactly.
 
-Run: ``python benchmarks/bench_estimate.py [--models default smollm2] [--steps 1 2 4 8]
-[--threads 1]``; results go to benchmarks/results/estimate.json (``--json``).
+Run: ``nice -n 10 python benchmarks/bench_estimate.py [--models default smollm2] [--steps 1 2 4 8]
+[--layer-steps 2 3] [--check 60] [--threads 1]``; results go to
+benchmarks/results/estimate.json (``--json``).
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ import torch
 from scipy.stats import spearmanr
 
 from headlab import Trace, zoo
+from headlab.heads import analyse
 from headlab.heads.attribution import attribute_heads
 from headlab.heads.effects import ablate_heads
-from headlab.heads.evidence import loss_rows
+from headlab.heads.estimate import CHECK, LAYER_STEPS, Checked, estimate_heads
+from headlab.heads.evidence import loss_rows, measure_ablations
 from headlab.measure import build_probe
 from record import path_for, save
 
@@ -53,35 +61,98 @@ def forward_seconds(model: Any, tokens: torch.Tensor, rounds: int) -> float:
     return statistics.median(times[1:])
 
 
-def measure(name: str, steps: list[int], rounds: int) -> list[dict[str, Any]]:
-    """One row per k, and one for exact ablation, on ``name``'s repeat probe."""
+def row(name: str, what: str, exact: torch.Tensor, est: torch.Tensor, seconds: float,
+        forward: float, exact_s: float, at: Any) -> dict[str, Any]:  # fmt: skip
+    """One method's agreement with exact ablation and its cost."""
+    checked = getattr(at, "exact", None)
+    return {"model": name, "method": what, "steps": getattr(at, "steps", None),
+            "rho_all": agreement(exact, est), "rho_top20": agreement(exact, est, 20),
+            "top5": overlap(exact, est), "seconds": seconds, "forward_s": forward,
+            "exact_all_s": exact_s, "vs_exact": seconds / exact_s,
+            "probe_passes": at.probe_passes,
+            "checked": 0 if checked is None else len(checked.heads)}  # fmt: skip
+
+
+def timed(run: Any) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = run()
+    return out, time.perf_counter() - t0
+
+
+def measure(name: str, steps: list[int], layer_steps: list[int], checks: list[int],
+            plain_checks: list[int], rounds: int) -> list[dict[str, Any]]:  # fmt: skip
+    """One row for exact ablation of every head, one per k on each head's own path
+    (``steps``), per k on each layer's path (``layer_steps``) and per number of heads the
+    two-stage estimate checks exactly (``checks``; ``plain_checks`` with plain attribution
+    patching ranking every head by the size of its estimated effect on the loss over every
+    token and over a later copy's tokens), on ``name``'s repeat probe."""
     model, tok = zoo.load(name)
     probe = build_probe("repeat", tok, min(model.config.max_len, 128), model.config.vocab_size)
     rows = loss_rows(probe, True)["any"]
     forward = forward_seconds(model, probe.tokens, rounds)
-    t0 = time.perf_counter()
-    exact_run = ablate_heads(model, probe)
-    exact_s = time.perf_counter() - t0
+    exact_run, exact_s = timed(lambda: ablate_heads(model, probe))
     exact = exact_run.loss_effect(rows)
-    out = [{"model": name, "method": "exact", "steps": None, "rho_all": 1.0, "rho_top20": 1.0,
-            "top5": 5, "seconds": exact_s, "forward_s": forward,
-            "model_passes": exact_run.model_passes}]  # fmt: skip
-    for k in steps:
-        t0 = time.perf_counter()
-        at = attribute_heads(model, probe, [rows], steps=k)
-        seconds = time.perf_counter() - t0
-        est = at.loss_effect(rows)
-        out.append({"model": name, "method": "estimate", "steps": k,
-                    "rho_all": agreement(exact, est), "rho_top20": agreement(exact, est, 20),
-                    "top5": overlap(exact, est), "seconds": seconds, "forward_s": forward,
-                    "model_passes": at.model_passes})  # fmt: skip
-    return out
+    out = [row(name, "exact", exact, exact, exact_s, forward, exact_s, exact_run)]
+    runs = [(f"estimate, {k} step(s) per head", lambda k=k: attribute_heads(
+        model, probe, [rows], steps=k)) for k in steps]  # fmt: skip
+    runs += [(f"estimate, {k} step(s) per layer", lambda k=k: attribute_heads(
+        model, probe, [rows], steps=k, per="layer")) for k in layer_steps]  # fmt: skip
+    runs += [
+        (
+            f"estimate per layer ({LAYER_STEPS} steps) + exact check of {c}",
+            lambda c=c: estimate_heads(model, probe, [rows], check=c),
+        )
+        for c in checks
+    ]
+    both = [rows, loss_rows(probe, True)["copy"]]  # every token, and a later copy's tokens
+    runs += [(f"plain estimate + exact check of {c} by size, every token and later copy",
+              lambda c=c: estimate_heads(model, probe, both, check=c, steps=1, rank=both,
+                                         by="size")) for c in plain_checks]  # fmt: skip
+    for what, run in runs:
+        at, seconds = timed(run)
+        out.append(row(name, what, exact, at.loss_effect(rows), seconds, forward, exact_s, at))
+    return out + in_evidence(name, model, probe, exact, forward)
+
+
+def in_evidence(name: str, model: Any, probe: Any, exact: torch.Tensor,
+                forward: float) -> list[dict[str, Any]]:  # fmt: skip
+    """The evidence's ablation stage (headlab.heads.evidence.measure_ablations) both ways, with
+    every quantity the evidence asks about (the loss over each row set of ``loss_rows``, the
+    scores of the heads ``analyse`` labels induction): exact ablation of every head, then the
+    two-stage estimate, its time as a ratio against the first."""
+    rows = loss_rows(probe, True)
+    report = analyse(model, probe, content=False)
+    induction = [(s.layer, s.head) for s in report.heads if s.label == "induction"]
+    (every, _), every_s = timed(lambda: measure_ablations(model, probe, rows, induction,
+                                                          exact=True))  # fmt: skip
+    (est, checked), two_s = timed(lambda: measure_ablations(model, probe, rows, induction,
+                                                               exact=None))  # fmt: skip
+    two = Checked(est, checked) if est.method == "attribution" else every
+    return [row(name, "evidence's ablations, every head exact", exact,
+                every.loss_effect(rows["any"]), every_s, forward, every_s, every),
+            row(name, "evidence's ablations, as its default chooses", exact,
+                two.loss_effect(rows["any"]), two_s, forward, every_s, two)]  # fmt: skip
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["default", "smollm2"])
-    parser.add_argument("--steps", nargs="+", type=int, default=[1, 2, 4, 8])
+    parser.add_argument(
+        "--steps", nargs="*", type=int, default=[1, 2, 4, 8], help="points on each head's own path"
+    )
+    parser.add_argument(
+        "--layer-steps", nargs="*", type=int, default=[2], help="points on each layer's path"
+    )
+    parser.add_argument(
+        "--check",
+        nargs="*",
+        type=int,
+        default=[CHECK],
+        help="heads the two-stage estimate ablates exactly",
+    )
+    parser.add_argument("--plain-check", nargs="*", type=int, default=[], help=(
+        "heads the two-stage estimate ablates exactly, ranked by plain attribution patching "
+        "by size on every token and a later copy"))  # fmt: skip
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=7, help="rounds of the forward")
     parser.add_argument("--json", default=path_for("estimate"), help="where the results go")
@@ -91,20 +162,21 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     for name in args.models:
         try:
-            results += measure(name, args.steps, args.rounds)
+            results += measure(name, args.steps, args.layer_steps, args.check, args.plain_check,
+                               args.rounds)  # fmt: skip
         except (ImportError, zoo.ModelNotAvailable) as exc:
             print(f"skipped {name}: not available here ({exc})")
     rows = []
     for r in results:
-        what = "exact ablation" if r["steps"] is None else f"estimate, {r['steps']} step(s)"
-        rows.append([r["model"], what, f"{r['rho_all']:.2f}", f"{r['rho_top20']:.2f}", r["top5"],
-                     f"{r['seconds']:.2f}", f"{r['seconds'] / r['forward_s']:.1f}",
-                     f"{r['model_passes']:.1f}"])  # fmt: skip
+        rows.append([r["model"], r["method"], f"{r['rho_all']:.2f}", f"{r['rho_top20']:.2f}",
+                     r["top5"], f"{r['seconds']:.2f}", f"{r['seconds'] / r['forward_s']:.1f}",
+                     f"{r['seconds'] / r['exact_all_s']:.2f}", f"{r['probe_passes']:.1f}",
+                     r["checked"]])  # fmt: skip
         print("  ".join(str(v) for v in rows[-1]), flush=True)
     end = [round(v, 2) for v in os.getloadavg()]
     print(f"load average (1, 5, 15 min): {start} at the start, {end} at the end")
     columns = ["model", "what", "ρ all heads", "ρ top 20", "top-5 shared", "seconds",
-               "× one forward", "model passes"]  # fmt: skip
+               "× one forward", "× exact, every head", "probe passes", "heads exact"]  # fmt: skip
     save(args.json, columns, rows, {"rows": results, "load_average": {"start": start,
                                                                       "end": end}})  # fmt: skip
     return 0

@@ -18,35 +18,37 @@ head's output and misses what a head does through later layers' softmaxes: a pre
 head's effect through the induction heads it feeds (SmolLM2's 16.0: exact 0.28 nats, estimated
 0.02), a head whose removal moves a sink.
 
-``steps=k`` integrates each head's gradient along its own path instead (integrated gradients,
-Sundararajan et al. 2017, one head at a time as exact ablation moves it):
+``steps=k`` integrates the gradient along a path instead (integrated gradients, Sundararajan
+et al. 2017), j = 0 being the plain term, so ``steps=1`` is plain attribution patching:
 
-    Δm_s ≈ (1/k) Σ_{j=0}^{k−1} Σ_{b, q} (ā_s − a_s[b, q]) · ∂m / ∂a_s  at  a_s + (j/k)(ā_s − a_s)
+    Δm_s ≈ (1/k) Σ_{j=0}^{k−1} Σ_{b, q} (ā_s − a_s[b, q]) · ∂m / ∂a_s  at the point j/k
 
-with every other head clean; j = 0 is the plain term, so ``steps=1`` is plain attribution
-patching. Each (head, point) beyond the first is a copy of the probe; a layer's copies run side
-by side along the batch from the residual stream the clean run left at that layer, one backward
-per metric (:func:`own_paths`). On the repeat probe (loss over every token, against exact mean
-ablation) four steps lift the default model's Spearman ρ over all 16 heads from 0.62 to 0.98,
-4 of the top five shared; ``benchmarks/bench_estimate.py`` measures ρ, the top-five overlap and the
-cost by steps for the default model and SmolLM2 (docs/evidence.md quotes it). The copies cost
-(k − 1) partial forwards and backwards per head: more than exact ablation, which runs one
-partial forward per head, so on these models exact ablation is the cheaper way to a ranking
-that matches it, and the path shows where the plain estimate goes wrong. ``path`` averages
-the gradient over points of a joint path on which every head moves a share α together (Marks
-et al. 2024 do so for a layer's features): it lifts the default model to 0.95 but drops
-SmolLM2 from 0.91 to 0.50, whose 270 heads moved together leave the model far from either end.
-So by default the estimate ranks and the figures quoted for the heads that matter come from
-exact ablation of the heads it ranks first (``headlab.heads.evidence.evidence(check=…)``).
+``per="head"``: the point moves head s alone, a_s + (j/k)(ā_s − a_s), every other head clean
+(:func:`own_paths`); ``per="layer"``: it moves every head of s's layer together, the other
+layers clean (:func:`layer_paths`; Marks et al. 2024 integrate a layer's nodes together). Each
+point beyond the first is a copy of the probe run from the residual stream the clean run left
+at that layer (copies side by side along the batch), one backward per metric: k − 1 copies per
+head on a head's own path, more than exact ablation's one partial forward per head; k − 1 per
+layer on the layer's. Moving every head at once (``path``, one joint path) fails on SmolLM2.
+
+Measured by ``benchmarks/bench_estimate.py`` on the repeat probe (loss over every token), against
+exact mean ablation of every head: the plain estimate ranks the default model's 16 heads with
+Spearman ρ 0.62 and SmolLM2's 20 heads with the largest exact effects with 0.47 (its
+previous-token head 16.0 acts through later heads' softmax: exact 0.28 nats, estimated 0.02);
+two points per layer rank SmolLM2's all and top 20 with 0.94 and 0.83 in 0.15–0.30 of exact
+ablation's time, head 16.0 first; three points per layer do worse (0.83, 0.77).
+
+So the estimate the evidence uses has two stages (:mod:`headlab.heads.estimate`): an estimate
+(the layer path, or the plain one by size) ranks every head, and exact ablation of the heads it
+ranks first gives their figures.
 
 :class:`Attributions` answers as :class:`headlab.heads.effects.Ablations` does
 (``index``, ``loss_effect``, ``induction``, ``clean_induction``), for the row sets and the
 induction heads it was asked about.
 
 Papers: Nanda 2023 (attribution patching); Syed, Rager and Conmy 2023; Sundararajan, Taly and
-Yan 2017 (integrated gradients); Marks et al. 2024 (integrated gradients over a layer's nodes at
-once); Kramár et al. 2024 (AtP*, where attribution patching fails); Michel et al. 2019 (head
-importance as a first-order Taylor term).
+Yan 2017 (integrated gradients); Marks et al. 2024 (integrated gradients over a layer's nodes);
+Kramár et al. 2024 (AtP*, where attribution patching fails); Michel et al. 2019.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -73,6 +75,8 @@ PATH = (0.0,)
 # points on each head's own path (module docstring): 1 is plain attribution patching
 STEPS = 1
 COPIES = 16  # (head, point) copies of the probe run side by side in one partial forward
+Per = Literal["head", "layer"]
+PER = ("head", "layer")  # whose path the points lie on: each head's own, or its layer's
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,8 @@ class Attributions:
     seconds: float  # wall time
     steps: int = 1  # points on each head's own path (1: plain attribution patching)
     model_passes: float = 1.0  # forwards in whole-model equivalents, partial ones by share
+    per: str = "head"  # the path of steps > 1: each head's own, or its layer's heads together
+    probe_passes: float = 1.0  # model_passes with each copy of the probe counted
     method = "attribution"
 
     def index(self, layer: int, head: int) -> int:
@@ -112,7 +118,8 @@ class Attributions:
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.method, "mode": self.mode, "heads": len(self.heads),
                 "forwards": self.forwards, "backwards": self.backwards, "steps": self.steps,
-                "model_passes": round(self.model_passes, 2),
+                "per": self.per, "model_passes": round(self.model_passes, 2),
+                "probe_passes": round(self.probe_passes, 2),
                 "seconds": round(self.seconds, 2)}  # fmt: skip
 
 
@@ -198,6 +205,7 @@ def attribute_heads(
     mode: Mode = "mean",
     path: Sequence[float] = PATH,
     steps: int = STEPS,
+    per: Per = "head",
 ) -> Attributions:
     """Every head's ablation effect on the mean next-token loss over each of ``rows``
     ((B, n − 1) bool each) and on the induction score of each of ``induction_heads``, to first
@@ -207,15 +215,11 @@ def attribute_heads(
     model: a causal :class:`headlab.model.Transformer`; ``mode`` as for
     :func:`headlab.heads.effects.ablate_heads`. Estimated induction scores are clipped to
     [0, 1], the range of the score. ``steps`` > 1 averages each head's gradient over the
-    points α = j / steps (j = 0 … steps − 1) of its own path (:func:`own_paths`); the plain
-    estimate is its first point, so ``steps=1`` is plain attribution patching."""
-    if mode not in MODES:
-        raise ValueError(f"ablation mode {mode!r}: valid modes are {', '.join(MODES)}")
-    if steps < 1 or (steps > 1 and tuple(path) != PATH):
-        raise ValueError(f"steps must be a whole number ≥ 1 (got {steps}), and more than one "
-                         "only with the plain path (0.0,)")  # fmt: skip
-    if not model.config.causal:
-        raise ValueError("ablation evidence measures next-token loss: it needs a causal model")
+    points α = j / steps (j = 0 … steps − 1) of its own path (``per="head"``,
+    :func:`own_paths`) or of its layer's path, every head of the layer moved together
+    (``per="layer"``, :func:`layer_paths`); the plain estimate is the first point, so
+    ``steps=1`` is plain attribution patching."""
+    _check_arguments(model, mode, path, steps, per)
     start = time.perf_counter()
     L, h = model.config.n_layers, model.config.n_heads
     tokens = probe.tokens.to(input_device(model))
@@ -229,21 +233,37 @@ def attribute_heads(
         effects, changes = _joint_path(model, tokens, marked, induction_heads, target, path, mode)
     metrics = len(marked) + len(induction_heads)
     forwards, backwards = len(path) + bool(induction_heads), len(path) * metrics
-    passes = float(forwards)
+    passes = probe_passes = float(forwards)
     if steps > 1:
+        along = own_paths if per == "head" else layer_paths
         with torch.inference_mode(False), torch.enable_grad():
-            more = own_paths(model, tokens, marked, induction_heads, target, mode, steps)
+            more = along(model, tokens, marked, induction_heads, target, mode, steps)
         effects = (effects + more.loss) / steps
         changes = (changes + more.induction) / steps
         forwards, backwards = forwards + more.forwards + 1, backwards + more.backwards
         passes += 1 + more.passes
+        probe_passes += 1 + more.probe_passes
     induction = torch.full((L * h, L, h), float("nan"))
     for k, (l, i) in enumerate(induction_heads):
         induction[:, l, i] = (clean[l, i] + changes[k].flatten()).clamp(0.0, 1.0)
     every = [(l, i) for l in range(L) for i in range(h)]
     return Attributions(mode, every, list(zip(marked, effects, strict=True)), clean, induction,
-                        forwards, backwards, time.perf_counter() - start, steps,
-                        passes)  # fmt: skip
+                        forwards, backwards, time.perf_counter() - start, steps, passes,
+                        per, probe_passes)  # fmt: skip
+
+
+def _check_arguments(model: Any, mode: str, path: Sequence[float], steps: int,
+                     per: str) -> None:  # fmt: skip
+    """One line saying what is wrong with :func:`attribute_heads`'s arguments, and what is valid."""
+    if mode not in MODES:
+        raise ValueError(f"ablation mode {mode!r}: valid modes are {', '.join(MODES)}")
+    if steps < 1 or (steps > 1 and tuple(path) != PATH):
+        raise ValueError(f"steps must be a whole number ≥ 1 (got {steps}), and more than one "
+                         "only with the plain path (0.0,)")  # fmt: skip
+    if per not in PER:
+        raise ValueError(f"per {per!r}: a path per 'head' or per 'layer'")
+    if not model.config.causal:
+        raise ValueError("ablation evidence measures next-token loss: it needs a causal model")
 
 
 def _joint_path(model: Any, tokens: Tensor, marked: Sequence[Tensor],
@@ -268,13 +288,15 @@ def _joint_path(model: Any, tokens: Tensor, marked: Sequence[Tensor],
 
 @dataclass
 class _Paths:
-    """What :func:`own_paths` adds: the gradient terms of the points α > 0, and its cost."""
+    """What :func:`own_paths` and :func:`layer_paths` add: the gradient terms of the points
+    α > 0, and their cost."""
 
     loss: Tensor  # (M, L·h) per row set
     induction: Tensor  # (I, L, h) per induction head asked about
     forwards: int
     backwards: int
     passes: float  # whole-model equivalents: Σ over partial forwards of (L − l) / L
+    probe_passes: float = 0.0  # the same with each copy of the probe counted
 
 
 def own_paths(model: Any, tokens: Tensor, marked: Sequence[Tensor],
@@ -288,40 +310,69 @@ def own_paths(model: Any, tokens: Tensor, marked: Sequence[Tensor],
     clean run left at that layer (a head moves nothing before its layer), and one backward per
     metric gives every copy's gradient. ``marked``: row sets (B, n − 1); ``target``: the
     induction target (B, n, n)."""
+    h = model.config.n_heads
+    points = [(i, j / steps) for i in range(h) for j in range(1, steps)]
+    shares = []
+    for part in range(0, len(points), COPIES):
+        share = torch.zeros(len(points[part : part + COPIES]), h)  # copy → how far each head
+        for c, (i, a) in enumerate(points[part : part + COPIES]):
+            share[c, i] = a
+        shares.append(share)
+    return _paths(model, tokens, marked, induction_heads, target, mode, shares)
+
+
+def layer_paths(model: Any, tokens: Tensor, marked: Sequence[Tensor],
+                induction_heads: Sequence[tuple[int, int]], target: Tensor, mode: str,
+                steps: int) -> _Paths:  # fmt: skip
+    """Σ_{j=1}^{steps−1} Δa_s · ∂m/∂a_s with every head of s's layer moved the share j / steps
+    toward its ablated value together and every other layer clean: integrated gradients along
+    one path per layer (Marks et al. 2024 integrate a layer's nodes together), the points
+    beyond the first. A layer's steps − 1 points are its copies of the probe, run side by side
+    from the residual stream the clean run left there: one copy per layer and point, against
+    one per head and point on each head's own path (:func:`own_paths`). Arguments as there."""
+    h = model.config.n_heads
+    share = torch.tensor([[j / steps] * h for j in range(1, steps)])  # (steps − 1, h)
+    shares = [share[part : part + COPIES] for part in range(0, steps - 1, COPIES)]
+    return _paths(model, tokens, marked, induction_heads, target, mode, shares)
+
+
+def _paths(model: Any, tokens: Tensor, marked: Sequence[Tensor],
+           induction_heads: Sequence[tuple[int, int]], target: Tensor, mode: str,
+           shares: list[Tensor]) -> _Paths:  # fmt: skip
+    """For every layer, each (C, h) matrix of ``shares`` run as C copies of the probe moved
+    that far (:func:`_copies`), each head's terms summed over the copies that move it."""
     L, h = model.config.n_layers, model.config.n_heads
     with torch.no_grad():
         clean = clean_run(model, tokens, target.to(tokens.device))
     out = _Paths(torch.zeros(len(marked), L, h), torch.zeros(len(induction_heads), L, h), 0, 0, 0)
-    points = [(i, j / steps) for i in range(h) for j in range(1, steps)]
     for layer in range(L):
-        for part in range(0, len(points), COPIES):
-            copies = points[part : part + COPIES]
-            grads = _copies(model, clean, layer, copies, marked, induction_heads,
+        for share in shares:
+            terms = _copies(model, clean, layer, share, marked, induction_heads,
                             (tokens, target), mode)  # fmt: skip
-            for k, g in enumerate(grads[: len(marked)]):
-                out.loss[k, layer].index_add_(0, torch.tensor([i for i, _ in copies]), g)
-            for k, g in enumerate(grads[len(marked) :]):
-                out.induction[k, layer].index_add_(0, torch.tensor([i for i, _ in copies]), g)
+            moves = (share > 0).float()  # only a moved head's term is on its path
+            for k, t in enumerate(terms[: len(marked)]):
+                out.loss[k, layer] += (t * moves).sum(0)
+            for k, t in enumerate(terms[len(marked) :]):
+                out.induction[k, layer] += (t * moves).sum(0)
             out.forwards += 1
-            out.backwards += len(grads)
+            out.backwards += len(terms)
             out.passes += (L - layer) / L
+            out.probe_passes += share.shape[0] * (L - layer) / L
     out.loss = out.loss.flatten(1)
     return out
 
 
-def _copies(model: Any, clean: Any, layer: int, copies: list[tuple[int, float]],
+def _copies(model: Any, clean: Any, layer: int, share: Tensor,
             marked: Sequence[Tensor], induction_heads: Sequence[tuple[int, int]],
             probe: tuple[Tensor, Tensor], mode: str) -> list[Tensor]:  # fmt: skip
-    """One partial forward of ``copies`` ((head, α) each) of the probe from ``layer`` on, and
-    per metric the term Δa · ∂m/∂a of each copy's moved head → one (C,) tensor per metric
-    (the row sets', then the later induction heads'; 0 for an induction head at or before
-    ``layer``). ``probe``: its tokens (B, n) and induction target (B, n, n)."""
+    """One partial forward of C copies of the probe from ``layer`` on, copy c with each head i
+    of ``layer`` moved the share ``share[c, i]`` ((C, h)) toward its ablated value, and per
+    metric the term Δa · ∂m/∂a of every head of ``layer`` in every copy → one (C, h) tensor
+    per metric (the row sets', then the later induction heads'; 0 for an induction head at or
+    before ``layer``). ``probe``: its tokens (B, n) and induction target (B, n, n)."""
     L, h = model.config.n_layers, model.config.n_heads
     tokens, target = probe
-    C, (B, n, _) = len(copies), clean.resid[layer].shape
-    share = torch.zeros(C, h)  # how far each copy moves each head
-    heads = torch.tensor([i for i, _ in copies])
-    share[torch.arange(C), heads] = torch.tensor([a for _, a in copies])
+    C, (B, n, _) = share.shape[0], clean.resid[layer].shape
     weights: dict[int, Tensor] = {}
     moved: dict[str, Tensor] = {}
     mean = clean.means[layer] if mode == "mean" else torch.zeros_like(clean.means[layer])
@@ -360,9 +411,9 @@ def _copies(model: Any, clean: Any, layer: int, copies: list[tuple[int, float]],
     out = []
     for m in metrics:
         if m is None:
-            out.append(torch.zeros(C))
+            out.append(torch.zeros(C, h))
             continue
         g = torch.autograd.grad(m, moved["at"], retain_graph=True)[0]  # (C·B, n, h, d_k)
         term = torch.einsum("bnhk,bnhk->bh", g.float(), moved["delta"].float()).view(C, B, h)
-        out.append(term.sum(1)[torch.arange(C), heads].cpu())
+        out.append(term.sum(1).cpu())
     return out

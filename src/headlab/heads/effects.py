@@ -60,6 +60,7 @@ class Ablations:
     forwards: int  # forward passes run, the clean one included
     model_passes: float  # the same in whole-model equivalents: 1 + Σ_chunks (L − l) / L
     seconds: float  # wall time
+    probe_passes: float = 0.0  # model_passes with each ablated copy of the probe counted
     method = "exact"  # beside headlab.heads.attribution's "attribution"
 
     def index(self, layer: int, head: int) -> int:
@@ -82,6 +83,7 @@ class Ablations:
         return {"method": self.method, "mode": self.mode, "heads": len(self.heads),
                 "forwards": self.forwards,
                 "model_passes": round(self.model_passes, 2),
+                "probe_passes": round(self.probe_passes, 2),
                 "seconds": round(self.seconds, 2)}  # fmt: skip
 
 
@@ -225,7 +227,7 @@ def ablate_heads(
     tokens = probe.tokens.to(input_device(model))
     target = token_rule_targets(probe.tokens, causal=True)[0]  # (B, n, n)
     clean = clean_run(model, tokens, target)
-    losses, induction, forwards, passes = [], [], 1, 1.0
+    losses, induction, forwards, passes, copies = [], [], 1, 1.0, 1.0
     for layer in sorted({l for l, _ in heads}):
         mine = [i for l, i in heads if l == layer]
         for part in range(0, len(mine), chunk):
@@ -233,7 +235,8 @@ def ablate_heads(
             losses.append(out[0])
             induction.append(out[1])
             forwards, passes = forwards + 1, passes + (L - layer) / L
+            copies += len(mine[part : part + chunk]) * (L - layer) / L
     empty = torch.zeros(0, *clean.losses.shape), torch.zeros(0, L, h)
     return Ablations(mode, heads, clean.losses, torch.cat(losses) if losses else empty[0],
                      clean.induction, torch.cat(induction) if induction else empty[1],
-                     forwards, passes, time.perf_counter() - start)  # fmt: skip
+                     forwards, passes, time.perf_counter() - start, copies)  # fmt: skip

@@ -10,10 +10,11 @@ Shape legend
        (:mod:`headlab.heads.baselines`: random weights and shuffled tokens, 3 seeds each)
     2. every head ablated alone, mean by default: the loss on a later copy's tokens, the loss
        on the rows where the head's type can act, and the induction heads' scores. Estimated
-       for every head at once by attribution patching (:func:`headlab.heads.attribution.
-       attribute_heads`, a few forwards and backwards) unless ``exact`` asks for exact
-       ablation (:func:`headlab.heads.effects.ablate_heads`) of every head (True) or of the
-       heads it names, whose cards then show the exact figure beside the estimate
+       in two stages (:func:`headlab.heads.estimate.estimate_heads`: an estimate ranks every
+       head, the heads it ranks first are ablated exactly) where exact ablation
+       (:func:`headlab.heads.effects.ablate_heads`) of every head costs more, or when
+       ``exact`` names heads, whose cards then show the exact figure beside the estimate;
+       exact for every head when ``exact`` is True
     3. the composition scores of every pair (:mod:`headlab.heads.composition`)
 
 and gives each head a :class:`HeadCard`. Beside each ablation effect stands the median effect of
@@ -33,10 +34,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from headlab.heads.attribution import Attributions, attribute_heads
+from headlab.heads.attribution import Attributions
 from headlab.heads.baselines import Baselines, baselines, gate
 from headlab.heads.composition import Composition, composition_scores
-from headlab.heads.effects import CHUNK, Ablations, Mode, ablate_heads
+from headlab.heads.effects import Ablations, Mode, ablate_heads
+from headlab.heads.estimate import CHECK, CHECK_SIZE, LAYER_STEPS, estimate_heads
 from headlab.heads.labels import BEST_TYPES, THRESHOLDS
 from headlab.heads.report import HeadReport, HeadScore, analyse
 from headlab.heads.targets import build_targets
@@ -249,42 +251,51 @@ def _effect(score: HeadScore, ablation: dict[str, Any]) -> str:
 # True: every head exactly; None: exactly when that costs no more than the estimate; else the
 # heads to ablate exactly beside the estimate
 Exact = bool | Collection[tuple[int, int]] | None
-CHECK = 10  # heads ablated exactly beside the estimate: the first by each estimated loss rise
 
 
-def _checked(a: Attributions, rows: dict[str, Tensor], check: int) -> set[tuple[int, int]]:
-    """The ``check`` heads with the largest estimated effect (either sign) on the loss over
-    every token, and on a later copy's tokens."""
-    out: set[tuple[int, int]] = set()
-    for kind in ("any", "copy"):
-        effect = a.loss_effect(rows[kind])
-        if not bool(effect.isnan().all()):
-            out |= {a.heads[int(s)] for s in effect.abs().argsort(descending=True)[:check]}
-    return out
+def _plan(rows: dict[str, Tensor], check: int | None) -> dict[str, Any]:
+    """How the two-stage estimate ranks (:mod:`headlab.heads.estimate`): on a probe with a later
+    copy, plain attribution patching by the size of each head's estimated effect on every token
+    and on the later copy, :data:`CHECK_SIZE` heads of each ablated exactly; elsewhere, the
+    layer path by the rise on every token, :data:`CHECK` heads ablated exactly."""
+    if bool(rows["copy"].any()):
+        return {"rank": [rows["any"], rows["copy"]], "steps": 1, "by": "size",
+                "check": CHECK_SIZE if check is None else check}  # fmt: skip
+    return {"rank": [rows["any"]], "steps": LAYER_STEPS, "by": "rise",
+            "check": CHECK if check is None else check}  # fmt: skip
 
 
-def _exact_is_cheap(model: Any, rows: dict[str, Tensor], induction: list[Any]) -> bool:
-    """Whether ablating every head exactly costs no more model passes than the estimate (a
-    forward, and a backward of about two passes per metric): true of small models."""
+def _exact_is_cheap(model: Any, rows: dict[str, Tensor], induction: list[Any],
+                    plan: dict[str, Any]) -> bool:  # fmt: skip
+    """Whether ablating every head exactly costs no more probe passes (forwards of the probe,
+    each copy counted, a backward as two) than the two-stage estimate of ``plan``: true of
+    small models. The estimate: the plain terms (a forward, a backward per quantity), the layer
+    path's steps − 1 copies per layer with a backward per ranking, and exact ablation of the
+    heads each ranking puts first and of the induction heads."""
     L, h = model.config.n_layers, model.config.n_heads
-    exact = 1 + sum(-(-h // CHUNK) * (L - l) / L for l in range(L))
+    depth = sum((L - l) / L for l in range(L))  # a partial forward from every layer
+    exact = 1 + h * depth
     metrics = len({tuple(r.flatten().tolist()) for r in rows.values()}) + len(induction)
-    return exact <= 1 + 2 * metrics
+    path = (plan["steps"] - 1) * depth * (1 + 2 * len(plan["rank"]))
+    checked = min(plan["check"] * len(plan["rank"]) + len(induction), L * h)
+    return exact <= 1 + 2 * metrics + path + checked * depth / L
 
 
 def measure_ablations(model: Any, probe: Probe, rows: dict[str, Tensor],
                       induction: list[tuple[int, int]], mode: Mode = "mean", exact: Exact = (),
-                      check: int = CHECK) -> tuple[Any, Ablations | None]:  # fmt: skip
+                      check: int | None = None) -> tuple[Any, Ablations | None]:  # fmt: skip
     """Every head's ablation effects on the loss over each of ``rows`` (:func:`loss_rows`) and
-    on the scores of ``induction``'s heads: estimated (or exact when ``exact`` is True), and
-    the exact ablations of the heads ``exact`` names, of ``induction``'s and of the ``check``
-    the estimate ranks first. :func:`reported_effect` reads the two together."""
-    if exact is True or (exact is None and _exact_is_cheap(model, rows, induction)):
+    on the scores of ``induction``'s heads: estimated in two stages (:func:`headlab.heads.
+    estimate.estimate_heads`, ranked as :func:`_plan` says, ``check`` heads per ranking, and
+    ``induction``'s and the heads ``exact`` names ablated exactly), or exact for every head when
+    ``exact`` is True. :func:`reported_effect` reads the two together."""
+    plan = _plan(rows, check)
+    if exact is True or (exact is None and _exact_is_cheap(model, rows, induction, plan)):
         return ablate_heads(model, probe, mode=mode), None
-    estimate = attribute_heads(model, probe, list(rows.values()), induction, mode)
     picked = set() if exact is False or exact is None else set(exact)
-    picked |= _checked(estimate, rows, check) | set(induction)
-    return estimate, ablate_heads(model, probe, sorted(picked), mode) if picked else None
+    two = estimate_heads(model, probe, list(rows.values()), induction, mode, exact=picked,
+                         **plan)  # fmt: skip
+    return two.estimate, two.exact
 
 
 def reported_effect(estimate: Ablations | Attributions, exact: Ablations | None,
@@ -311,18 +322,18 @@ def evidence(
     syntactic: Any = None,
     label_syntactic: bool = False,
     exact: Exact = None,
-    check: int = CHECK,
+    check: int | None = None,
 ) -> Evidence:
     """Every head's :class:`HeadCard` on ``probe`` (module docstring). ``keep`` as for
     :func:`headlab.heads.analyse` (default: no patterns), ``syntactic`` its syntactic margins
     (labelling with them only with ``label_syntactic``);
     ``progress(stage)`` is called before each of :data:`STAGES`. Ablation effects are
-    estimated for every head (:mod:`headlab.heads.attribution`) unless ``exact`` is True (every
+    estimated for every head (:mod:`headlab.heads.estimate`) unless ``exact`` is True (every
     head ablated exactly) or None (the default) on a model small enough that exact ablation of
-    every head costs no more model passes than the estimate (the default model); the
-    (layer, head) pairs ``exact`` lists, the induction heads and the ``check`` heads the
-    estimate ranks first on every token and on a later copy are also ablated exactly, and their
-    cards show both figures. Ablations need a causal model; for another they are left out."""
+    every head costs no more probe passes than the estimate (the default model); the
+    (layer, head) pairs ``exact`` lists, the induction heads and the heads the estimate ranks
+    first (``check`` per ranking; by default as :func:`_plan` says) are ablated exactly, and
+    their cards show both figures. Ablations need a causal model; for another they are left out."""
     times: dict[str, float] = {}
 
     def stage(name: str, run: Callable[[], Any]) -> Any:
