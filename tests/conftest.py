@@ -106,7 +106,7 @@ def induction_quick(
         with open(str(returned) + ".lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
             if not returned.exists():
-                out.mkdir()
+                out.mkdir(exist_ok=True)  # a failed earlier try may have left it
                 seeds: list[dict] = []
                 real = induction.run_seed
 
