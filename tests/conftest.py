@@ -8,13 +8,16 @@ ones here (the server, the browser) once in each worker that needs them.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pickle
 import shutil
 import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -74,6 +77,51 @@ def random_model_folders(
         shutil.copy(zoo.WEIGHTS_DIR / "tokenizer.json", folder / "tokenizer.json")
         out[seed] = str(folder)
     return out
+
+
+def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every process of this test run sees: the workers' common parent under xdist,
+    else this process's base temp folder."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def induction_quick(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[[int], tuple[dict, Path, dict]]:
+    """``threads`` → what ``induction.run(quick=True, seed=0, threads=threads, out=OUT)``
+    returned, OUT, and what its ``run_seed`` returned for seed 0 (the 2-layer study's results
+    with its trained ``_model``, and the 1-layer control's). Trained once per thread count for
+    the whole test run (about a minute on a busy machine): the first worker to ask trains it
+    under a lock and leaves the results pickled; a worker that asks later reads them. Its
+    readers: the induction tests, and the live panel's browser tests, whose oracle it is."""
+    from headlab.experiments import induction
+
+    root = shared_dir(tmp_path_factory)
+
+    def run(threads: int) -> tuple[dict, Path, dict]:
+        out = root / f"induction-quick-{threads}-threads"
+        returned = root / f"induction-quick-{threads}-threads.pickle"
+        with open(str(returned) + ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if not returned.exists():
+                out.mkdir(exist_ok=True)  # a failed earlier try may have left it
+                seeds: list[dict] = []
+                real = induction.run_seed
+
+                def kept(*args: Any, **kwargs: Any) -> dict:
+                    seeds.append(real(*args, **kwargs))
+                    return seeds[-1]
+
+                with pytest.MonkeyPatch.context() as patch:
+                    patch.setattr(induction, "run_seed", kept)
+                    results = induction.run(quick=True, seed=0, threads=threads, out=out)
+                returned.write_bytes(pickle.dumps((results, seeds[0])))
+        results, seed_0 = pickle.loads(returned.read_bytes())
+        return results, out, seed_0
+
+    return run
 
 
 def free_port() -> int:

@@ -179,7 +179,7 @@ def test_axe_finds_nothing_serious_in_the_evidence(shown) -> None:
     assert pg.errors == []
 
 
-def test_live_run_grows_the_circuit(browser, server: str) -> None:
+def test_live_run_grows_the_circuit(browser, server: str, induction_quick) -> None:
     """During a live run the training panel redraws the circuit at each evaluation: every
     layer-0 and last-layer head a node, an edge exactly where the K-composition the server sent
     clears the random floor, the step it was read at moving on."""
@@ -238,21 +238,26 @@ def test_live_run_grows_the_circuit(browser, server: str) -> None:
     errors_seen = list(errors)
     context.close()
     assert errors_seen == []
-    assert_final_circuit(drawn, threads)
+    assert_final_circuit(drawn, threads, induction_quick)
 
 
-def assert_final_circuit(drawn: dict[str, tuple[float, str]], threads: int) -> None:
+def assert_final_circuit(drawn: dict[str, tuple[float, str]], threads: int, quick) -> None:
     """The live run's last graph against the same recipe trained here on as many threads: an
     edge wherever the trained model's K-composition (layer 0 → last layer) clears the floor,
-    confirmed where a feeder head meets a head labelled induction."""
+    confirmed where a feeder head meets a head labelled induction. When the page's recipe is
+    the quick run's, that run's 2-layer study (``quick``: conftest's ``induction_quick``) is
+    the one trained here."""
     from headlab.experiments import induction as ind
     from headlab.files import torch_threads
     from headlab.heads.composition import composition_scores
     from headlab.server.live import Knobs
 
     knobs = Knobs()
-    with torch_threads(threads):
-        r = ind.study(knobs.config(), knobs.n_layers, 0)
+    if (knobs.config(), knobs.n_layers) == (ind.QUICK, 2):
+        r = quick(threads)[2]  # ind.study(ind.QUICK, 2, 0) on ``threads``, inside run_seed
+    else:
+        with torch_threads(threads):
+            r = ind.study(knobs.config(), knobs.n_layers, 0)
     assert r is not None
     found = composition_scores(r["_model"])
     last = knobs.n_layers - 1

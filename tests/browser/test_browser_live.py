@@ -43,7 +43,9 @@ def wait_points(page, at_least: int) -> int:
     return n
 
 
-def test_train_draws_the_phase_change_and_ends_with_the_librarys_scores(live_page) -> None:
+def test_train_draws_the_phase_change_and_ends_with_the_librarys_scores(
+    live_page, induction_quick
+) -> None:
     """The thread picker offers what the server serves; during the run the phase-change window
     is marked provisional, at the end final; the last message names the steps, the wall time
     and the threads (auto's pick, and why), and the final scores are the library's on those
@@ -102,7 +104,7 @@ def test_train_draws_the_phase_change_and_ends_with_the_librarys_scores(live_pag
     shown = json.loads(page.get_attribute("#live-verdict", "data-final"))
 
     # `headlab experiment induction --quick --seed 0 --threads N`, N the threads the run used
-    library = ind.run(quick=True, seed=0, threads=threads)
+    library, _, _ = induction_quick(threads)  # ind.run(quick=True, seed=0, threads=threads)
     assert library["config"] == asdict(ind.LIVE) and library["threads"] == threads
     assert shown["induction"] == library["final"]["induction"]
     assert shown["prev_token"] == library["final"]["prev_token"]

@@ -7,6 +7,7 @@ per module (tens of seconds). The fetch's failure paths run offline against a fa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import torch
 
 from conftest import require
 from headlab import Trace, smollm2, zoo
+from headlab.heads.composition import composition_scores
 from headlab.measure import (
     REPEAT_SENTENCE,
     copy_losses,
@@ -25,6 +27,7 @@ from headlab.measure import (
     repeated_random_tokens,
     token_losses,
 )
+from headlab.model import Transformer
 from headlab.pypi import sha256_file
 
 transformers = pytest.importorskip("transformers")
@@ -117,6 +120,47 @@ def test_greedy_generation_equals_transformers_generate(ours, hf):
     assert hf[0].generation_config.eos_token_id == tokenizer.backend.token_to_id("<|im_end|>")
     mine = model.generate(prompt, 24, eos_id=hf[0].generation_config.eos_token_id)
     assert mine.tolist() == expected.tolist()
+
+
+LAYERS = 3  # composition: the first layers only, the formula's d × d products are slow in a loop
+
+
+def tl_score(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.linalg.norm(a @ b) / (torch.linalg.norm(a) * torch.linalg.norm(b)))
+
+
+@pytest.mark.slow
+def test_smollm2_composition_equals_the_formula_on_transformers_weights(ours, hf):
+    """SmolLM2's composition scores (grouped-query: 9 query heads share 3 K/V heads per layer)
+    against TransformerLens's formula on explicit matrices built from transformers' own weights
+    (q_proj, k_proj, v_proj, o_proj and input_layernorm of LlamaForCausalLM, read from the
+    GGUF)."""
+    config = dataclasses.replace(ours[0].config, n_layers=LAYERS)
+    short = Transformer(config)
+    short.load_state_dict(ours[0].state_dict(), strict=False)
+    got = composition_scores(short).scores
+    c = hf[0].config
+    h, h_kv, dk = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    OV, QK = [], []
+    for layer in hf[0].model.layers[:LAYERS]:
+        a = layer.self_attn
+        gain = layer.input_layernorm.weight.detach().double()[:, None]
+        q, k, v = (p.weight.detach().double() for p in (a.q_proj, a.k_proj, a.v_proj))
+        o = a.o_proj.weight.detach().double()
+
+        def part(w: torch.Tensor, i: int, gain: torch.Tensor = gain) -> torch.Tensor:
+            return w[i * dk : (i + 1) * dk].T * gain  # (d, d_k), RMSNorm's gain folded
+
+        OV.append([part(v, i // (h // h_kv)) @ o[:, i * dk : (i + 1) * dk].T for i in range(h)])
+        QK.append([part(q, i) @ part(k, i // (h // h_kv)).T for i in range(h)])
+    for a in range(LAYERS):
+        for b in range(a + 1, LAYERS):
+            for i in range(h):
+                for j in range(h):
+                    want = (tl_score(OV[a][i], QK[b][j]), tl_score(OV[a][i], QK[b][j].T),
+                            tl_score(OV[a][i], OV[b][j]))  # fmt: skip
+                    have = [float(got[m][a, i, b, j]) for m in ("q", "k", "v")]
+                    assert have == pytest.approx(list(want), abs=1e-5), (a, i, b, j)
 
 
 @pytest.mark.slow

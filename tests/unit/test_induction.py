@@ -288,9 +288,10 @@ def test_run_trains_on_the_threads_asked_for_and_restores_the_count(monkeypatch)
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    out = tmp_path_factory.mktemp("induction")
-    return ind.run(quick=True, seed=0, out=out), out
+def quick(induction_quick) -> tuple[dict, Path]:
+    """`ind.run(quick=True, seed=0, out=out)` (one thread, its default), and ``out``."""
+    results, out, _ = induction_quick(1)
+    return results, out
 
 
 @pytest.mark.slow

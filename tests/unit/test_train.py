@@ -382,9 +382,21 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path: Path) -> None:
     _assert_same(_final_weights(tmp_path / "whole"), _final_weights(tmp_path / "killed"))
 
 
+@pytest.fixture(scope="module")
+def whole_30(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """The final weights of the worker's uninterrupted 30-step run: the one reference both
+    kill-during-a-save cases must resume to (a worker process costs seconds to start)."""
+    tmp = tmp_path_factory.mktemp("whole-30")
+    whole = _run_worker(tmp, tmp / "whole", 30, "run")
+    assert whole.wait() == 0, whole.stderr.read() if whole.stderr else ""
+    return _final_weights(tmp / "whole")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["die-in-save", "die-before-latest"])
-def test_kill_during_a_save_leaves_the_previous_checkpoint(tmp_path: Path, mode: str) -> None:
+def test_kill_during_a_save_leaves_the_previous_checkpoint(
+    tmp_path: Path, mode: str, whole_30: dict[str, torch.Tensor]
+) -> None:
     out = tmp_path / "run"
     proc = _run_worker(tmp_path, out, 30, mode)
     proc.wait()
@@ -393,9 +405,7 @@ def test_kill_during_a_save_leaves_the_previous_checkpoint(tmp_path: Path, mode:
     assert ck.step == 7
     resumed = _run_worker(tmp_path, out, 30, "resume")
     assert resumed.wait() == 0, resumed.stderr.read() if resumed.stderr else ""
-    whole = _run_worker(tmp_path, tmp_path / "whole", 30, "run")
-    assert whole.wait() == 0
-    _assert_same(_final_weights(tmp_path / "whole"), _final_weights(out))
+    _assert_same(whole_30, _final_weights(out))
     assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]
 
 
