@@ -239,3 +239,24 @@ class WholeModules(LoadScheduling):
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScheduling | None:
     """`-n N` (xdist's default `--dist load`) hands out whole modules: :class:`WholeModules`."""
     return WholeModules(config, log) if config.getvalue("dist") == "load" else None
+
+
+# --- the shipped default model, shared by the modules that study its heads -------------------
+
+
+@pytest.fixture(scope="module")
+def default() -> tuple[Any, Any]:
+    """The shipped default model and its tokenizer (a module may define its own ``default``)."""
+    from headlab import zoo
+
+    require(zoo._default_info().available, "the default model is not built")
+    return zoo.load("default")
+
+
+@pytest.fixture(scope="module")
+def repeat(default: tuple[Any, Any]) -> Any:
+    """The default model's repeat probe at its full context."""
+    from headlab.measure import build_probe
+
+    model, tokenizer = default
+    return build_probe("repeat", tokenizer, model.config.max_len, model.config.vocab_size)

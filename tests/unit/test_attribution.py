@@ -10,24 +10,9 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
-from conftest import require
-from headlab import zoo
 from headlab.heads.attribution import attribute_heads
 from headlab.heads.effects import ablate_heads
 from headlab.heads.evidence import evidence, loss_rows, measure_ablations, reported_effect
-from headlab.measure import build_probe
-
-
-@pytest.fixture(scope="module")
-def default():
-    require(zoo._default_info().available, "the default model is not built")
-    return zoo.load("default")
-
-
-@pytest.fixture(scope="module")
-def repeat(default):
-    model, tokenizer = default
-    return build_probe("repeat", tokenizer, model.config.max_len, model.config.vocab_size)
 
 
 def moved_loss(model, tokens, rows, layer, head, eps):

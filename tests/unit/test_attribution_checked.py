@@ -17,18 +17,6 @@ from headlab.heads.evidence import loss_rows, measure_ablations, reported_effect
 from headlab.measure import build_probe
 
 
-@pytest.fixture(scope="module")
-def default():
-    require(zoo._default_info().available, "the default model is not built")
-    return zoo.load("default")
-
-
-@pytest.fixture(scope="module")
-def repeat(default):
-    model, tokenizer = default
-    return build_probe("repeat", tokenizer, model.config.max_len, model.config.vocab_size)
-
-
 def test_two_steps_per_layer_average_the_slopes_at_the_clean_run_and_the_layers_half_way(
     default, repeat
 ):

@@ -7,8 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import require
-from headlab import zoo
 from headlab.heads import analyse
 from headlab.heads.baselines import (
     BASELINE_SEEDS,
@@ -20,12 +18,6 @@ from headlab.heads.baselines import (
 from headlab.measure import build_probe, run_patterns
 
 PROBES = ("repeat", "random-repeat")
-
-
-@pytest.fixture(scope="module")
-def default():
-    require(zoo._default_info().available, "the default model is not built")
-    return zoo.load("default")
 
 
 @pytest.fixture(scope="module")

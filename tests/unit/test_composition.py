@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import require
-from headlab import zoo
 from headlab.heads import analyse
 from headlab.heads.composition import composition_scores, random_baseline
 from headlab.measure import build_probe
@@ -129,12 +127,6 @@ def test_random_baseline_matches_explicit_random_matrices():
         mean, sd = base[mode]
         assert sd == pytest.approx(np.std(values, ddof=1), rel=0.3)
         assert abs(mean - np.mean(values)) < 4 * sd * np.sqrt(2 / draws), mode
-
-
-@pytest.fixture(scope="module")
-def default():
-    require(zoo._default_info().available, "the default model is not built")
-    return zoo.load("default")
 
 
 def test_default_model_scores_equal_the_formula(default):

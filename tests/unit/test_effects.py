@@ -10,25 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import require
-from headlab import Trace, zoo
+from headlab import Trace
 from headlab.ablation import full_mask
 from headlab.heads import analyse, induction_score
 from headlab.heads.baselines import baselines
 from headlab.heads.effects import _mean_fill, ablate_heads, this_thread
-from headlab.measure import build_probe, copy_targets, token_losses
-
-
-@pytest.fixture(scope="module")
-def default():
-    require(zoo._default_info().available, "the default model is not built")
-    return zoo.load("default")
-
-
-@pytest.fixture(scope="module")
-def repeat(default):
-    model, tokenizer = default
-    return build_probe("repeat", tokenizer, model.config.max_len, model.config.vocab_size)
+from headlab.measure import copy_targets, token_losses
 
 
 @pytest.fixture(scope="module")

@@ -7,17 +7,9 @@ import re
 
 import pytest
 
-from conftest import require
-from headlab import zoo
 from headlab.heads.circuit import CONFIRMED, induction_circuit
 from headlab.heads.evidence import evidence
 from headlab.measure import build_probe
-
-
-@pytest.fixture(scope="module")
-def default():
-    require(zoo._default_info().available, "the default model is not built")
-    return zoo.load("default")
 
 
 @pytest.fixture(scope="module")

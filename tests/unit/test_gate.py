@@ -15,8 +15,8 @@ import torch
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from conftest import random_model_folders, require
-from headlab import show, zoo
+from conftest import random_model_folders
+from headlab import show
 from headlab.cli import app
 from headlab.heads import THRESHOLDS, analyse, label_head
 from headlab.heads import baselines as B
@@ -31,12 +31,6 @@ runner = CliRunner()
 def own_cache(tmp_path_factory, monkeypatch) -> None:
     """Each test reads and writes floors in a cache folder of its own, never the user's."""
     monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
-
-
-@pytest.fixture(scope="module")
-def default():
-    require(zoo._default_info().available, "the default model is not built")
-    return zoo.load("default")
 
 
 def probe_of(default, name: str):

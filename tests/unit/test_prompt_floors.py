@@ -14,8 +14,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import random_model_folders, require
-from headlab import scaling, zoo
+from conftest import random_model_folders
+from headlab import scaling
 from headlab.cli import app
 from headlab.heads import THRESHOLDS, analyse, label_head
 from headlab.heads import baselines as B
@@ -30,12 +30,6 @@ PROMPTS = [
 WORDS = "cat dog sun rain tree stone river apple bread horse cloud lamp chair glass door fish"
 ONE = scaling.Ranks(0, 1, torch.device("cpu"))
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def default():
-    require(zoo._default_info().available, "the default model is not built")
-    return zoo.load("default")
 
 
 @pytest.fixture(scope="module")
