@@ -190,6 +190,18 @@ def browser() -> Iterator[object]:
 
 
 @pytest.hookimpl(tryfirst=True)
+def watched_page(browser: Any, width: int = 1280, **options: Any) -> tuple[Any, Any]:
+    """A new browser context and page at ``width`` px whose console errors and uncaught page
+    errors are gathered in ``page.errors`` (tests assert it stays empty); ``options`` go to
+    ``browser.new_context``. The caller closes the context."""
+    context = browser.new_context(viewport={"width": width, "height": 900}, **options)
+    pg = context.new_page()
+    pg.errors = []
+    pg.on("console", lambda m: m.type == "error" and pg.errors.append(f"console: {m.text}"))
+    pg.on("pageerror", lambda e: pg.errors.append(f"pageerror: {e}"))
+    return context, pg
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The modules with the most ``slow`` tests first; within a module, and among modules with as
     many, the order stays. ``make test``'s workers take whole modules in this order

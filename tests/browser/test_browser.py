@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from conftest import available_model, require
+from conftest import available_model, require, watched_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 HEAD_TYPES = (
@@ -37,11 +37,8 @@ def _model_name() -> str:
 @pytest.fixture
 def page(browser, server: str) -> Iterator[object]:
     _model_name()
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
-    pg = context.new_page()
-    pg.errors = []  # console errors, page errors and requests that leave the server
-    pg.on("console", lambda m: m.type == "error" and pg.errors.append(f"console: {m.text}"))
-    pg.on("pageerror", lambda e: pg.errors.append(f"pageerror: {e}"))
+    # console errors, page errors, and (below) requests that leave the server
+    context, pg = watched_page(browser, accept_downloads=True)
 
     def check_request(request) -> None:
         if not request.url.startswith((server, "data:", "blob:")):

@@ -16,6 +16,8 @@ import pytest
 import test_browser
 from playwright.sync_api import expect
 
+from conftest import watched_page
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 expect.set_options(timeout=60_000)
 WIDTHS = (1280, 390)
@@ -37,12 +39,8 @@ def circuit_oracle() -> dict:
 @pytest.fixture(scope="module", params=WIDTHS, ids=lambda w: f"{w}px")
 def shown(request, browser, server: str) -> Iterator[tuple[object, dict]]:
     """A page at the width with the evidence box ticked, and the /api/heads answer it drew."""
-    context = browser.new_context(viewport={"width": request.param, "height": 900})
-    pg = context.new_page()
+    context, pg = watched_page(browser, request.param)
     pg.width = request.param
-    pg.errors = []
-    pg.on("console", lambda m: m.type == "error" and pg.errors.append(f"console: {m.text}"))
-    pg.on("pageerror", lambda e: pg.errors.append(f"pageerror: {e}"))
     pg.set_default_timeout(120_000)
     pg.goto(server + "/")
     pg.wait_for_selector("#heads-grid button[data-head]")

@@ -16,7 +16,7 @@ import pytest
 import torch
 from playwright.sync_api import expect
 
-from conftest import available_model, require
+from conftest import available_model, require, watched_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,11 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def page(browser, server: str) -> Iterator[object]:
     require(available_model() is not None, "no model available for the page")
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    pg = context.new_page()
-    pg.errors = []
-    pg.on("console", lambda m: m.type == "error" and pg.errors.append(f"console: {m.text}"))
-    pg.on("pageerror", lambda e: pg.errors.append(f"pageerror: {e}"))
+    context, pg = watched_page(browser)
     pg.goto(server + "/")
     pg.wait_for_selector("#shapes-table")
     yield pg

@@ -16,6 +16,8 @@ import pytest
 import test_browser
 from playwright.sync_api import expect
 
+from conftest import watched_page
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 # a shared CI machine can take seconds over one answer; waiting longer costs nothing when it is fast
 expect.set_options(timeout=30_000)
@@ -401,11 +403,7 @@ def test_head_widget_draws_the_two_column_view(learner) -> None:
 
 def offline_page(browser, url: str):
     """A page that records every request but the file itself and any script error."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    pg = context.new_page()
-    pg.errors = []
-    pg.on("console", lambda m: m.type == "error" and pg.errors.append(f"console: {m.text}"))
-    pg.on("pageerror", lambda e: pg.errors.append(f"pageerror: {e}"))
+    context, pg = watched_page(browser)
     pg.on("request", lambda r: r.url in (url,) or r.url.startswith("data:")
           or pg.errors.append(f"request: {r.url}"))  # fmt: skip
     pg.goto(url)

@@ -12,17 +12,15 @@ from dataclasses import asdict
 import pytest
 from playwright.sync_api import expect
 
+from conftest import watched_page
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 RUN_SECONDS = 900_000  # ms: a whole run on a busy shared machine
 
 
 @pytest.fixture
 def live_page(browser, server: str):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    pg = context.new_page()
-    pg.errors = []
-    pg.on("console", lambda m: m.type == "error" and pg.errors.append(f"console: {m.text}"))
-    pg.on("pageerror", lambda e: pg.errors.append(f"pageerror: {e}"))
+    context, pg = watched_page(browser)
     pg.goto(server + "/")
     pg.wait_for_selector("#live-train")
     yield pg

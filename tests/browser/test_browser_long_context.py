@@ -11,6 +11,7 @@ import pytest
 import test_browser
 from playwright.sync_api import expect
 
+from conftest import watched_page
 from headlab.experiments import results_path
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -19,11 +20,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def reader(browser, server: str) -> Iterator[object]:
     test_browser._model_name()
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    pg = context.new_page()
-    pg.errors = []
-    pg.on("console", lambda m: m.type == "error" and pg.errors.append(f"console: {m.text}"))
-    pg.on("pageerror", lambda e: pg.errors.append(f"pageerror: {e}"))
+    context, pg = watched_page(browser)
     pg.goto(server + "/")
     for name in ("sinks", "retrieval"):
         test_browser.reveal(pg, name)

@@ -17,7 +17,7 @@ import pytest
 import test_browser
 from playwright.sync_api import expect
 
-from conftest import require
+from conftest import require, watched_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 expect.set_options(timeout=30_000)
@@ -39,12 +39,8 @@ needs_syntax_labels = pytest.mark.skipif(
 
 @pytest.fixture(scope="module", params=WIDTHS, ids=lambda w: f"{w}px")
 def reader(request, browser, server: str) -> Iterator[object]:
-    context = browser.new_context(viewport={"width": request.param, "height": 900})
-    pg = context.new_page()
+    context, pg = watched_page(browser, request.param)
     pg.width = request.param
-    pg.errors = []
-    pg.on("console", lambda m: m.type == "error" and pg.errors.append(f"console: {m.text}"))
-    pg.on("pageerror", lambda e: pg.errors.append(f"pageerror: {e}"))
     pg.set_default_timeout(60_000)
     pg.goto(server + "/")
     pg.wait_for_selector("#shapes-table")
