@@ -71,21 +71,30 @@ def attention(
     # key/value head is multiplied once and never copied
     q = q.reshape(B, h_kv, g * n, d_k)  # (B, h_kv, g·n, d_k)
     # 1) scores: every query against every key of its key/value head
-    scores = q @ k.transpose(-2, -1) * scale  # (B, h_kv, g·n, s)
+    # the (B, h, n, s) products are this function's own until returned or recorded, so they
+    # are scaled and masked in place: each fresh buffer of that size costs about a pass
+    scores = (q @ k.transpose(-2, -1)).mul_(scale)  # (B, h_kv, g·n, s)
     scores = scores.reshape(B, h, n, s)  # (B, h, n, s)
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
-    if trace is not None:
+    recorded = trace is not None and trace.wants("scores")
+    if recorded:
         trace.record("scores", scores)
     # fp16/bf16 scores are softmaxed in float32; float64 stays float64
-    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    wide = torch.promote_types(scores.dtype, torch.float32)
+    mine = wide != scores.dtype or not recorded  # a copy, or a buffer nobody else holds
+    scores = scores.to(wide)
     # 2) mask, then softmax over keys
     if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
+        blocked = ~allowed
+        scores = scores.masked_fill_(blocked, -math.inf) if mine else scores.masked_fill(
+            blocked, -math.inf)  # fmt: skip
     weights = torch.softmax(scores, dim=-1)
     if allowed is not None:
         # a row with nothing allowed is all -inf, whose softmax is NaN: define it as zeros
-        weights = weights.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+        empty = ~allowed.any(dim=-1, keepdim=True)
+        if empty.any():
+            weights = weights.masked_fill(empty, 0.0)
     weights = weights.to(v.dtype)
     if trace is not None:
         trace.record("weights", weights)
