@@ -14,7 +14,7 @@ judged where it can act (:func:`mass_where_possible` over the rows that have a t
                          whose token occurred before, keys that are also copies left out
     duplicate_score      attention on other copies of the query's token              Wang 2022
     positional_score     share of queries whose argmax is at the most common offset  Voita 2019
-    content_score        how much the pattern follows the tokens when they are shuffled
+    content_score        the share of attention the head's own position profile does not explain
     rare_word_score      share of queries whose argmax is the least frequent word    Voita 2019
     first_token_score    mean weight on the first token: an attention sink     Xiao 2023, Gu 2024
     key_mass_score       mean weight on marked keys (delimiters)                    Clark 2019
@@ -261,69 +261,79 @@ def diffuse_score(weights: Tensor, causal: bool) -> Tensor:
     return norm.mean(dim=(0, 2)).float() if rows.any() else torch.zeros(h)
 
 
-def content_score(
-    weights: Tensor,
-    shuffled: Tensor,
-    order: Tensor,
-    causal: bool,
-    fixed: Tensor | None = None,
-    tokens: Tensor | None = None,
-) -> Tensor:
-    """How much a head's pattern follows the tokens, not the positions, when they are shuffled.
+def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) -> Tensor:
+    """The share of a head's attention that its own position profile does not explain, from
+    the one forward's weights (B, h, n, n); fixed (B, n) bool marks the keys left out (BOS,
+    [CLS], [SEP]: attention there says nothing of what a head reads). Returns (h,).
 
-    weights (B, h, n, n) on the original tokens; shuffled (B, h, n, n) on the same tokens
-    reordered so that new position p holds the token from old position order[b, p]; fixed
-    (B, n) bool marks the keys the shuffle never moves (BOS, [CLS], [SEP]). Map the shuffled
-    pattern back to the old positions (back[i, j] = shuffled[σ⁻¹(i), σ⁻¹(j)]) and compare each
-    query's row with overlap(p, q) = Σ_j min(p_j, q_j) ∈ [0, 1], both rows renormalised on
-    the keys compared:
+    Per query i: V_i the movable keys it sees (j ≤ i under a causal mask), rows with
+    |V_i| < 2 skipped; Â_i the row renormalised on V_i, w_i = A_i(V_i) its share there (a
+    head resting on a fixed key is judged on the rows where it looks elsewhere), and
+    u_ij = Â_ij · |V_i| (a uniform row is 1 everywhere, whatever its length). Two position
+    profiles, each pooled over every query of every sequence, leave-one-out (row i never
+    predicts itself):
 
-        by_token_i    = overlap(A_i, back_i) on K_i, the movable keys query i sees in both orders
-        by_position_i = overlap(A_i, S_i) on the movable keys it sees
-        content = Σ_i w_i · max(0, by_token_i − by_position_i) / Σ_i w_i,
-        w_i = min(A_i(K_i), back_i(K_i)), the share of both rows that falls on K_i
+        by offset        R⁻ⁱ(d) = mean of u_{i′, i′−d} over the other rows i′ that see key i′ − d
+        by key position  C⁻ⁱ(j) = mean of u_{i′, j} over the other rows i′ that see key j
 
-    A head that attends by token identity keeps its pattern in token space (high first term,
-    low second); a positional head keeps it in position space (the reverse); a uniform head
-    is unchanged either way and scores 0. Attention on a fixed key agrees in both spaces
-    whatever the head does, so it is left out: a head resting on the first token scores 0
-    there (w_i ≈ 0) and is judged on the rows where it looks elsewhere. Returns (h,).
+    Keys of V_i whose offset (key position) no other row sees are left out, both rows
+    renormalised on the keys kept; P_i ∝ R⁻ⁱ(i − j) (∝ C⁻ⁱ(j)) and, with
+    overlap(p, q) = Σ_j min(p_j, q_j), each profile's score is
 
-    Without a mask and with no fixed keys, K_i holds every key, w_i = 1 and the score is
-    mean_i max(0, overlap(A_i, back_i) − overlap(A_i, S_i)). ``causal``: the model's config.
+        Σ_i w_i (1 − overlap(Â_i, P_i)) / Σ_i w_i      over every row of every sequence,
+
+    a row with no key kept not counted. content = the smaller of the two: the better position
+    explanation wins. A uniform head, a fixed-offset head (previous, current token) and a head
+    always on one key position score 0; a head that follows token identity on shuffled or
+    random text cannot be told from its positions and scores near 1. ``causal``: the model's
+    config. Rows with no attention on V_i (w_i = 0) are skipped too (nothing to renormalise).
     """
     A, _ = as_batched(weights)
-    S, _ = as_batched(shuffled)
-    inverse = order.argsort(dim=-1)  # (B, n): old position → new position
-    B, h, n, _ = A.shape
-    # back[b, h, i, j] = S[b, h, σ⁻¹(i), σ⁻¹(j)]: rows and columns in one gather
-    cell = (inverse[:, :, None] * n + inverse[:, None, :]).flatten(1)  # (B, n·n)
-    back = S.flatten(-2).gather(-1, cell[:, None].expand(B, h, -1)).view(B, h, n, n)
+    B, h, n, s = A.shape
     pos = torch.arange(n, device=A.device)
     free = torch.ones(B, n, dtype=torch.bool) if fixed is None else ~fixed.bool()
-    free = free[:, None, :].expand(B, n, n)  # (B, n, n): key j is movable
-    seen = free & (pos[:, None] >= pos[None, :]) if causal else free  # keys ≤ i, movable
-    both = seen & (inverse[:, :, None] >= inverse[:, None, :]) if causal else seen  # K_i
-    by_position, _ = _overlap(A, S, seen[:, None].to(A.dtype))
-    by_token, w = _overlap(A, back, both[:, None].to(A.dtype), tokens)
-    gap = (by_token - by_position).clamp_min(0)
-    per_seq = (w * gap).sum(-1) / w.sum(-1).clamp_min(1e-12)  # (B, h)
-    return per_seq.mean(dim=0).float()
+    sees = free.to(A.device)[:, None, :].expand(B, n, n)  # (B, n, n): query i sees key j
+    if causal:
+        sees = sees & (pos[:, None] >= pos[None, :])
+    size = sees.sum(-1)  # (B, n): |V_i|
+    V = sees[:, None].to(A.dtype)  # (B, 1, n, n)
+    w = (A * V).sum(-1)  # (B, h, n)
+    rows = ((size >= 2)[:, None] & (w > 0)).to(A.dtype)  # (B, h, n): rows that count
+    u = A * V * (size[:, None] * rows / w.clamp_min(1e-30))[..., None]  # (B, h, n, n)
+    pooled = V * rows[..., None]  # (B, h, n, n): (row, key) pairs in the profiles
+    offset_slot = (pos[:, None] - pos[None, :] + n - 1).flatten()  # (n·n,) in [0, 2n − 1)
+    key_slot = pos.repeat(n)  # (n·n,): key j
+    best = None
+    for slot in (offset_slot, key_slot):
+        unexplained, counted = _unexplained(u, pooled, slot)  # (B, h, n) each
+        weight = w * counted
+        share = (weight * unexplained).sum((0, 2)) / weight.sum((0, 2)).clamp_min(1e-30)  # (h,)
+        best = share if best is None else torch.minimum(best, share)
+    assert best is not None
+    return best.clamp(0, 1).float()  # rounding can step a hair outside [0, 1]
 
 
-def _overlap(
-    p: Tensor, q: Tensor, keys: Tensor, tokens: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
+def _unexplained(u: Tensor, pooled: Tensor, slot: Tensor) -> tuple[Tensor, Tensor]:
+    """1 − overlap of each row with its leave-one-out profile, and whether any of its keys was
+    kept: u, pooled (B, h, n, n), slot (n·n,) the profile cell of each (query, key) → two
+    (B, h, n). The profile is pooled over the batch and every row, then each row's own part is
+    taken back out."""
+    B, h, n, _ = u.shape
+    cells = int(slot.max()) + 1
+    total = u.new_zeros(h, cells).index_add_(1, slot, u.sum(0).flatten(1))  # (h, cells)
+    count = u.new_zeros(h, cells).index_add_(1, slot, pooled.sum(0).flatten(1))
+    others = count[:, slot].view(h, n, n) - pooled  # (B, h, n, n): other rows at this cell
+    kept = pooled * (others > 0.5)  # counts are whole numbers: > 0.5 is ≥ 1
+    profile = (total[:, slot].view(h, n, n) - u) * kept / others.clamp_min(1)
+    overlap, _ = _overlap(u, profile, kept)
+    return 1 - overlap, kept.amax(-1)
+
+
+def _overlap(p: Tensor, q: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
     """Σ_j min(p̂_j, q̂_j) of two rows renormalised on ``keys``, and min(p(keys), q(keys)):
-    p, q (B, h, n, s), keys (B, 1, n, s) 0/1 → two (B, h, n). With ``tokens`` (B, s) the
-    rows are compared over token ids (each id's keys pooled), not over key positions."""
+    p, q (B, h, n, s), keys 0/1 broadcastable to them → two (B, h, n). A row with no mass on
+    the keys is all zeros after renormalising, so its overlap is 0."""
     a, b = p * keys, q * keys
-    if tokens is not None:
-        ids = torch.unique(tokens, return_inverse=True)[1]  # (B, s): 0 … distinct − 1
-        index = ids[:, None, None, :].expand_as(a)  # a scatter, not an (s × distinct) matmul
-        pooled = a.new_zeros(*a.shape[:-1], int(ids.max()) + 1)  # (B, h, n, distinct)
-        a = pooled.scatter_add(-1, index, a)
-        b = pooled.scatter_add(-1, index, b)
     mass_a, mass_b = a.sum(-1, keepdim=True), b.sum(-1, keepdim=True)  # (B, h, n, 1)
     # in place: a and b are this function's own, and (B, h, n, s) allocations cost a pass each
     a.div_(mass_a.clamp_min(1e-12))
@@ -376,14 +386,13 @@ def stacked_masses(weights: Tensor, stack: TargetStack) -> dict[str, Tensor]:
 def pattern_scores(
     weights: Tensor,
     targets: Targets,
-    shuffled: Tensor | None = None,
-    order: Tensor | None = None,
+    content: bool = True,
 ) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor]]:
     """Every score of a set of heads: weights (B, h, n, n) on the probe whose ``targets``
     (:func:`headlab.heads.targets.build_targets`) were built once for it.
 
-    ``shuffled``/``order`` feed :func:`content_score`, and the targets' rare words
-    :func:`rare_word_score`; without them "content" and "rare_word" are left out. Pure in the
+    ``content`` includes :func:`content_score` (from these weights alone), and the targets'
+    rare words :func:`rare_word_score`; without them "content" and "rare_word" are left out. Pure in the
     weights of one layer, so a caller may score layer by layer. The target-mask scores come
     from :func:`stacked_masses` on the targets' stack (built once per probe). Returns
     ``({type: (h,)}, offsets (h,), {type: where the head rests off its rows (h,)})``.
@@ -402,8 +411,8 @@ def pattern_scores(
         "induction": m["induction"],
     }
     rests = {"duplicate": m["rest:duplicate"], "induction": m["rest:induction"]}
-    if shuffled is not None and order is not None:
-        scores["content"] = content_score(A, shuffled, order, causal, t.fixed, t.tokens)
+    if content:
+        scores["content"] = content_score(A, causal, t.fixed)
         rests["content"] = m["rest:content"]
     if t.rare is not None:
         scores["rare_word"] = _rare_word(argmax, *t.rare)
