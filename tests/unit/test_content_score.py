@@ -12,7 +12,8 @@ from headlab.heads import content_score
 
 def loop_content(A: torch.Tensor, causal: bool, fixed: torch.Tensor | None) -> list[float]:
     """The definition walked row by row for each head: A (B, h, n, n), fixed (B, n) bool or
-    None → [content per head], with dictionaries of sums and counts per profile cell."""
+    None → [content per head], with dictionaries of sums, weights and counts per profile
+    cell (the profile is the w-weighted mean of the other rows' u there)."""
     B, h, n, _ = A.shape
     a = A.double().tolist()
     free = [[True] * n for _ in range(B)] if fixed is None else (~fixed).tolist()
@@ -27,11 +28,13 @@ def loop_content(A: torch.Tensor, causal: bool, fixed: torch.Tensor | None) -> l
                     rows[b, i] = (w, {j: a[b][head][i][j] / w * len(keys) for j in keys})
         shares = []
         for cell in (lambda i, j: i - j, lambda i, j: j):
-            total: dict[int, float] = {}
-            count: dict[int, int] = {}
-            for (_, i), (_, u) in rows.items():
+            total: dict[int, float] = {}  # Σ w u at each cell
+            weight: dict[int, float] = {}  # Σ w
+            count: dict[int, int] = {}  # how many rows
+            for (_, i), (w, u) in rows.items():
                 for j, v in u.items():
-                    total[cell(i, j)] = total.get(cell(i, j), 0.0) + v
+                    total[cell(i, j)] = total.get(cell(i, j), 0.0) + w * v
+                    weight[cell(i, j)] = weight.get(cell(i, j), 0.0) + w
                     count[cell(i, j)] = count.get(cell(i, j), 0) + 1
             num = den = 0.0
             for (_, i), (w, u) in rows.items():
@@ -39,12 +42,10 @@ def loop_content(A: torch.Tensor, causal: bool, fixed: torch.Tensor | None) -> l
                 if not kept:
                     continue
                 p = {j: u[j] for j in kept}
-                q = {j: (total[cell(i, j)] - u[j]) / (count[cell(i, j)] - 1) for j in kept}
+                q = {j: (total[cell(i, j)] - w * u[j]) / (weight[cell(i, j)] - w) for j in kept}
                 sp, sq = sum(p.values()), sum(q.values())
-                if sp > 0 and sq > 0:
-                    overlap = sum(min(p[j] / sp, q[j] / sq) for j in kept)
-                else:  # no mass to renormalise on one side: nothing of the row explained
-                    overlap = 0.0
+                # no mass to renormalise on one side: nothing of the row is explained
+                overlap = sum(min(p[j] / sp, q[j] / sq) for j in kept) if sp and sq else 0.0
                 num += w * (1 - overlap)
                 den += w
             shares.append(num / den if den > 0 else 0.0)
@@ -170,3 +171,27 @@ def test_a_sink_head_does_not_count_and_rows_are_pooled_over_the_batch() -> None
     odd[0, 0, 9] = 0.0
     odd[0, 0, 9, 3] = 1.0  # offset 6 and key 3: no other row looks there
     assert content_score(odd, True, fixed[:1]).item() > 0.2
+
+
+def test_rows_that_barely_look_at_movable_keys_barely_shape_the_profile() -> None:
+    """A head resting on the start token on most rows, with a faint random leftover there, and
+    on the previous token on the others: the profile is weighted by each row's share on the
+    movable keys, so the faint rows neither count nor blur the previous-token profile."""
+    g = torch.Generator().manual_seed(4)
+    n = 24
+    fixed = torch.zeros(2, n, dtype=torch.bool)
+    fixed[:, 0] = True
+    head = torch.rand(2, 1, n, n, generator=g).tril() * 1e-4
+    head[..., 0] = 1.0
+    looks = torch.arange(2, n, 3)  # every third row looks at the previous token instead
+    head[:, 0, looks] = 0.0
+    head[:, 0, looks, looks - 1] = 1.0
+    head = head / head.sum(-1, keepdim=True)
+    got = content_score(head, True, fixed).item()
+    assert got == pytest.approx(loop_content(head, True, fixed)[0], abs=1e-6)
+    assert got < 0.01
+    # the same faint rows at full strength are a random head, which no profile explains
+    loud = torch.rand(2, 1, n, n, generator=g).tril()
+    loud[..., 0] = 0.0
+    loud = loud / loud.sum(-1, keepdim=True).clamp_min(1e-12)
+    assert content_score(loud, True, fixed).item() > 0.2

@@ -271,10 +271,11 @@ def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) ->
     head resting on a fixed key is judged on the rows where it looks elsewhere), and
     u_ij = Â_ij · |V_i| (a uniform row is 1 everywhere, whatever its length). Two position
     profiles, each pooled over every query of every sequence, leave-one-out (row i never
-    predicts itself):
+    predicts itself), each row weighted by its w (a row that barely looks at movable keys
+    shapes the profile as little as it counts in the score):
 
-        by offset        R⁻ⁱ(d) = mean of u_{i′, i′−d} over the other rows i′ that see key i′ − d
-        by key position  C⁻ⁱ(j) = mean of u_{i′, j} over the other rows i′ that see key j
+        by offset        R⁻ⁱ(d) = Σ w_i′ u_{i′, i′−d} / Σ w_i′, the other rows i′ that see i′ − d
+        by key position  C⁻ⁱ(j) = Σ w_i′ u_{i′, j} / Σ w_i′, the other rows i′ that see key j
 
     Keys of V_i whose offset (key position) no other row sees are left out, both rows
     renormalised on the keys kept; P_i ∝ R⁻ⁱ(i − j) (∝ C⁻ⁱ(j)) and, with
@@ -289,7 +290,7 @@ def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) ->
     config. Rows with no attention on V_i (w_i = 0) are skipped too (nothing to renormalise).
     """
     A, _ = as_batched(weights)
-    B, h, n, s = A.shape
+    B, _, n, _ = A.shape
     pos = torch.arange(n, device=A.device)
     free = torch.ones(B, n, dtype=torch.bool) if fixed is None else ~fixed.bool()
     sees = free.to(A.device)[:, None, :].expand(B, n, n)  # (B, n, n): query i sees key j
@@ -304,8 +305,8 @@ def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) ->
     offset_slot = (pos[:, None] - pos[None, :] + n - 1).flatten()  # (n·n,) in [0, 2n − 1)
     key_slot = pos.repeat(n)  # (n·n,): key j
     best = None
-    for slot in (offset_slot, key_slot):
-        unexplained, counted = _unexplained(u, pooled, slot)  # (B, h, n) each
+    for slot, cells in ((offset_slot, 2 * n - 1), (key_slot, n)):
+        unexplained, counted = _unexplained(u, pooled, w, slot, cells)  # (B, h, n) each
         weight = w * counted
         share = (weight * unexplained).sum((0, 2)) / weight.sum((0, 2)).clamp_min(1e-30)  # (h,)
         best = share if best is None else torch.minimum(best, share)
@@ -313,18 +314,23 @@ def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) ->
     return best.clamp(0, 1).float()  # rounding can step a hair outside [0, 1]
 
 
-def _unexplained(u: Tensor, pooled: Tensor, slot: Tensor) -> tuple[Tensor, Tensor]:
+def _unexplained(
+    u: Tensor, pooled: Tensor, w: Tensor, slot: Tensor, cells: int
+) -> tuple[Tensor, Tensor]:
     """1 − overlap of each row with its leave-one-out profile, and whether any of its keys was
-    kept: u, pooled (B, h, n, n), slot (n·n,) the profile cell of each (query, key) → two
-    (B, h, n). The profile is pooled over the batch and every row, then each row's own part is
-    taken back out."""
-    B, h, n, _ = u.shape
-    cells = int(slot.max()) + 1
-    total = u.new_zeros(h, cells).index_add_(1, slot, u.sum(0).flatten(1))  # (h, cells)
-    count = u.new_zeros(h, cells).index_add_(1, slot, pooled.sum(0).flatten(1))
-    others = count[:, slot].view(h, n, n) - pooled  # (B, h, n, n): other rows at this cell
-    kept = pooled * (others > 0.5)  # counts are whole numbers: > 0.5 is ≥ 1
-    profile = (total[:, slot].view(h, n, n) - u) * kept / others.clamp_min(1)
+    kept: u, pooled (B, h, n, n), w (B, h, n), slot (n·n,) the profile cell (of ``cells``) of
+    each (query, key) → two (B, h, n). The profile is pooled over the batch and every row,
+    each row weighted by w, then each row's own part is taken back out."""
+    h, n = u.shape[1:3]
+
+    def pool(x: Tensor) -> Tensor:  # (B, h, n, n) → the sum at each (query, key)'s cell
+        cell = x.new_zeros(h, cells).index_add_(1, slot, x.sum(0).flatten(1))  # (h, cells)
+        return cell[:, slot].view(h, n, n)
+
+    mine = pooled * w[..., None]  # (B, h, n, n): each row's weight in the profile
+    others = pool(pooled) - pooled  # how many other rows see this cell: whole numbers
+    kept = pooled * (others > 0.5)
+    profile = (pool(u * mine) - u * mine) * kept / (pool(mine) - mine).clamp_min(1e-30)
     overlap, _ = _overlap(u, profile, kept)
     return 1 - overlap, kept.amax(-1)
 
@@ -392,9 +398,9 @@ def pattern_scores(
     (:func:`headlab.heads.targets.build_targets`) were built once for it.
 
     ``content`` includes :func:`content_score` (from these weights alone), and the targets'
-    rare words :func:`rare_word_score`; without them "content" and "rare_word" are left out. Pure in the
-    weights of one layer, so a caller may score layer by layer. The target-mask scores come
-    from :func:`stacked_masses` on the targets' stack (built once per probe). Returns
+    rare words :func:`rare_word_score`; without them "content" and "rare_word" are left out.
+    Pure in the weights of one layer, so a caller may score layer by layer. The target-mask
+    scores come from :func:`stacked_masses` on the targets' stack (built once per probe). Returns
     ``({type: (h,)}, offsets (h,), {type: where the head rests off its rows (h,)})``.
     """
     A, _ = as_batched(weights, targets.tokens)

@@ -162,7 +162,8 @@ function contentTable(t) {
 }
 
 // content_score: the share of the head's attention its own position profile does not explain,
-// by offset (cell i − j) and by key position (cell j), leave-one-out; the smaller of the two
+// by offset (cell i − j) and by key position (cell j), leave-one-out, each row weighted by its
+// share on movable keys; the smaller of the two
 function content(A, t) {
   const { n } = t;
   const { sees, size } = contentTable(t);
@@ -179,12 +180,13 @@ function content(A, t) {
   return f32(Math.min(1, Math.max(0, best)));
 }
 
-// Σ_i w_i (1 − overlap(Â_i, P_i)) / Σ_i w_i for one profile: P_i the mean of the other rows' u
-// at each key's cell, on the keys whose cell another row sees
+// Σ_i w_i (1 − overlap(Â_i, P_i)) / Σ_i w_i for one profile: P_i the w-weighted mean of the
+// other rows' u at each key's cell, on the keys whose cell another row sees
 function unexplained(u, pooled, w, n, cell) {
-  const total = new Float64Array(2 * n), count = new Float64Array(2 * n);
+  const total = new Float64Array(2 * n), weight = new Float64Array(2 * n), count = new Float64Array(2 * n);
   for (let i = 0; i < n; i++) for (let j = 0; j < n; j++) {
-    if (pooled[i * n + j]) { total[cell(i, j)] += u[i * n + j]; count[cell(i, j)]++; }
+    const k = i * n + j;
+    if (pooled[k]) { const c = cell(i, j); total[c] += w[i] * u[k]; weight[c] += w[i]; count[c]++; }
   }
   const p = new Float64Array(n), q = new Float64Array(n);
   let num = 0, den = 0;
@@ -192,10 +194,10 @@ function unexplained(u, pooled, w, n, cell) {
     let any = false, ma = 0, mb = 0;
     p.fill(0); q.fill(0);
     for (let j = 0; j < n; j++) {
-      const k = i * n + j, c = cell(i, j), others = count[c] - pooled[k];
-      if (!pooled[k] || others < 1) continue;
+      const k = i * n + j, c = cell(i, j);
+      if (!pooled[k] || count[c] - 1 < 1) continue;
       any = true;
-      p[j] = u[k]; q[j] = (total[c] - u[k]) / others; ma += p[j]; mb += q[j];
+      p[j] = u[k]; q[j] = (total[c] - w[i] * u[k]) / Math.max(weight[c] - w[i], 1e-30); ma += p[j]; mb += q[j];
     }
     if (!any) continue;
     let overlap = 0;
