@@ -296,55 +296,70 @@ def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) ->
     sees = free.to(A.device)[:, None, :].expand(B, n, n)  # (B, n, n): query i sees key j
     if causal:
         sees = sees & (pos[:, None] >= pos[None, :])
-    size = sees.sum(-1)  # (B, n): |V_i|
-    V = sees[:, None].to(A.dtype)  # (B, 1, n, n)
-    w = (A * V).sum(-1)  # (B, h, n)
+    size = sees.sum(-1).to(A.dtype)  # (B, n): |V_i|
+    V = sees.to(A.dtype)  # (B, n, n)
+    AV = A * V[:, None]  # (B, h, n, n)
+    w = AV.sum(-1)  # (B, h, n)
     rows = ((size >= 2)[:, None] & (w > 0)).to(A.dtype)  # (B, h, n): rows that count
-    u = A * V * (size[:, None] * rows / w.clamp_min(1e-30))[..., None]  # (B, h, n, n)
-    pooled = V * rows[..., None]  # (B, h, n, n): (row, key) pairs in the profiles
-    offset_slot = (pos[:, None] - pos[None, :] + n - 1).flatten()  # (n·n,) in [0, 2n − 1)
-    key_slot = pos.repeat(n)  # (n·n,): key j
+    # a row's own part in a profile cell: w_i·u_ij = |V_i|·A_ij to the sum, w_i to the
+    # weight, 1 to the count (B, h, n, n each); parts: the per-row factors (2, B, h, n)
+    own = (AV * (rows * size[:, None])[..., None], V[:, None] * (rows * w)[..., None],
+           V[:, None] * rows[..., None])  # fmt: skip
+    parts = torch.stack([rows * w, rows])
     best = None
-    for slot, cells in ((offset_slot, 2 * n - 1), (key_slot, n)):
-        unexplained, counted = _unexplained(u, pooled, w, slot, cells)  # (B, h, n) each
-        weight = w * counted
-        share = (weight * unexplained).sum((0, 2)) / weight.sum((0, 2)).clamp_min(1e-30)  # (h,)
+    for totals in (_key_totals(own[0], parts, V), _offset_totals(own[0], parts, V)):
+        unexplained, counted = _unexplained(AV, own, totals)  # (B, h, n) each
+        share = (w * unexplained).sum((0, 2)) / (w * counted).sum((0, 2)).clamp_min(1e-30)
         best = share if best is None else torch.minimum(best, share)
     assert best is not None
     return best.clamp(0, 1).float()  # rounding can step a hair outside [0, 1]
 
 
+def _key_totals(own_sum: Tensor, parts: Tensor, V: Tensor) -> Tensor:
+    """The profile by key position: at every (query, key j) pair the sum, weight and count of
+    every row's part at key j → (3, h, 1, n). own_sum (B, h, n, n); parts (2, B, h, n) the
+    rows' weights and 0/1 counts; V (B, n, n) the keys each query sees."""
+    rest = torch.einsum("kbhi,bij->khj", parts, V)  # (2, h, n)
+    return torch.cat([own_sum.sum((0, 2))[None], rest])[:, :, None]
+
+
+def _offset_totals(own_sum: Tensor, parts: Tensor, V: Tensor) -> Tensor:
+    """The profile by offset: at (i, j) the sum, weight and count over every pair (i′, j′)
+    with i′ − j′ = i − j → (3, h, n, n). Diagonal sums by a skew (row i shifted by i, a
+    strided view of a padded copy), spread back along the diagonals by a sliding window."""
+    n = V.shape[-1]
+    by_offset = torch.einsum("kbhi,bid->khd", parts, _skew(V))  # (2, h, 2n − 1)
+    summed = _skew(own_sum.sum(0)).sum(-2)  # (h, 2n − 1): column j − i + n − 1
+    diag = torch.cat([summed[None], by_offset])  # (3, h, 2n − 1)
+    return diag.unfold(-1, n, 1).contiguous().flip(-2)  # [i, j] = diag[j − i + n − 1]
+
+
+def _skew(x: Tensor) -> Tensor:
+    """(…, n, n) → (…, n, 2n − 1): x[…, i, j] moved to column j − i + n − 1 (zeros elsewhere)."""
+    n = x.shape[-1]
+    width = 3 * n - 1
+    padded = torch.nn.functional.pad(x, (n - 1, n)).contiguous()  # (…, n, 3n − 1)
+    lead = padded.shape[:-2]
+    strides = padded.stride()[:-2]
+    return padded.as_strided((*lead, n, 2 * n - 1), (*strides, width + 1, 1))
+
+
 def _unexplained(
-    u: Tensor, pooled: Tensor, w: Tensor, slot: Tensor, cells: int
+    AV: Tensor, own: tuple[Tensor, Tensor, Tensor], pooled: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """1 − overlap of each row with its leave-one-out profile, and whether any of its keys was
-    kept: u, pooled (B, h, n, n), w (B, h, n), slot (n·n,) the profile cell (of ``cells``) of
-    each (query, key) → two (B, h, n). The profile is pooled over the batch and every row,
-    each row weighted by w, then each row's own part is taken back out."""
-    h, n = u.shape[1:3]
-
-    def pool(x: Tensor) -> Tensor:  # (B, h, n, n) → the sum at each (query, key)'s cell
-        cell = x.new_zeros(h, cells).index_add_(1, slot, x.sum(0).flatten(1))  # (h, cells)
-        return cell[:, slot].view(h, n, n)
-
-    mine = pooled * w[..., None]  # (B, h, n, n): each row's weight in the profile
-    others = pool(pooled) - pooled  # how many other rows see this cell: whole numbers
-    kept = pooled * (others > 0.5)
-    profile = (pool(u * mine) - u * mine) * kept / (pool(mine) - mine).clamp_min(1e-30)
-    overlap, _ = _overlap(u, profile, kept)
-    return 1 - overlap, kept.amax(-1)
-
-
-def _overlap(p: Tensor, q: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
-    """Σ_j min(p̂_j, q̂_j) of two rows renormalised on ``keys``, and min(p(keys), q(keys)):
-    p, q (B, h, n, s), keys 0/1 broadcastable to them → two (B, h, n). A row with no mass on
-    the keys is all zeros after renormalising, so its overlap is 0."""
-    a, b = p * keys, q * keys
-    mass_a, mass_b = a.sum(-1, keepdim=True), b.sum(-1, keepdim=True)  # (B, h, n, 1)
-    # in place: a and b are this function's own, and (B, h, n, s) allocations cost a pass each
-    a.div_(mass_a.clamp_min(1e-12))
-    overlap = torch.minimum(a, b.div_(mass_b.clamp_min(1e-12)), out=a).sum(-1)
-    return overlap, torch.minimum(mass_a, mass_b)[..., 0]
+    """Each row's 1 − overlap with its leave-one-out profile, and 1 where it counts (a key
+    kept): AV (B, h, n, n) the rows on the movable keys, own the row's own parts of the
+    profile's sums, weights and counts (B, h, n, n each), pooled their totals at each pair's
+    cell (3, h, ·, n) → two (B, h, n), 0 on the rows that do not count."""
+    kept = own[2] * (pooled[2] > own[2] + 0.5)  # a key whose cell another row sees
+    q = (pooled[0] - own[0]).div_((pooled[1] - own[1]).clamp_min_(1e-30)).mul_(kept)
+    p = AV * kept
+    mass_p, mass_q = p.sum(-1, keepdim=True), q.sum(-1, keepdim=True)  # (B, h, n, 1)
+    # Σ min(p/|p|, q/|q|) = Σ min(p, q·|p|/|q|) / |p|; an empty side overlaps nothing
+    overlap = torch.minimum(p, q.mul_(mass_p / mass_q.clamp_min(1e-30))).sum(-1)
+    overlap = overlap / mass_p[..., 0].clamp_min(1e-30)
+    counted = kept.amax(-1)  # (B, h, n): 1 where a key was kept
+    return (1 - overlap) * counted, counted
 
 
 def averaged_pattern(weights: Tensor) -> Tensor:
