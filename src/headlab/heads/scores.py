@@ -331,7 +331,7 @@ def _offset_totals(own_sum: Tensor, parts: Tensor, V: Tensor) -> Tensor:
     by_offset = torch.einsum("kbhi,bid->khd", parts, _skew(V))  # (2, h, 2n − 1)
     summed = _skew(own_sum.sum(0)).sum(-2)  # (h, 2n − 1): column j − i + n − 1
     diag = torch.cat([summed[None], by_offset])  # (3, h, 2n − 1)
-    return diag.unfold(-1, n, 1).contiguous().flip(-2)  # [i, j] = diag[j − i + n − 1]
+    return diag.unfold(-1, n, 1).flip(-2)  # [i, j] = diag[j − i + n − 1]
 
 
 def _skew(x: Tensor) -> Tensor:
@@ -351,7 +351,7 @@ def _unexplained(
     kept): AV (B, h, n, n) the rows on the movable keys, own the row's own parts of the
     profile's sums, weights and counts (B, h, n, n each), pooled their totals at each pair's
     cell (3, h, ·, n) → two (B, h, n), 0 on the rows that do not count."""
-    kept = own[2] * (pooled[2] > own[2] + 0.5)  # a key whose cell another row sees
+    kept = own[2] * (pooled[2] > 1.5)  # a pair of a counted row whose cell another row sees
     q = (pooled[0] - own[0]).div_((pooled[1] - own[1]).clamp_min_(1e-30)).mul_(kept)
     p = AV * kept
     mass_p, mass_q = p.sum(-1, keepdim=True), q.sum(-1, keepdim=True)  # (B, h, n, 1)
