@@ -301,14 +301,14 @@ def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) ->
     AV = A * V[:, None]  # (B, h, n, n)
     w = AV.sum(-1)  # (B, h, n)
     rows = ((size >= 2)[:, None] & (w > 0)).to(A.dtype)  # (B, h, n): rows that count
-    # a row's own part in a profile cell: w_i·u_ij = |V_i|·A_ij to the sum, w_i to the
-    # weight, 1 to the count (B, h, n, n each); parts: the per-row factors (2, B, h, n)
-    own = (AV * (rows * size[:, None])[..., None], V[:, None] * (rows * w)[..., None],
-           V[:, None] * rows[..., None])  # fmt: skip
+    # a row's own part in a profile cell: w_i·u_ij = |V_i|·A_ij to the sum (B, h, n, n), w_i
+    # to the weight, 1 to the count; parts: the rows' weights and counts (2, B, h, n)
+    own = AV * (rows * size[:, None])[..., None]
+    pairs = V[:, None] * rows[..., None]  # (B, h, n, n): the pairs the profiles pool
     parts = torch.stack([rows * w, rows])
     best = None
-    for totals in (_key_totals(own[0], parts, V), _offset_totals(own[0], parts, V)):
-        unexplained, counted = _unexplained(AV, own, totals)  # (B, h, n) each
+    for totals in (_key_totals(own, parts, V), _offset_totals(own, parts, V)):
+        unexplained, counted = _unexplained(AV, own, rows * w, pairs, totals)  # (B, h, n)
         share = (w * unexplained).sum((0, 2)) / (w * counted).sum((0, 2)).clamp_min(1e-30)
         best = share if best is None else torch.minimum(best, share)
     assert best is not None
@@ -345,14 +345,16 @@ def _skew(x: Tensor) -> Tensor:
 
 
 def _unexplained(
-    AV: Tensor, own: tuple[Tensor, Tensor, Tensor], pooled: Tensor
+    AV: Tensor, own: Tensor, weight: Tensor, pairs: Tensor, totals: Tensor
 ) -> tuple[Tensor, Tensor]:
     """Each row's 1 − overlap with its leave-one-out profile, and 1 where it counts (a key
-    kept): AV (B, h, n, n) the rows on the movable keys, own the row's own parts of the
-    profile's sums, weights and counts (B, h, n, n each), pooled their totals at each pair's
-    cell (3, h, ·, n) → two (B, h, n), 0 on the rows that do not count."""
-    kept = own[2] * (pooled[2] > 1.5)  # a pair of a counted row whose cell another row sees
-    q = (pooled[0] - own[0]).div_((pooled[1] - own[1]).clamp_min_(1e-30)).mul_(kept)
+    kept): AV (B, h, n, n) the rows on the movable keys, own each pair's part of the
+    profile's sum (B, h, n, n) and weight each row's (B, h, n), pairs the pooled pairs 0/1,
+    totals the sums, weights and counts at each pair's cell (3, h, ·, n) → two (B, h, n),
+    0 on the rows that do not count."""
+    kept = pairs * (totals[2] > 1.5)  # a pooled pair whose cell another row sees
+    others = (totals[1] - weight[..., None]).clamp_min_(1e-30)  # the other rows' weight
+    q = (totals[0] - own).div_(others).mul_(kept)  # (B, h, n, n): the profile, unnormalised
     p = AV * kept
     mass_p, mass_q = p.sum(-1, keepdim=True), q.sum(-1, keepdim=True)  # (B, h, n, 1)
     # Σ min(p/|p|, q/|q|) = Σ min(p, q·|p|/|q|) / |p|; an empty side overlaps nothing
