@@ -331,7 +331,9 @@ def _offset_totals(own_sum: Tensor, parts: Tensor, V: Tensor) -> Tensor:
     by_offset = torch.einsum("kbhi,bid->khd", parts, _skew(V))  # (2, h, 2n − 1)
     summed = _skew(own_sum.sum(0)).sum(-2)  # (h, 2n − 1): column j − i + n − 1
     diag = torch.cat([summed[None], by_offset])  # (3, h, 2n − 1)
-    return diag.unfold(-1, n, 1).flip(-2)  # [i, j] = diag[j − i + n − 1]
+    # [i, j] = diag[j − i + n − 1]: a window over the reversed diagonals, flipped along j
+    # (a flip along the rows gives the same, about half again slower)
+    return diag.flip(-1).unfold(-1, n, 1).flip(-1)
 
 
 def _skew(x: Tensor) -> Tensor:
@@ -352,15 +354,16 @@ def _unexplained(
     profile's sum (B, h, n, n) and weight each row's (B, h, n), pairs the pooled pairs 0/1,
     totals the sums, weights and counts at each pair's cell (3, h, ·, n) → two (B, h, n),
     0 on the rows that do not count."""
+    # (B, h, n, n) buffers are reused in place: at these sizes each new one costs a pass
     kept = pairs * (totals[2] > 1.5)  # a pooled pair whose cell another row sees
-    others = (totals[1] - weight[..., None]).clamp_min_(1e-30)  # the other rows' weight
-    q = (totals[0] - own).div_(others).mul_(kept)  # (B, h, n, n): the profile, unnormalised
-    p = AV * kept
+    counted = kept.amax(-1)  # (B, h, n): 1 where a key was kept
+    q = (totals[1] - weight[..., None]).clamp_min_(1e-30)  # the other rows' weight
+    q = torch.sub(totals[0], own).div_(q).mul_(kept)  # the profile, unnormalised
+    p = kept.mul_(AV)  # the row on the keys kept
     mass_p, mass_q = p.sum(-1, keepdim=True), q.sum(-1, keepdim=True)  # (B, h, n, 1)
     # Σ min(p/|p|, q/|q|) = Σ min(p, q·|p|/|q|) / |p|; an empty side overlaps nothing
-    overlap = torch.minimum(p, q.mul_(mass_p / mass_q.clamp_min(1e-30))).sum(-1)
+    overlap = torch.minimum(p, q.mul_(mass_p / mass_q.clamp_min(1e-30)), out=q).sum(-1)
     overlap = overlap / mass_p[..., 0].clamp_min(1e-30)
-    counted = kept.amax(-1)  # (B, h, n): 1 where a key was kept
     return (1 - overlap) * counted, counted
 
 
