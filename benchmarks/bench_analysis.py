@@ -11,10 +11,10 @@ transformers' forward on the same tokens. The default model has no transformers 
 (attention-only), so its ratios are against headlab's own traced forward; MiniLM is
 bidirectional, so it has no next-token loss to ablate against.
 
-The content score needs the probe's tokens in shuffled positions too, run beside the probe in
-the same forward: "headlab forward, traced, probe + shuffle" times that forward alone, the floor
-under "analyse, all scores". ``--lengths`` adds MiniLM's and SmolLM2's analyse on random tokens
-of those lengths repeated 4 times, where the forward's share of the cost grows with the length.
+Every score, the content score included, comes from the one traced forward on the probe:
+"headlab forward, traced" is the floor under "analyse, all scores". ``--lengths`` adds MiniLM's
+and SmolLM2's analyse on random tokens of those lengths repeated 4 times, where the forward's
+share of the cost grows with the length.
 
 Run: ``python benchmarks/bench_analysis.py [--models default minilm smollm2] [--threads 1 2]
 [--rounds 7] [--slow-rounds 2] [--lengths 16 64]``; results go to
@@ -42,8 +42,6 @@ from record import path_for, save
 
 BASE = "transformers forward, output_attentions"
 TRACED = "headlab forward, traced"
-# the content score's probe and its shuffled copy side by side: the forward analyse runs
-PAIRED = "headlab forward, traced, probe + shuffle"
 
 
 def _hf(name: str) -> Any:
@@ -78,7 +76,6 @@ def contenders(
     else:
         probe = build_probe("repeat", tok, min(model.config.max_len, 128), vocab)
     x, hf = probe.tokens, _hf(name)
-    paired = torch.cat([x, x.flip(-1)])  # the cost of the content score's shuffled copy
 
     def traced() -> object:
         return _traced(model, x)
@@ -87,7 +84,6 @@ def contenders(
     if hf is not None:
         fns[BASE] = lambda: _hf_forward(hf, x)
     fns[TRACED] = traced
-    fns[PAIRED] = lambda: _traced(model, paired)
     fns["analyse, all scores"] = lambda: analyse(model, probe, keep=())
     fns["analyse, all but content"] = lambda: analyse(model, probe, content=False, keep=())
     slow: set[str] = set()

@@ -2,9 +2,8 @@
 ratio against one plain Hugging Face forward pass with ``output_attentions=True`` on the same
 tokens, measured in one run.
 
-``analyse`` runs the probe and a position-shuffled copy in one batch of two (the content
-score needs both), then computes all nine scores for all 72 heads; it is also timed without the
-content score (the probe alone). Contenders are interleaved
+``analyse`` runs the probe once, then computes all nine scores for all 72 heads from that one
+forward; it is also timed without the content score. Contenders are interleaved
 round by round so that a busy machine slows each alike; medians are reported. Target: < 1.5×.
 
 Run: ``python benchmarks/bench_heads.py [--rounds 15] [--threads 1]`` (needs the ``minilm``

@@ -4,8 +4,8 @@ pass, on a model of SmolLM2-135M's shape with random weights, measured in one ru
 
 The model: 30 layers, 9 query heads sharing 3 key/value heads, d_model 576, d_ff 1536, RMSNorm,
 rotary positions, SwiGLU (headlab.model.ModelConfig). The probe: n random tokens repeated 4
-times (Olsson et al. 2022's evaluator); all scores, content included (so each layer's weights
-are (2, 9, n, n): the probe and its shuffled copy); no pattern kept (``keep=()``) on either
+times (Olsson et al. 2022's evaluator); all scores, content included (each layer's weights are
+(1, 9, n, n): the probe alone); no pattern kept (``keep=()``) on either
 path, so the paths differ only in when each layer's weights are scored.
 
 Memory: each (path, n) runs in its own process. After the model is built and one short
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from headlab.heads import analyse, build_targets, layer_scorer, shuffle_positions
+from headlab.heads import analyse, build_targets, layer_scorer
 from headlab.heads.report import _report
 from headlab.measure import Probe, random_repeat_probe, run_patterns
 from headlab.model import ModelConfig, Transformer
@@ -75,10 +75,8 @@ def _status(field: str) -> int:
 def keep_everything(model: Transformer, probe: Probe) -> None:
     """The path streaming replaced: every layer's weights held (run_patterns), then each layer
     scored by the same per-layer reduction analyse() uses, with no pattern kept."""
-    tokens = probe.tokens
-    order = shuffle_positions(tokens, probe.movable, 0)
-    score = layer_scorer(build_targets(probe, causal=model.config.causal), order, keep=())
-    patterns = run_patterns(model, torch.cat([tokens, tokens.gather(1, order)]))
+    score = layer_scorer(build_targets(probe, causal=model.config.causal), keep=())
+    patterns = run_patterns(model, probe.tokens)
     _report(probe, [score(l, w) for l, w in enumerate(patterns)], keep=())
 
 

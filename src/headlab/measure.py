@@ -83,7 +83,9 @@ class Probe:
     tokens: Tensor  # (B, n) int64
     labels: list[str]  # display label of each token of the first sequence, length n
     delimiters: Tensor  # (B, n) bool: special tokens (other than position 0) and punctuation
-    movable: Tensor  # (B, n) bool: ordinary tokens a position shuffle may move (content score)
+    # (B, n) bool: ordinary tokens, which the shuffled baseline may move and the content score
+    # keeps (the others are its fixed keys)
+    movable: Tensor
     source: Tensor  # (B, n) int64: the position each token copies, −1 where it copies nothing
     text: str = ""  # the text the probe was made from ("" for token probes)
     # the word each token is part of (−1: a special token), and each sequence's words: a text's

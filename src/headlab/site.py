@@ -19,9 +19,9 @@ The head scores and labels are computed in the browser by ``offline/scores.js``,
 :func:`headlab.heads.pattern_scores` and :func:`headlab.heads.labels.label_head` (their
 data-dependent rows, argmaxes and loops do not trace into a fixed graph) that
 tests/unit/test_site_scores.py checks equal to :func:`headlab.heads.analyse`. What the port
-must not re-derive comes from here: the thresholds and tiers (:func:`label_rules`), the content
-score's shuffle orders drawn by torch itself (:func:`shuffle_orders`) and wordfreq's English
-table for the rare-word score (:func:`write_word_table`).
+must not re-derive comes from here: the thresholds and tiers (:func:`label_rules`) and
+wordfreq's English table for the rare-word score (:func:`write_word_table`). Every score, the
+content score included, comes from the one run of each graph on the reader's text.
 """
 
 from __future__ import annotations
@@ -195,7 +195,6 @@ def site_config(model: nn.Module, tokenizer: Any) -> dict[str, Any]:
         "repeat_sentence": REPEAT_SENTENCE,
         "special_ids": sorted(special_ids(tokenizer)),
         "rules": label_rules(),
-        "orders": shuffle_orders(int(c.max_len)),
     }
 
 
@@ -215,17 +214,6 @@ def label_rules() -> dict[str, Any]:
         "k_sd": baselines.K_SD,
         "baseline_seeds": list(baselines.BASELINE_SEEDS),
     }
-
-
-def shuffle_orders(max_len: int, seed: int = 0) -> list[list[int]]:
-    """For m = 0 … max_len movable positions, the permutation
-    :func:`headlab.heads.targets.shuffle_positions` draws for one sequence with ``seed``: it
-    depends on m alone (a fresh generator per call), so the browser looks it up, exactly."""
-    orders = []
-    for m in range(max_len + 1):
-        g = torch.Generator().manual_seed(seed)
-        orders.append(torch.randperm(m, generator=g).tolist())
-    return orders
 
 
 def write_word_table(path: Path) -> Path:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_content_score import loop_content
 from typer.testing import CliRunner
 
 from conftest import require
@@ -26,7 +27,7 @@ from headlab.default_model import (
     model_card,
     pool_loss,
 )
-from headlab.heads import analyse, shuffle_positions
+from headlab.heads import THRESHOLDS, analyse
 from headlab.model import Transformer
 from headlab.trace import Trace
 from headlab.training import tasks
@@ -147,12 +148,6 @@ def test_the_best_pick_of_each_type_on_the_sentence_carries_that_label(reports):
     assert induction.rest is not None and induction.rest > 0.5  # its resting place: token 0
 
 
-def pooled_overlap(a, b, ids):
-    """Σ over token ids of min(â_id, b̂_id): two rows renormalised and pooled by token id."""
-    a, b = a / a.sum(), b / b.sum()
-    return sum(min(a[ids == t].sum(), b[ids == t].sum()) for t in np.unique(ids))
-
-
 def test_a_content_head(shipped, reports):
     model, tokenizer, _ = shipped
     n, V = model.config.max_len, model.config.vocab_size
@@ -161,32 +156,16 @@ def test_a_content_head(shipped, reports):
     found = [(name, s) for name, r in reports.items() for s in labels(r).get("content", [])]
     assert found
     name, s = max(found, key=lambda x: x[1].scores["content"])
-    # the score recomputed query by query in NumPy from the raw attention on the probe and on
-    # its shuffled copy (headlab.heads.content_score's causal formula, docs/heads.md): the
-    # start token, which the shuffle never moves, is left out; token space pools token ids
+    # the score recomputed row by row in plain Python (test_content_score.loop_content) from
+    # the raw attention of one forward on the probe: the start token is left out
     probe = built[name]
-    order = shuffle_positions(probe.tokens, probe.movable, seed=0)
     trace = Trace(only=("weights",))
     with torch.no_grad():
-        model(torch.cat([probe.tokens, probe.tokens.gather(1, order)]), trace=trace)
-    w = trace[f"blocks.{s.layer}.attn.weights"][:, s.head].double().numpy()  # (2B, n, n)
-    B, scores = probe.tokens.shape[0], []
-    for b in range(B):
-        A, S, new = w[b], w[B + b], {int(o): p for p, o in enumerate(order[b])}
-        toks = probe.tokens[b].numpy()
-        num = den = 0.0
-        for i in range(1, A.shape[0]):
-            both = [j for j in range(1, i + 1) if new[j] <= new[i]]
-            a, back = A[i, both], S[new[i], [new[j] for j in both]]
-            weight = min(a.sum(), back.sum())
-            by_token = pooled_overlap(a, back, toks[both])
-            p, q = A[i, 1 : i + 1], S[i, 1 : i + 1]
-            by_position = np.minimum(p / p.sum(), q / q.sum()).sum()
-            num += weight * max(0.0, by_token - by_position)
-            den += weight
-        scores.append(num / den)
-    assert float(np.mean(scores)) == pytest.approx(s.scores["content"], abs=1e-4)
-    assert float(np.mean(scores)) >= 0.3
+        model(probe.tokens, trace=trace)
+    w = trace[f"blocks.{s.layer}.attn.weights"][:, s.head : s.head + 1]  # (B, 1, n, n)
+    want = loop_content(w, causal=True, fixed=~probe.movable)[0]
+    assert want == pytest.approx(s.scores["content"], abs=1e-5)
+    assert want >= THRESHOLDS["content"]
 
 
 def test_the_card_shows_the_labels_the_classifier_gives_now(shipped, reports):

@@ -21,7 +21,6 @@ from headlab.heads import (
     pattern_scores,
     rare_word_score,
     rare_word_targets,
-    shuffle_positions,
     targets_of,
 )
 from headlab.measure import token_words
@@ -57,7 +56,7 @@ def last_with(tokens: list[int], i: int, token: int) -> int:
     return max((j for j in range(1, i + 1) if tokens[j] == token), default=0)
 
 
-RULES = {  # name → (rule, is it a token rule: recomputed on the shuffled tokens)
+RULES = {  # name → (rule, is it a token rule)
     "previous": (lambda t, i: max(i - 1, 0), False),
     "self": (lambda t, i: i, False),
     "positional": (lambda t, i: i - 3 if i >= 3 else 0, False),
@@ -76,20 +75,13 @@ def hand_built_scores():
     n = tokens.shape[1]
     movable = torch.ones(1, n, dtype=torch.bool)
     movable[0, 0] = False
-    order = shuffle_positions(tokens, movable, seed=1)
-    shuffled_tokens = tokens.gather(1, order)
-    heads, shuffled = [], []
-    for rule, by_token in RULES.values():
-        heads.append(rule_pattern(tokens[0].tolist(), rule))
-        shuffled.append(rule_pattern((shuffled_tokens if by_token else tokens)[0].tolist(), rule))
+    heads = [rule_pattern(tokens[0].tolist(), rule) for rule, _ in RULES.values()]
     word_index = torch.arange(n)[None] - 1  # each token its own word, the start token none
     zipf = [[3.0 if int(t) != RARE else 1.0 for t in tokens[0, 1:]]]
     rare = rare_word_targets(word_index, zipf, causal=True)
     delimiters = torch.zeros(1, n, dtype=torch.bool)
     targets = targets_of(tokens, True, delimiters, ~movable, rare)
-    by_type, offsets, rests = pattern_scores(
-        torch.stack(heads)[None], targets, torch.stack(shuffled)[None], order
-    )
+    by_type, offsets, rests = pattern_scores(torch.stack(heads)[None], targets)
     return by_type, offsets, rests
 
 

@@ -1,8 +1,9 @@
 """The vectorised scoring (headlab.heads.scores.pattern_scores on a probe's stacked targets)
 against the per-target computation it replaced, kept here as the reference: every score
 function called one target at a time, a Python loop over sequences in the positional score,
-the content score's two gathers and one-hot pooling. Random attention patterns, causal and
-bidirectional, several sequences, with rare words, delimiters and fixed keys: equal to 1e-6."""
+and the content score as :func:`headlab.heads.content_score` (its own loop oracle is in
+test_content_score.py). Random attention patterns, causal and bidirectional, several sequences,
+with rare words, delimiters and fixed keys: equal to 1e-6."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from headlab.heads.scores import pattern_scores, stacked_masses
+from headlab.heads.scores import content_score, pattern_scores, stacked_masses
 from headlab.heads.targets import (
     Targets,
     as_batched,
@@ -19,7 +20,6 @@ from headlab.heads.targets import (
     offset_pattern,
     previous_token_pattern,
     rare_word_targets,
-    shuffle_positions,
     targets_of,
     token_rule_targets,
     visible_keys,
@@ -237,88 +237,18 @@ def diffuse_score(weights: Tensor, causal: bool) -> Tensor:
     return norm.mean(dim=(0, 2)).float() if rows.any() else torch.zeros(h)
 
 
-def content_score(
-    weights: Tensor,
-    shuffled: Tensor,
-    order: Tensor,
-    causal: bool,
-    fixed: Tensor | None = None,
-    tokens: Tensor | None = None,
-) -> Tensor:
-    """How much a head's pattern follows the tokens, not the positions, when they are shuffled.
-
-    weights (B, h, n, n) on the original tokens; shuffled (B, h, n, n) on the same tokens
-    reordered so that new position p holds the token from old position order[b, p]; fixed
-    (B, n) bool marks the keys the shuffle never moves (BOS, [CLS], [SEP]). Map the shuffled
-    pattern back to the old positions (back[i, j] = shuffled[σ⁻¹(i), σ⁻¹(j)]) and compare each
-    query's row with overlap(p, q) = Σ_j min(p_j, q_j) ∈ [0, 1], both rows renormalised on
-    the keys compared:
-
-        by_token_i    = overlap(A_i, back_i) on K_i, the movable keys query i sees in both orders
-        by_position_i = overlap(A_i, S_i) on the movable keys it sees
-        content = Σ_i w_i · max(0, by_token_i − by_position_i) / Σ_i w_i,
-        w_i = min(A_i(K_i), back_i(K_i)), the share of both rows that falls on K_i
-
-    A head that attends by token identity keeps its pattern in token space (high first term,
-    low second); a positional head keeps it in position space (the reverse); a uniform head
-    is unchanged either way and scores 0. Attention on a fixed key agrees in both spaces
-    whatever the head does, so it is left out: a head resting on the first token scores 0
-    there (w_i ≈ 0) and is judged on the rows where it looks elsewhere. Returns (h,).
-
-    Without a mask and with no fixed keys, K_i holds every key, w_i = 1 and the score is
-    mean_i max(0, overlap(A_i, back_i) − overlap(A_i, S_i)). ``causal``: the model's config.
-    """
-    A, _ = as_batched(weights)
-    S, _ = as_batched(shuffled)
-    inverse = order.argsort(dim=-1)  # (B, n): old position → new position
-    B, h, n, _ = A.shape
-    idx = inverse[:, None, :].expand(B, h, n)
-    back = S.gather(2, idx[..., None].expand(B, h, n, n))  # rows to old query order
-    back = back.gather(3, idx[:, :, None, :].expand(B, h, n, n))  # columns to old key order
-    pos = torch.arange(n, device=A.device)
-    free = torch.ones(B, n, dtype=torch.bool) if fixed is None else ~fixed.bool()
-    free = free[:, None, :].expand(B, n, n)  # (B, n, n): key j is movable
-    seen = free & (pos[:, None] >= pos[None, :]) if causal else free  # keys ≤ i, movable
-    both = seen & (inverse[:, :, None] >= inverse[:, None, :]) if causal else seen  # K_i
-    by_position, _ = _overlap(A, S, seen[:, None].to(A.dtype))
-    by_token, w = _overlap(A, back, both[:, None].to(A.dtype), tokens)
-    gap = (by_token - by_position).clamp_min(0)
-    per_seq = (w * gap).sum(-1) / w.sum(-1).clamp_min(1e-12)  # (B, h)
-    return per_seq.mean(dim=0).float()
-
-
-def _overlap(
-    p: Tensor, q: Tensor, keys: Tensor, tokens: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
-    """Σ_j min(p̂_j, q̂_j) of two rows renormalised on ``keys``, and min(p(keys), q(keys)):
-    p, q (B, h, n, s), keys (B, 1, n, s) 0/1 → two (B, h, n). With ``tokens`` (B, s) the
-    rows are compared over token ids (each id's keys pooled), not over key positions."""
-    a, b = p * keys, q * keys
-    if tokens is not None:
-        ids = torch.unique(tokens, return_inverse=True)[1]  # (B, s): 0 … distinct − 1
-        one_hot = torch.nn.functional.one_hot(ids).to(p.dtype)  # (B, s, distinct)
-        a = torch.einsum("bhns,bsv->bhnv", a, one_hot)
-        b = torch.einsum("bhns,bsv->bhnv", b, one_hot)
-    mass_a, mass_b = a.sum(-1, keepdim=True), b.sum(-1, keepdim=True)  # (B, h, n, 1)
-    overlap = torch.minimum(a / mass_a.clamp_min(1e-12), b / mass_b.clamp_min(1e-12)).sum(-1)
-    return overlap, torch.minimum(mass_a, mass_b)[..., 0]
-
-
 def resting_weight(weights: Tensor, idle: Tensor) -> Tensor:
     """The mean weight on the first token over the rows marked ``idle`` (B, n) → (h,)."""
     return reference_mass(weights[..., :1], idle[..., None])  # key 0 only: (B, h, n, 1)
 
 
 def reference_pattern_scores(
-    weights: Tensor,
-    targets: Targets,
-    shuffled: Tensor | None = None,
-    order: Tensor | None = None,
+    weights: Tensor, targets: Targets, content: bool = True
 ) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor]]:
     """Every score of a set of heads: weights (B, h, n, n) on the probe whose ``targets``
     (:func:`headlab.heads.targets.build_targets`) were built once for it.
 
-    ``shuffled``/``order`` feed :func:`content_score`, and the targets' rare words
+    ``content`` adds :func:`content_score`, and the targets' rare words
     :func:`rare_word_score`; without them "content" and "rare_word" are left out. Pure in the
     weights of one layer, so a caller may score layer by layer. Returns
     ``({type: (h,)}, offsets (h,), {type: where the head rests off its rows (h,)})``.
@@ -338,8 +268,8 @@ def reference_pattern_scores(
         "duplicate": resting_weight(A, ~t.duplicate_rows),
         "induction": resting_weight(A, ~t.induction_rows),
     }
-    if shuffled is not None and order is not None:
-        scores["content"] = content_score(A, shuffled, order, causal, t.fixed, t.tokens)
+    if content:
+        scores["content"] = content_score(A, causal, t.fixed)
         rests["content"] = key_mass_score(A, t.fixed)
     if t.rare is not None:
         scores["rare_word"] = rare_word_score(A, *t.rare)
@@ -355,12 +285,12 @@ def reference_pattern_scores(
 
 def random_case(B: int, h: int, n: int, causal: bool, seed: int):
     """Random patterns (sharp and flat rows, a head with a dead row) on random tokens with
-    repeats, a shuffled copy, and the targets of a probe with delimiters, fixed keys and a
-    rare word per sequence."""
+    repeats, and the targets of a probe with delimiters, fixed keys and a rare word per
+    sequence."""
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, max(3, n // 3), (B, n), generator=g)
-    scale = torch.rand(2 * B, h, 1, 1, generator=g) * 6
-    logits = torch.randn(2 * B, h, n, n, generator=g) * scale
+    scale = torch.rand(B, h, 1, 1, generator=g) * 6
+    logits = torch.randn(B, h, n, n, generator=g) * scale
     if causal:
         logits = logits.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
     weights = logits.softmax(-1)
@@ -371,9 +301,8 @@ def random_case(B: int, h: int, n: int, causal: bool, seed: int):
     word_index = torch.arange(n)[None].expand(B, n) - 1
     zipf = [[float(torch.rand(1, generator=g)) * 5 for _ in range(n - 1)] for _ in range(B)]
     rare = rare_word_targets(word_index, zipf, causal)
-    order = shuffle_positions(tokens, movable, seed)
     targets = targets_of(tokens, causal, delimiters, ~movable, rare)
-    return weights[:B], weights[B:], order, targets
+    return weights, targets
 
 
 CASES = [(1, 4, 9, True, 0), (2, 5, 17, False, 1), (3, 3, 30, True, 2), (1, 12, 64, False, 3),
@@ -382,9 +311,9 @@ CASES = [(1, 4, 9, True, 0), (2, 5, 17, False, 1), (3, 3, 30, True, 2), (1, 12, 
 
 @pytest.mark.parametrize(("B", "h", "n", "causal", "seed"), CASES)
 def test_vectorised_scores_equal_the_per_target_reference(B, h, n, causal, seed):
-    A, S, order, targets = random_case(B, h, n, causal, seed)
-    scores, offsets, rests = pattern_scores(A, targets, S, order)
-    want, want_offsets, want_rests = reference_pattern_scores(A, targets, S, order)
+    A, targets = random_case(B, h, n, causal, seed)
+    scores, offsets, rests = pattern_scores(A, targets)
+    want, want_offsets, want_rests = reference_pattern_scores(A, targets)
     assert scores.keys() == want.keys() and rests.keys() == want_rests.keys()
     for got, ref in ((scores, want), (rests, want_rests)):
         for kind in ref:
@@ -392,11 +321,11 @@ def test_vectorised_scores_equal_the_per_target_reference(B, h, n, causal, seed)
     assert torch.equal(offsets, want_offsets)
 
 
-def test_a_probe_without_rare_words_or_shuffle_leaves_them_out():
-    A, _, _, t = random_case(2, 3, 12, True, 6)
+def test_a_probe_without_rare_words_or_content_leaves_them_out():
+    A, t = random_case(2, 3, 12, True, 6)
     plain = targets_of(t.tokens, True)
-    scores, _, rests = pattern_scores(A, plain)
-    want, _, want_rests = reference_pattern_scores(A, plain)
+    scores, _, rests = pattern_scores(A, plain, content=False)
+    want, _, want_rests = reference_pattern_scores(A, plain, content=False)
     assert scores.keys() == want.keys() and "content" not in scores and "rare_word" not in scores
     for kind in want:
         assert torch.allclose(scores[kind], want[kind], rtol=0, atol=1e-6), kind
@@ -417,8 +346,8 @@ def test_a_type_with_no_row_anywhere_scores_zero():
 
 def test_double_precision_weights_are_scored_too():
     """The stacked targets are float32; weights in float64 are scored all the same."""
-    A, S, order, targets = random_case(2, 3, 12, True, 7)
-    got = pattern_scores(A.double(), targets, S.double(), order)[0]
-    want = reference_pattern_scores(A.double(), targets, S.double(), order)[0]
+    A, targets = random_case(2, 3, 12, True, 7)
+    got = pattern_scores(A.double(), targets)[0]
+    want = reference_pattern_scores(A.double(), targets)[0]
     for kind in want:
         assert torch.allclose(got[kind].double(), want[kind].double(), atol=1e-6), kind

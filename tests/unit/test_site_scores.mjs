@@ -6,7 +6,7 @@ const [offline, dir] = process.argv.slice(2);
 const at = (f) => pathToFileURL(`${offline}/${f}`).href;
 const { Tokenizer } = await import(at("tokenizer.js"));
 const { textProbe, loadWordTable } = await import(at("words.js"));
-const { analyseRuns, shuffleOrder } = await import(at("scores.js"));
+const { analyseRuns } = await import(at("scores.js"));
 const manifest = JSON.parse(readFileSync(dir + "/manifest.json", "utf8"));
 const config = JSON.parse(readFileSync(dir + "/config.json", "utf8"));
 const tokenizer = new Tokenizer(JSON.parse(readFileSync(manifest.tokenizer, "utf8")));
@@ -14,12 +14,11 @@ const table = await loadWordTable(readFileSync(dir + "/words.gz"));
 const floats = (f) => { const b = readFileSync(f); return new Float32Array(b.buffer, b.byteOffset, b.length / 4); };
 const out = [];
 for (const [k, text] of manifest.texts.entries()) {
-  const probe = textProbe(text, tokenizer, config, table, shuffleOrder);
+  const probe = textProbe(text, tokenizer, config, table);
   const n = probe.ids.length;
-  const run = (name, part) => ({ L: manifest.L, h: manifest.h, n,
-    weights: floats(`${dir}/${k}/${name}-${part}-weights.bin`), averaged: floats(`${dir}/${k}/${name}-${part}-averaged.bin`) });
-  const both = (name) => ({ run: run(name, "run"), shuffled: run(name, "shuffled") });
-  const result = analyseRuns(probe, both("model"), manifest.seeds.map((s) => both(`random-${s}`)), config);
-  out.push({ ids: probe.ids, words: probe.words, zipf: probe.zipf.map((z) => (Number.isNaN(z) ? null : z)), order: probe.order, ...result });
+  const run = (name) => ({ L: manifest.L, h: manifest.h, n,
+    weights: floats(`${dir}/${k}/${name}-weights.bin`), averaged: floats(`${dir}/${k}/${name}-averaged.bin`) });
+  const result = analyseRuns(probe, run("model"), manifest.seeds.map((s) => run(`random-${s}`)), config);
+  out.push({ ids: probe.ids, words: probe.words, zipf: probe.zipf.map((z) => (Number.isNaN(z) ? null : z)), ...result });
 }
 process.stdout.write(JSON.stringify(out));

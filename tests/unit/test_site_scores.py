@@ -18,7 +18,6 @@ import torch
 from headlab import site
 from headlab.heads import analyse
 from headlab.heads.baselines import BASELINE_SEEDS, baselines, random_model
-from headlab.heads.targets import shuffle_positions
 from headlab.measure import REPEAT_SENTENCE, text_probe, word_zipf
 from headlab.trace import Trace
 
@@ -64,19 +63,16 @@ def _long(tokenizer, max_len: int) -> str:
     raise AssertionError("no text fits")
 
 
-def _runs(model, tokens: torch.Tensor, order: torch.Tensor, folder: Path, name: str) -> None:
-    """The weights analyse scores, (tokens; tokens shuffled by order) in one batch as it runs
-    them, written as float32 (L, h, n, n) and (L, n, n) for each of the two sequences."""
+def _runs(model, tokens: torch.Tensor, folder: Path, name: str) -> None:
+    """The weights analyse scores, from its one forward on the probe's tokens (1, n), written
+    as float32 (L, h, n, n) and (L, n, n)."""
     kept: list[torch.Tensor] = []
-    batch = torch.cat([tokens, tokens.gather(1, order)])  # (2, n)
     trace = Trace(only=("weights",), reduce=lambda _name, w: kept.append(w.float()))
     with torch.no_grad():
-        model.hidden_states(batch, trace=trace)
-    weights = torch.stack(kept)  # (L, 2, h, n, n)
-    for b, part in enumerate(("run", "shuffled")):
-        w = weights[:, b].contiguous()
-        (folder / f"{name}-{part}-weights.bin").write_bytes(w.numpy().tobytes())
-        (folder / f"{name}-{part}-averaged.bin").write_bytes(w.mean(dim=1).numpy().tobytes())
+        model.hidden_states(tokens, trace=trace)
+    w = torch.stack(kept)[:, 0].contiguous()  # (L, h, n, n)
+    (folder / f"{name}-weights.bin").write_bytes(w.numpy().tobytes())
+    (folder / f"{name}-averaged.bin").write_bytes(w.mean(dim=1).numpy().tobytes())
 
 
 DRIVER = Path(__file__).with_suffix(".mjs")  # the port run in Node on the cases written here
@@ -96,11 +92,10 @@ def compared(tmp_path_factory) -> list[tuple[object, object, object, dict]]:
     cases = []
     for k, text in enumerate(texts):
         probe = text_probe(tokenizer, text, model.config.max_len)
-        order = shuffle_positions(probe.tokens, probe.movable, 0)
         (tmp / str(k)).mkdir()
-        _runs(model, probe.tokens, order, tmp / str(k), "model")
+        _runs(model, probe.tokens, tmp / str(k), "model")
         for s, m in randoms.items():
-            _runs(m, probe.tokens, order, tmp / str(k), f"random-{s}")
+            _runs(m, probe.tokens, tmp / str(k), f"random-{s}")
         floors = baselines(model, probe, shuffled=False).floors()
         cases.append((probe, analyse(model, probe), analyse(model, probe, floors=floors), floors))
     manifest = {"texts": texts, "L": model.config.n_layers, "h": model.config.n_heads,
@@ -125,13 +120,12 @@ def test_enough_sentences_and_one_at_the_limit(compared) -> None:
     assert any(len(set(p.tokens[0].tolist())) < p.n for p, *_ in compared)
 
 
-def test_probe_tokens_words_and_shuffle(compared) -> None:
+def test_probe_tokens_and_words(compared) -> None:
     for probe, _, _, got in compared:
         assert got["ids"] == probe.tokens[0].tolist(), probe.text
         assert got["words"] == list(probe.words[0]), probe.text
         want = [None if math.isnan(z) else z for z in word_zipf(probe.words[0])]
         assert got["zipf"] == want, probe.text
-        assert got["order"] == shuffle_positions(probe.tokens, probe.movable, 0)[0].tolist()
 
 
 def _same_report(want, got: dict, text: str) -> None:
@@ -143,7 +137,9 @@ def _same_report(want, got: dict, text: str) -> None:
             s.layer, s.head, s.label, s.offset), where  # fmt: skip
         assert set(g["scores"]) == set(s.scores), where
         for kind, value in s.scores.items():
-            assert abs(g["scores"][kind] - value) <= 1e-5, f"{where} {kind}"
+            # the content score is held closer: its port is new and its arithmetic the longest
+            tolerance = 1e-6 if kind == "content" else 1e-5
+            assert abs(g["scores"][kind] - value) <= tolerance, f"{where} {kind}"
         assert (g["rest"] is None) == (s.rest is None), where
         if s.rest is not None:
             assert abs(g["rest"] - s.rest) <= 1e-4, where
@@ -170,16 +166,3 @@ def test_gated_labels_equal_analyse_with_floors(compared) -> None:
         [s.label for s in plain.heads] != [s.label for s in gated.heads]
         for _, plain, gated, _ in compared
     )
-
-
-def test_shuffle_orders_equal_shuffle_positions() -> None:
-    orders = site.shuffle_orders(64)
-    gen = torch.Generator().manual_seed(5)
-    for _ in range(50):
-        n = int(torch.randint(1, 65, (1,), generator=gen))
-        movable = torch.rand(1, n, generator=gen) < 0.8
-        free = movable[0].nonzero()[:, 0]
-        order = torch.arange(n)
-        order[free] = free[torch.tensor(orders[free.numel()], dtype=torch.long)]
-        want = shuffle_positions(torch.zeros(1, n, dtype=torch.long), movable, 0)[0]
-        assert order.tolist() == want.tolist()

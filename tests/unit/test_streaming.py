@@ -14,7 +14,6 @@ from headlab.heads import (
     analyse,
     averaged_pattern,
     pattern_scores,
-    shuffle_positions,
     targets_of,
 )
 from headlab.measure import make_probe, reduce_patterns, run_patterns
@@ -41,13 +40,12 @@ def keep_everything_oracle(model, probe, seed):
     and L averaged heads scored in one call."""
     tokens = probe.tokens
     B, n = tokens.shape
-    order = shuffle_positions(tokens, probe.movable, seed)
-    w = run_patterns(model, torch.cat([tokens, tokens.gather(1, order)])).transpose(0, 1)
+    w = run_patterns(model, tokens).transpose(0, 1)  # (B, L, h, n, n)
     L, h = w.shape[1], w.shape[2]
-    avg = averaged_pattern(w.flatten(0, 1)).view(w.shape[0], L, n, n)
-    flat = torch.cat([w.reshape(-1, L * h, n, n), avg], dim=1)  # (2B, L·h + L, n, n)
+    avg = averaged_pattern(w.flatten(0, 1)).view(B, L, n, n)
+    flat = torch.cat([w.reshape(-1, L * h, n, n), avg], dim=1)  # (B, L·h + L, n, n)
     targets = targets_of(tokens, model.config.causal, probe.delimiters, ~probe.movable)
-    scores, offsets, _ = pattern_scores(flat[:B], targets, flat[B:], order)
+    scores, offsets, _ = pattern_scores(flat, targets)
     return scores, offsets, w[0], avg[0]
 
 

@@ -28,7 +28,7 @@ def compare_command(
     score: str = typer.Option("induction", help="The score the table and the figure show."),
     seed: int = seed_option("Seed of the random probe and the position shuffle:"),
     content: bool = typer.Option(
-        False, "--content/--no-content", help="Also score content heads (a shuffled copy too)."
+        False, "--content/--no-content", help="Also score content heads (from the same forward)."
     ),
     png: str | None = typer.Option(None, "--png", help="Write the heads × checkpoints figure."),
     as_json: bool = typer.Option(False, "--json", help="Print the series as JSON."),

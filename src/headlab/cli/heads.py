@@ -104,7 +104,7 @@ def heads(
     show: str | None = typer.Option(None, help=SHOW_HELP),
     seed: int = seed_option("Seed of the random probe and the position shuffle:"),
     content: bool = typer.Option(
-        True, "--content/--no-content", help="Score content heads (runs a shuffled copy too)."
+        True, "--content/--no-content", help="Score content heads (from the same forward)."
     ),
     device: str = typer.Option("cpu", help="Where the model runs: cpu, cuda or mps."),
     dtype: str = typer.Option("float32", help="Weights as float32, bfloat16 or float16."),

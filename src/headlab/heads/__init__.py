@@ -28,8 +28,9 @@ its threshold (:data:`THRESHOLDS`) and the paper it comes from:
                  (a key both rules predict, as in a run "x x x", counts for neither)
     positional   share of queries (that can reach i + δ) whose argmax is i + δ, for the
                  most common δ; pairs a token rule predicts left out     0.9   Voita 2019
-    content      how much the pattern follows the tokens, not the positions, when they are
-                 shuffled (headlab's definition, :func:`content_score`)    0.3
+    content      the share of attention the head's own position profile (by offset or by
+                 key position, from the other rows) does not explain (headlab's
+                 definition, :func:`content_score`)                 0.4
     rare_word    share of queries whose argmax is the sentence's least frequent word  0.5
     syntactic    margin over the best fixed-offset baseline on a dependency relation
                  (from :mod:`headlab.heads.syntax`)                0.1   Voita 2019

@@ -209,8 +209,8 @@ def baselines(
     shuffled: bool = True,
 ) -> Baselines:
     """The random-weights and shuffled-tokens baselines of every score of ``model`` on
-    ``probe``: 2 · S analyses (each one forward, two with ``content``); S without
-    ``shuffled`` (the labels need the random weights only)."""
+    ``probe``: 2 · S analyses (each one forward); S without ``shuffled`` (the labels need
+    the random weights only)."""
     shuf = shuffled_scores(model, probe, seeds, content) if shuffled else {}
     rand, averaged = random_spreads(model, probe, seeds, content)
     return Baselines(

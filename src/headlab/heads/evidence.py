@@ -52,7 +52,7 @@ PHRASES = {
     "positional": "of its queries' strongest attention at offset {offset:+d}",
     "duplicate": "of its attention on earlier copies of its token",
     "induction": "of its attention on the token after an earlier copy of its own",
-    "content": "content score (its pattern follows the tokens when they are shuffled)",
+    "content": "content score (attention its own position profile does not explain)",
     "rare_word": "of its queries' strongest attention on the sentence's rarest word",
     "syntactic": "points above the offset baseline on {relation}",
     "first_token": "of its attention on the first token",

@@ -26,7 +26,7 @@ from headlab.heads.labels import (
     label_head,
 )
 from headlab.heads.scores import averaged_pattern, pattern_scores
-from headlab.heads.targets import Targets, build_targets, shuffle_positions
+from headlab.heads.targets import Targets, build_targets
 from headlab.measure import Probe, reduce_patterns
 from headlab.model import Transformer
 
@@ -41,8 +41,8 @@ class HeadScore:
     scores: dict[str, float]  # SCORE_TYPES (those measured) and MUL_TYPES → value in [0, 1]
     offset: int  # the relative offset of the positional score (e.g. −1 = previous token)
     # where the head rests on the rows its label's score leaves out: the mean weight on the
-    # first token there (induction, duplicate-token, rare-word), or on the keys a shuffle
-    # cannot move (content); None for the other labels
+    # first token there (induction, duplicate-token, rare-word), or on the keys the content
+    # score leaves out (BOS, [CLS], [SEP]); None for the other labels
     rest: float | None = None
     relation: str = ""  # the dependency relation of the syntactic score, when measured
     # with floors (headlab.heads.baselines.label_heads): the random-weights floor of the score
@@ -242,24 +242,21 @@ class LayerScores:
 
 
 def layer_scorer(
-    targets: Targets, order: Tensor | None, keep: Keep = None
+    targets: Targets, keep: Keep = None, content: bool = True
 ) -> Callable[[int, Tensor], LayerScores]:
     """The per-layer reduction of :func:`analyse`: ``score(layer, weights) → LayerScores``.
 
-    weights (B or 2B, h, n, n) are one layer's patterns on the probe's tokens (B, n) whose
-    ``targets`` were built once, followed, when ``order`` (B, n) is given, by the patterns on
-    the same tokens shuffled by ``order`` (for the content score). Each head and the layer's
-    averaged head are scored with :func:`headlab.heads.scores.pattern_scores`, on the CPU in
-    float32, whatever device the layer ran on.
+    weights (B, h, n, n) are one layer's patterns on the probe's tokens (B, n) whose
+    ``targets`` were built once. Each head and the layer's averaged head are scored with
+    :func:`headlab.heads.scores.pattern_scores` (``content``: the content score too, from
+    the same weights), on the CPU in float32, whatever device the layer ran on.
     """
-    B = targets.tokens.shape[0]
 
     def score(layer: int, weights: Tensor) -> LayerScores:
-        w = weights.float().cpu()  # (B or 2B, h, n, n)
+        w = weights.float().cpu()  # (B, h, n, n)
         h = w.shape[1]
-        flat = torch.cat([w, averaged_pattern(w)[:, None]], dim=1)  # (·, h + 1, n, n)
-        shuffled = flat[B:] if order is not None else None
-        by_type, offsets, rests = pattern_scores(flat[:B], targets, shuffled, order)
+        flat = torch.cat([w, averaged_pattern(w)[:, None]], dim=1)  # (B, h + 1, n, n)
+        by_type, offsets, rests = pattern_scores(flat, targets, content)
         heads = range(-1, h) if keep is None else [i for l, i in keep if l == layer]
         kept = {i: flat[0, h if i < 0 else i].clone() for i in heads}
         return LayerScores(by_type, offsets, kept, rests)
@@ -284,9 +281,9 @@ def analyse(
     averaged head: the one head analysis the CLI, the server and the experiments call.
 
     The probe's targets are built once, with ``causal`` from ``model.config`` (never guessed
-    from the weights). The content score needs the probe's tokens in shuffled positions too:
-    one forward pass holds both, side by side (batch 2B), so it costs a second sequence per
-    probe sequence; ``content=False`` runs the probe alone and leaves "content" out. The
+    from the weights). Every score comes from the one forward on the probe, the content score
+    included; ``content=False`` leaves "content" out. ``seed`` is kept for callers that pass
+    it and changes no score. The
     rare-word score needs the ``wordfreq`` package (``headlab[syntax]``) and a text probe;
     ``syntactic`` gives each head's margin over the offset baseline on its best relation
     (:meth:`headlab.heads.syntax.SyntaxReport.margins`), measured on a parsed text, reported
@@ -294,7 +291,7 @@ def analyse(
     default a head's label is the same whether or not the syntactic score was asked for).
     Each layer's weights are scored as that layer runs and then dropped
     (:func:`headlab.measure.reduce_patterns`), so the extra memory is about one layer's
-    (2B, h, n, n) plus the patterns kept: every head's by default, only ``keep``'s otherwise
+    (B, h, n, n) plus the patterns kept: every head's by default, only ``keep``'s otherwise
     (``keep=()`` for scores alone). ``progress(done, L)`` is called after each layer.
     ``floors`` (:meth:`headlab.heads.baselines.Baselines.floors`) make each label need its
     margin over random weights too, and ``averaged_floors`` each averaged head's label.
@@ -304,12 +301,9 @@ def analyse(
     model: a :class:`headlab.model.Transformer` (load it with :mod:`headlab.zoo`); probe: a
     :class:`headlab.measure.Probe` (build it with :func:`headlab.measure.build_probe`).
     """
-    tokens = probe.tokens
-    order = shuffle_positions(tokens, probe.movable, seed)
-    run = torch.cat([tokens, tokens.gather(1, order)]) if content else tokens  # (2B or B, n)
     targets = build_targets(probe, causal=bool(model.config.causal))
-    score = layer_scorer(targets, order if content else None, keep)
-    layers = reduce_patterns(model, run, score, progress)
+    score = layer_scorer(targets, keep, content)
+    layers = reduce_patterns(model, probe.tokens, score, progress)
     n_kv = getattr(model.config, "n_kv_heads", None)
     return _report(probe, layers, keep, syntactic, n_kv, floors, label_syntactic,
                    averaged_floors, retrieval)  # fmt: skip

@@ -14,7 +14,7 @@ judged where it can act (:func:`mass_where_possible` over the rows that have a t
                          whose token occurred before, keys that are also copies left out
     duplicate_score      attention on other copies of the query's token              Wang 2022
     positional_score     share of queries whose argmax is at the most common offset  Voita 2019
-    content_score        how much the pattern follows the tokens when they are shuffled
+    content_score        the share of attention the head's own position profile does not explain
     rare_word_score      share of queries whose argmax is the least frequent word    Voita 2019
     first_token_score    mean weight on the first token: an attention sink     Xiao 2023, Gu 2024
     key_mass_score       mean weight on marked keys (delimiters)                    Clark 2019
@@ -263,74 +263,110 @@ def diffuse_score(weights: Tensor, causal: bool) -> Tensor:
     return norm.mean(dim=(0, 2)).float() if rows.any() else torch.zeros(h)
 
 
-def content_score(
-    weights: Tensor,
-    shuffled: Tensor,
-    order: Tensor,
-    causal: bool,
-    fixed: Tensor | None = None,
-    tokens: Tensor | None = None,
-) -> Tensor:
-    """How much a head's pattern follows the tokens, not the positions, when they are shuffled.
+def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) -> Tensor:
+    """The share of a head's attention that its own position profile does not explain, from
+    the one forward's weights (B, h, n, n); fixed (B, n) bool marks the keys left out (BOS,
+    [CLS], [SEP]: attention there says nothing of what a head reads). Returns (h,).
 
-    weights (B, h, n, n) on the original tokens; shuffled (B, h, n, n) on the same tokens
-    reordered so that new position p holds the token from old position order[b, p]; fixed
-    (B, n) bool marks the keys the shuffle never moves (BOS, [CLS], [SEP]). Map the shuffled
-    pattern back to the old positions (back[i, j] = shuffled[σ⁻¹(i), σ⁻¹(j)]) and compare each
-    query's row with overlap(p, q) = Σ_j min(p_j, q_j) ∈ [0, 1], both rows renormalised on
-    the keys compared:
+    Per query i: V_i the movable keys it sees (j ≤ i under a causal mask), rows with
+    |V_i| < 2 skipped; Â_i the row renormalised on V_i, w_i = A_i(V_i) its share there (a
+    head resting on a fixed key is judged on the rows where it looks elsewhere), and
+    u_ij = Â_ij · |V_i| (a uniform row is 1 everywhere, whatever its length). Two position
+    profiles, each pooled over every query of every sequence, leave-one-out (row i never
+    predicts itself), each row weighted by its w (a row that barely looks at movable keys
+    shapes the profile as little as it counts in the score):
 
-        by_token_i    = overlap(A_i, back_i) on K_i, the movable keys query i sees in both orders
-        by_position_i = overlap(A_i, S_i) on the movable keys it sees
-        content = Σ_i w_i · max(0, by_token_i − by_position_i) / Σ_i w_i,
-        w_i = min(A_i(K_i), back_i(K_i)), the share of both rows that falls on K_i
+        by offset        R⁻ⁱ(d) = Σ w_i′ u_{i′, i′−d} / Σ w_i′, the other rows i′ that see i′ − d
+        by key position  C⁻ⁱ(j) = Σ w_i′ u_{i′, j} / Σ w_i′, the other rows i′ that see key j
 
-    A head that attends by token identity keeps its pattern in token space (high first term,
-    low second); a positional head keeps it in position space (the reverse); a uniform head
-    is unchanged either way and scores 0. Attention on a fixed key agrees in both spaces
-    whatever the head does, so it is left out: a head resting on the first token scores 0
-    there (w_i ≈ 0) and is judged on the rows where it looks elsewhere. Returns (h,).
+    Keys of V_i whose offset (key position) no other row sees are left out, both rows
+    renormalised on the keys kept; P_i ∝ R⁻ⁱ(i − j) (∝ C⁻ⁱ(j)) and, with
+    overlap(p, q) = Σ_j min(p_j, q_j), each profile's score is
 
-    Without a mask and with no fixed keys, K_i holds every key, w_i = 1 and the score is
-    mean_i max(0, overlap(A_i, back_i) − overlap(A_i, S_i)). ``causal``: the model's config.
+        Σ_i w_i (1 − overlap(Â_i, P_i)) / Σ_i w_i      over every row of every sequence,
+
+    a row with no key kept not counted. content = the smaller of the two: the better position
+    explanation wins. A uniform head, a fixed-offset head (previous, current token) and a head
+    always on one key position score 0; a head that follows token identity on shuffled or
+    random text cannot be told from its positions and scores near 1. ``causal``: the model's
+    config. Rows with no attention on V_i (w_i = 0) are skipped too (nothing to renormalise).
     """
     A, _ = as_batched(weights)
-    S, _ = as_batched(shuffled)
-    inverse = order.argsort(dim=-1)  # (B, n): old position → new position
-    B, h, n, _ = A.shape
-    # back[b, h, i, j] = S[b, h, σ⁻¹(i), σ⁻¹(j)]: rows and columns in one gather
-    cell = (inverse[:, :, None] * n + inverse[:, None, :]).flatten(1)  # (B, n·n)
-    back = S.flatten(-2).gather(-1, cell[:, None].expand(B, h, -1)).view(B, h, n, n)
+    B, _, n, _ = A.shape
     pos = torch.arange(n, device=A.device)
     free = torch.ones(B, n, dtype=torch.bool) if fixed is None else ~fixed.bool()
-    free = free[:, None, :].expand(B, n, n)  # (B, n, n): key j is movable
-    seen = free & (pos[:, None] >= pos[None, :]) if causal else free  # keys ≤ i, movable
-    both = seen & (inverse[:, :, None] >= inverse[:, None, :]) if causal else seen  # K_i
-    by_position, _ = _overlap(A, S, seen[:, None].to(A.dtype))
-    by_token, w = _overlap(A, back, both[:, None].to(A.dtype), tokens)
-    gap = (by_token - by_position).clamp_min(0)
-    per_seq = (w * gap).sum(-1) / w.sum(-1).clamp_min(1e-12)  # (B, h)
-    return per_seq.mean(dim=0).float()
+    sees = free.to(A.device)[:, None, :].expand(B, n, n)  # (B, n, n): query i sees key j
+    if causal:
+        sees = sees & (pos[:, None] >= pos[None, :])
+    size = sees.sum(-1).to(A.dtype)  # (B, n): |V_i|
+    V = sees.to(A.dtype)  # (B, n, n)
+    AV = A * V[:, None]  # (B, h, n, n)
+    w = AV.sum(-1)  # (B, h, n)
+    rows = ((size >= 2)[:, None] & (w > 0)).to(A.dtype)  # (B, h, n): rows that count
+    # a row's own part in a profile cell: w_i·u_ij = |V_i|·A_ij to the sum (B, h, n, n), w_i
+    # to the weight, 1 to the count; parts: the rows' weights and counts (2, B, h, n)
+    own = AV * (rows * size[:, None])[..., None]
+    pairs = V[:, None] * rows[..., None]  # (B, h, n, n): the pairs the profiles pool
+    parts = torch.stack([rows * w, rows])
+    best = None
+    for totals in (_key_totals(own, parts, V), _offset_totals(own, parts, V)):
+        unexplained, counted = _unexplained(AV, own, rows * w, pairs, totals)  # (B, h, n)
+        share = (w * unexplained).sum((0, 2)) / (w * counted).sum((0, 2)).clamp_min(1e-30)
+        best = share if best is None else torch.minimum(best, share)
+    assert best is not None
+    return best.clamp(0, 1).float()  # rounding can step a hair outside [0, 1]
 
 
-def _overlap(
-    p: Tensor, q: Tensor, keys: Tensor, tokens: Tensor | None = None
+def _key_totals(own_sum: Tensor, parts: Tensor, V: Tensor) -> Tensor:
+    """The profile by key position: at every (query, key j) pair the sum, weight and count of
+    every row's part at key j → (3, h, 1, n). own_sum (B, h, n, n); parts (2, B, h, n) the
+    rows' weights and 0/1 counts; V (B, n, n) the keys each query sees."""
+    rest = torch.einsum("kbhi,bij->khj", parts, V)  # (2, h, n)
+    return torch.cat([own_sum.sum((0, 2))[None], rest])[:, :, None]
+
+
+def _offset_totals(own_sum: Tensor, parts: Tensor, V: Tensor) -> Tensor:
+    """The profile by offset: at (i, j) the sum, weight and count over every pair (i′, j′)
+    with i′ − j′ = i − j → (3, h, n, n). Diagonal sums by a skew (row i shifted by i, a
+    strided view of a padded copy), spread back along the diagonals by a sliding window."""
+    n = V.shape[-1]
+    by_offset = torch.einsum("kbhi,bid->khd", parts, _skew(V))  # (2, h, 2n − 1)
+    summed = _skew(own_sum.sum(0)).sum(-2)  # (h, 2n − 1): column j − i + n − 1
+    diag = torch.cat([summed[None], by_offset])  # (3, h, 2n − 1)
+    # [i, j] = diag[j − i + n − 1]: a window over the reversed diagonals, flipped along j
+    # (a flip along the rows gives the same, about half again slower)
+    return diag.flip(-1).unfold(-1, n, 1).flip(-1)
+
+
+def _skew(x: Tensor) -> Tensor:
+    """(…, n, n) → (…, n, 2n − 1): x[…, i, j] moved to column j − i + n − 1 (zeros elsewhere)."""
+    n = x.shape[-1]
+    width = 3 * n - 1
+    padded = torch.nn.functional.pad(x, (n - 1, n)).contiguous()  # (…, n, 3n − 1)
+    lead = padded.shape[:-2]
+    strides = padded.stride()[:-2]
+    return padded.as_strided((*lead, n, 2 * n - 1), (*strides, width + 1, 1))
+
+
+def _unexplained(
+    AV: Tensor, own: Tensor, weight: Tensor, pairs: Tensor, totals: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """Σ_j min(p̂_j, q̂_j) of two rows renormalised on ``keys``, and min(p(keys), q(keys)):
-    p, q (B, h, n, s), keys (B, 1, n, s) 0/1 → two (B, h, n). With ``tokens`` (B, s) the
-    rows are compared over token ids (each id's keys pooled), not over key positions."""
-    a, b = p * keys, q * keys
-    if tokens is not None:
-        ids = torch.unique(tokens, return_inverse=True)[1]  # (B, s): 0 … distinct − 1
-        index = ids[:, None, None, :].expand_as(a)  # a scatter, not an (s × distinct) matmul
-        pooled = a.new_zeros(*a.shape[:-1], int(ids.max()) + 1)  # (B, h, n, distinct)
-        a = pooled.scatter_add(-1, index, a)
-        b = pooled.scatter_add(-1, index, b)
-    mass_a, mass_b = a.sum(-1, keepdim=True), b.sum(-1, keepdim=True)  # (B, h, n, 1)
-    # in place: a and b are this function's own, and (B, h, n, s) allocations cost a pass each
-    a.div_(mass_a.clamp_min(1e-12))
-    overlap = torch.minimum(a, b.div_(mass_b.clamp_min(1e-12)), out=a).sum(-1)
-    return overlap, torch.minimum(mass_a, mass_b)[..., 0]
+    """Each row's 1 − overlap with its leave-one-out profile, and 1 where it counts (a key
+    kept): AV (B, h, n, n) the rows on the movable keys, own each pair's part of the
+    profile's sum (B, h, n, n) and weight each row's (B, h, n), pairs the pooled pairs 0/1,
+    totals the sums, weights and counts at each pair's cell (3, h, ·, n) → two (B, h, n),
+    0 on the rows that do not count."""
+    # (B, h, n, n) buffers are reused in place: at these sizes each new one costs a pass
+    kept = pairs * (totals[2] > 1.5)  # a pooled pair whose cell another row sees
+    counted = kept.amax(-1)  # (B, h, n): 1 where a key was kept
+    q = (totals[1] - weight[..., None]).clamp_min_(1e-30)  # the other rows' weight
+    q = torch.sub(totals[0], own).div_(q).mul_(kept)  # the profile, unnormalised
+    p = kept.mul_(AV)  # the row on the keys kept
+    mass_p, mass_q = p.sum(-1, keepdim=True), q.sum(-1, keepdim=True)  # (B, h, n, 1)
+    # Σ min(p/|p|, q/|q|) = Σ min(p, q·|p|/|q|) / |p|; an empty side overlaps nothing
+    overlap = torch.minimum(p, q.mul_(mass_p / mass_q.clamp_min(1e-30)), out=q).sum(-1)
+    overlap = overlap / mass_p[..., 0].clamp_min(1e-30)
+    return (1 - overlap) * counted, counted
 
 
 def averaged_pattern(weights: Tensor) -> Tensor:
@@ -378,16 +414,15 @@ def stacked_masses(weights: Tensor, stack: TargetStack) -> dict[str, Tensor]:
 def pattern_scores(
     weights: Tensor,
     targets: Targets,
-    shuffled: Tensor | None = None,
-    order: Tensor | None = None,
+    content: bool = True,
 ) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor]]:
     """Every score of a set of heads: weights (B, h, n, n) on the probe whose ``targets``
     (:func:`headlab.heads.targets.build_targets`) were built once for it.
 
-    ``shuffled``/``order`` feed :func:`content_score`, and the targets' rare words
-    :func:`rare_word_score`; without them "content" and "rare_word" are left out. Pure in the
-    weights of one layer, so a caller may score layer by layer. The target-mask scores come
-    from :func:`stacked_masses` on the targets' stack (built once per probe). Returns
+    ``content`` includes :func:`content_score` (from these weights alone), and the targets'
+    rare words :func:`rare_word_score`; without them "content" and "rare_word" are left out.
+    Pure in the weights of one layer, so a caller may score layer by layer. The target-mask
+    scores come from :func:`stacked_masses` on the targets' stack (built once per probe). Returns
     ``({type: (h,)}, offsets (h,), {type: where the head rests off its rows (h,)})``.
     """
     A, _ = as_batched(weights, targets.tokens)
@@ -404,8 +439,8 @@ def pattern_scores(
         "induction": m["induction"],
     }
     rests = {"duplicate": m["rest:duplicate"], "induction": m["rest:induction"]}
-    if shuffled is not None and order is not None:
-        scores["content"] = content_score(A, shuffled, order, causal, t.fixed, t.tokens)
+    if content:
+        scores["content"] = content_score(A, causal, t.fixed)
         rests["content"] = m["rest:content"]
     if t.rare is not None:
         scores["rare_word"] = _rare_word(argmax, *t.rare)

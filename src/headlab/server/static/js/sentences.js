@@ -16,14 +16,14 @@ export function offsetWords(offset) {
 }
 
 // Where the head rests, said only when the figure shows it resting: at least the sink share the
-// answer uses (Gu et al.'s ε). A content head's figure is its weight on the keys a shuffle
-// leaves in place; the others' is the first token's weight on the rows where they have nothing
-// to do.
+// answer uses (Gu et al.'s ε). A content head's figure is its weight on the fixed keys the
+// content score leaves out; the others' is the first token's weight on the rows where they have
+// nothing to do.
 export function restWords(label, rest, threshold) {
   if (rest === null || rest === undefined || !(Number(rest) >= threshold)) return "";
   const v = Number(rest).toFixed(2);
   return label === "content"
-    ? `; ${v} of its attention goes to the tokens a shuffle leaves in place (the first token, [CLS], [SEP])`
+    ? `; ${v} of its attention goes to the fixed tokens the content score leaves out (the first token, [CLS], [SEP])`
     : `; on the rows where it has nothing to do it rests on the first token (${v} of its weight)`;
 }
 

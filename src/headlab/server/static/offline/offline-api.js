@@ -11,7 +11,7 @@
 
 import { Tokenizer } from "./tokenizer.js";
 import { shapesReport } from "./shapes.js";
-import { analyseRuns, shuffleOrder } from "./scores.js";
+import { analyseRuns } from "./scores.js";
 import { loadWordTable, textProbe } from "./words.js";
 
 const HERE = new URL(".", import.meta.url);  // static/offline/
@@ -137,16 +137,14 @@ async function forward(ort, session, ids) {
   return { L, h, n: ids.length, weights: out.weights.data, averaged: out.averaged.data };
 }
 
-// the model and each random-weights model on the probe and on it shuffled (analyse's two sequences)
+// the model's run and each random-weights model's on the probe: one forward each, as analyse
 async function scoreText(run) {
-  const { ort, session, tokenizer, config } = await load();
+  const { ort, tokenizer, config } = await load();
   const { table, randoms } = await loadScoring();
-  const probe = textProbe(run.text, tokenizer, config, table, shuffleOrder);
-  const shuffledIds = probe.order.map((j) => probe.ids[j]);
-  const both = async (s, plain) => ({ run: plain || await forward(ort, s, probe.ids), shuffled: await forward(ort, s, shuffledIds) });
-  const main = await both(session, run);
+  const probe = textProbe(run.text, tokenizer, config, table);
+  const main = { L: run.L, h: run.h, n: run.n, weights: run.weights, averaged: run.averaged };
   const rest = [];
-  for (const s of randoms) rest.push(await both(s));  // one at a time: the runtime is single-threaded
+  for (const s of randoms) rest.push(await forward(ort, s, probe.ids));  // one at a time: the runtime is single-threaded
   return { ...analyseRuns(probe, main, rest, config), startToken: !probe.movable[0] };
 }
 

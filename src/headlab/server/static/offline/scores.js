@@ -2,7 +2,7 @@
 // pattern_scores (heads/scores.py), build_targets (heads/targets.py), label_head (heads/labels.py)
 // and the report's best heads and sinks (heads/report.py). Their data-dependent rows, argmaxes
 // and loops do not trace into a fixed ONNX graph, so they live here too; the constants (the
-// thresholds, tiers, baseline seeds, shuffle orders) come from the library through config.json,
+// thresholds, tiers, baseline seeds) come from the library through config.json,
 // and tests/unit/test_site_scores.py checks this file equal to headlab.heads.analyse.
 //
 // Shapes (one sequence, B = 1): a head's weights A are a Float32Array (n, n), row-major: query i,
@@ -151,49 +151,60 @@ function diffuse(A, t) {
   return rows ? f32(total / rows) : 0;
 }
 
-// _overlap of one row pair on the keys marked; with `pool` the keys of one token id are summed
-// (a and b: scratch of at least `slots`, reused: this runs once per query of every head)
-function overlap(p, q, keys, pool, slots, a, b) {
-  a.fill(0, 0, slots); b.fill(0, 0, slots);
-  let ma = 0, mb = 0;
-  for (let j = 0; j < p.length; j++) {
-    if (!keys[j]) continue;
-    a[pool[j]] += p[j]; b[pool[j]] += q[j]; ma += p[j]; mb += q[j];
-  }
-  let sum = 0;
-  for (let v = 0; v < slots; v++) sum += Math.min(a[v] / Math.max(ma, 1e-12), b[v] / Math.max(mb, 1e-12));
-  return { overlap: sum, w: Math.min(ma, mb) };
-}
-
-// content_score's head-independent part for one order: σ⁻¹, token slots, K_i and the seen keys
-function contentTable(t, order) {
-  if (t.content?.order === order) return t.content;
-  const { n, causal, fixed, ids } = t;
-  const inv = new Array(n);
-  order.forEach((old, p) => { inv[old] = p; });
-  const distinct = [...new Set(ids)].sort((x, y) => x - y);
-  const seen = grid(n, (i, j) => !fixed[j] && (!causal || i >= j));
-  const both = grid(n, (i, j) => seen[i * n + j] && (!causal || inv[i] >= inv[j]));
-  t.content = { order, inv, seen, both, byId: ids.map((v) => distinct.indexOf(v)), slots: distinct.length,
-    same: Array.from({ length: n }, (_, j) => j) };
+// content_score's head-independent part: each query's movable keys V_i (sees) and their count
+function contentTable(t) {
+  if (t.content) return t.content;
+  const { n, causal, fixed } = t;
+  const sees = grid(n, (i, j) => !fixed[j] && (!causal || j <= i));
+  const size = Array.from({ length: n }, (_, i) => sees.subarray(i * n, (i + 1) * n).reduce((a, b) => a + b, 0));
+  t.content = { sees, size };
   return t.content;
 }
 
-// content_score: how much the pattern follows the tokens, not the positions, when shuffled by order
-function content(A, S, order, t) {
+// content_score: the share of the head's attention its own position profile does not explain,
+// by offset (cell i − j) and by key position (cell j), leave-one-out, each row weighted by its
+// share on movable keys; the smaller of the two
+function content(A, t) {
   const { n } = t;
-  const { inv, seen, both, byId, slots, same } = contentTable(t, order);
-  const back = new Float32Array(n), a = new Float64Array(n), b = new Float64Array(n);
+  const { sees, size } = contentTable(t);
+  const u = new Float64Array(n * n), pooled = new Uint8Array(n * n), w = new Float64Array(n);
+  for (let i = 0; i < n; i++) {
+    let m = 0;
+    for (let j = 0; j < n; j++) if (sees[i * n + j]) m += A[i * n + j];
+    w[i] = m;
+    if (size[i] < 2 || !(m > 0)) continue;
+    for (let j = 0; j < n; j++) if (sees[i * n + j]) { u[i * n + j] = (A[i * n + j] * size[i]) / m; pooled[i * n + j] = 1; }
+  }
+  let best = Infinity;
+  for (const cell of [(i, j) => i - j + n - 1, (i, j) => j]) best = Math.min(best, unexplained(u, pooled, w, n, cell));
+  return f32(Math.min(1, Math.max(0, best)));
+}
+
+// Σ_i w_i (1 − overlap(Â_i, P_i)) / Σ_i w_i for one profile: P_i the w-weighted mean of the
+// other rows' u at each key's cell, on the keys whose cell another row sees
+function unexplained(u, pooled, w, n, cell) {
+  const total = new Float64Array(2 * n), weight = new Float64Array(2 * n), count = new Float64Array(2 * n);
+  for (let i = 0; i < n; i++) for (let j = 0; j < n; j++) {
+    const k = i * n + j;
+    if (pooled[k]) { const c = cell(i, j); total[c] += w[i] * u[k]; weight[c] += w[i]; count[c]++; }
+  }
+  const p = new Float64Array(n), q = new Float64Array(n);
   let num = 0, den = 0;
   for (let i = 0; i < n; i++) {
-    const row = A.subarray(i * n, (i + 1) * n), shuf = S.subarray(i * n, (i + 1) * n);
-    for (let j = 0; j < n; j++) back[j] = S[inv[i] * n + inv[j]];
-    const byPosition = overlap(row, shuf, seen.subarray(i * n, (i + 1) * n), same, n, a, b).overlap;
-    const byToken = overlap(row, back, both.subarray(i * n, (i + 1) * n), byId, slots, a, b);
-    num += byToken.w * Math.max(0, byToken.overlap - byPosition);
-    den += byToken.w;
+    let any = false, ma = 0, mb = 0;
+    p.fill(0); q.fill(0);
+    for (let j = 0; j < n; j++) {
+      const k = i * n + j, c = cell(i, j);
+      if (!pooled[k] || count[c] - 1 < 1) continue;
+      any = true;
+      p[j] = u[k]; q[j] = (total[c] - w[i] * u[k]) / Math.max(weight[c] - w[i], 1e-30); ma += p[j]; mb += q[j];
+    }
+    if (!any) continue;
+    let overlap = 0;
+    for (let j = 0; j < n; j++) overlap += Math.min(p[j] / Math.max(ma, 1e-12), q[j] / Math.max(mb, 1e-12));
+    num += w[i] * (1 - overlap); den += w[i];
   }
-  return f32(num / Math.max(den, 1e-12));
+  return num / Math.max(den, 1e-30);
 }
 
 // the rows off each type's targets (where resting_weight looks), per probe
@@ -202,8 +213,8 @@ function idleRows(t) {
   return { duplicate: rows(t.duplicate), induction: rows(t.induction), rare: t.rare ? t.rare.rows.map((v) => 1 - v) : null };
 }
 
-// pattern_scores for one head: A on the tokens, S on them shuffled by `order` (or null)
-export function headScores(A, t, S, order) {
+// pattern_scores for one head: A (n, n) on the probe's tokens
+export function headScores(A, t) {
   const pos = positional(A, t);
   const scores = { previous: offsetMass(A, -1, t) };
   if (!t.causal) scores.next = offsetMass(A, 1, t);
@@ -213,10 +224,8 @@ export function headScores(A, t, S, order) {
   scores.induction = massWherePossible(A, t.induction, t.n);
   t.idle ??= idleRows(t);
   const rests = { duplicate: restingWeight(A, t.idle.duplicate, t.n), induction: restingWeight(A, t.idle.induction, t.n) };
-  if (S && order) {
-    scores.content = content(A, S, order, t);
-    rests.content = keyMass(A, t.fixed, t.n);
-  }
+  scores.content = content(A, t);
+  rests.content = keyMass(A, t.fixed, t.n);
   if (t.rare) {
     scores.rare_word = rareWord(A, t.rare.rare, t.rare.rows, t.n);
     rests.rare_word = restingWeight(A, t.idle.rare, t.n);
@@ -247,14 +256,14 @@ export function labelHead(scores, offset, rules, floors) {
   return "mixed";
 }
 
-// every head of every layer: weights (L, h, n, n) and averaged (L, n, n), shuffled the same or null
-export function scoreLayers(run, shuffled, order, t) {
+// every head of every layer: weights (L, h, n, n) and averaged (L, n, n)
+export function scoreLayers(run, t) {
   const { L, h, n } = run;
   const out = [];
   for (let l = 0; l < L; l++) {
     for (let k = 0; k <= h; k++) {
       const pick = (r) => (k < h ? r.weights.subarray(((l * h) + k) * n * n, ((l * h) + k + 1) * n * n) : r.averaged.subarray(l * n * n, (l + 1) * n * n));
-      out.push({ layer: l, head: k < h ? k : -1, ...headScores(pick(run), t, shuffled ? pick(shuffled) : null, order) });
+      out.push({ layer: l, head: k < h ? k : -1, ...headScores(pick(run), t) });
     }
   }
   return out;
@@ -308,24 +317,15 @@ export function report(scored, rules, floors) {
   return { heads, averaged, best, thresholds: rules.thresholds, sinks: { threshold: rules.sink_threshold, layers } };
 }
 
-// shuffle_positions for one sequence: the movable positions permuted by torch's own draw for
-// their count (site.shuffle_orders), the others left in place → order (n,)
-export function shuffleOrder(movable, orders) {
-  const free = movable.flatMap((m, j) => (m ? [j] : []));
-  const order = movable.map((_, j) => j);
-  orders[free.length].forEach((k, p) => { order[free[p]] = free[k]; });
-  return order;
-}
-
 // analyse(model, probe) and analyse(model, probe, floors=…) of one text probe from its runs:
-// main = {run, shuffled} of the model, randoms = the same of each random-weights model, where a
-// run is {L, h, n, weights (L, h, n, n), averaged (L, n, n)} on the probe's tokens or on them
-// shuffled by probe.order. Returns both reports and the floors.
+// main the model's, randoms each random-weights model's, where a run is
+// {L, h, n, weights (L, h, n, n), averaged (L, n, n)} on the probe's tokens (one forward each).
+// Returns both reports and the floors.
 export function analyseRuns(probe, main, randoms, config) {
   const rare = rareTargets(probe.wordIndex, probe.zipf, config.causal);
   const fixed = Uint8Array.from(probe.movable, (m) => (m ? 0 : 1));
   const t = buildTargets(probe.ids, config.causal, Uint8Array.from(probe.delimiters, Number), fixed, rare);
-  const scored = scoreLayers(main.run, main.shuffled, probe.order, t);
-  const floors = floorsOf(randoms.map((r) => scoreLayers(r.run, r.shuffled, probe.order, t)), config.rules);
+  const scored = scoreLayers(main, t);
+  const floors = floorsOf(randoms.map((r) => scoreLayers(r, t)), config.rules);
   return { thresholds: report(scored, config.rules, null), gated: report(scored, config.rules, floors), floors };
 }

@@ -124,8 +124,8 @@ export function wordZipf(word, table) {
 }
 
 // text_probe's one sequence in the browser: ids, display labels, which positions are special,
-// delimiters and movable, each token's word and each word's frequency, and the shuffle order
-export function textProbe(text, tokenizer, config, table, shuffle) {
+// delimiters and movable, each token's word and each word's frequency
+export function textProbe(text, tokenizer, config, table) {
   const { ids, offsets } = tokenizer.encodeWithOffsets(text);
   const labels = tokenizer.labels(ids);
   const specials = new Set(config.special_ids);
@@ -134,5 +134,5 @@ export function textProbe(text, tokenizer, config, table, shuffle) {
   const delimiters = labels.map((label, j) => j > 0 && (special[j] || isPunctuation(label)));
   const { index, words } = tokenWords(text, offsets, special);
   const zipf = words.map((w) => wordZipf(w, table));
-  return { text, ids, labels, movable, delimiters, wordIndex: index, words, zipf, order: shuffle(movable, config.orders) };
+  return { text, ids, labels, movable, delimiters, wordIndex: index, words, zipf };
 }
