@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from headlab.heads import content_score
+from headlab.heads.labels import THRESHOLDS
 
 
 def loop_content(A: torch.Tensor, causal: bool, fixed: torch.Tensor | None) -> list[float]:
@@ -17,12 +18,16 @@ def loop_content(A: torch.Tensor, causal: bool, fixed: torch.Tensor | None) -> l
     B, h, n, _ = A.shape
     a = A.double().tolist()
     free = [[True] * n for _ in range(B)] if fixed is None else (~fixed).tolist()
+    for row in free:  # the first position is never compared, whatever it holds
+        row[0] = False
     out = []
     for head in range(h):
         rows = {}  # (b, i) → (w_i, {j: u_ij})
+        every = 0  # the rows with two keys: each counts, a rest on fixed keys as explained
         for b in range(B):
             for i in range(n):
                 keys = [j for j in range(n) if free[b][j] and (not causal or j <= i)]
+                every += len(keys) >= 2
                 w = sum(a[b][head][i][j] for j in keys)
                 if len(keys) >= 2 and w > 0:
                     rows[b, i] = (w, {j: a[b][head][i][j] / w * len(keys) for j in keys})
@@ -36,7 +41,7 @@ def loop_content(A: torch.Tensor, causal: bool, fixed: torch.Tensor | None) -> l
                     total[cell(i, j)] = total.get(cell(i, j), 0.0) + w * v
                     weight[cell(i, j)] = weight.get(cell(i, j), 0.0) + w
                     count[cell(i, j)] = count.get(cell(i, j), 0) + 1
-            num = den = 0.0
+            num = 0.0
             for (_, i), (w, u) in rows.items():
                 kept = [j for j in u if count[cell(i, j)] > 1]
                 if not kept:
@@ -47,8 +52,7 @@ def loop_content(A: torch.Tensor, causal: bool, fixed: torch.Tensor | None) -> l
                 # no mass to renormalise on one side: nothing of the row is explained
                 overlap = sum(min(p[j] / sp, q[j] / sq) for j in kept) if sp and sq else 0.0
                 num += w * (1 - overlap)
-                den += w
-            shares.append(num / den if den > 0 else 0.0)
+            shares.append(num / every if every else 0.0)
         out.append(min(max(min(shares), 0.0), 1.0))
     return out
 
@@ -170,7 +174,10 @@ def test_a_sink_head_does_not_count_and_rows_are_pooled_over_the_batch() -> None
     odd = mostly[:1].clone()
     odd[0, 0, 9] = 0.0
     odd[0, 0, 9, 3] = 1.0  # offset 6 and key 3: no other row looks there
-    assert content_score(odd, True, fixed[:1]).item() > 0.2
+    # at least row 9's whole weight, unexplained, over the 10 rows with two movable keys
+    got = content_score(odd, True, fixed[:1]).item()
+    assert got == pytest.approx(loop_content(odd, True, fixed[:1])[0], abs=1e-6)
+    assert got >= 0.1 - 1e-6
 
 
 def test_rows_that_barely_look_at_movable_keys_barely_shape_the_profile() -> None:
@@ -195,3 +202,40 @@ def test_rows_that_barely_look_at_movable_keys_barely_shape_the_profile() -> Non
     loud[..., 0] = 0.0
     loud = loud / loud.sum(-1, keepdim=True).clamp_min(1e-12)
     assert content_score(loud, True, fixed).item() > 0.2
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_rule_that_rests_on_an_ordinary_first_token_scores_zero(causal: bool) -> None:
+    """Without a start token (a probe of ordinary tokens only, as a model without BOS sees),
+    heads still rest on the first position: the previous token plus a rest there is a rule,
+    so the first position is never compared, fixed keys given or not."""
+    n = 20
+    head = torch.zeros(2, 1, n, n)
+    for i in range(n):
+        head[:, 0, i, 0] += 0.6
+        head[:, 0, i, max(i - 1, 0) if causal else (i - 1) % n] += 0.4
+    for fixed in (None, torch.zeros(2, n, dtype=torch.bool)):
+        got = content_score(head, causal, fixed).item()
+        assert got == pytest.approx(0.0, abs=1e-6)
+        assert got == pytest.approx(loop_content(head, causal, fixed)[0], abs=1e-6)
+
+
+def test_a_rest_on_the_start_token_counts_as_explained() -> None:
+    """A head that rests 90% on the start token and spreads the rest at random: position
+    explains the rest on the start token, so at most the other 10% can be unexplained, and the
+    head stays far from the content threshold, where a head reading the same keys at full
+    strength passes it."""
+    g = torch.Generator().manual_seed(5)
+    n = 24
+    fixed = torch.zeros(2, n, dtype=torch.bool)
+    fixed[:, 0] = True
+    logits = torch.randn(2, 1, n, n, generator=g) * 4  # sharp rows, each on its own keys
+    logits[..., 0] = -torch.inf
+    spread = logits.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -torch.inf)
+    spread = spread.softmax(-1).nan_to_num(0.0)  # row 0 has no movable key: all zeros
+    resting = spread * 0.1
+    resting[..., 0] += 0.9
+    rested = content_score(resting, True, fixed).item()
+    assert rested == pytest.approx(loop_content(resting, True, fixed)[0], abs=1e-6)
+    assert rested <= 0.1 + 1e-6
+    assert content_score(spread, True, fixed).item() > THRESHOLDS["content"] > rested

@@ -266,7 +266,8 @@ def diffuse_score(weights: Tensor, causal: bool) -> Tensor:
 def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) -> Tensor:
     """The share of a head's attention that its own position profile does not explain, from
     the one forward's weights (B, h, n, n); fixed (B, n) bool marks the keys left out (BOS,
-    [CLS], [SEP]: attention there says nothing of what a head reads). Returns (h,).
+    [CLS], [SEP]: attention there says nothing of what a head reads), and so is the first
+position, whatever it holds. Returns (h,).
 
     Per query i: V_i the movable keys it sees (j ≤ i under a causal mask), rows with
     |V_i| < 2 skipped; Â_i the row renormalised on V_i, w_i = A_i(V_i) its share there (a
@@ -295,6 +296,9 @@ def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) ->
     B, _, n, _ = A.shape
     pos = torch.arange(n, device=A.device)
     free = torch.ones(B, n, dtype=torch.bool) if fixed is None else ~fixed.bool()
+    # the first position too, whatever token it holds: heads rest there (an attention sink
+    # forms on the first token, Xiao et al. 2023), and a rule plus that rest is still a rule
+    free[:, 0] = False
     sees = free.to(A.device)[:, None, :].expand(B, n, n)  # (B, n, n): query i sees key j
     if causal:
         sees = sees & (pos[:, None] >= pos[None, :])
@@ -308,10 +312,11 @@ def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) ->
     own = AV * (rows * size[:, None])[..., None]
     pairs = V[:, None] * rows[..., None]  # (B, h, n, n): the pairs the profiles pool
     parts = torch.stack([rows * w, rows])
+    every = (size >= 2).sum().clamp_min(1).to(A.dtype)  # the rows that count, whatever w
     best = None
     for totals in (_key_totals(own, parts, V), _offset_totals(own, parts, V)):
         unexplained, counted = _unexplained(AV, own, rows * w, pairs, totals)  # (B, h, n)
-        share = (w * unexplained).sum((0, 2)) / (w * counted).sum((0, 2)).clamp_min(1e-30)
+        share = (w * unexplained).sum((0, 2)) / every  # rest on fixed keys: explained
         best = share if best is None else torch.minimum(best, share)
     assert best is not None
     return best.clamp(0, 1).float()  # rounding can step a hair outside [0, 1]

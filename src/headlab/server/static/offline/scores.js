@@ -155,7 +155,8 @@ function diffuse(A, t) {
 function contentTable(t) {
   if (t.content) return t.content;
   const { n, causal, fixed } = t;
-  const sees = grid(n, (i, j) => !fixed[j] && (!causal || j <= i));
+  // the first position is left out whatever it holds: heads rest there (attention sinks)
+  const sees = grid(n, (i, j) => j > 0 && !fixed[j] && (!causal || j <= i));
   const size = Array.from({ length: n }, (_, i) => sees.subarray(i * n, (i + 1) * n).reduce((a, b) => a + b, 0));
   t.content = { sees, size };
   return t.content;
@@ -176,13 +177,13 @@ function content(A, t) {
     for (let j = 0; j < n; j++) if (sees[i * n + j]) { u[i * n + j] = (A[i * n + j] * size[i]) / m; pooled[i * n + j] = 1; }
   }
   let best = Infinity;
-  for (const cell of [(i, j) => i - j + n - 1, (i, j) => j]) best = Math.min(best, unexplained(u, pooled, w, n, cell));
+  for (const cell of [(i, j) => i - j + n - 1, (i, j) => j]) best = Math.min(best, unexplained(u, pooled, w, size, n, cell));
   return f32(Math.min(1, Math.max(0, best)));
 }
 
-// Σ_i w_i (1 − overlap(Â_i, P_i)) / Σ_i w_i for one profile: P_i the w-weighted mean of the
+// Σ_i w_i (1 − overlap(Â_i, P_i)) / (rows with two keys) for one profile: P_i the w-weighted mean of the
 // other rows' u at each key's cell, on the keys whose cell another row sees
-function unexplained(u, pooled, w, n, cell) {
+function unexplained(u, pooled, w, size, n, cell) {
   const total = new Float64Array(2 * n), weight = new Float64Array(2 * n), count = new Float64Array(2 * n);
   for (let i = 0; i < n; i++) for (let j = 0; j < n; j++) {
     const k = i * n + j;
@@ -191,6 +192,8 @@ function unexplained(u, pooled, w, n, cell) {
   const p = new Float64Array(n), q = new Float64Array(n);
   let num = 0, den = 0;
   for (let i = 0; i < n; i++) {
+    // every row with two keys counts, whatever its share there: a rest on a fixed key is explained
+    if (size[i] >= 2) den++;
     let any = false, ma = 0, mb = 0;
     p.fill(0); q.fill(0);
     for (let j = 0; j < n; j++) {
@@ -202,7 +205,7 @@ function unexplained(u, pooled, w, n, cell) {
     if (!any) continue;
     let overlap = 0;
     for (let j = 0; j < n; j++) overlap += Math.min(p[j] / Math.max(ma, 1e-12), q[j] / Math.max(mb, 1e-12));
-    num += w[i] * (1 - overlap); den += w[i];
+    num += w[i] * (1 - overlap);
   }
   return num / Math.max(den, 1e-30);
 }
