@@ -315,7 +315,7 @@ position, whatever it holds. Returns (h,).
     every = (size >= 2).sum().clamp_min(1).to(A.dtype)  # the rows that count, whatever w
     best = None
     for totals in (_key_totals(own, parts, V), _offset_totals(own, parts, V)):
-        unexplained, counted = _unexplained(AV, own, rows * w, pairs, totals)  # (B, h, n)
+        unexplained = _unexplained(AV, own, rows * w, pairs, totals)  # (B, h, n)
         share = (w * unexplained).sum((0, 2)) / every  # rest on fixed keys: explained
         best = share if best is None else torch.minimum(best, share)
     assert best is not None
@@ -355,12 +355,11 @@ def _skew(x: Tensor) -> Tensor:
 
 def _unexplained(
     AV: Tensor, own: Tensor, weight: Tensor, pairs: Tensor, totals: Tensor
-) -> tuple[Tensor, Tensor]:
-    """Each row's 1 − overlap with its leave-one-out profile, and 1 where it counts (a key
-    kept): AV (B, h, n, n) the rows on the movable keys, own each pair's part of the
-    profile's sum (B, h, n, n) and weight each row's (B, h, n), pairs the pooled pairs 0/1,
-    totals the sums, weights and counts at each pair's cell (3, h, ·, n) → two (B, h, n),
-    0 on the rows that do not count."""
+) -> Tensor:
+    """Each row's 1 − overlap with its leave-one-out profile: AV (B, h, n, n) the rows on the
+    movable keys, own each pair's part of the profile's sum (B, h, n, n) and weight each
+    row's (B, h, n), pairs the pooled pairs 0/1, totals the sums, weights and counts at each
+    pair's cell (3, h, ·, n) → (B, h, n), 0 on a row with no key kept (nothing to compare)."""
     # (B, h, n, n) buffers are reused in place: at these sizes each new one costs a pass
     kept = pairs * (totals[2] > 1.5)  # a pooled pair whose cell another row sees
     counted = kept.amax(-1)  # (B, h, n): 1 where a key was kept
@@ -371,7 +370,7 @@ def _unexplained(
     # Σ min(p/|p|, q/|q|) = Σ min(p, q·|p|/|q|) / |p|; an empty side overlaps nothing
     overlap = torch.minimum(p, q.mul_(mass_p / mass_q.clamp_min(1e-30)), out=q).sum(-1)
     overlap = overlap / mass_p[..., 0].clamp_min(1e-30)
-    return (1 - overlap) * counted, counted
+    return (1 - overlap) * counted
 
 
 def averaged_pattern(weights: Tensor) -> Tensor:
