@@ -78,7 +78,7 @@ def attention(
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
     recorded = trace is not None and trace.wants("scores")
-    if recorded:
+    if trace is not None and recorded:
         trace.record("scores", scores)
     # fp16/bf16 scores are softmaxed in float32; float64 stays float64
     wide = torch.promote_types(scores.dtype, torch.float32)

@@ -266,16 +266,15 @@ def diffuse_score(weights: Tensor, causal: bool) -> Tensor:
 def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) -> Tensor:
     """The share of a head's attention that its own position profile does not explain, from
     the one forward's weights (B, h, n, n); fixed (B, n) bool marks the keys left out (BOS,
-    [CLS], [SEP]: attention there says nothing of what a head reads), and so is the first
-position, whatever it holds. Returns (h,).
+    [CLS], [SEP]), and so is the first position, whatever it holds: heads rest there, and a
+    rest is a place, not a reading of the tokens. Returns (h,).
 
-    Per query i: V_i the movable keys it sees (j ≤ i under a causal mask), rows with
-    |V_i| < 2 skipped; Â_i the row renormalised on V_i, w_i = A_i(V_i) its share there (a
-    head resting on a fixed key is judged on the rows where it looks elsewhere), and
+    Per query i: V_i the other keys it sees (j ≤ i under a causal mask), rows with |V_i| < 2
+    skipped; Â_i the row renormalised on V_i, w_i = A_i(V_i) its share there, and
     u_ij = Â_ij · |V_i| (a uniform row is 1 everywhere, whatever its length). Two position
     profiles, each pooled over every query of every sequence, leave-one-out (row i never
-    predicts itself), each row weighted by its w (a row that barely looks at movable keys
-    shapes the profile as little as it counts in the score):
+    predicts itself), each row weighted by its w (a row that barely looks at V shapes the
+    profile as little as it weighs in the score):
 
         by offset        R⁻ⁱ(d) = Σ w_i′ u_{i′, i′−d} / Σ w_i′, the other rows i′ that see i′ − d
         by key position  C⁻ⁱ(j) = Σ w_i′ u_{i′, j} / Σ w_i′, the other rows i′ that see key j
@@ -284,13 +283,15 @@ position, whatever it holds. Returns (h,).
     renormalised on the keys kept; P_i ∝ R⁻ⁱ(i − j) (∝ C⁻ⁱ(j)) and, with
     overlap(p, q) = Σ_j min(p_j, q_j), each profile's score is
 
-        Σ_i w_i (1 − overlap(Â_i, P_i)) / Σ_i w_i      over every row of every sequence,
+        Σ_i w_i (1 − overlap(Â_i, P_i)) / (the rows with |V_i| ≥ 2, every sequence):
 
-    a row with no key kept not counted. content = the smaller of the two: the better position
-    explanation wins. A uniform head, a fixed-offset head (previous, current token) and a head
-    always on one key position score 0; a head that follows token identity on shuffled or
-    random text cannot be told from its positions and scores near 1. ``causal``: the model's
-    config. Rows with no attention on V_i (w_i = 0) are skipped too (nothing to renormalise).
+    a share of all the head's attention, its rest on the left-out keys counted as explained
+    (a head resting 90% on the start token leaves at most 0.1 unexplained), and so is a row
+    with no key kept or no weight on V_i. content = the smaller of the two: the better
+    position explanation wins. A uniform head, a fixed-offset head (previous, current token)
+    and a head always on one key position score 0; a head that follows token identity on
+    shuffled or random text cannot be told from its positions and scores high. ``causal``:
+    the model's config.
     """
     A, _ = as_batched(weights)
     B, _, n, _ = A.shape
@@ -353,9 +354,7 @@ def _skew(x: Tensor) -> Tensor:
     return padded.as_strided((*lead, n, 2 * n - 1), (*strides, width + 1, 1))
 
 
-def _unexplained(
-    AV: Tensor, own: Tensor, weight: Tensor, pairs: Tensor, totals: Tensor
-) -> Tensor:
+def _unexplained(AV: Tensor, own: Tensor, weight: Tensor, pairs: Tensor, totals: Tensor) -> Tensor:
     """Each row's 1 − overlap with its leave-one-out profile: AV (B, h, n, n) the rows on the
     movable keys, own each pair's part of the profile's sum (B, h, n, n) and weight each
     row's (B, h, n), pairs the pooled pairs 0/1, totals the sums, weights and counts at each
