@@ -186,10 +186,6 @@ def browser() -> Iterator[object]:
         b.close()
 
 
-# --- the order the modules run in, and how xdist's workers share them ---------------------------
-
-
-@pytest.hookimpl(tryfirst=True)
 def watched_page(browser: Any, width: int = 1280, **options: Any) -> tuple[Any, Any]:
     """A new browser context and page at ``width`` px whose console errors and uncaught page
     errors are gathered in ``page.errors`` (tests assert it stays empty); ``options`` go to
@@ -202,6 +198,10 @@ def watched_page(browser: Any, width: int = 1280, **options: Any) -> tuple[Any, 
     return context, pg
 
 
+# --- the order the modules run in, and how xdist's workers share them ---------------------------
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The modules with the most ``slow`` tests first; within a module, and among modules with as
     many, the order stays. ``make test``'s workers take whole modules in this order
