@@ -178,15 +178,8 @@ def load_gguf(directory: Path, gguf: str) -> tuple[Any, Any]:
 
     transformers.utils.logging.set_verbosity_error()
     with contextlib.redirect_stderr(io.StringIO()):  # transformers' own tqdm bars
-        # the config read once and handed over: from_pretrained would read it again, a second
-        # walk through every metadata field of the file (Gemma 3: its 262k-token vocabulary)
-        config = transformers.AutoConfig.from_pretrained(str(directory), gguf_file=gguf)
         hf = transformers.AutoModelForCausalLM.from_pretrained(
-            str(directory),
-            gguf_file=gguf,
-            config=config,
-            attn_implementation="eager",
-            dtype="float32",
+            str(directory), gguf_file=gguf, attn_implementation="eager", dtype="float32"
         )
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf)
     return hf.eval(), tokenizer
