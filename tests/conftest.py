@@ -9,6 +9,7 @@ ones here (the server, the browser) once in each worker that needs them.
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import pickle
 import shutil
@@ -254,6 +255,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScheduli
 
 
 # --- the shipped default model, shared by the modules that study its heads -------------------
+
+
+@functools.cache
+def shared_model(name: str) -> tuple[Any, Any]:
+    """``zoo.load(name)`` once per test process, for every module that reads that model (none
+    changes its weights): SmolLM2 takes seconds to load, and five modules read it. The caller
+    first checks that the model is here (``require``), as it would before ``zoo.load``."""
+    from headlab import zoo
+
+    return zoo.load(name)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import require
+from conftest import require, shared_model
 from headlab import zoo
 from headlab.experiments import retrieval as experiment
 from headlab.heads import retrieval as r
@@ -161,7 +161,7 @@ def test_needle_analysis_scores_equal_a_loop_on_smollm2() -> None:
     labels with equal the direct loop over stored attention rows, averaged over the probes."""
     info = next(i for i in zoo.list_models() if i.name == "smollm2")
     require(info.available, "SmolLM2 is not installed (make test-models)")
-    model, tokenizer = zoo.load("smollm2")
+    model, tokenizer = shared_model("smollm2")
     _, scores, rows = r.needle_analysis(model, tokenizer, seed=0)
     needles = r.needle_probes(tokenizer, model.config.max_len, seed=0)
     generated, stored = r.answer(model, needles, record="weights")
