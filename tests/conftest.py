@@ -9,6 +9,7 @@ ones here (the server, the browser) once in each worker that needs them.
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import pickle
 import shutil
@@ -186,10 +187,6 @@ def browser() -> Iterator[object]:
         b.close()
 
 
-# --- the order the modules run in, and how xdist's workers share them ---------------------------
-
-
-@pytest.hookimpl(tryfirst=True)
 def watched_page(browser: Any, width: int = 1280, **options: Any) -> tuple[Any, Any]:
     """A new browser context and page at ``width`` px whose console errors and uncaught page
     errors are gathered in ``page.errors`` (tests assert it stays empty); ``options`` go to
@@ -202,6 +199,10 @@ def watched_page(browser: Any, width: int = 1280, **options: Any) -> tuple[Any, 
     return context, pg
 
 
+# --- the order the modules run in, and how xdist's workers share them ---------------------------
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The modules with the most ``slow`` tests first; within a module, and among modules with as
     many, the order stays. ``make test``'s workers take whole modules in this order
@@ -254,6 +255,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LoadScheduli
 
 
 # --- the shipped default model, shared by the modules that study its heads -------------------
+
+
+@functools.cache
+def shared_model(name: str) -> tuple[Any, Any]:
+    """``zoo.load(name)`` once per test process, for every module that reads that model (none
+    changes its weights): SmolLM2 takes seconds to load, and five modules read it. The caller
+    first checks that the model is here (``require``), as it would before ``zoo.load``."""
+    from headlab import zoo
+
+    return zoo.load(name)
 
 
 @pytest.fixture(scope="module")

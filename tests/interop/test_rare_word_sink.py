@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import require
+from conftest import require, shared_model
 from headlab import smollm2, zoo
 from headlab.heads import analyse
 from headlab.measure import build_probe, word_zipf
@@ -24,7 +24,7 @@ def smol():
     require(zoo.is_fetched("smollm2"), "smollm2 is not fetched: headlab models --fetch smollm2")
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield zoo.load("smollm2")
+    yield shared_model("smollm2")
     torch.set_num_threads(before)
 
 

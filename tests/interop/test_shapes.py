@@ -130,7 +130,10 @@ def test_report_matches_a_real_forward_pass(cfg):
     assert table_shapes(**cfg).differences(report) == []
 
 
-@settings(max_examples=2000, deadline=None)
+# 500 draws: the path through trace_shapes and the formulas is fixed by whether h_kv = h, the
+# bias, the dtype and whether there is a cache (under 50 combinations); the sizes only scale the
+# numbers, so each combination is still drawn about ten times, at sizes from 1 up
+@settings(max_examples=500, deadline=None)
 @given(configs())
 @pytest.mark.slow
 def test_closed_form_formulas_agree_with_the_trace(cfg):

@@ -16,7 +16,7 @@ import zipfile
 import pytest
 import torch
 
-from conftest import require
+from conftest import require, shared_model
 from headlab import Trace, smollm2, zoo
 from headlab.heads.composition import composition_scores
 from headlab.measure import (
@@ -60,7 +60,7 @@ def fetched():
 
 @pytest.fixture(scope="module")
 def ours(fetched):
-    return zoo.load("smollm2")
+    return shared_model("smollm2")
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_attribution import agreement, head_slopes, one_at_a_time
 
-from conftest import require
+from conftest import require, shared_model
 from headlab import zoo
 from headlab.heads.attribution import attribute_heads
 from headlab.heads.effects import ablate_heads
@@ -85,7 +85,7 @@ def test_smollm2s_two_stage_estimate_ranks_its_top_heads_as_exact_ablation():
     so do the effects the evidence's cards quote (its ablation stage's default plan). One exact
     ablation of every head serves both checks."""
     require(zoo.is_fetched("smollm2"), "smollm2 is not fetched: headlab models --fetch smollm2")
-    model, tokenizer = zoo.load("smollm2")
+    model, tokenizer = shared_model("smollm2")
     probe = build_probe("repeat", tokenizer, 128, model.config.vocab_size)
     rows = loss_rows(probe, True)["any"]
     every = ablate_heads(model, probe)

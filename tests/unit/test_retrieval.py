@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import require
+from conftest import require, shared_model
 from headlab import zoo
 from headlab.experiments import retrieval as experiment
 from headlab.heads import retrieval as r
@@ -161,7 +161,7 @@ def test_needle_analysis_scores_equal_a_loop_on_smollm2() -> None:
     labels with equal the direct loop over stored attention rows, averaged over the probes."""
     info = next(i for i in zoo.list_models() if i.name == "smollm2")
     require(info.available, "SmolLM2 is not installed (make test-models)")
-    model, tokenizer = zoo.load("smollm2")
+    model, tokenizer = shared_model("smollm2")
     _, scores, rows = r.needle_analysis(model, tokenizer, seed=0)
     needles = r.needle_probes(tokenizer, model.config.max_len, seed=0)
     generated, stored = r.answer(model, needles, record="weights")
@@ -239,12 +239,12 @@ def test_experiment_retrieval_quick_on_gemma3(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     res = json.loads(done.stdout)
-    model, _ = zoo.load("gemma3")
+    config = zoo.model_config("gemma3")  # the loaded model's config, read without its 1 GB
     assert res["model"] == res["config"]["model"] == "gemma3"
     assert res["command"].endswith("--quick --model gemma3")
-    shape = [model.config.n_layers, model.config.n_heads]
+    shape = [config.n_layers, config.n_heads]
     assert [len(res["scores"]), len(res["scores"][0])] == shape
-    assert res["heads"] == model.config.n_layers * model.config.n_heads
+    assert res["heads"] == config.n_layers * config.n_heads
 
 
 def test_shipped_gemma3_run_agrees_with_itself() -> None:

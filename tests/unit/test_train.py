@@ -345,8 +345,9 @@ def test_a_stop_token_keeps_its_first_reason_and_can_time_out() -> None:
 
 
 def _run_worker(tmp_path: Path, out: Path, steps: int, mode: str, delay: float = 0.0):
-    (tmp_path / "tiny.py").write_text(TINY)
-    (tmp_path / "worker.py").write_text(WORKER)
+    if not (tmp_path / "worker.py").exists():  # once: a worker already started may be reading
+        (tmp_path / "tiny.py").write_text(TINY)
+        (tmp_path / "worker.py").write_text(WORKER)
     env = dict(os.environ, STEP_DELAY=str(delay), PYTHONPATH=str(Path(__file__).parents[2] / "src"))
     args = [sys.executable, str(tmp_path / "worker.py"), str(out), str(steps), mode]
     return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -412,6 +413,7 @@ def test_kill_during_a_save_leaves_the_previous_checkpoint(
 @pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path: Path) -> None:
     out = tmp_path / "run"
+    whole = _run_worker(tmp_path, tmp_path / "whole", 60, "run")  # the reference, meanwhile
     proc = _run_worker(tmp_path, out, 60, "run", delay=0.03)
     _wait_for_checkpoint(out, proc, at_least=7)
     proc.send_signal(signal.SIGINT)
@@ -422,7 +424,6 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path: Path) -> None:
     assert latest_checkpoint(out).name == f"step-{int(step):06d}"  # saved where it stopped
     assert b"Traceback" not in stderr
     resumed = _run_worker(tmp_path, out, 60, "resume")
-    whole = _run_worker(tmp_path, tmp_path / "whole", 60, "run")
     assert resumed.wait() == 0 and whole.wait() == 0
     _assert_same(_final_weights(tmp_path / "whole"), _final_weights(out))
 
