@@ -88,8 +88,8 @@ def main() -> int:
     ratios = {name: t / base for name, t in medians.items()}
     full = ratios["headlab analyse, all scores"]
     light = ratios["headlab analyse, all but content"]
-    print(f"analyse / HF forward = {full:.2f} with the content score (a second, shuffled")
-    print(f"sequence), {light:.2f} without it (target < 1.5)")
+    print(f"analyse / HF forward = {full:.2f} with the content score (from the same forward),")
+    print(f"{light:.2f} without it")
     rows = [[name, f"{t * 1e3:.1f}", f"{t / base:.2f}"] for name, t in medians.items()]
     columns = [f"MiniLM, {n} tokens", f"median ms ({args.rounds} rounds)", "× HF forward"]
     results = {"tokens": n, "median_s": medians, "ratio": ratios}

@@ -2,12 +2,13 @@
 
 Measured on this machine (CPU, ``--threads`` threads, in CPU seconds of the process so that
 other jobs on a shared machine do not count), on a model of SmolLM2-135M's shape with
-random weights (bench_streaming's) at n tokens, content score on (a batch of 2):
+random weights (bench_streaming's) at n tokens, the probe alone (batch 1: every score,
+the content score included, comes from its one forward):
   1. the forward pass with every layer's weights materialised and dropped (a reducing trace
      that keeps nothing): FLOP/s of the forward, counted as 2·(block parameters)·tokens plus
      the attention's 4·n²·d_model per layer and sequence;
   2. the streaming analysis (``analyse(keep=())``): the scoring time is (2) − (1), and the
-     scoring rate is pattern weights scored per second (L · 2 · (h + 1) · n², the averaged
+     scoring rate is pattern weights scored per second (L · (h + 1) · n², the averaged
      heads included);
   3. one attention layer's peak memory in bfloat16 at 1,024 tokens, per (B, h, n, n) weight
      (peak RSS − RSS before, in its own process, as bench_streaming measures).
@@ -91,12 +92,11 @@ def rates(n: int, repeats: int) -> dict[str, float]:
     torch.manual_seed(0)
     model = Transformer(SMOLLM2_SHAPE).eval()
     probe = random_repeat_probe(None, SMOLLM2_SHAPE.vocab_size, n, length=n // 4, batch=1)
-    both = torch.cat([probe.tokens, probe.tokens])  # the probe and its shuffled copy: batch 2
     runs: dict[str, list[float]] = {"forward": [], "analyse": []}
     analyse(model, random_repeat_probe(None, 49152, 16, batch=1), keep=())  # warm-up
     for _ in range(repeats):
         t0 = time.process_time()
-        reduce_patterns(model, both, lambda layer, w: None)
+        reduce_patterns(model, probe.tokens, lambda layer, w: None)
         runs["forward"].append(time.process_time() - t0)
         t0 = time.process_time()
         analyse(model, probe, keep=())
@@ -106,9 +106,9 @@ def rates(n: int, repeats: int) -> dict[str, float]:
         "n": n,
         "forward_s": fwd,
         "analyse_s": total,
-        "forward_flops_per_s": forward_flops(SMOLLM2_SHAPE, n, 2) / fwd,
-        "scored_weights_per_s": scored_weights(SMOLLM2_SHAPE, n, 2) / (total - fwd),
-        "tokens_per_s": 2 * n / total,
+        "forward_flops_per_s": forward_flops(SMOLLM2_SHAPE, n, 1) / fwd,
+        "scored_weights_per_s": scored_weights(SMOLLM2_SHAPE, n, 1) / (total - fwd),
+        "tokens_per_s": n / total,
     }
 
 
@@ -125,14 +125,14 @@ def attention_peak_child(n: int) -> float:
 
     c = SMOLLM2_SHAPE
     layer = MultiHeadAttention(c.d_model, c.n_heads, c.n_kv_heads, bias=False).bfloat16().eval()
-    x = torch.randn(2, n, c.d_model, dtype=torch.bfloat16)
+    x = torch.randn(1, n, c.d_model, dtype=torch.bfloat16)
     trace = Trace(only=("weights",), reduce=lambda name, w: w.float().cpu().sum() and None)
     with torch.inference_mode():
         layer(x[:, :8], causal=True, trace=trace)
         Path("/proc/self/clear_refs").write_text("5")
         before = status("VmRSS")
         layer(x, causal=True, trace=trace)
-    return (status("VmHWM") - before) / (2 * c.n_heads * n * n)
+    return (status("VmHWM") - before) / (c.n_heads * n * n)
 
 
 def attention_peak(n: int, threads: int) -> float:
@@ -146,9 +146,9 @@ def plan(measured: dict[str, float], peak_bytes: float, gpu_tflops: float, link_
     c, n = LLAMA_70B, N_TOKENS
     params = total_params(c)
     per_block = block_params(c) // c.n_layers
-    one_layer = 2 * c.n_heads * n * n  # weights of one layer, probe + shuffled copy
-    flops = forward_flops(c, n, 2)
-    scored = scored_weights(c, n, 2)
+    one_layer = c.n_heads * n * n  # weights of one layer, the probe alone
+    flops = forward_flops(c, n, 1)
+    scored = scored_weights(c, n, 1)
     copied = c.n_layers * one_layer * 4  # float32 to the host, every layer
     cpu_s = flops / measured["forward_flops_per_s"] + scored / measured["scored_weights_per_s"]
     score_s = scored / measured["scored_weights_per_s"]
@@ -197,13 +197,13 @@ def main() -> int:
     measured = rates(args.n, args.repeats)
     peak = attention_peak(1024, args.threads)
     p = plan(measured, peak, args.gpu_tflops, args.link_gbs)
-    print(f"measured here ({args.threads} thread(s), SmolLM2's shape, n = {args.n}, batch 2):")
+    print(f"measured here ({args.threads} thread(s), SmolLM2's shape, n = {args.n}, batch 1):")
     m = measured
     print(f"  forward {m['forward_s']:.1f} CPU s = {m['forward_flops_per_s'] / 1e9:.1f} GFLOP/s")
     print(f"  analysis {m['analyse_s']:.1f} CPU s, {m['tokens_per_s']:.0f} tokens/s in all")
     print(f"  scoring (analysis − forward) {m['scored_weights_per_s'] / 1e6:.0f} M weights/s")
     print(f"  one bf16 attention layer at its peak: {peak:.1f} bytes per (B, h, n, n) weight")
-    print(f"Llama-3-70B's shape at {N_TOKENS} tokens, content score on (batch 2):")
+    print(f"Llama-3-70B's shape at {N_TOKENS} tokens, every score (batch 1):")
     for key, value in p.items():
         print(f"  {key:28s} {value:,.2f}")
     rows = [[key.replace("_", " "), f"{value:,.2f}"] for key, value in p.items()]

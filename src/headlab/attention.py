@@ -70,25 +70,20 @@ def attention(
     # the g query heads that share a key/value head are stacked as g·n query rows, so each
     # key/value head is multiplied once and never copied
     q = q.reshape(B, h_kv, g * n, d_k)  # (B, h_kv, g·n, d_k)
-    # 1) scores: every query against every key of its key/value head
-    # the (B, h, n, s) products are this function's own until returned or recorded, so they
-    # are scaled and masked in place: each fresh buffer of that size costs about a pass
-    scores = (q @ k.transpose(-2, -1)).mul_(scale)  # (B, h_kv, g·n, s)
-    scores = scores.reshape(B, h, n, s)  # (B, h, n, s)
+    # 1) scores: every query against every key of its key/value head, scaled in place (the
+    # product is this function's own, and a fresh (B, h, n, s) buffer costs about a pass)
+    scores = (q @ k.transpose(-2, -1)).mul_(scale).reshape(B, h, n, s)  # (B, h, n, s)
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
     recorded = trace is not None and trace.wants("scores")
     if trace is not None and recorded:
         trace.record("scores", scores)
-    # fp16/bf16 scores are softmaxed in float32; float64 stays float64
-    wide = torch.promote_types(scores.dtype, torch.float32)
-    mine = wide != scores.dtype or not recorded  # a copy, or a buffer nobody else holds
-    scores = scores.to(wide)
-    # 2) mask, then softmax over keys
+    # fp16/bf16 scores are softmaxed in float32 (a copy); float64 stays float64
+    mine = scores.dtype != torch.promote_types(scores.dtype, torch.float32) or not recorded
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    # 2) mask (in place where no one else holds the scores), then softmax over keys
     if allowed is not None:
-        blocked = ~allowed
-        scores = scores.masked_fill_(blocked, -math.inf) if mine else scores.masked_fill(
-            blocked, -math.inf)  # fmt: skip
+        scores = (scores.masked_fill_ if mine else scores.masked_fill)(~allowed, -math.inf)
     weights = torch.softmax(scores, dim=-1)
     if allowed is not None:
         # a row with nothing allowed is all -inf, whose softmax is NaN: define it as zeros

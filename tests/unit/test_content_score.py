@@ -239,3 +239,24 @@ def test_a_rest_on_the_start_token_counts_as_explained() -> None:
     assert rested == pytest.approx(loop_content(resting, True, fixed)[0], abs=1e-6)
     assert rested <= 0.1 + 1e-6
     assert content_score(spread, True, fixed).item() > THRESHOLDS["content"] > rested
+
+
+def test_a_content_heads_rest_is_its_weight_on_the_keys_the_score_leaves_out() -> None:
+    """The rest a content head reports is its weight on what the score leaves out: the fixed
+    keys and the first position, which counts even where no fixed key is given (a probe of
+    ordinary tokens), held to the first-token score computed on its own."""
+    from headlab.heads import first_token_score, key_mass_score, pattern_scores
+    from headlab.heads.targets import targets_of
+
+    g = torch.Generator().manual_seed(6)
+    tokens = torch.randint(0, 9, (2, 18), generator=g)
+    A = random_patterns(2, 3, 18, True, g).float()
+    _, _, rests = pattern_scores(A, targets_of(tokens, causal=True))
+    assert rests["content"].tolist() == pytest.approx(first_token_score(A).tolist(), abs=1e-6)
+    fixed = torch.zeros(2, 18, dtype=torch.bool)
+    fixed[:, 5] = True
+    _, _, rests = pattern_scores(A, targets_of(tokens, causal=True, fixed=fixed))
+    left_out = fixed.clone()
+    left_out[:, 0] = True
+    want = key_mass_score(A, left_out)
+    assert rests["content"].tolist() == pytest.approx(want.tolist(), abs=1e-6)

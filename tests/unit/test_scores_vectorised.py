@@ -270,7 +270,9 @@ def reference_pattern_scores(
     }
     if content:
         scores["content"] = content_score(A, causal, t.fixed)
-        rests["content"] = key_mass_score(A, t.fixed)
+        left_out = t.fixed.clone()  # the keys the content score leaves out: these and the first
+        left_out[:, 0] = True
+        rests["content"] = key_mass_score(A, left_out)
     if t.rare is not None:
         scores["rare_word"] = rare_word_score(A, *t.rare)
         rests["rare_word"] = resting_weight(A, ~t.rare[1])

@@ -293,7 +293,8 @@ def stack_targets(t: Targets) -> TargetStack:
         names,
         torch.stack([getattr(t, name) for name in dense]).float(),
         torch.stack(list(keys.values())).clamp(0, n - 1),
-        torch.stack([first, t.delimiters.bool(), t.fixed.bool()]).float(),
+        # the content score's rest: the fixed keys and the first position, which it leaves out
+        torch.stack([first, t.delimiters.bool(), t.fixed.bool() | first]).float(),
         torch.stack(weights).float(),
         torch.stack([uniform if w is None else w.double() for w in seqs]),
         torch.tensor([name not in rows for name in names]),

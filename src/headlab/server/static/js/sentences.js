@@ -23,7 +23,7 @@ export function restWords(label, rest, threshold) {
   if (rest === null || rest === undefined || !(Number(rest) >= threshold)) return "";
   const v = Number(rest).toFixed(2);
   return label === "content"
-    ? `; ${v} of its attention goes to the fixed tokens the content score leaves out (the first token, [CLS], [SEP])`
+    ? `; ${v} of its attention goes to the tokens the content score leaves out (the first position, [CLS], [SEP])`
     : `; on the rows where it has nothing to do it rests on the first token (${v} of its weight)`;
 }
 

@@ -228,7 +228,7 @@ export function headScores(A, t) {
   t.idle ??= idleRows(t);
   const rests = { duplicate: restingWeight(A, t.idle.duplicate, t.n), induction: restingWeight(A, t.idle.induction, t.n) };
   scores.content = content(A, t);
-  rests.content = keyMass(A, t.fixed, t.n);
+  rests.content = keyMass(A, t.fixed.map((v, j) => (j === 0 ? 1 : v)), t.n);  // the keys content leaves out
   if (t.rare) {
     scores.rare_word = rareWord(A, t.rare.rare, t.rare.rows, t.n);
     rests.rare_word = restingWeight(A, t.idle.rare, t.n);
