@@ -404,7 +404,9 @@ def test_a_head_rests_only_where_its_figure_says_so(reader, model: str) -> None:
                 statuses[kind] = (row_of(answer, best)["rest"], pick_type(reader, kind))
     finally:
         on_default(reader)
-    assert len(statuses) == 2, statuses
+    # both models have a labelled induction head, the default model a content head too
+    # (SmolLM2's heads that read content rest on the first token more than that: none passes)
+    assert "induction" in statuses and (model != "default" or "content" in statuses), statuses
     threshold = answer["sinks"]["threshold"]
     for kind, (rest, status) in statuses.items():
         if rest >= threshold:
