@@ -16,9 +16,9 @@ export function offsetWords(offset) {
 }
 
 // Where the head rests, said only when the figure shows it resting: at least the sink share the
-// answer uses (Gu et al.'s ε). A content head's figure is its weight on the fixed keys the
-// content score leaves out; the others' is the first token's weight on the rows where they have
-// nothing to do.
+// answer uses (Gu et al.'s ε). A content head's figure is its weight on the keys the content
+// score leaves out (the first position, fixed keys); the others' is the first token's weight
+// on the rows where they have nothing to do.
 export function restWords(label, rest, threshold) {
   if (rest === null || rest === undefined || !(Number(rest) >= threshold)) return "";
   const v = Number(rest).toFixed(2);
