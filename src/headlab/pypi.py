@@ -166,12 +166,14 @@ def fetch_once(
     return build_in_cache(final, build, failed, stale)
 
 
-def load_gguf(directory: Path, gguf: str) -> tuple[Any, Any]:
+def load_gguf(directory: Path, gguf: str, tokenizer_class: Any = None) -> tuple[Any, Any]:
     """Hugging Face's ``(model, tokenizer)`` from the GGUF file ``directory / gguf``.
 
     Eager attention (so it can return every head's weights), float32, offline: the reference
     the exactness tests and benchmarks compare headlab with. Dequantising takes tens of seconds
-    to minutes.
+    to minutes. ``tokenizer_class``: transformers' tokenizer class when the caller knows it;
+    ``AutoTokenizer`` (the default) reads the GGUF's metadata once more to find it, which for
+    a 262k-token vocabulary is seconds of CPU.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
@@ -181,5 +183,6 @@ def load_gguf(directory: Path, gguf: str) -> tuple[Any, Any]:
         hf = transformers.AutoModelForCausalLM.from_pretrained(
             str(directory), gguf_file=gguf, attn_implementation="eager", dtype="float32"
         )
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf)
+        tokenizers = tokenizer_class or transformers.AutoTokenizer
+        tokenizer = tokenizers.from_pretrained(str(directory), gguf_file=gguf)
     return hf.eval(), tokenizer
