@@ -151,14 +151,16 @@ function diffuse(A, t) {
   return rows ? f32(total / rows) : 0;
 }
 
-// content_score's head-independent part: each query's movable keys V_i (sees) and their count
+// content_score's head-independent part: each query's movable keys V_i (sees), their count,
+// and the keys the score leaves out (where a content head's rest is read)
 function contentTable(t) {
   if (t.content) return t.content;
   const { n, causal, fixed } = t;
   // the first position is left out whatever it holds: heads rest there (attention sinks)
-  const sees = grid(n, (i, j) => j > 0 && !fixed[j] && (!causal || j <= i));
+  const leftOut = fixed.map((v, j) => (j === 0 ? 1 : v));
+  const sees = grid(n, (i, j) => !leftOut[j] && (!causal || j <= i));
   const size = Array.from({ length: n }, (_, i) => sees.subarray(i * n, (i + 1) * n).reduce((a, b) => a + b, 0));
-  t.content = { sees, size };
+  t.content = { sees, size, leftOut };
   return t.content;
 }
 
@@ -228,7 +230,7 @@ export function headScores(A, t) {
   t.idle ??= idleRows(t);
   const rests = { duplicate: restingWeight(A, t.idle.duplicate, t.n), induction: restingWeight(A, t.idle.induction, t.n) };
   scores.content = content(A, t);
-  rests.content = keyMass(A, t.fixed.map((v, j) => (j === 0 ? 1 : v)), t.n);  // the keys content leaves out
+  rests.content = keyMass(A, contentTable(t).leftOut, t.n);
   if (t.rare) {
     scores.rare_word = rareWord(A, t.rare.rare, t.rare.rows, t.n);
     rests.rare_word = restingWeight(A, t.idle.rare, t.n);
