@@ -205,11 +205,11 @@ def _one_gguf_reader() -> Iterator[None]:
             readers[key] = make(path, mode)
         return readers[key]
 
-    gguf.GGUFReader = reader
+    gguf.GGUFReader = reader  # type: ignore[misc, assignment]  # imported by name at each call
     try:
         yield
     finally:
-        gguf.GGUFReader = plain
+        gguf.GGUFReader = plain  # type: ignore[misc]
 
 
 @functools.cache
@@ -222,7 +222,7 @@ def array_reader() -> type:
     import gguf
     import numpy as np
 
-    class ArrayReader(gguf.gguf_reader.GGUFReader):  # type: ignore[misc]
+    class ArrayReader(gguf.gguf_reader.GGUFReader):
         @property
         def data(self) -> Any:
             return self._array
