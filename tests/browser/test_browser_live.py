@@ -1,6 +1,7 @@
 """The "train it yourself" panel in a real headless Chromium: Train starts a run on the server,
-the curves grow, the phase change is marked, and the final scores are those of the experiment's
-own library call with the same seed and recipe."""
+the curves grow, the phase change is marked, the induction circuit is redrawn at each
+evaluation, and the final scores and circuit are those of the experiment's own library call
+with the same seed and recipe."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import time
 from dataclasses import asdict
 
 import pytest
+from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import expect
+from test_browser_learners import serious
 
 from conftest import watched_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 RUN_SECONDS = 900_000  # ms: a whole run on a busy shared machine
+PHONE = 390  # px
 
 
 @pytest.fixture
@@ -41,20 +45,28 @@ def wait_points(page, at_least: int) -> int:
     return n
 
 
-def test_train_draws_the_phase_change_and_ends_with_the_librarys_scores(
-    live_page, induction_quick
+def test_train_draws_the_phase_change_and_the_circuit_and_ends_with_the_librarys(
+    browser, server: str, induction_quick
 ) -> None:
-    """The thread picker offers what the server serves; during the run the phase-change window
-    is marked provisional, at the end final; the last message names the steps, the wall time
-    and the threads (auto's pick, and why), and the final scores are the library's on those
-    threads; no colour means two things across the two live charts."""
+    """One run serves both live panels (a live run is the costliest thing a page test
+    starts). The thread picker offers what the server serves; during the run the phase-change
+    window is marked provisional, at the end final; the last message names the steps, the wall
+    time and the threads (auto's pick, and why), and the final scores are the library's on
+    those threads; no colour means two things across the two live charts. The circuit is
+    redrawn at each evaluation: every layer-0 and last-layer head a node, an edge exactly where
+    the K-composition the server sent clears the random floor, the step it was read at moving
+    on, nothing confirmed before the run's ablations; at the end its edges are the trained
+    model's, confirmed by the run's own ablations, inside the viewport at a phone's width
+    too."""
     import re
 
     import httpx
 
     from headlab.experiments import induction as ind
 
-    page = live_page
+    context, page = watched_page(browser)
+    page.goto(server + "/")
+    page.wait_for_selector("#live-train")
     base = page.url.rstrip("/")
     knob = httpx.get(base + "/api/live").json()["knobs"]["threads"]
     offered = page.locator("#live-threads option").evaluate_all("os => os.map(o => o.value)")
@@ -68,6 +80,7 @@ def test_train_draws_the_phase_change_and_ends_with_the_librarys_scores(
     page.click("#live-train")
     expect(page.locator("#live-status")).to_contain_text("torch thread", timeout=60_000)
     seen = wait_points(page, 2)
+    watch_circuit(page)  # three evaluations' graphs
     wait_points(page, seen + 3)  # the curves grow while the run trains
     assert page.locator("#live-scores svg polyline").count() >= 8  # 4 induction + 4 prev-token
     phase = page.locator("#live-phase")
@@ -112,8 +125,53 @@ def test_train_draws_the_phase_change_and_ends_with_the_librarys_scores(
     # the wall time to the window's end, as the server measured it for this run
     assert shown["seconds"] > 0
     assert f"over {shown['seconds']:.1f} s after training started" in phase.inner_text()
-    assert page.errors == []
+
+    # the circuit at the end: the trained model's edges, confirmed by the run's ablations
+    graph = page.locator("#live-circuit-graph")
+    expect(page.locator("#live-circuit-note")).to_contain_text("confirmed by the run's ablation")
+    page.set_viewport_size({"width": PHONE, "height": 900})
+    graph.scroll_into_view_if_needed()
+    b = graph.bounding_box()
+    assert b is not None and b["x"] >= 0 and b["x"] + b["width"] <= PHONE + 0.5, b
+    assert serious(Axe().run(page, context="#live-circuit").response) == []
+    drawn = {
+        ln.get_attribute("data-edge"): (
+            float(ln.get_attribute("data-k")),
+            ln.get_attribute("data-confirmed"),
+        )
+        for ln in graph.locator("line[data-edge]").all()
+    }
+    assert_final_circuit(drawn, threads, induction_quick)
+    errors = list(page.errors)
+    context.close()
+    assert errors == []
     assert not [t for t in threading.enumerate() if t.name.startswith("live-")]
+
+
+def watch_circuit(page) -> None:
+    """Until the live circuit has been drawn at three evaluation steps: at each, every edge's
+    K-composition at least the floor drawn with it, a node for every head of layer 0 and of the
+    last layer, and no edge confirmed (the run's ablations come at its end)."""
+    graph = page.locator("#live-circuit-graph")
+    box = page.locator("#live-circuit")
+    expect(graph).to_have_count(1, timeout=RUN_SECONDS)
+    steps = [int(box.get_attribute("data-step"))]
+    deadline = time.monotonic() + RUN_SECONDS / 1000
+    while len(steps) < 3:
+        assert time.monotonic() < deadline, f"the circuit stayed at steps {steps}"
+        step = int(box.get_attribute("data-step") or 0)
+        if step != steps[-1]:
+            steps.append(step)
+            floor = float(graph.get_attribute("data-floor"))
+            ks = graph.locator("line[data-edge]").evaluate_all("ls => ls.map(l => l.dataset.k)")
+            assert all(float(k) >= floor for k in ks), (ks, floor)
+            if page.locator("#live-heads").count():
+                assert graph.locator("[data-node]").count() == 2 * int(
+                    page.input_value("#live-heads")
+                )
+            assert graph.locator('line[data-confirmed="true"]').count() == 0
+        page.wait_for_timeout(200)
+    assert steps == sorted(steps)
 
 
 def test_bad_knob_and_cancel_from_the_page(live_page) -> None:
@@ -135,3 +193,43 @@ def test_bad_knob_and_cancel_from_the_page(live_page) -> None:
     expect(page.locator("#live-train")).to_be_enabled()
     # the one error is the browser's own log line for the refused request
     assert [e for e in page.errors if "status of 422" not in e] == []
+
+
+def assert_final_circuit(drawn: dict[str, tuple[float, str]], threads: int, quick) -> None:
+    """The live run's last graph against the same recipe trained here on as many threads: an
+    edge wherever the trained model's K-composition (layer 0 → last layer) clears the floor,
+    confirmed where a feeder head meets a head labelled induction. When the page's recipe is
+    the quick run's, that run's 2-layer study (``quick``: conftest's ``induction_quick``) is
+    the one trained here."""
+    from headlab.experiments import induction as ind
+    from headlab.files import torch_threads
+    from headlab.heads.composition import composition_scores
+    from headlab.server.live import Knobs
+
+    knobs = Knobs()
+    if (knobs.config(), knobs.n_layers) == (ind.QUICK, 2):
+        r = quick(threads)[2]  # ind.study(ind.QUICK, 2, 0) on ``threads``, inside run_seed
+    else:
+        with torch_threads(threads):
+            r = ind.study(knobs.config(), knobs.n_layers, 0)
+    assert r is not None
+    found = composition_scores(r["_model"])
+    last = knobs.n_layers - 1
+    k, floor = found.scores["k"][0, :, last, :], found.floor("k")
+    feeders = {f["head"] for f in r.get("feeder_heads", [])}
+    want = {
+        f"0.{i}-{last}.{j}": (
+            round(float(k[i, j]), 4),
+            str(f"0.{i}" in feeders and f"{last}.{j}" in r["induction_heads"]).lower(),
+        )
+        for i in range(k.shape[0])
+        for j in range(k.shape[1])
+        if float(k[i, j]) >= floor
+    }
+    assert want, "the trained model has no edge above the floor: nothing to compare"
+    assert drawn.keys() == want.keys()
+    for edge, (score, confirmed) in want.items():
+        assert drawn[edge][0] == pytest.approx(score, abs=1e-4) and drawn[edge][1] == confirmed, (
+            edge
+        )
+    assert "true" in {c for _, c in want.values()}, "no edge confirmed: the circuit did not form"

@@ -226,6 +226,7 @@ def test_experiment_model_option_refuses_what_it_cannot_run(args: list[str], wor
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_experiment_retrieval_quick_on_gemma3(tmp_path: Path) -> None:
     """--model gemma3 --quick runs the quick sweep on Gemma 3 270M: each of its heads scored."""
     from headlab import gemma3
