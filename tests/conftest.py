@@ -1,9 +1,10 @@
 """Shared test helpers: seeded generators, the CI rule for missing dependencies, the one server
 and the one browser of a test process, and the order the modules run in.
 
-``make test`` runs the suite on two pytest-xdist workers, each given a whole module at a time
-(``-n 2``, :class:`WholeModules`), so a module's wide fixtures are built once; the session-wide
-ones here (the server, the browser) once in each worker that needs them.
+``make test`` runs the suite on three pytest-xdist workers (two cores; tests often wait on a
+browser, a subprocess or a server), each given a whole module at a time (``-n 3``,
+:class:`WholeModules`), so a module's wide fixtures are built once; the session-wide ones here
+(the server, the browser) once in each worker that needs them.
 """
 
 from __future__ import annotations
