@@ -1,22 +1,26 @@
 """What head analysis costs against one forward pass, measured side by side in one run: for the
-default model, MiniLM and SmolLM2, transformers' eager forward with ``output_attentions=True``,
-headlab's traced forward, ``analyse`` (with and without the content score) and the ablation
-evidence of every head, by attribution patching (headlab.heads.attribution: the estimate alone,
-and with its check, the first heads it ranks ablated exactly) and by exact ablation of every
-head (headlab.heads.effects.ablate_heads), at one thread and at two.
+default model, MiniLM, SmolLM2 and Gemma 3 (each where it is here), transformers' eager forward
+with ``output_attentions=True``, headlab's traced forward, ``analyse`` (with and without the
+content score) and the ablation evidence of every head, by attribution patching
+(headlab.heads.attribution: the estimate alone, and with its check, the first heads it ranks
+ablated exactly) and by exact ablation of every head (headlab.heads.effects.ablate_heads), at
+one thread and at two.
 
 Contenders are interleaved round by round so that a busy machine slows each alike; medians of
 ``--rounds`` rounds (``--slow-rounds`` for the ablations), each as a ratio against
-transformers' forward on the same tokens. The default model has no transformers architecture
+transformers' forward on the same tokens (for a causal model the call a user makes, its LM head
+included, and beside it the decoder alone, ``model.model``: headlab's traced forward and its
+analysis stop at the last hidden state, and for Gemma 3's 262k-token vocabulary the LM head is
+most of the forward). The default model has no transformers architecture
 (attention-only), so its ratios are against headlab's own traced forward; MiniLM is
 bidirectional, so it has no next-token loss to ablate against.
 
 Every score, the content score included, comes from the one traced forward on the probe:
-"headlab forward, traced" is the floor under "analyse, all scores". ``--lengths`` adds MiniLM's
-and SmolLM2's analyse on random tokens of those lengths repeated 4 times, where the forward's
+"headlab forward, traced" is the floor under "analyse, all scores". ``--lengths`` adds the
+other models' analyse on random tokens of those lengths repeated 4 times, where the forward's
 share of the cost grows with the length.
 
-Run: ``python benchmarks/bench_analysis.py [--models default minilm smollm2] [--threads 1 2]
+Run: ``python benchmarks/bench_analysis.py [--models default minilm smollm2 gemma3] [--threads 1 2]
 [--rounds 7] [--slow-rounds 2] [--lengths 16 64]``; results go to
 benchmarks/results/analysis.json (``--json``).
 """
@@ -41,6 +45,7 @@ from headlab.measure import build_probe, random_repeat_probe
 from record import path_for, save
 
 BASE = "transformers forward, output_attentions"
+BODY = "transformers body (no LM head), output_attentions"
 TRACED = "headlab forward, traced"
 
 
@@ -58,6 +63,10 @@ def _hf(name: str) -> Any:
         from headlab import smollm2
 
         return smollm2.load_transformers(smollm2.model_dir())[0]
+    if name == "gemma3":
+        from headlab import gemma3
+
+        return gemma3.load_transformers(gemma3.model_dir())[0]
     return None
 
 
@@ -83,6 +92,8 @@ def contenders(
     fns: dict[str, Callable[[], object]] = {}
     if hf is not None:
         fns[BASE] = lambda: _hf_forward(hf, x)
+        if hasattr(hf, "lm_head"):  # the decoder without its unembedding, as headlab traces it
+            fns[BODY] = lambda: _hf_forward(hf.model, x)
     fns[TRACED] = traced
     fns["analyse, all scores"] = lambda: analyse(model, probe, keep=())
     fns["analyse, all but content"] = lambda: analyse(model, probe, content=False, keep=())
@@ -128,7 +139,8 @@ def measure(fns: dict[str, Callable[[], object]], slow: set[str], rounds: int,
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["default", "minilm", "smollm2"])
+    parser.add_argument("--models", nargs="+", default=["default", "minilm", "smollm2", "gemma3"],
+                        help="each one skipped, saying so, where it is not here")  # fmt: skip
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--slow-rounds", type=int, default=2, help="rounds of the ablations")
@@ -154,8 +166,9 @@ def main() -> int:
             base = medians.get(BASE, medians[TRACED])
             against = "transformers" if BASE in medians else "headlab traced"
             print(f"{name}, {n} tokens, {threads} thread(s), medians (× {against} forward)")
+            width = max(map(len, medians))
             for what, t in medians.items():
-                print(f"  {what:36s} {t * 1e3:9.1f} ms  {t / base:6.2f}×")
+                print(f"  {what:{width}s} {t * 1e3:9.1f} ms  {t / base:6.2f}×")
                 rows.append([name, n, threads, what, f"{t * 1e3:.1f}", f"{t / base:.2f}"])
             ratios = {k: v / base for k, v in medians.items()}
             key = f"{name}/{threads}" if length is None else f"{name}@{n}/{threads}"
