@@ -30,6 +30,8 @@ Papers: Voita et al. 2019; Clark et al. 2019; Olsson et al. 2022; Wang et al. 20
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -295,75 +297,104 @@ def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) ->
     """
     A, _ = as_batched(weights)
     B, _, n, _ = A.shape
-    pos = torch.arange(n, device=A.device)
-    free = torch.ones(B, n, dtype=torch.bool) if fixed is None else ~fixed.bool()
-    # the first position too, whatever token it holds: heads rest there (an attention sink
-    # forms on the first token, Xiao et al. 2023), and a rule plus that rest is still a rule
-    free[:, 0] = False
-    sees = free.to(A.device)[:, None, :].expand(B, n, n)  # (B, n, n): query i sees key j
-    if causal:
-        sees = sees & (pos[:, None] >= pos[None, :])
-    size = sees.sum(-1).to(A.dtype)  # (B, n): |V_i|
-    V = sees.to(A.dtype)  # (B, n, n)
-    AV = A * V[:, None]  # (B, h, n, n)
+    V, size, skewed = (x.to(A.device) for x in _content_masks(B, n, causal, fixed, A.dtype))
+    # the rows in reverse order (one copy, then worked in place): the offset profile's cell of
+    # the pair (i, j) is then the antidiagonal i + j, and its totals a strided view, not a copy
+    AV = A.flip(-2).mul_(V[:, None])  # (B, h, n, n): the rows on the movable keys
     w = AV.sum(-1)  # (B, h, n)
     rows = ((size >= 2)[:, None] & (w > 0)).to(A.dtype)  # (B, h, n): rows that count
-    # a row's own part in a profile cell: w_i·u_ij = |V_i|·A_ij to the sum (B, h, n, n), w_i
-    # to the weight, 1 to the count; parts: the rows' weights and counts (2, B, h, n)
-    own = AV * (rows * size[:, None])[..., None]
-    pairs = V[:, None] * rows[..., None]  # (B, h, n, n): the pairs the profiles pool
+    # a row's own part in a profile cell: w_i·u_ij = |V_i|·A_ij to the sum, w_i to the weight,
+    # 1 to the count; parts: the rows' weights and counts (2, B, h, n)
+    scale = rows * size[:, None]  # (B, h, n)
     parts = torch.stack([rows * w, rows])
     every = (size >= 2).sum().clamp_min(1).to(A.dtype)  # the rows that count, whatever w
     best = None
-    for totals in (_key_totals(own, parts, V), _offset_totals(own, parts, V)):
-        unexplained = _unexplained(AV, own, rows * w, pairs, totals)  # (B, h, n)
+    profiles = (_key_totals(AV, scale, parts, V), _offset_totals(AV, scale, parts, skewed))
+    for totals, cells in profiles:
+        unexplained = _unexplained(AV, scale, rows * w, V, totals, cells)  # (B, h, n)
         share = (w * unexplained).sum((0, 2)) / every  # rest on fixed keys: explained
         best = share if best is None else torch.minimum(best, share)
     assert best is not None
     return best.clamp(0, 1).float()  # rounding can step a hair outside [0, 1]
 
 
-def _key_totals(own_sum: Tensor, parts: Tensor, V: Tensor) -> Tensor:
-    """The profile by key position: at every (query, key j) pair the sum, weight and count of
-    every row's part at key j → (3, h, 1, n). own_sum (B, h, n, n); parts (2, B, h, n) the
-    rows' weights and 0/1 counts; V (B, n, n) the keys each query sees."""
+def _content_masks(
+    B: int, n: int, causal: bool, fixed: Tensor | None, dtype: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor]:
+    """What :func:`content_score` compares on a probe, rows in reverse order: V (B, n, n) 0/1
+    the keys each query sees, |V| (B, n), and V antiskewed (B, n, 2n − 1). They depend on the
+    probe alone, so they are built once and shared by every layer (read-only)."""
+    key = b"" if fixed is None else fixed.bool().cpu().contiguous().numpy().tobytes()
+    return _masks(B, n, causal, key, dtype)
+
+
+@functools.lru_cache(maxsize=8)
+def _masks(
+    B: int, n: int, causal: bool, fixed: bytes, dtype: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`_content_masks` from the fixed keys' bytes (empty: none fixed)."""
+    free = torch.ones(B, n, dtype=torch.bool)
+    if fixed:
+        free = ~torch.frombuffer(bytearray(fixed), dtype=torch.bool).view(B, n)
+    # the first position too, whatever token it holds: heads rest there (an attention sink
+    # forms on the first token, Xiao et al. 2023), and a rule plus that rest is still a rule
+    free[:, 0] = False
+    sees = free[:, None, :].expand(B, n, n)  # (B, n, n): query i sees key j
+    if causal:
+        sees = sees & torch.ones(n, n, dtype=torch.bool).tril()
+    V = sees.flip(-2).to(dtype)
+    return V, V.sum(-1), _antiskew(V)
+
+
+def _key_totals(AV: Tensor, scale: Tensor, parts: Tensor, V: Tensor) -> tuple[Tensor, Tensor]:
+    """The profile by key position: the sum, weight and count of every row's part at key j
+    (3, h, 1, n), and the cells seen by more than one row (h, 1, n) 0/1. AV (B, h, n, n);
+    scale (B, h, n) each row's |V_i| where it counts; parts (2, B, h, n) the rows' weights and
+    0/1 counts; V (B, n, n) the keys each query sees."""
+    sums = torch.einsum("bhi,bhij->hj", scale, AV)  # (h, n)
     rest = torch.einsum("kbhi,bij->khj", parts, V)  # (2, h, n)
-    return torch.cat([own_sum.sum((0, 2))[None], rest])[:, :, None]
+    totals = torch.cat([sums[None], rest])[:, :, None]
+    return totals, (totals[2] > 1.5).to(AV.dtype)
 
 
-def _offset_totals(own_sum: Tensor, parts: Tensor, V: Tensor) -> Tensor:
-    """The profile by offset: at (i, j) the sum, weight and count over every pair (i′, j′)
-    with i′ − j′ = i − j → (3, h, n, n). Diagonal sums by a skew (row i shifted by i, a
-    strided view of a padded copy), spread back along the diagonals by a sliding window."""
-    n = V.shape[-1]
-    by_offset = torch.einsum("kbhi,bid->khd", parts, _skew(V))  # (2, h, 2n − 1)
-    summed = _skew(own_sum.sum(0)).sum(-2)  # (h, 2n − 1): column j − i + n − 1
-    diag = torch.cat([summed[None], by_offset])  # (3, h, 2n − 1)
-    # [i, j] = diag[j − i + n − 1]: a window over the reversed diagonals, flipped along j
-    # (a flip along the rows gives the same, about half again slower)
-    return diag.flip(-1).unfold(-1, n, 1).flip(-1)
+def _offset_totals(
+    AV: Tensor, scale: Tensor, parts: Tensor, skewed: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The profile by offset, rows in reverse order: at (i, j) the sum, weight and count over
+    every pair on the antidiagonal i + j (3, h, n, n), and the cells seen by more than one row
+    (h, n, n) 0/1, both strided views of (·, h, 2n − 1): [i, j] = diagonal[i + j]."""
+    n = AV.shape[-1]
+    by_offset = torch.einsum("kbhi,bic->khc", parts, skewed)  # (2, h, 2n − 1)
+    sums = _antiskew(AV, scale[..., None]).sum((0, 2))  # (h, 2n − 1)
+    diag = torch.cat([sums[None], by_offset])  # (3, h, 2n − 1)
+    return diag.unfold(-1, n, 1), (diag[2] > 1.5).to(AV.dtype).unfold(-1, n, 1)
 
 
-def _skew(x: Tensor) -> Tensor:
-    """(…, n, n) → (…, n, 2n − 1): x[…, i, j] moved to column j − i + n − 1 (zeros elsewhere)."""
+def _antiskew(x: Tensor, scale: Tensor | None = None) -> Tensor:
+    """(…, n, n) → (…, n, 2n − 1): x[…, i, j] (times ``scale``) at column i + j, zeros
+    elsewhere; written through a strided view of the result (row stride 2n)."""
     n = x.shape[-1]
-    width = 3 * n - 1
-    padded = torch.nn.functional.pad(x, (n - 1, n)).contiguous()  # (…, n, 3n − 1)
-    lead = padded.shape[:-2]
-    strides = padded.stride()[:-2]
-    return padded.as_strided((*lead, n, 2 * n - 1), (*strides, width + 1, 1))
+    out = x.new_zeros(*x.shape[:-1], 2 * n - 1)
+    view = out.as_strided(x.shape, (*out.stride()[:-2], 2 * n, 1))
+    torch.mul(x, 1.0 if scale is None else scale, out=view)
+    return out
 
 
-def _unexplained(AV: Tensor, own: Tensor, weight: Tensor, pairs: Tensor, totals: Tensor) -> Tensor:
+def _unexplained(
+    AV: Tensor, scale: Tensor, weight: Tensor, V: Tensor, totals: Tensor, cells: Tensor
+) -> Tensor:
     """Each row's 1 − overlap with its leave-one-out profile: AV (B, h, n, n) the rows on the
-    movable keys, own each pair's part of the profile's sum (B, h, n, n) and weight each
-    row's (B, h, n), pairs the pooled pairs 0/1, totals the sums, weights and counts at each
-    pair's cell (3, h, ·, n) → (B, h, n), 0 on a row with no key kept (nothing to compare)."""
-    # (B, h, n, n) buffers are reused in place: at these sizes each new one costs a pass
-    kept = pairs * (totals[2] > 1.5)  # a pooled pair whose cell another row sees
-    counted = kept.amax(-1)  # (B, h, n): 1 where a key was kept
-    q = (totals[1] - weight[..., None]).clamp_min_(1e-30)  # the other rows' weight
-    q = torch.sub(totals[0], own).div_(q).mul_(kept)  # the profile, unnormalised
+    movable keys, scale and weight each row's |V_i| and w_i where it counts (B, h, n), V the
+    keys each query sees, totals the sums, weights and counts at each pair's cell (3, h, ·, n),
+    cells those seen by more than one row (h, ·, n) → (B, h, n), 0 on a row with no key kept
+    (nothing to compare) or one that does not count."""
+    # each op is one pass over (B, h, n, n), worked in place: at these sizes a pass costs about
+    # as much as the arithmetic in it. A row that does not count (weight 0) is compared too,
+    # finite, and multiplied by 0 at the end: cheaper than masking its pairs out
+    kept = V[:, None] * cells  # (B, h, n, n): a seen pair whose cell another row sees
+    counted = (kept.sum(-1) > 0) * (weight > 0)  # (B, h, n)
+    q = torch.sub(totals[1], weight[..., None]).clamp_min_(1e-30)  # the other rows' weight
+    q = torch.addcmul(totals[0], scale[..., None], AV, value=-1).div_(q).mul_(kept)  # profile
     p = kept.mul_(AV)  # the row on the keys kept
     mass_p, mass_q = p.sum(-1, keepdim=True), q.sum(-1, keepdim=True)  # (B, h, n, 1)
     # Σ min(p/|p|, q/|q|) = Σ min(p, q·|p|/|q|) / |p|; an empty side overlaps nothing
