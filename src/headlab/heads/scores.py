@@ -310,8 +310,9 @@ def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) ->
     every = (size >= 2).sum().clamp_min(1).to(A.dtype)  # the rows that count, whatever w
     best = None
     profiles = (_key_totals(AV, scale, parts, V), _offset_totals(AV, scale, parts, skewed))
+    work = torch.empty(3, *AV.shape, dtype=A.dtype, device=A.device)  # reused by both profiles
     for totals, cells in profiles:
-        unexplained = _unexplained(AV, scale, rows * w, V, totals, cells)  # (B, h, n)
+        unexplained = _unexplained(AV, scale, rows * w, V, totals, cells, work)  # (B, h, n)
         share = (w * unexplained).sum((0, 2)) / every  # rest on fixed keys: explained
         best = share if best is None else torch.minimum(best, share)
     assert best is not None
@@ -381,20 +382,28 @@ def _antiskew(x: Tensor, scale: Tensor | None = None) -> Tensor:
 
 
 def _unexplained(
-    AV: Tensor, scale: Tensor, weight: Tensor, V: Tensor, totals: Tensor, cells: Tensor
+    AV: Tensor,
+    scale: Tensor,
+    weight: Tensor,
+    V: Tensor,
+    totals: Tensor,
+    cells: Tensor,
+    work: Tensor,
 ) -> Tensor:
     """Each row's 1 − overlap with its leave-one-out profile: AV (B, h, n, n) the rows on the
     movable keys, scale and weight each row's |V_i| and w_i where it counts (B, h, n), V the
     keys each query sees, totals the sums, weights and counts at each pair's cell (3, h, ·, n),
-    cells those seen by more than one row (h, ·, n) → (B, h, n), 0 on a row with no key kept
-    (nothing to compare) or one that does not count."""
-    # each op is one pass over (B, h, n, n), worked in place: at these sizes a pass costs about
-    # as much as the arithmetic in it. A row that does not count (weight 0) is compared too,
-    # finite, and multiplied by 0 at the end: cheaper than masking its pairs out
-    kept = V[:, None] * cells  # (B, h, n, n): a seen pair whose cell another row sees
+    cells those seen by more than one row (h, ·, n), work three (B, h, n, n) buffers →
+    (B, h, n), 0 on a row with no key kept (nothing to compare) or one that does not count."""
+    # each op is one pass over (B, h, n, n) into a buffer of ``work``: at these sizes a fresh
+    # tensor costs about as much as the arithmetic in it. A row that does not count (weight 0)
+    # is compared too, finite, and multiplied by 0 at the end: cheaper than masking it out
+    kept, q, other = work.unbind(0)
+    torch.mul(V[:, None], cells, out=kept)  # a seen pair whose cell another row sees
     counted = (kept.sum(-1) > 0) * (weight > 0)  # (B, h, n)
-    q = torch.sub(totals[1], weight[..., None]).clamp_min_(1e-30)  # the other rows' weight
-    q = torch.addcmul(totals[0], scale[..., None], AV, value=-1).div_(q).mul_(kept)  # profile
+    torch.sub(totals[1], weight[..., None], out=other).clamp_min_(1e-30)  # the other rows' w
+    torch.addcmul(totals[0], scale[..., None], AV, value=-1, out=q)  # the other rows' sum
+    q.div_(other).mul_(kept)  # the profile on the keys kept, unnormalised
     p = kept.mul_(AV)  # the row on the keys kept
     mass_p, mass_q = p.sum(-1, keepdim=True), q.sum(-1, keepdim=True)  # (B, h, n, 1)
     # Σ min(p/|p|, q/|q|) = Σ min(p, q·|p|/|q|) / |p|; an empty side overlaps nothing
