@@ -309,10 +309,10 @@ def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) ->
     parts = torch.stack([rows * w, rows])
     every = (size >= 2).sum().clamp_min(1).to(A.dtype)  # the rows that count, whatever w
     best = None
-    profiles = (_key_totals(AV, scale, parts, V), _offset_totals(AV, scale, parts, skewed))
+    profiles = (_key_profile(AV, scale, parts, V), _offset_profile(AV, scale, parts, skewed))
     work = torch.empty(3, *AV.shape, dtype=A.dtype, device=A.device)  # reused by both profiles
-    for totals, cells in profiles:
-        unexplained = _unexplained(AV, scale, rows * w, V, totals, cells, work)  # (B, h, n)
+    for profile in profiles:
+        unexplained = _unexplained(AV, rows * w, scale, V, profile, work)  # (B, h, n)
         share = (w * unexplained).sum((0, 2)) / every  # rest on fixed keys: explained
         best = share if best is None else torch.minimum(best, share)
     assert best is not None
@@ -347,69 +347,69 @@ def _masks(
     return V, V.sum(-1), _antiskew(V)
 
 
-def _key_totals(AV: Tensor, scale: Tensor, parts: Tensor, V: Tensor) -> tuple[Tensor, Tensor]:
-    """The profile by key position: the sum, weight and count of every row's part at key j
-    (3, h, 1, n), and the cells seen by more than one row (h, 1, n) 0/1. AV (B, h, n, n);
-    scale (B, h, n) each row's |V_i| where it counts; parts (2, B, h, n) the rows' weights and
-    0/1 counts; V (B, n, n) the keys each query sees."""
+# a profile as :func:`_unexplained` reads it: the sums, weights and counts at each pair's cell
+# (3, h, ·, n), the cells more than one row sees (h, ·, n) 0/1, and per row (B, h, n) its mass
+# on the keys whose cell is such a cell and whether it has any
+Profile = tuple[Tensor, Tensor, Tensor, Tensor]
+
+
+def _key_profile(AV: Tensor, scale: Tensor, parts: Tensor, V: Tensor) -> Profile:
+    """The profile by key position, its totals (3, h, 1, n) at key j. AV (B, h, n, n) the rows
+    on the keys they see; scale (B, h, n) each row's |V_i| where it counts; parts (2, B, h, n)
+    the rows' weights and 0/1 counts; V (B, n, n) the keys each query sees."""
     sums = torch.einsum("bhi,bhij->hj", scale, AV)  # (h, n)
     rest = torch.einsum("kbhi,bij->khj", parts, V)  # (2, h, n)
-    totals = torch.cat([sums[None], rest])[:, :, None]
-    return totals, (totals[2] > 1.5).to(AV.dtype)
+    cells = (rest[1] > 1.5).to(AV.dtype)  # (h, n)
+    mass = torch.einsum("bhij,hj->bhi", AV, cells)
+    has = torch.einsum("bij,hj->bhi", V, cells) > 0.5
+    return torch.cat([sums[None], rest])[:, :, None], cells[:, None], mass, has
 
 
-def _offset_totals(
-    AV: Tensor, scale: Tensor, parts: Tensor, skewed: Tensor
-) -> tuple[Tensor, Tensor]:
-    """The profile by offset, rows in reverse order: at (i, j) the sum, weight and count over
-    every pair on the antidiagonal i + j (3, h, n, n), and the cells seen by more than one row
-    (h, n, n) 0/1, both strided views of (·, h, 2n − 1): [i, j] = diagonal[i + j]."""
+def _offset_profile(AV: Tensor, scale: Tensor, parts: Tensor, skewed: Tensor) -> Profile:
+    """The profile by offset, rows in reverse order: its totals at (i, j) those of every pair
+    on the antidiagonal i + j (3, h, n, n), a strided view of (3, h, 2n − 1) like its cells.
+    skewed (B, n, 2n − 1) the keys each query sees, antiskewed; the rest as :func:`_key_profile`."""
     n = AV.shape[-1]
-    by_offset = torch.einsum("kbhi,bic->khc", parts, skewed)  # (2, h, 2n − 1)
-    sums = _antiskew(AV, scale[..., None]).sum((0, 2))  # (h, 2n − 1)
-    diag = torch.cat([sums[None], by_offset])  # (3, h, 2n − 1)
-    return diag.unfold(-1, n, 1), (diag[2] > 1.5).to(AV.dtype).unfold(-1, n, 1)
+    rest = torch.einsum("kbhi,bic->khc", parts, skewed)  # (2, h, 2n − 1)
+    cells = (rest[1] > 1.5).to(AV.dtype)  # (h, 2n − 1)
+    diagonals = _antiskew(AV)  # (B, h, n, 2n − 1)
+    sums = torch.einsum("bhi,bhic->hc", scale, diagonals)
+    mass = torch.einsum("bhic,hc->bhi", diagonals, cells)
+    has = torch.einsum("bic,hc->bhi", skewed, cells) > 0.5
+    totals = torch.cat([sums[None], rest])  # (3, h, 2n − 1)
+    return totals.unfold(-1, n, 1), cells.unfold(-1, n, 1), mass, has
 
 
-def _antiskew(x: Tensor, scale: Tensor | None = None) -> Tensor:
-    """(…, n, n) → (…, n, 2n − 1): x[…, i, j] (times ``scale``) at column i + j, zeros
-    elsewhere; written through a strided view of the result (row stride 2n)."""
+def _antiskew(x: Tensor) -> Tensor:
+    """(…, n, n) → (…, n, 2n − 1): x[…, i, j] at column i + j, zeros elsewhere; a strided view
+    (row stride 2n − 1) of x padded with n zero columns (row stride 2n), whose rows overlap."""
     n = x.shape[-1]
-    out = x.new_zeros(*x.shape[:-1], 2 * n - 1)
-    view = out.as_strided(x.shape, (*out.stride()[:-2], 2 * n, 1))
-    torch.mul(x, 1.0 if scale is None else scale, out=view)
-    return out
+    padded = torch.nn.functional.pad(x, (0, n))  # (…, n, 2n)
+    return padded.as_strided((*x.shape[:-1], 2 * n - 1), (*padded.stride()[:-2], 2 * n - 1, 1))
 
 
 def _unexplained(
-    AV: Tensor,
-    scale: Tensor,
-    weight: Tensor,
-    V: Tensor,
-    totals: Tensor,
-    cells: Tensor,
-    work: Tensor,
+    AV: Tensor, weight: Tensor, scale: Tensor, V: Tensor, profile: Profile, work: Tensor
 ) -> Tensor:
     """Each row's 1 − overlap with its leave-one-out profile: AV (B, h, n, n) the rows on the
-    movable keys, scale and weight each row's |V_i| and w_i where it counts (B, h, n), V the
-    keys each query sees, totals the sums, weights and counts at each pair's cell (3, h, ·, n),
-    cells those seen by more than one row (h, ·, n), work three (B, h, n, n) buffers →
-    (B, h, n), 0 on a row with no key kept (nothing to compare) or one that does not count."""
+    keys they see, weight and scale each row's w_i and |V_i| where it counts (B, h, n), V the
+    keys each query sees, work three (B, h, n, n) buffers → (B, h, n), 0 on a row with no key
+    kept (nothing to compare) or one that does not count."""
     # each op is one pass over (B, h, n, n) into a buffer of ``work``: at these sizes a fresh
     # tensor costs about as much as the arithmetic in it. A row that does not count (weight 0)
     # is compared too, finite, and multiplied by 0 at the end: cheaper than masking it out
+    totals, cells, mass_p, has = profile
     kept, q, other = work.unbind(0)
     torch.mul(V[:, None], cells, out=kept)  # a seen pair whose cell another row sees
-    counted = (kept.sum(-1) > 0) * (weight > 0)  # (B, h, n)
     torch.sub(totals[1], weight[..., None], out=other).clamp_min_(1e-30)  # the other rows' w
     torch.addcmul(totals[0], scale[..., None], AV, value=-1, out=q)  # the other rows' sum
     q.div_(other).mul_(kept)  # the profile on the keys kept, unnormalised
-    p = kept.mul_(AV)  # the row on the keys kept
-    mass_p, mass_q = p.sum(-1, keepdim=True), q.sum(-1, keepdim=True)  # (B, h, n, 1)
-    # Σ min(p/|p|, q/|q|) = Σ min(p, q·|p|/|q|) / |p|; an empty side overlaps nothing
-    overlap = torch.minimum(p, q.mul_(mass_p / mass_q.clamp_min(1e-30)), out=q).sum(-1)
+    mass_p, mass_q = mass_p[..., None], q.sum(-1, keepdim=True)  # (B, h, n, 1)
+    # Σ min(p/|p|, q/|q|) = Σ min(p, q·|p|/|q|) / |p| with p the row on the keys kept; q is 0
+    # off them and AV ≥ 0, so p may be AV itself. An empty side overlaps nothing
+    overlap = torch.minimum(AV, q.mul_(mass_p / mass_q.clamp_min(1e-30)), out=q).sum(-1)
     overlap = overlap / mass_p[..., 0].clamp_min(1e-30)
-    return (1 - overlap) * counted
+    return (1 - overlap) * (has & (weight > 0))
 
 
 def averaged_pattern(weights: Tensor) -> Tensor:
