@@ -375,3 +375,27 @@ def test_the_argmax_the_scores_read_picks_the_first_of_equal_maxima(dtype):
     assert torch.equal(_first_argmax(A), A.argmax(-1))
     B = torch.rand(2, 2, 3, 200, generator=g, dtype=dtype)  # rows long enough for float passes
     assert torch.equal(_first_argmax(B), B.argmax(-1))
+
+
+def test_scores_that_reuse_one_scratch_equal_fresh_ones():
+    """An analysis hands each layer the buffers the last one left (a Scratch): the scores
+    equal those computed with fresh buffers, layer after layer and when the shape changes."""
+    from headlab.heads.scores import Scratch
+
+    g = torch.Generator().manual_seed(12)
+    scratch = Scratch()
+    for n, causal in [(200, True), (200, True), (9, True), (200, False), (200, True)]:
+        tokens = torch.randint(0, 7, (2, n), generator=g)
+        fixed = torch.zeros(2, n, dtype=torch.bool)
+        fixed[:, 0] = True
+        t = targets_of(tokens, causal, fixed=fixed)
+        A = torch.rand(2, 3, n, n, generator=g) ** 8
+        if causal:
+            A = A.tril()
+        A = A / A.sum(-1, keepdim=True)
+        reused, offsets, rests = pattern_scores(A, t, scratch=scratch)
+        fresh, offsets_fresh, rests_fresh = pattern_scores(A, t)
+        assert torch.equal(offsets, offsets_fresh)
+        for k in fresh:
+            assert reused[k].tolist() == pytest.approx(fresh[k].tolist(), abs=1e-6), (n, k)
+        assert all(torch.equal(rests[k], rests_fresh[k]) for k in rests)

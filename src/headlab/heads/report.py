@@ -25,7 +25,7 @@ from headlab.heads.labels import (
     THRESHOLDS,
     label_head,
 )
-from headlab.heads.scores import averaged_pattern, pattern_scores
+from headlab.heads.scores import Scratch, averaged_pattern, pattern_scores
 from headlab.heads.targets import Targets, build_targets
 from headlab.measure import Probe, reduce_patterns
 from headlab.model import Transformer
@@ -252,11 +252,13 @@ def layer_scorer(
     the same weights), on the CPU in float32, whatever device the layer ran on.
     """
 
+    scratch = Scratch()  # the layers' scores reuse one set of buffers
+
     def score(layer: int, weights: Tensor) -> LayerScores:
         w = weights.float().cpu()  # (B, h, n, n)
         h = w.shape[1]
         flat = torch.cat([w, averaged_pattern(w)[:, None]], dim=1)  # (B, h + 1, n, n)
-        by_type, offsets, rests = pattern_scores(flat, targets, content)
+        by_type, offsets, rests = pattern_scores(flat, targets, content, scratch)
         heads = range(-1, h) if keep is None else [i for l, i in keep if l == layer]
         kept = {i: flat[0, h if i < 0 else i].clone() for i in heads}
         return LayerScores(by_type, offsets, kept, rests)

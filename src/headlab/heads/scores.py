@@ -246,7 +246,32 @@ def first_token_score(weights: Tensor) -> Tensor:
     return key_mass_score(A, keys)
 
 
-def diffuse_score(weights: Tensor, causal: bool) -> Tensor:
+class Scratch:
+    """Buffers kept from one call to the next: :func:`layer_scorer
+    <headlab.heads.report.layer_scorer>` keeps one for an analysis, so each layer's scores
+    reuse the last layer's (B, h, n, n) buffers. A fresh buffer costs its first touch (the
+    pages the system maps in), about as much as a pass over it. Without one, each call
+    allocates its own."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], like: Tensor, zeros: bool = False) -> Tensor:
+        """The buffer ``name`` of ``shape`` in ``like``'s dtype and device: the one handed out
+        last time when those match (its contents as left then), else a new one, of zeros if
+        ``zeros`` (uninitialised otherwise: filling it costs a pass)."""
+        buf = self._buffers.get(name)
+        if (
+            buf is None
+            or buf.shape != shape
+            or (buf.dtype, buf.device) != (like.dtype, like.device)
+        ):
+            new = torch.zeros if zeros else torch.empty
+            buf = self._buffers[name] = new(shape, dtype=like.dtype, device=like.device)
+        return buf
+
+
+def diffuse_score(weights: Tensor, causal: bool, scratch: Scratch | None = None) -> Tensor:
     """Normalised entropy H(A_i) / log(k_i), averaged over queries with k_i ≥ 2 keys → (h,).
 
     k_i is the number of keys query i could attend to (all keys, or j ≤ i plus the cached keys
@@ -258,14 +283,17 @@ def diffuse_score(weights: Tensor, causal: bool) -> Tensor:
     # 0 · log 0 = 0: a zero weight meets the log of the least normal float, a finite number
     # (torch.special.xlogy and entr say the same, several times slower). One buffer, worked in
     # place: a fresh (B, h, n, s) temporary costs about as much as the arithmetic on it.
-    plogp = A.clamp_min(torch.finfo(A.dtype).tiny).log_().mul_(A)  # (B, h, n, s)
+    plogp = (scratch or Scratch()).get("pass", A.shape, A)  # (B, h, n, s)
+    torch.clamp_min(A, torch.finfo(A.dtype).tiny, out=plogp).log_().mul_(A)
     entropy = plogp.sum(-1).neg_()  # (B, h, n)
     rows = k >= 2
     norm = entropy[..., rows] / k[rows].log()  # (B, h, rows)
     return norm.mean(dim=(0, 2)).float() if rows.any() else torch.zeros(h)
 
 
-def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) -> Tensor:
+def content_score(
+    weights: Tensor, causal: bool, fixed: Tensor | None = None, scratch: Scratch | None = None
+) -> Tensor:
     """The share of a head's attention that its own position profile does not explain, from
     the one forward's weights (B, h, n, n); fixed (B, n) bool marks the keys left out (BOS,
     [CLS], [SEP]), and so is the first position, whatever it holds: heads rest there, and a
@@ -300,7 +328,9 @@ def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) ->
     V, size, skewed = (x.to(A.device) for x in _content_masks(B, n, causal, fixed, A.dtype))
     # the rows in reverse order (one copy, then worked in place): the offset profile's cell of
     # the pair (i, j) is then the antidiagonal i + j, and its totals a strided view, not a copy
-    AV = A.flip(-2).mul_(V[:, None])  # (B, h, n, n): the rows on the movable keys
+    scratch = scratch or Scratch()
+    AV = scratch.get("rows", A.shape, A)  # (B, h, n, n): the rows on the movable keys
+    torch.index_select(A, -2, torch.arange(n - 1, -1, -1, device=A.device), out=AV).mul_(V[:, None])
     w = AV.sum(-1)  # (B, h, n)
     rows = ((size >= 2)[:, None] & (w > 0)).to(A.dtype)  # (B, h, n): rows that count
     # a row's own part in a profile cell: w_i·u_ij = |V_i|·A_ij to the sum, w_i to the weight,
@@ -309,8 +339,12 @@ def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) ->
     parts = torch.stack([rows * w, rows])
     every = (size >= 2).sum().clamp_min(1).to(A.dtype)  # the rows that count, whatever w
     best = None
-    profiles = (_key_profile(AV, scale, parts, V), _offset_profile(AV, scale, parts, skewed))
-    work = torch.empty(3, *AV.shape, dtype=A.dtype, device=A.device)  # reused by both profiles
+    diagonals = _antiskew(AV, scratch.get("diagonals", (*A.shape[:-1], 2 * n), A, zeros=True))
+    profiles = (
+        _key_profile(AV, scale, parts, V),
+        _offset_profile(AV, scale, parts, skewed, diagonals),
+    )
+    work = scratch.get("work", (3, *A.shape), A)  # reused by both profiles
     for profile in profiles:
         unexplained = _unexplained(AV, rows * w, scale, V, profile, work)  # (B, h, n)
         share = (w * unexplained).sum((0, 2)) / every  # rest on fixed keys: explained
@@ -344,7 +378,7 @@ def _masks(
     if causal:
         sees = sees & torch.ones(n, n, dtype=torch.bool).tril()
     V = sees.flip(-2).to(dtype)
-    return V, V.sum(-1), _antiskew(V)
+    return V, V.sum(-1), _antiskew(V, torch.zeros(B, n, 2 * n, dtype=dtype))
 
 
 # a profile as :func:`_unexplained` reads it: the sums, weights and counts at each pair's cell
@@ -365,14 +399,15 @@ def _key_profile(AV: Tensor, scale: Tensor, parts: Tensor, V: Tensor) -> Profile
     return torch.cat([sums[None], rest])[:, :, None], cells[:, None], mass, has
 
 
-def _offset_profile(AV: Tensor, scale: Tensor, parts: Tensor, skewed: Tensor) -> Profile:
+def _offset_profile(
+    AV: Tensor, scale: Tensor, parts: Tensor, skewed: Tensor, diagonals: Tensor
+) -> Profile:
     """The profile by offset, rows in reverse order: its totals at (i, j) those of every pair
     on the antidiagonal i + j (3, h, n, n), a strided view of (3, h, 2n − 1) like its cells.
     skewed (B, n, 2n − 1) the keys each query sees, antiskewed; the rest as :func:`_key_profile`."""
     n = AV.shape[-1]
     rest = torch.einsum("kbhi,bic->khc", parts, skewed)  # (2, h, 2n − 1)
     cells = (rest[1] > 1.5).to(AV.dtype)  # (h, 2n − 1)
-    diagonals = _antiskew(AV)  # (B, h, n, 2n − 1)
     sums = torch.einsum("bhi,bhic->hc", scale, diagonals)
     mass = torch.einsum("bhic,hc->bhi", diagonals, cells)
     has = torch.einsum("bic,hc->bhi", skewed, cells) > 0.5
@@ -380,11 +415,12 @@ def _offset_profile(AV: Tensor, scale: Tensor, parts: Tensor, skewed: Tensor) ->
     return totals.unfold(-1, n, 1), cells.unfold(-1, n, 1), mass, has
 
 
-def _antiskew(x: Tensor) -> Tensor:
+def _antiskew(x: Tensor, padded: Tensor) -> Tensor:
     """(…, n, n) → (…, n, 2n − 1): x[…, i, j] at column i + j, zeros elsewhere; a strided view
-    (row stride 2n − 1) of x padded with n zero columns (row stride 2n), whose rows overlap."""
+    (row stride 2n − 1) of ``padded`` (…, n, 2n) holding x and n zero columns (row stride 2n),
+    whose rows overlap. x is written into ``padded``, whose last n columns must be zeros."""
     n = x.shape[-1]
-    padded = torch.nn.functional.pad(x, (0, n))  # (…, n, 2n)
+    padded[..., :n] = x
     return padded.as_strided((*x.shape[:-1], 2 * n - 1), (*padded.stride()[:-2], 2 * n - 1, 1))
 
 
@@ -454,7 +490,7 @@ def stacked_masses(weights: Tensor, stack: TargetStack) -> dict[str, Tensor]:
     return dict(zip(stack.names, mean.unbind(0), strict=True))
 
 
-def _first_argmax(weights: Tensor) -> Tensor:
+def _first_argmax(weights: Tensor, scratch: Scratch | None = None) -> Tensor:
     """``weights.argmax(-1)`` (the first of equal maxima) for finite weights (…, s) → (…,) long.
 
     argmax's index-tracking reduction costs about 1 ns a weight on one CPU thread; from about
@@ -465,7 +501,8 @@ def _first_argmax(weights: Tensor) -> Tensor:
         return weights.argmax(-1)
     # A − max is 0 at the maxima and < 0 elsewhere (exactly: distinct floats never subtract to
     # 0), so (1 + sign)·(s − j) is s − j at the maxima and 0 elsewhere: its maximum is the first
-    at = torch.sub(weights, weights.amax(-1, keepdim=True)).sign_()
+    at = (scratch or Scratch()).get("pass", weights.shape, weights)
+    torch.sub(weights, weights.amax(-1, keepdim=True), out=at).sign_()
     rev = torch.arange(s, 0, -1, dtype=at.dtype, device=at.device)  # s − j
     first = torch.addcmul(rev, at, rev, out=at).amax(-1)
     return (s - first).nan_to_num_(0.0).long().clamp_(0, s - 1)
@@ -475,6 +512,7 @@ def pattern_scores(
     weights: Tensor,
     targets: Targets,
     content: bool = True,
+    scratch: Scratch | None = None,
 ) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor]]:
     """Every score of a set of heads: weights (B, h, n, n) on the probe whose ``targets``
     (:func:`headlab.heads.targets.build_targets`) were built once for it.
@@ -487,7 +525,8 @@ def pattern_scores(
     """
     A, _ = as_batched(weights, targets.tokens)
     causal, t = targets.causal, targets
-    argmax = _first_argmax(A)  # (B, h, n): the positional and rare-word scores read it
+    scratch = scratch or Scratch()
+    argmax = _first_argmax(A, scratch)  # (B, h, n): the positional and rare-word scores read it
     positional, offsets = _positional(argmax, t.stack.reach)
     m = stacked_masses(A, t.stack)
     scores = {
@@ -500,13 +539,13 @@ def pattern_scores(
     }
     rests = {"duplicate": m["rest:duplicate"], "induction": m["rest:induction"]}
     if content:
-        scores["content"] = content_score(A, causal, t.fixed)
+        scores["content"] = content_score(A, causal, t.fixed, scratch)
         rests["content"] = m["rest:content"]
     if t.rare is not None:
         scores["rare_word"] = _rare_word(argmax, *t.rare)
         rests["rare_word"] = m["rest:rare_word"]
     scores["first_token"] = m["first_token"]
     scores["delimiter"] = m["delimiter"]
-    scores["diffuse"] = diffuse_score(A, causal)
+    scores["diffuse"] = diffuse_score(A, causal, scratch)
     mul = {k: m[k] for k in ("previous_mul", "duplicate_mul", "induction_mul")}
     return {**scores, **mul}, offsets, rests
