@@ -256,8 +256,10 @@ def layer_scorer(
 
     def score(layer: int, weights: Tensor) -> LayerScores:
         w = weights.float().cpu()  # (B, h, n, n)
-        h = w.shape[1]
-        flat = torch.cat([w, averaged_pattern(w)[:, None]], dim=1)  # (B, h + 1, n, n)
+        B, h, n, s = w.shape
+        flat = scratch.get("heads", (B, h + 1, n, s), w)  # the heads, then the averaged head
+        flat[:, :h] = w
+        flat[:, h] = averaged_pattern(w)
         by_type, offsets, rests = pattern_scores(flat, targets, content, scratch)
         heads = range(-1, h) if keep is None else [i for l, i in keep if l == layer]
         kept = {i: flat[0, h if i < 0 else i].clone() for i in heads}
