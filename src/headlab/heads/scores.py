@@ -391,12 +391,8 @@ def _key_profile(AV: Tensor, scale: Tensor, parts: Tensor, V: Tensor) -> Profile
     """The profile by key position, its totals (3, h, 1, n) at key j. AV (B, h, n, n) the rows
     on the keys they see; scale (B, h, n) each row's |V_i| where it counts; parts (2, B, h, n)
     the rows' weights and 0/1 counts; V (B, n, n) the keys each query sees."""
-    sums = torch.einsum("bhi,bhij->hj", scale, AV)  # (h, n)
-    rest = torch.einsum("kbhi,bij->khj", parts, V)  # (2, h, n)
-    cells = (rest[1] > 1.5).to(AV.dtype)  # (h, n)
-    mass = torch.einsum("bhij,hj->bhi", AV, cells)
-    has = torch.einsum("bij,hj->bhi", V, cells) > 0.5
-    return torch.cat([sums[None], rest])[:, :, None], cells[:, None], mass, has
+    totals, cells, mass, has = _cell_totals(AV, scale, parts, V)
+    return totals[:, :, None], cells[:, None], mass, has
 
 
 def _offset_profile(
@@ -404,15 +400,26 @@ def _offset_profile(
 ) -> Profile:
     """The profile by offset, rows in reverse order: its totals at (i, j) those of every pair
     on the antidiagonal i + j (3, h, n, n), a strided view of (3, h, 2n − 1) like its cells.
-    skewed (B, n, 2n − 1) the keys each query sees, antiskewed; the rest as :func:`_key_profile`."""
+    skewed (B, n, 2n − 1) the keys each query sees and diagonals (B, h, n, 2n − 1) the rows,
+    both antiskewed; the rest as :func:`_key_profile`."""
     n = AV.shape[-1]
-    rest = torch.einsum("kbhi,bic->khc", parts, skewed)  # (2, h, 2n − 1)
-    cells = (rest[1] > 1.5).to(AV.dtype)  # (h, 2n − 1)
-    sums = torch.einsum("bhi,bhic->hc", scale, diagonals)
-    mass = torch.einsum("bhic,hc->bhi", diagonals, cells)
-    has = torch.einsum("bic,hc->bhi", skewed, cells) > 0.5
-    totals = torch.cat([sums[None], rest])  # (3, h, 2n − 1)
+    totals, cells, mass, has = _cell_totals(diagonals, scale, parts, skewed)
     return totals.unfold(-1, n, 1), cells.unfold(-1, n, 1), mass, has
+
+
+def _cell_totals(X: Tensor, scale: Tensor, parts: Tensor, M: Tensor) -> Profile:
+    """A profile over m cells from the rows laid out by cell, X (B, h, n, m), and the pairs
+    each query has in each cell, M (B, n, m) 0/1: the sums, weights and counts per cell
+    (3, h, m), the cells more than one row sees (h, m) 0/1, and each row's mass on those and
+    whether it has any (B, h, n). Plain batched products (einsum's set-up costs as much at
+    these sizes)."""
+    B, h, n, m = X.shape
+    sums = (scale[:, :, None, :] @ X).sum(0)[:, 0]  # (h, m)
+    rest = (parts.transpose(0, 1).reshape(B, 2 * h, n) @ M).view(B, 2, h, m).sum(0)
+    cells = (rest[1] > 1.5).to(X.dtype)  # (h, m)
+    mass = (X @ cells[:, :, None])[..., 0]  # (B, h, n)
+    has = (cells @ M.mT) > 0.5  # (B, h, n)
+    return torch.cat([sums[None], rest]), cells, mass, has
 
 
 def _antiskew(x: Tensor, padded: Tensor) -> Tensor:
