@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from headlab.heads.content import Scratch
 from headlab.heads.labels import (
     BEST_TYPES,
     REST_OF_LABEL,
@@ -25,7 +26,7 @@ from headlab.heads.labels import (
     THRESHOLDS,
     label_head,
 )
-from headlab.heads.scores import Scratch, averaged_pattern, pattern_scores
+from headlab.heads.scores import averaged_pattern, pattern_scores
 from headlab.heads.targets import Targets, build_targets
 from headlab.measure import Probe, reduce_patterns
 from headlab.model import Transformer
