@@ -76,7 +76,8 @@ def content_score(
     position explanation wins. A uniform head, a fixed-offset head (previous, current token)
     and a head always on one key position score 0; a head that follows token identity on
     shuffled or random text cannot be told from its positions and scores high. ``causal``:
-    the model's config.
+    the model's config; ``scratch``: buffers kept from the last call (:class:`Scratch`), for
+    a caller that scores layer after layer.
     """
     A, _ = as_batched(weights)
     B, _, n, _ = A.shape
