@@ -173,7 +173,7 @@ def _cell_totals(X: Tensor, scale: Tensor, parts: Tensor, M: Tensor) -> Profile:
     sums = (scale[:, :, None, :] @ X).sum(0)[:, 0]  # (h, m)
     rest = (parts.transpose(0, 1).reshape(B, 2 * h, n) @ M).view(B, 2, h, m).sum(0)
     cells = (rest[1] > 1.5).to(X.dtype)  # (h, m)
-    mass = (X @ cells[:, :, None])[..., 0]  # (B, h, n)
+    mass = (cells[:, None, :] @ X.mT)[..., 0, :]  # (B, h, n); X @ cells is ten times slower
     has = (cells @ M.mT) > 0.5  # (B, h, n)
     return torch.cat([sums[None], rest]), cells, mass, has
 
