@@ -94,19 +94,18 @@ def content_score(
     scale = rows * size[:, None]  # (B, h, n)
     parts = torch.stack([rows * w, rows])
     every = (size >= 2).sum().clamp_min(1).to(A.dtype)  # the rows that count, whatever w
-    best = None
     diagonals = _antiskew(AV, scratch.get("diagonals", (*A.shape[:-1], 2 * n), A, zeros=True))
     profiles = (
         _key_profile(AV, scale, parts, V),
         _offset_profile(AV, scale, parts, skewed, diagonals),
     )
     work = scratch.get("work", (3, *A.shape), A)  # reused by both profiles
-    for profile in profiles:
-        unexplained = _unexplained(AV, rows * w, scale, V, profile, work)  # (B, h, n)
-        share = (w * unexplained).sum((0, 2)) / every  # rest on fixed keys: explained
-        best = share if best is None else torch.minimum(best, share)
-    assert best is not None
-    return best.clamp(0, 1).float()  # rounding can step a hair outside [0, 1]
+    # each profile's unexplained share (a rest on fixed keys: explained); the better one wins
+    key, offset = (
+        (w * _unexplained(AV, rows * w, scale, V, profile, work)).sum((0, 2)) / every
+        for profile in profiles
+    )
+    return torch.minimum(key, offset).clamp(0, 1).float()  # rounding can step outside [0, 1]
 
 
 def _content_masks(
