@@ -260,3 +260,19 @@ def test_a_content_heads_rest_is_its_weight_on_the_keys_the_score_leaves_out() -
     left_out[:, 0] = True
     want = key_mass_score(A, left_out)
     assert rests["content"].tolist() == pytest.approx(want.tolist(), abs=1e-6)
+
+
+def test_the_masks_shared_across_layers_follow_each_probe() -> None:
+    """The keys each query sees are built once per probe and shared by its layers: calls that
+    alternate between probes of one shape (other fixed keys, none, the other mask) each get
+    their own answer, the one the loop gives."""
+    g = torch.Generator().manual_seed(8)
+    B, n = 2, 9
+    A = random_patterns(B, 2, n, True, g)
+    one = torch.zeros(B, n, dtype=torch.bool)
+    one[:, 0] = True
+    other = one.clone()
+    other[1, 4] = True
+    for fixed, causal in [(one, True), (other, True), (None, True), (one, False), (one, True)]:
+        got = content_score(A, causal, fixed).tolist()
+        assert got == pytest.approx(loop_content(A, causal, fixed), abs=1e-6), (fixed, causal)

@@ -353,3 +353,49 @@ def test_double_precision_weights_are_scored_too():
     want = reference_pattern_scores(A.double(), targets)[0]
     for kind in want:
         assert torch.allclose(got[kind].double(), want[kind].double(), atol=1e-6), kind
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_argmax_the_scores_read_picks_the_first_of_equal_maxima(dtype):
+    """The positional and rare-word scores read each query's argmax key from float passes:
+    equal to torch's argmax (the first of equal maxima) on rows full of ties: uniform rows,
+    rows of zeros, one-hot rows, maxima repeated at random places, and a hair apart."""
+    from headlab.heads.scores import _first_argmax
+
+    g = torch.Generator().manual_seed(11)
+    n = 200  # rows long enough for the float passes (shorter ones use argmax itself)
+    A = torch.randint(0, 3, (2, 3, 4, n), generator=g).to(dtype) / 4  # many ties
+    A[0, 0] = 1 / n  # uniform rows
+    A[0, 1] = 0.0  # no weight anywhere
+    A[1, 2, :, 5] = 1.0  # one key
+    A[1, 0, :, 9] = torch.nextafter(A[1, 0, :, 9].amax(), torch.tensor(2.0, dtype=dtype))
+    A[1, 0, :, 3] = A[1, 0, :, 9]  # the same maximum earlier in the row
+    A[1, 1, :, 4] = torch.nextafter(torch.tensor(0.5, dtype=dtype), torch.tensor(0.0, dtype=dtype))
+    A[1, 1, :, 8] = 0.5  # a larger maximum a hair above, later in the row
+    assert torch.equal(_first_argmax(A), A.argmax(-1))
+    B = torch.rand(2, 2, 3, 200, generator=g, dtype=dtype)  # rows long enough for float passes
+    assert torch.equal(_first_argmax(B), B.argmax(-1))
+
+
+def test_scores_that_reuse_one_scratch_equal_fresh_ones():
+    """An analysis hands each layer the buffers the last one left (a Scratch): the scores
+    equal those computed with fresh buffers, layer after layer and when the shape changes."""
+    from headlab.heads.scores import Scratch
+
+    g = torch.Generator().manual_seed(12)
+    scratch = Scratch()
+    for n, causal in [(200, True), (200, True), (9, True), (200, False), (200, True)]:
+        tokens = torch.randint(0, 7, (2, n), generator=g)
+        fixed = torch.zeros(2, n, dtype=torch.bool)
+        fixed[:, 0] = True
+        t = targets_of(tokens, causal, fixed=fixed)
+        A = torch.rand(2, 3, n, n, generator=g) ** 8
+        if causal:
+            A = A.tril()
+        A = A / A.sum(-1, keepdim=True)
+        reused, offsets, rests = pattern_scores(A, t, scratch=scratch)
+        fresh, offsets_fresh, rests_fresh = pattern_scores(A, t)
+        assert torch.equal(offsets, offsets_fresh)
+        for k in fresh:
+            assert reused[k].tolist() == pytest.approx(fresh[k].tolist(), abs=1e-6), (n, k)
+        assert all(torch.equal(rests[k], rests_fresh[k]) for k in rests)

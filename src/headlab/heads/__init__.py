@@ -2,6 +2,7 @@
 
     targets   where each head type can act on a probe, built once per probe (causal from the
               model's config)
+    content   the content score, from the one forward's weights, and the buffers it reuses
     scores    every score, each written once (:func:`~headlab.heads.scores.induction_score` is
               the one induction score; TransformerLens's "mul" scores keep their own names)
     labels    thresholds and the labelling rule
@@ -45,6 +46,7 @@ Papers: Voita et al. 2019; Clark et al. 2019; Olsson et al. 2022; Wang et al. 20
 2023; Gu et al. 2024; TransformerLens (Nanda and Bloom 2022).
 """
 
+from headlab.heads.content import content_score
 from headlab.heads.labels import (
     BEST_TYPES,
     LABELS,
@@ -59,7 +61,6 @@ from headlab.heads.labels import (
 from headlab.heads.report import HeadReport, HeadScore, Keep, LayerScores, analyse, layer_scorer
 from headlab.heads.scores import (
     averaged_pattern,
-    content_score,
     diffuse_score,
     duplicate_mul_score,
     duplicate_score,

@@ -228,7 +228,7 @@ Spreads = tuple[dict[str, Tensor], dict[str, Tensor]]  # the heads', the average
 _MEMORY: dict[str, Spreads] = {}
 _LOCK = threading.Lock()
 # the modules whose code makes a score: a cached floor from other code is not used
-SCORING_CODE = ("heads/scores.py", "heads/targets.py", "heads/report.py",
+SCORING_CODE = ("heads/scores.py", "heads/content.py", "heads/targets.py", "heads/report.py",
                 "heads/baselines.py", "measure.py", "attention.py", "model/transformer.py",
                 "model/layers.py")  # fmt: skip
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from headlab.heads.content import Scratch
 from headlab.heads.labels import (
     BEST_TYPES,
     REST_OF_LABEL,
@@ -252,11 +253,15 @@ def layer_scorer(
     the same weights), on the CPU in float32, whatever device the layer ran on.
     """
 
+    scratch = Scratch()  # the layers' scores reuse one set of buffers
+
     def score(layer: int, weights: Tensor) -> LayerScores:
         w = weights.float().cpu()  # (B, h, n, n)
-        h = w.shape[1]
-        flat = torch.cat([w, averaged_pattern(w)[:, None]], dim=1)  # (B, h + 1, n, n)
-        by_type, offsets, rests = pattern_scores(flat, targets, content)
+        B, h, n, s = w.shape
+        flat = scratch.get("heads", (B, h + 1, n, s), w)  # the heads, then the averaged head
+        flat[:, :h] = w
+        flat[:, h] = averaged_pattern(w)
+        by_type, offsets, rests = pattern_scores(flat, targets, content, scratch)
         heads = range(-1, h) if keep is None else [i for l, i in keep if l == layer]
         kept = {i: flat[0, h if i < 0 else i].clone() for i in heads}
         return LayerScores(by_type, offsets, kept, rests)

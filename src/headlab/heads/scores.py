@@ -15,6 +15,7 @@ judged where it can act (:func:`mass_where_possible` over the rows that have a t
     duplicate_score      attention on other copies of the query's token              Wang 2022
     positional_score     share of queries whose argmax is at the most common offset  Voita 2019
     content_score        the share of attention the head's own position profile does not explain
+                         (:mod:`headlab.heads.content`, with the Scratch its buffers come from)
     rare_word_score      share of queries whose argmax is the least frequent word    Voita 2019
     first_token_score    mean weight on the first token: an attention sink     Xiao 2023, Gu 2024
     key_mass_score       mean weight on marked keys (delimiters)                    Clark 2019
@@ -33,6 +34,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from headlab.heads.content import Scratch, content_score
 from headlab.heads.targets import (
     Targets,
     TargetStack,
@@ -142,7 +144,7 @@ def positional_score(
     """
     A, _ = as_batched(weights)
     B, _, n, s = A.shape
-    return _positional(A.argmax(dim=-1), positional_reach(B, n, s, causal, confounded))
+    return _positional(_first_argmax(A), positional_reach(B, n, s, causal, confounded))
 
 
 def _positional(argmax: Tensor, reach: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
@@ -208,7 +210,7 @@ def rare_word_score(weights: Tensor, rare: Tensor, rows: Tensor) -> Tensor:
     Per sequence the share of its rows, then the mean over sequences that have any.
     """
     A, _ = as_batched(weights)
-    return _rare_word(A.argmax(dim=-1), rare, rows)
+    return _rare_word(_first_argmax(A), rare, rows)
 
 
 def _rare_word(argmax: Tensor, rare: Tensor, rows: Tensor) -> Tensor:
@@ -244,7 +246,7 @@ def first_token_score(weights: Tensor) -> Tensor:
     return key_mass_score(A, keys)
 
 
-def diffuse_score(weights: Tensor, causal: bool) -> Tensor:
+def diffuse_score(weights: Tensor, causal: bool, scratch: Scratch | None = None) -> Tensor:
     """Normalised entropy H(A_i) / log(k_i), averaged over queries with k_i ≥ 2 keys → (h,).
 
     k_i is the number of keys query i could attend to (all keys, or j ≤ i plus the cached keys
@@ -256,120 +258,12 @@ def diffuse_score(weights: Tensor, causal: bool) -> Tensor:
     # 0 · log 0 = 0: a zero weight meets the log of the least normal float, a finite number
     # (torch.special.xlogy and entr say the same, several times slower). One buffer, worked in
     # place: a fresh (B, h, n, s) temporary costs about as much as the arithmetic on it.
-    plogp = A.clamp_min(torch.finfo(A.dtype).tiny).log_().mul_(A)  # (B, h, n, s)
+    plogp = (scratch or Scratch()).get("pass", A.shape, A)  # (B, h, n, s)
+    torch.clamp_min(A, torch.finfo(A.dtype).tiny, out=plogp).log_().mul_(A)
     entropy = plogp.sum(-1).neg_()  # (B, h, n)
     rows = k >= 2
     norm = entropy[..., rows] / k[rows].log()  # (B, h, rows)
     return norm.mean(dim=(0, 2)).float() if rows.any() else torch.zeros(h)
-
-
-def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) -> Tensor:
-    """The share of a head's attention that its own position profile does not explain, from
-    the one forward's weights (B, h, n, n); fixed (B, n) bool marks the keys left out (BOS,
-    [CLS], [SEP]), and so is the first position, whatever it holds: heads rest there, and a
-    rest is a place, not a reading of the tokens. Returns (h,).
-
-    Per query i: V_i the other keys it sees (j ≤ i under a causal mask), rows with |V_i| < 2
-    skipped; Â_i the row renormalised on V_i, w_i = A_i(V_i) its share there, and
-    u_ij = Â_ij · |V_i| (a uniform row is 1 everywhere, whatever its length). Two position
-    profiles, each pooled over every query of every sequence, leave-one-out (row i never
-    predicts itself), each row weighted by its w (a row that barely looks at V shapes the
-    profile as little as it weighs in the score):
-
-        by offset        R⁻ⁱ(d) = Σ w_i′ u_{i′, i′−d} / Σ w_i′, the other rows i′ that see i′ − d
-        by key position  C⁻ⁱ(j) = Σ w_i′ u_{i′, j} / Σ w_i′, the other rows i′ that see key j
-
-    Keys of V_i whose offset (key position) no other row sees are left out, both rows
-    renormalised on the keys kept; P_i ∝ R⁻ⁱ(i − j) (∝ C⁻ⁱ(j)) and, with
-    overlap(p, q) = Σ_j min(p_j, q_j), each profile's score is
-
-        Σ_i w_i (1 − overlap(Â_i, P_i)) / (the rows with |V_i| ≥ 2, every sequence):
-
-    a share of all the head's attention, its rest on the left-out keys counted as explained
-    (a head resting 90% on the start token leaves at most 0.1 unexplained), and so is a row
-    with no key kept or no weight on V_i. content = the smaller of the two: the better
-    position explanation wins. A uniform head, a fixed-offset head (previous, current token)
-    and a head always on one key position score 0; a head that follows token identity on
-    shuffled or random text cannot be told from its positions and scores high. ``causal``:
-    the model's config.
-    """
-    A, _ = as_batched(weights)
-    B, _, n, _ = A.shape
-    pos = torch.arange(n, device=A.device)
-    free = torch.ones(B, n, dtype=torch.bool) if fixed is None else ~fixed.bool()
-    # the first position too, whatever token it holds: heads rest there (an attention sink
-    # forms on the first token, Xiao et al. 2023), and a rule plus that rest is still a rule
-    free[:, 0] = False
-    sees = free.to(A.device)[:, None, :].expand(B, n, n)  # (B, n, n): query i sees key j
-    if causal:
-        sees = sees & (pos[:, None] >= pos[None, :])
-    size = sees.sum(-1).to(A.dtype)  # (B, n): |V_i|
-    V = sees.to(A.dtype)  # (B, n, n)
-    AV = A * V[:, None]  # (B, h, n, n)
-    w = AV.sum(-1)  # (B, h, n)
-    rows = ((size >= 2)[:, None] & (w > 0)).to(A.dtype)  # (B, h, n): rows that count
-    # a row's own part in a profile cell: w_i·u_ij = |V_i|·A_ij to the sum (B, h, n, n), w_i
-    # to the weight, 1 to the count; parts: the rows' weights and counts (2, B, h, n)
-    own = AV * (rows * size[:, None])[..., None]
-    pairs = V[:, None] * rows[..., None]  # (B, h, n, n): the pairs the profiles pool
-    parts = torch.stack([rows * w, rows])
-    every = (size >= 2).sum().clamp_min(1).to(A.dtype)  # the rows that count, whatever w
-    best = None
-    for totals in (_key_totals(own, parts, V), _offset_totals(own, parts, V)):
-        unexplained = _unexplained(AV, own, rows * w, pairs, totals)  # (B, h, n)
-        share = (w * unexplained).sum((0, 2)) / every  # rest on fixed keys: explained
-        best = share if best is None else torch.minimum(best, share)
-    assert best is not None
-    return best.clamp(0, 1).float()  # rounding can step a hair outside [0, 1]
-
-
-def _key_totals(own_sum: Tensor, parts: Tensor, V: Tensor) -> Tensor:
-    """The profile by key position: at every (query, key j) pair the sum, weight and count of
-    every row's part at key j → (3, h, 1, n). own_sum (B, h, n, n); parts (2, B, h, n) the
-    rows' weights and 0/1 counts; V (B, n, n) the keys each query sees."""
-    rest = torch.einsum("kbhi,bij->khj", parts, V)  # (2, h, n)
-    return torch.cat([own_sum.sum((0, 2))[None], rest])[:, :, None]
-
-
-def _offset_totals(own_sum: Tensor, parts: Tensor, V: Tensor) -> Tensor:
-    """The profile by offset: at (i, j) the sum, weight and count over every pair (i′, j′)
-    with i′ − j′ = i − j → (3, h, n, n). Diagonal sums by a skew (row i shifted by i, a
-    strided view of a padded copy), spread back along the diagonals by a sliding window."""
-    n = V.shape[-1]
-    by_offset = torch.einsum("kbhi,bid->khd", parts, _skew(V))  # (2, h, 2n − 1)
-    summed = _skew(own_sum.sum(0)).sum(-2)  # (h, 2n − 1): column j − i + n − 1
-    diag = torch.cat([summed[None], by_offset])  # (3, h, 2n − 1)
-    # [i, j] = diag[j − i + n − 1]: a window over the reversed diagonals, flipped along j
-    # (a flip along the rows gives the same, about half again slower)
-    return diag.flip(-1).unfold(-1, n, 1).flip(-1)
-
-
-def _skew(x: Tensor) -> Tensor:
-    """(…, n, n) → (…, n, 2n − 1): x[…, i, j] moved to column j − i + n − 1 (zeros elsewhere)."""
-    n = x.shape[-1]
-    width = 3 * n - 1
-    padded = torch.nn.functional.pad(x, (n - 1, n)).contiguous()  # (…, n, 3n − 1)
-    lead = padded.shape[:-2]
-    strides = padded.stride()[:-2]
-    return padded.as_strided((*lead, n, 2 * n - 1), (*strides, width + 1, 1))
-
-
-def _unexplained(AV: Tensor, own: Tensor, weight: Tensor, pairs: Tensor, totals: Tensor) -> Tensor:
-    """Each row's 1 − overlap with its leave-one-out profile: AV (B, h, n, n) the rows on the
-    movable keys, own each pair's part of the profile's sum (B, h, n, n) and weight each
-    row's (B, h, n), pairs the pooled pairs 0/1, totals the sums, weights and counts at each
-    pair's cell (3, h, ·, n) → (B, h, n), 0 on a row with no key kept (nothing to compare)."""
-    # (B, h, n, n) buffers are reused in place: at these sizes each new one costs a pass
-    kept = pairs * (totals[2] > 1.5)  # a pooled pair whose cell another row sees
-    counted = kept.amax(-1)  # (B, h, n): 1 where a key was kept
-    q = (totals[1] - weight[..., None]).clamp_min_(1e-30)  # the other rows' weight
-    q = torch.sub(totals[0], own).div_(q).mul_(kept)  # the profile, unnormalised
-    p = kept.mul_(AV)  # the row on the keys kept
-    mass_p, mass_q = p.sum(-1, keepdim=True), q.sum(-1, keepdim=True)  # (B, h, n, 1)
-    # Σ min(p/|p|, q/|q|) = Σ min(p, q·|p|/|q|) / |p|; an empty side overlaps nothing
-    overlap = torch.minimum(p, q.mul_(mass_p / mass_q.clamp_min(1e-30)), out=q).sum(-1)
-    overlap = overlap / mass_p[..., 0].clamp_min(1e-30)
-    return (1 - overlap) * counted
 
 
 def averaged_pattern(weights: Tensor) -> Tensor:
@@ -414,10 +308,29 @@ def stacked_masses(weights: Tensor, stack: TargetStack) -> dict[str, Tensor]:
     return dict(zip(stack.names, mean.unbind(0), strict=True))
 
 
+def _first_argmax(weights: Tensor, scratch: Scratch | None = None) -> Tensor:
+    """``weights.argmax(-1)`` (the first of equal maxima) for finite weights (…, s) → (…,) long.
+
+    argmax's index-tracking reduction costs about 1 ns a weight on one CPU thread; from about
+    200 keys a row, five float passes cost less (MiniLM's 13 patterns at 258 keys: 0.47 against
+    0.82 ms, at 126 keys: 0.29 against 0.20 ms), so shorter rows keep argmax."""
+    s = weights.shape[-1]
+    if s < 192:
+        return weights.argmax(-1)
+    # A − max is 0 at the maxima and < 0 elsewhere (exactly: distinct floats never subtract to
+    # 0), so (1 + sign)·(s − j) is s − j at the maxima and 0 elsewhere: its maximum is the first
+    at = (scratch or Scratch()).get("pass", weights.shape, weights)
+    torch.sub(weights, weights.amax(-1, keepdim=True), out=at).sign_()
+    rev = torch.arange(s, 0, -1, dtype=at.dtype, device=at.device)  # s − j
+    first = torch.addcmul(rev, at, rev, out=at).amax(-1)
+    return (s - first).nan_to_num_(0.0).long().clamp_(0, s - 1)
+
+
 def pattern_scores(
     weights: Tensor,
     targets: Targets,
     content: bool = True,
+    scratch: Scratch | None = None,
 ) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor]]:
     """Every score of a set of heads: weights (B, h, n, n) on the probe whose ``targets``
     (:func:`headlab.heads.targets.build_targets`) were built once for it.
@@ -430,7 +343,8 @@ def pattern_scores(
     """
     A, _ = as_batched(weights, targets.tokens)
     causal, t = targets.causal, targets
-    argmax = A.argmax(dim=-1)  # (B, h, n): the positional and rare-word scores read it
+    scratch = scratch or Scratch()
+    argmax = _first_argmax(A, scratch)  # (B, h, n): the positional and rare-word scores read it
     positional, offsets = _positional(argmax, t.stack.reach)
     m = stacked_masses(A, t.stack)
     scores = {
@@ -443,13 +357,13 @@ def pattern_scores(
     }
     rests = {"duplicate": m["rest:duplicate"], "induction": m["rest:induction"]}
     if content:
-        scores["content"] = content_score(A, causal, t.fixed)
+        scores["content"] = content_score(A, causal, t.fixed, scratch)
         rests["content"] = m["rest:content"]
     if t.rare is not None:
         scores["rare_word"] = _rare_word(argmax, *t.rare)
         rests["rare_word"] = m["rest:rare_word"]
     scores["first_token"] = m["first_token"]
     scores["delimiter"] = m["delimiter"]
-    scores["diffuse"] = diffuse_score(A, causal)
+    scores["diffuse"] = diffuse_score(A, causal, scratch)
     mul = {k: m[k] for k in ("previous_mul", "duplicate_mul", "induction_mul")}
     return {**scores, **mul}, offsets, rests
