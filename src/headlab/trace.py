@@ -23,6 +23,12 @@ from torch import Tensor
 Reducer = Callable[[str, Tensor], Tensor | None]
 
 
+class Enough(Exception):
+    """A reducer raises it once it holds every record it needs: whoever runs the forward
+    catches it, and the rest of the forward is not run (:func:`headlab.measure.reduce_patterns`
+    stops after the last layer's weights)."""
+
+
 class Trace:
     """An ordered store of named tensors, filled during a forward pass.
 

@@ -107,6 +107,35 @@ def test_no_layers_weights_outlive_the_layer():
     assert sums == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("dispatched", [False, True])
+def test_the_forward_stops_after_the_last_layers_weights(dispatched):
+    """Nothing after the last layer's weights runs (that layer's MLP, the final norm), and each
+    layer's weights are those of the whole forward; a model dispatched by accelerate (an
+    ``hf_device_map``) runs to the end, its hooks seeing each block whole. The model is
+    untouched: a whole forward afterwards gives the same logits as before."""
+    model = random_model(causal=True)
+    if dispatched:
+        model.hf_device_map = {"": "cpu"}
+    tokens = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(5))
+    trace = Trace(only=("weights",))
+    with torch.no_grad():
+        model(tokens, trace=trace)
+        before = model(tokens)
+    ran: list[str] = []
+    hooks = [
+        model.blocks[-1].mlp.register_forward_hook(lambda *_: ran.append("mlp")),
+        model.final_norm.register_forward_hook(lambda *_: ran.append("final norm")),
+    ]
+    weights = run_patterns(model, tokens)  # (L, B, h, n, n)
+    for hook in hooks:
+        hook.remove()
+    assert ran == (["mlp", "final norm"] if dispatched else [])
+    for l in range(3):
+        assert torch.equal(weights[l], trace[f"blocks.{l}.attn.weights"])
+    with torch.no_grad():
+        assert torch.equal(model(tokens), before)
+
+
 def test_a_reducing_trace_stores_what_the_reducer_returns():
     seen: list[str] = []
 
