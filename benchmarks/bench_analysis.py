@@ -15,8 +15,10 @@ most of the forward). The default model has no transformers architecture
 (attention-only), so its ratios are against headlab's own traced forward; MiniLM is
 bidirectional, so it has no next-token loss to ablate against.
 
-Every score, the content score included, comes from the one traced forward on the probe:
-"headlab forward, traced" is the floor under "analyse, all scores". ``--lengths`` adds the
+Every score, the content score included, comes from the one traced forward on the probe.
+"headlab forward, traced" is the whole forward; analyse's stops at the last layer's weights
+(headlab.measure.reduce_patterns), so its floor is that, less the last layer's tail (about 14%
+of MiniLM's forward, 3% of SmolLM2's). ``--lengths`` adds the
 other models' analyse on random tokens of those lengths repeated 4 times, where the forward's
 share of the cost grows with the length.
 
