@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 from collections.abc import Iterator
 from itertools import pairwise
 
@@ -323,25 +324,41 @@ def test_the_head_count_and_gqa_charts_reach_their_last_point(reader) -> None:
 # --- the layer diagram -------------------------------------------------------------------------
 
 
+# the layer diagram's svg as one reading: it is redrawn (a new svg) when a report arrives and
+# when its holder's width changes, so its box, its cut labels and its words are read together
+DIAGRAM = """() => { const s = document.querySelector('#layer-diagram svg');
+  if (!s) return null;
+  const b = s.getBoundingClientRect(), texts = [...s.querySelectorAll('text')];
+  const cut = texts.filter(t => { const r = t.getBoundingClientRect();
+    return r.width && (r.right > b.right + 0.5 || r.left < b.left - 0.5); });
+  return { left: b.left, right: b.right, cut: cut.map(t => t.textContent),
+           words: texts.map(t => t.textContent).join(' ') }; }"""
+
+
+def settled_diagram(page, timeout_s: float = 30.0) -> dict:
+    """The diagram's reading once two readings 200 ms apart agree (no redraw in between)."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while True:
+        now = page.evaluate(DIAGRAM)
+        if now is not None and now == last:
+            return now
+        assert time.monotonic() < deadline, f"the layer diagram kept changing: {now}"
+        last = now
+        page.wait_for_timeout(200)
+
+
 def test_diagram_labels_are_whole_words(reader) -> None:
     """The layer diagram fits the width it is given: no label runs past its svg ("numbers
     eac"), and every row's shape line is whole."""
     reader.fill("#shapes-d_model", "512")
     reader.fill("#shapes-n_heads", "8")
     expect(reader.locator("#layer-diagram")).to_contain_text("(2, 8, 10, 64)")
-    svg = reader.locator("#layer-diagram svg")
-    box = svg.bounding_box()
-    assert box["x"] >= 0 and box["x"] + box["width"] <= reader.width
-    cut = svg.evaluate(
-        """s => { const b = s.getBoundingClientRect();
-           return [...s.querySelectorAll('text')].filter(t => {
-             const r = t.getBoundingClientRect();
-             return r.width && (r.right > b.right + 0.5 || r.left < b.left - 0.5); })
-           .map(t => t.textContent); }"""
-    )
-    assert cut == []
-    words = " ".join(svg.locator("text").all_text_contents())
-    assert "d_model numbers each" in words
+    drawn = settled_diagram(reader)
+    assert drawn["left"] >= 0 and drawn["right"] <= reader.width, drawn
+    assert drawn["cut"] == []
+    assert "d_model numbers each" in drawn["words"]
+    assert "(2, 8, 10, 64)" in drawn["words"]
     assert reader.errors == []
 
 
