@@ -76,3 +76,35 @@ def test_help_loads_no_library_module_beyond_the_package_core():
     assert {
         m for m in loaded if not m.startswith("headlab.cli.") or m.endswith(".support")
     } == set()
+
+
+def test_the_command_list_wraps_each_summary_only_where_the_column_is_full():
+    """`headlab --help` lists each command with its docstring's first paragraph, reflowed to the
+    column: a summary goes on to the next line only where its next word would not fit, never at
+    a line break of the docstring, and says the paragraph word for word."""
+    import inspect
+    import itertools
+
+    result = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    panel = lines[next(i for i, s in enumerate(lines) if "Commands" in s) + 1 :]
+    panel = [s for s in panel if s.startswith("│")]
+    start = len(panel[0]) - len(panel[0][1:].lstrip().split(" ", 1)[1].lstrip())
+    width = len(panel[0]) - 2 - start  # the text column: from `start` to the border's padding
+    cells: dict[str, list[str]] = {}
+    name = ""
+    for row in panel:
+        name = row[1:start].strip() or name
+        cells.setdefault(name, []).append(row[start:-1].rstrip())
+    docs = {
+        c.name or c.callback.__name__.replace("_", "-"): c.callback.__doc__ or ""
+        for c in app.registered_commands
+        if c.callback is not None
+    }
+    assert set(cells) == set(docs)
+    for name, doc in docs.items():
+        text = cells[name]
+        assert " ".join(text).split() == inspect.cleandoc(doc).split("\n\n")[0].split(), name
+        for line, after in itertools.pairwise(text):
+            assert len(line) + 1 + len(after.split()[0]) > width, (name, line, after)

@@ -21,6 +21,9 @@ Only this package imports its modules; torch and the library load inside the com
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
+
 import typer
 
 from headlab import __version__
@@ -62,18 +65,26 @@ def main(
     """Multi-head attention you can run, measure and see."""
 
 
+def _command(fn: Callable[..., None], name: str | None = None) -> None:
+    """Register ``fn`` as a command; the list in ``headlab --help`` shows its docstring's first
+    paragraph as one paragraph (typer's rich mode would keep the docstring's line breaks there,
+    cutting lines mid-sentence)."""
+    first = inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0]
+    app.command(name, short_help=" ".join(first.split()))(fn)
+
+
 # in the order `headlab --help` lists them
-app.command()(info.info)
-app.command()(serve.serve)
-app.command()(shapes.shapes)
-app.command()(info.models)
-app.command()(heads.heads)
-app.command("syntax")(syntax.syntax_command)
-app.command()(circuit.circuit)
-app.command("compare")(compare.compare_command)
-app.command()(generate.generate)
-app.command("train")(experiment.train_command)
-app.command("experiment")(experiment.experiment_command)
-app.command()(static.static)
+_command(info.info)
+_command(serve.serve)
+_command(shapes.shapes)
+_command(info.models)
+_command(heads.heads)
+_command(syntax.syntax_command, "syntax")
+_command(circuit.circuit)
+_command(compare.compare_command, "compare")
+_command(generate.generate)
+_command(experiment.train_command, "train")
+_command(experiment.experiment_command, "experiment")
+_command(static.static)
 
 __all__ = ["app"]
