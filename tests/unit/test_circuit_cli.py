@@ -80,6 +80,34 @@ def test_heads_evidence_exact_heads_stand_beside_the_estimate(built):
     assert "exact" in cards[(0, 0)]["ablation"] and "exact" in cards[(1, 3)]["ablation"]
 
 
+@pytest.mark.parametrize("exact", [None, "0.0,1.3"])
+def test_heads_evidence_says_how_its_ablation_effects_were_measured(built, exact):
+    """The last line says what the JSON says: every head ablated exactly, in its forward
+    passes, or every head estimated by attribution patching (forward and backward passes), the
+    heads asked for then ablated exactly; never "ablated" for an estimate."""
+    args = ["heads", "--evidence"] + ([] if exact is None else ["--exact", exact])
+    d = json.loads(runner.invoke(app, [*args, "--json"]).stdout)["evidence"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    line = " ".join(result.stdout.split()).split("labels ≥ mean + 3 sd; ")[1]
+    a, checked = d["ablation"], d["exact_ablation"]
+    if exact is None:
+        assert a["method"] == "exact" and checked is None
+        assert line.startswith(
+            f"{a['heads']} heads ablated exactly (mean) in {a['forwards']} forward passes "
+            f"({a['model_passes']} whole-model forward equivalents)"
+        )
+    else:
+        assert a["method"] == "attribution" and checked["method"] == "exact"
+        assert line.startswith(
+            f"{a['heads']} heads' ablation effects (mean) estimated by attribution patching "
+            f"from {a['forwards']} forward and {a['backwards']} backward passes "
+            f"({a['model_passes']} whole-model forward equivalents), then {checked['heads']} "
+            f"of them ablated exactly in {checked['forwards']} forward passes "
+            f"({checked['model_passes']} whole-model forward equivalents)"
+        )
+
+
 def test_the_circuit_view_draws_each_node_and_edge():
     d = {"previous": [{"head": [0, 2], "score": 0.9}],
          "induction": [{"head": [1, 1], "score": 0.8}, {"head": [2, 0], "score": 0.7}],

@@ -96,13 +96,32 @@ def print_evidence(d: dict[str, Any]) -> None:
     to_dict`), then what the evidence cost."""
     for h in d["heads"]:
         console.print(f"{h['layer']}.{h['head']} {h['label']}: {h['evidence']}", highlight=False)
-    a = d["ablation"]
-    cost = "no ablation (not a causal model)" if a is None else (
-        f"{a['heads']} heads ablated ({a['mode']}) in {a['forwards']} forward passes "
-        f"({a['model_passes']} whole-model equivalents)")  # fmt: skip
     console.print(f"baselines: random weights and shuffled tokens, seeds {d['baseline_seeds']}, "
-                  f"labels ≥ mean + {d['k']:g} sd; {cost}; seconds {d['seconds']}",
+                  f"labels ≥ mean + {d['k']:g} sd; {ablation_cost(d)}; seconds {d['seconds']}",
                   highlight=False)  # fmt: skip
+
+
+def ablation_cost(d: dict[str, Any]) -> str:
+    """How the evidence's ablation effects were measured, and in how many passes: every head
+    ablated exactly, or estimated by attribution patching with some heads then ablated
+    exactly (``d``: :meth:`headlab.heads.evidence.Evidence.to_dict`)."""
+    a, exact = d["ablation"], d.get("exact_ablation")
+    if a is None:
+        return "no ablation (not a causal model)"
+
+    def passes(p: dict[str, Any]) -> str:
+        back = f" and {p['backwards']} backward" if p.get("backwards") else ""
+        return (f"{p['forwards']} forward{back} passes ({p['model_passes']} whole-model "
+                "forward equivalents)")  # fmt: skip
+
+    if a["method"] == "exact":
+        return f"{a['heads']} heads ablated exactly ({a['mode']}) in {passes(a)}"
+    path = "" if a["steps"] == 1 else f", {a['steps']} points along each {a['per']}'s path"
+    said = (f"{a['heads']} heads' ablation effects ({a['mode']}) estimated by attribution "
+            f"patching{path} from {passes(a)}")  # fmt: skip
+    if not exact:
+        return said
+    return f"{said}, then {exact['heads']} of them ablated exactly in {passes(exact)}"
 
 
 def parse_exact(spec: str | None) -> Any:
