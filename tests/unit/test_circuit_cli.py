@@ -4,6 +4,7 @@ matches the library's answer, one-line errors, and SVG/HTML drawn from the data.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -91,6 +92,8 @@ def test_heads_evidence_says_how_its_ablation_effects_were_measured(built, exact
     assert result.exit_code == 0, result.output
     line = " ".join(result.stdout.split()).split("labels ≥ mean + 3 sd; ")[1]
     a, checked = d["ablation"], d["exact_ablation"]
+    stages = ", ".join(rf"{stage} \d+\.\d\d" for stage in d["seconds"])
+    assert re.search(rf"; seconds: {stages}$", line), line
     if exact is None:
         assert a["method"] == "exact" and checked is None
         assert line.startswith(

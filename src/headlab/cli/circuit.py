@@ -88,7 +88,7 @@ def print_circuit(model: str, d: dict[str, Any]) -> None:
                       f"{ablated} ({mark})", highlight=False)  # fmt: skip
     if not d["edges"]:
         console.print("  no previous-token head precedes an induction head: no edge")
-    console.print(f"{d['forwards']} forward passes; seconds: {d['seconds']}", highlight=False)
+    console.print(f"{d['forwards']} forward passes; {_timings(d['seconds'])}", highlight=False)
 
 
 def print_evidence(d: dict[str, Any]) -> None:
@@ -97,8 +97,13 @@ def print_evidence(d: dict[str, Any]) -> None:
     for h in d["heads"]:
         console.print(f"{h['layer']}.{h['head']} {h['label']}: {h['evidence']}", highlight=False)
     console.print(f"baselines: random weights and shuffled tokens, seeds {d['baseline_seeds']}, "
-                  f"labels ≥ mean + {d['k']:g} sd; {ablation_cost(d)}; seconds {d['seconds']}",
+                  f"labels ≥ mean + {d['k']:g} sd; {ablation_cost(d)}; {_timings(d['seconds'])}",
                   highlight=False)  # fmt: skip
+
+
+def _timings(seconds: dict[str, float]) -> str:
+    """Each stage's wall time: "seconds: labels 0.12, composition 0.03"."""
+    return "seconds: " + ", ".join(f"{stage} {s:.2f}" for stage, s in seconds.items())
 
 
 def ablation_cost(d: dict[str, Any]) -> str:
