@@ -146,3 +146,46 @@ def test_top_k_composition_pairs_are_previous_token_to_induction(default):
         assert labels[tuple(pair["from"])] == "previous-token", pair
         assert labels[tuple(pair["to"])] == "induction", pair
         assert pair["above_baseline"] and pair["score"] > 2 * comp.baseline["k"][0]
+
+
+@pytest.mark.parametrize("change", ["W_K", "norm gain", "in place, same storage"])
+def test_scores_are_kept_for_the_same_weights_and_recomputed_when_they_change(change, monkeypatch):
+    """Asking again about the same weights (this model or a copy) reads them, not the products:
+    no recomputation, equal scores, tensors of its own; a change to anything the scores read
+    (a key projection, a norm's gain, an in-place edit) computes them again, equal to the
+    formula; a change they do not read (an MLP weight) does not."""
+    import copy
+
+    from headlab.heads import composition
+
+    torch.manual_seed(5)
+    config = ModelConfig(vocab_size=20, n_layers=3, max_len=16, **CONFIGS["rmsnorm, GQA"])
+    model = Transformer(config)
+    monkeypatch.setattr(composition, "_KEPT", type(composition._KEPT)())  # none kept yet
+    computed = []
+    real = composition._composition_scores
+    monkeypatch.setattr(composition, "_composition_scores",
+                        lambda m: computed.append(1) or real(m))  # fmt: skip
+    first = composition_scores(model)
+    again, twin = composition_scores(model), composition_scores(copy.deepcopy(model))
+    assert len(computed) == 1
+    for mode, scores in first.scores.items():
+        assert torch.equal(again.scores[mode], scores) and torch.equal(twin.scores[mode], scores)
+    k = first.scores["k"].clone()
+    again.scores["k"].zero_()  # a caller's edit stays its own
+    assert torch.equal(composition_scores(model).scores["k"], k) and bool(k.any())
+    with torch.no_grad():
+        model.blocks[2].mlp.W_out.weight.mul_(3.0)
+    composition_scores(model)
+    assert len(computed) == 1
+    with torch.no_grad():
+        if change == "W_K":
+            model.blocks[1].attn.W_K.weight.copy_(torch.randn_like(model.blocks[1].attn.W_K.weight))
+        elif change == "norm gain":
+            model.blocks[2].norm_attn.weight.uniform_(0.5, 1.5)
+        else:
+            model.blocks[0].attn.W_O.weight[0, 0] += 1.0
+    changed = composition_scores(model)
+    assert len(computed) == 2
+    assert any(not torch.equal(changed.scores[m], first.scores[m]) for m in first.scores)
+    check_against_formula(model)
