@@ -189,3 +189,21 @@ def test_scores_are_kept_for_the_same_weights_and_recomputed_when_they_change(ch
     assert len(computed) == 2
     assert any(not torch.equal(changed.scores[m], first.scores[m]) for m in first.scores)
     check_against_formula(model)
+
+
+def test_scores_too_large_to_keep_are_computed_each_time(monkeypatch):
+    """Past the size limit (80 layers × 64 heads would keep 0.5 GB) nothing is kept: each
+    call computes, and the scores still equal the formula."""
+    from headlab.heads import composition
+
+    monkeypatch.setattr(composition, "_KEPT", type(composition._KEPT)())
+    monkeypatch.setattr(composition, "_KEPT_BYTES", 100)
+    torch.manual_seed(6)
+    model = Transformer(ModelConfig(vocab_size=20, n_layers=3, max_len=16, **CONFIGS["post-norm"]))
+    computed = []
+    real = composition._composition_scores
+    monkeypatch.setattr(composition, "_composition_scores",
+                        lambda m: computed.append(1) or real(m))  # fmt: skip
+    composition_scores(model)
+    check_against_formula(model)
+    assert len(computed) == 2 and len(composition._KEPT) == 0

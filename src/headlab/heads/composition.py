@@ -218,6 +218,7 @@ def _random_baseline(
 
 _KEPT: OrderedDict[str, Composition] = OrderedDict()  # by weights_key, the last few models'
 _KEPT_MAX = 4
+_KEPT_BYTES = 64 * 2**20  # scores larger than this are not kept (80 layers × 64 heads: 0.5 GB)
 _KEPT_LOCK = threading.Lock()
 
 
@@ -247,8 +248,8 @@ def composition_scores(model: Any) -> Composition:
 
     The last few models' scores are kept by :func:`weights_key`: a page or notebook asking
     again about the same weights (another text, another probe) gets them at the cost of
-    reading the weights once (SmolLM2: 0.15 s against about 12 s on one core). Each call
-    returns its own tensors."""
+    reading the weights once (SmolLM2: 0.15 s against about 12 s on one core); scores of
+    more than 64 MB (over ~1,800 heads) are not kept. Each call returns its own tensors."""
     key = weights_key(model)
     with _KEPT_LOCK:
         kept = _KEPT.get(key)
@@ -256,6 +257,8 @@ def composition_scores(model: Any) -> Composition:
             _KEPT.move_to_end(key)
     if kept is None:
         kept = _composition_scores(model)
+        if sum(s.nbytes for s in kept.scores.values()) > _KEPT_BYTES:
+            return kept  # a model this large (L · h heads squared) is not kept, nor copied
         with _KEPT_LOCK:
             _KEPT[key] = kept
             while len(_KEPT) > _KEPT_MAX:
