@@ -3,12 +3,15 @@
     DEVICES        the device kinds headlab accepts: cpu, cuda (cuda:N for one GPU), mps
     check_device   a user's device name → torch.device, or a ValueError saying what is valid here
     input_device   where a model's token ids must be for its first layer
+    weights_in_place  a module's weights loaded where accelerate offloaded them, for a while
 
 Nothing here assumes a GPU: "cpu" is always valid, the others only where torch sees them.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -55,3 +58,23 @@ def input_device(model: Any) -> torch.device:
     if getattr(model, "hf_device_map", None):
         return torch.device("cpu")
     return next(model.parameters()).device
+
+
+@contextlib.contextmanager
+def weights_in_place(module: torch.nn.Module) -> Iterator[None]:
+    """Within this context ``module``'s weights hold their values, read as its forward reads
+    them. A module of a model dispatched by accelerate (:func:`input_device`) may hold meta
+    tensors while its values wait on disk or in CPU memory; they are loaded here, for this
+    module alone, and offloaded again on the way out, so a caller reading a model's weights
+    block by block (composition scores) never holds more than one block's. Any other module
+    is left as it is."""
+    hooked = [m for m in module.modules() if getattr(m, "_hf_hook", None) is not None]
+    if not hooked:
+        yield
+        return
+    from accelerate.utils import align_module_device
+
+    with contextlib.ExitStack() as stack:
+        for m in hooked:
+            stack.enter_context(align_module_device(m))
+        yield

@@ -94,6 +94,40 @@ def test_everything_on_disk_runs_one_layer_at_a_time(cache):
     assert_same_scores(analyse(in_memory, probe), analyse(big, probe))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", ["two thirds", "one block"])
+@pytest.mark.parametrize("exact", [True, [(1, 0)]], ids=["exact", "estimate"])
+def test_offloaded_evidence_equals_the_in_memory_evidence(cache, exact, budget):
+    """The evidence reads weights outside a forward (the composition scores read every block's
+    projections; mean ablation W_O; the random-weights floors copy the embedding's dtype and
+    device): on a model whose blocks (with one block's budget, the embedding too) wait on disk
+    it loads each block for that read and builds the random models on the CPU, and every card,
+    ablation effect and composition equals the in-memory model's, by exact ablation and by the
+    estimate; the blocks stay offloaded afterwards."""
+    from headlab.heads.composition import composition_scores
+    from headlab.heads.evidence import evidence, loss_rows
+
+    random_llama(cache / "llama", tie=False)
+    in_memory, _ = zoo.load_hf_dir(cache / "llama", "llama")
+    block = max(weight_bytes(b) for b in in_memory.blocks)
+    limit = {"two thirds": weight_bytes(in_memory) * 2 // 3, "one block": block + 1000}[budget]
+    big, _ = zoo.load_dispatched(cache / "llama", "llama", "auto", {"cpu": limit}, cache / "off")
+    assert big.blocks[3].attn.W_O.weight.is_meta  # on disk until a forward or a read needs it
+    assert big.embed.weight.is_meta == (budget == "one block")
+    probe = random_repeat_probe(None, 64, 24, batch=1)
+    want, got = evidence(in_memory, probe, exact=exact), evidence(big, probe, exact=exact)
+    a, b = want.to_dict(), got.to_dict()
+    assert [c["evidence"] for c in b["heads"]] == [c["evidence"] for c in a["heads"]]
+    assert b["composition"] == a["composition"]
+    for rows in loss_rows(probe, True).values():
+        torch.testing.assert_close(got.loss_effect(rows), want.loss_effect(rows), atol=1e-5,
+                                   rtol=0, equal_nan=True)  # fmt: skip
+    for mode, scores in composition_scores(in_memory).scores.items():
+        torch.testing.assert_close(composition_scores(big).scores[mode], scores, atol=1e-6,
+                                   rtol=0)  # fmt: skip
+    assert big.blocks[3].attn.W_O.weight.is_meta
+
+
 def test_conversion_writes_one_shard_per_block_with_the_models_weights(cache):
     hf = random_llama(cache / "llama", tie=False)
     out = convert_checkpoint(cache / "llama", cache / "converted")

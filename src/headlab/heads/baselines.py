@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from headlab.devices import input_device
 from headlab.files import read_text, write_json
 from headlab.heads.labels import THRESHOLDS, label_head
 from headlab.heads.report import (
@@ -84,11 +85,14 @@ def random_model(model: Any, seed: int) -> Transformer:
     init_std), on the device and dtype of its embedding: the weights of ``Transformer(config)``
     after ``torch.manual_seed(seed)``, drawn from a generator of its own (:class:`SeededInit`),
     so that other threads drawing from the global one (a live run in the server) cannot change
-    them; the global RNG is neither read nor moved."""
+    them; the global RNG is neither read nor moved. For a model dispatched by accelerate,
+    whose embedding may wait on disk (a meta tensor), the random copy is built where its
+    inputs go (:func:`headlab.devices.input_device`: the CPU), whole."""
     weight = model.embed.weight
+    device = input_device(model) if weight.is_meta else weight.device
     with SeededInit(torch.Generator().manual_seed(seed)):
         fresh = Transformer(model.config)
-    return fresh.to(device=weight.device, dtype=weight.dtype).eval()
+    return fresh.to(device=device, dtype=weight.dtype).eval()
 
 
 def random_weight_scores(

@@ -41,8 +41,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
+from headlab.devices import weights_in_place
 from headlab.heads.baselines import K_SD
 
 MODES = ("q", "k", "v", "k_group", "v_group")
@@ -60,23 +61,36 @@ class HeadWeights:
     W_O: Tensor
 
 
-def _split(linear: nn.Linear, heads: int) -> Tensor:
+def _read(block: Any, config: Any) -> list[Tensor]:
+    """What the scores read of one block, as it stores them: W_Q, W_K, W_V and W_O's weights
+    and, for a pre-norm block, its attention norm's gain. The block's weights must be in place
+    (:func:`headlab.devices.weights_in_place`)."""
+    attn = block.attn
+    read = [attn.W_Q.weight, attn.W_K.weight, attn.W_V.weight, attn.W_O.weight]
+    if config.norm == "pre":
+        read.append(block.norm_attn.weight)
+    return [w.detach() for w in read]
+
+
+def _split(w: Tensor, heads: int) -> Tensor:
     """A projection's weight (heads · d_k, d) as (heads, d, d_k): x @ W[i] is head i's part."""
-    w = linear.weight.detach().float()
     return w.view(heads, -1, w.shape[-1]).transpose(1, 2)  # (heads, d, d_k)
 
 
 def head_weights(model: Any) -> list[HeadWeights]:
-    """Each layer's :class:`HeadWeights`, the norm folded in as TransformerLens folds it."""
+    """Each layer's :class:`HeadWeights`, the norm folded in as TransformerLens folds it; a
+    model dispatched by accelerate is read one block at a time, each loaded where it was
+    offloaded and copied."""
     c = model.config
     h, h_kv = c.n_heads, c.n_kv_heads or c.n_heads
     out = []
     for block in model.blocks:
-        attn = block.attn
-        q, k, v = _split(attn.W_Q, h), _split(attn.W_K, h_kv), _split(attn.W_V, h_kv)
-        o = attn.W_O.weight.detach().float().T.reshape(h, -1, c.d_model)  # (h, d_k, d)
+        with weights_in_place(block):
+            read = [w.float().clone() for w in _read(block, c)]
+        q, k, v = _split(read[0], h), _split(read[1], h_kv), _split(read[2], h_kv)
+        o = read[3].T.reshape(h, -1, c.d_model)  # (h, d_k, d)
         if c.norm == "pre":
-            gain = block.norm_attn.weight.detach().float()[None, :, None]  # (1, d, 1)
+            gain = read[4][None, :, None]  # (1, d, 1)
             q, k, v = q * gain, k * gain, v * gain
             if c.norm_kind == "layernorm":  # the norm removes the mean: only centred parts count
                 q, k, v = (w - w.mean(dim=1, keepdim=True) for w in (q, k, v))
@@ -231,14 +245,11 @@ def weights_key(model: Any) -> str:
     fields = (c.n_layers, c.n_heads, c.n_kv_heads, c.d_model, c.d_k, c.norm, c.norm_kind)
     digest.update(repr(fields).encode())
     for block in model.blocks:
-        attn = block.attn
-        read = [attn.W_Q.weight, attn.W_K.weight, attn.W_V.weight, attn.W_O.weight]
-        if c.norm == "pre":
-            read.append(block.norm_attn.weight)
-        for w in read:
-            w = w.detach().cpu().contiguous()
-            digest.update(repr((w.dtype, tuple(w.shape))).encode())
-            digest.update(w.view(torch.uint8).numpy())
+        with weights_in_place(block):
+            for w in _read(block, c):
+                w = w.cpu().contiguous()
+                digest.update(repr((w.dtype, tuple(w.shape))).encode())
+                digest.update(w.view(torch.uint8).numpy().data)
     return digest.hexdigest()
 
 

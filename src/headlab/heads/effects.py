@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from headlab.devices import input_device
+from headlab.devices import input_device, weights_in_place
 from headlab.heads.scores import mass_where_possible
 from headlab.heads.targets import token_rule_targets
 from headlab.measure import Probe, layer_index
@@ -150,13 +150,14 @@ def this_thread(hook: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @contextmanager
-def _mean_fill(attn: Any, ablated: Tensor, means: Tensor, B: int) -> Iterator[None]:
+def _mean_fill(block: Any, ablated: Tensor, means: Tensor, B: int) -> Iterator[None]:
     """While inside, the layer's output gains W_O,h · mean_h for each head h that ``ablated``
     (S, h) zeroes in set s: with the head mask's zeros, the head's output becomes its mean."""
-    w_o = attn.W_O.weight  # (d, h · d_k)
-    h, d_k = means.shape
-    per_head = torch.einsum("dhk,hk->hd", w_o.view(-1, h, d_k), means.to(w_o))  # (h, d)
-    delta = (ablated.to(w_o) @ per_head).repeat_interleave(B, dim=0)  # (S·B, d)
+    attn, (h, d_k) = block.attn, means.shape
+    with weights_in_place(block):  # W_O where accelerate offloaded it, for this product alone
+        w_o = attn.W_O.weight  # (d, h · d_k)
+        per_head = torch.einsum("dhk,hk->hd", w_o.view(-1, h, d_k), means.to(w_o))  # (h, d)
+        delta = (ablated.to(w_o) @ per_head).repeat_interleave(B, dim=0)  # (S·B, d)
 
     def add(module: Any, inputs: Any, output: Tensor) -> Tensor:
         return output + delta[:, None, :]
@@ -187,8 +188,9 @@ def _from_layer(
 
     trace = Trace(only=("weights",), reduce=reduce)
     x = clean.resid[layer].repeat(S, 1, 1)  # (S·B, n, d)
-    attn = model.blocks[layer].attn
-    fill = _mean_fill(attn, ablated, clean.means[layer], B) if mode == "mean" else None
+    fill = (
+        _mean_fill(model.blocks[layer], ablated, clean.means[layer], B) if mode == "mean" else None
+    )
     with fill or _nothing():
         for l in range(layer, L):
             mask = keep if l == layer else None
