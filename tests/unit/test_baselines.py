@@ -149,3 +149,34 @@ def test_random_models_are_torchs_seeded_init_whatever_other_threads_draw(n_kv_h
         other.join()
     for got in built:
         assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_floors_that_would_not_fit_in_memory_are_refused_in_one_sentence(
+    default, repeat, tmp_path, monkeypatch
+):
+    """The floors build the architecture with random weights in memory; where that copy is
+    larger than the memory available (a model dispatched because it does not fit), labelling
+    stops with a ValueError naming both sizes and --no-floors, and the command line prints it
+    as one line, exit 2, instead of running out of memory. Without floors, and where the
+    memory available cannot be read, it runs."""
+    from typer.testing import CliRunner
+
+    from headlab.cli import app
+    from headlab.heads import baselines
+
+    monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path))  # no floors kept from earlier runs,
+    monkeypatch.setattr(baselines, "_MEMORY", {})  # nor from earlier tests
+    model, _ = default
+    need = sum(p.numel() for p in model.parameters()) * 4
+    monkeypatch.setattr(baselines, "available_memory", lambda: need - 1)
+    mib = rf"{need / 2**20:,.1f} MiB"
+    with pytest.raises(ValueError, match=rf"in memory \({mib}\), more than .*\(--no-floors"):
+        baselines.label_heads(model, repeat, keep=())
+    assert baselines.label_heads(model, repeat, keep=(), floors=False).floors is None
+    result = CliRunner().invoke(app, ["heads", "--model", "default"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "--no-floors" in " ".join(result.stderr.split())
+    monkeypatch.setattr(baselines, "available_memory", lambda: need)
+    assert baselines.label_heads(model, repeat, keep=()).floors is not None
+    monkeypatch.setattr(baselines, "available_memory", lambda: None)
+    assert baselines.label_heads(model, repeat, keep=(), seed=1).floors is not None

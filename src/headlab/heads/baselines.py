@@ -90,9 +90,43 @@ def random_model(model: Any, seed: int) -> Transformer:
     inputs go (:func:`headlab.devices.input_device`: the CPU), whole."""
     weight = model.embed.weight
     device = input_device(model) if weight.is_meta else weight.device
+    if device.type == "cpu":
+        _check_room(model, weight.dtype)
     with SeededInit(torch.Generator().manual_seed(seed)):
         fresh = Transformer(model.config)
     return fresh.to(device=device, dtype=weight.dtype).eval()
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this machine can give a new allocation now (Linux's MemAvailable), or
+    None where it cannot tell."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _check_room(model: Any, dtype: torch.dtype) -> None:
+    """A ValueError saying so, and what to do, when a random copy of ``model``'s architecture
+    would not fit in the memory left (a model dispatched by accelerate because it is larger
+    than memory): building it would end the process, not fail it."""
+    need = sum(p.numel() for p in model.parameters()) * torch.finfo(dtype).bits // 8
+    free = available_memory()
+    if free is not None and need > free:
+        raise ValueError(
+            f"the random-weights floors build this model's architecture with random weights in "
+            f"memory ({_size(need)}), more than this machine has available ({_size(free)}): "
+            "score it without them (--no-floors, or floors=False; the labels then say they are "
+            "unchecked against chance)"
+        )
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
 
 
 def random_weight_scores(
