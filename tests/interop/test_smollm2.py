@@ -419,6 +419,36 @@ def test_a_fetch_shows_progress_lines_when_output_is_no_terminal(tmp_path, monke
     assert "smollm2 is ready in" in result.stderr
 
 
+def test_progress_lines_from_two_threads_stay_whole(monkeypatch):
+    """The steps and the heartbeat write from two threads; each line goes out whole. The
+    stream here yields the processor inside every write, as a busy machine's may, so a line
+    written as two pieces (text, then newline) would let the other thread's line in between:
+    CI once saw "step 2/5: step 2fetching smollm2, 1 s: still step 2"."""
+    import io
+    import sys
+    import time
+
+    from headlab.cli import common
+
+    class Yielding(io.StringIO):
+        def write(self, text: str) -> int:
+            time.sleep(0.0002)  # the other thread runs here
+            return super().write(text)
+
+    stream = Yielding()
+    monkeypatch.setattr(sys, "stderr", stream)
+    monkeypatch.setattr(common, "HEARTBEAT_SECONDS", 0.0001)
+    with common.progress_lines("fetching x") as report:
+        for step in range(1, 301):
+            report(step, 300, "work")
+    lines = stream.getvalue().splitlines()
+    pattern = r"fetching x, \d+ s: (step \d+/300: work|still work)"
+    assert all(re.fullmatch(pattern, line) for line in lines), [
+        line for line in lines if not re.fullmatch(pattern, line)][:3]  # fmt: skip
+    assert sum(line.endswith("/300: work") for line in lines) == 300
+    assert any(line.endswith("still work") for line in lines)
+
+
 def test_the_array_reader_reads_what_ggufs_own_reader_reads(fetched):
     """transformers' reference is loaded through one :func:`headlab.pypi.array_reader` per
     file (a plain array over the map, not numpy's memmap): every field's parts and every

@@ -107,9 +107,16 @@ def progress_lines(prefix: str) -> Iterator[Callable[[int, int, str], None]]:
     # stderr as it is now: a step may redirect sys.stderr for a while (loading SmolLM2 through
     # transformers hides its tqdm bars so), which would swallow the lines written meanwhile
     out = sys.stderr
+    # the step and the heartbeat write from two threads: each line goes out whole, in one
+    # write under a lock (print writes the text and its newline apart, and a heartbeat landed
+    # between them: "step 2/5: step 2fetching …, 1 s: still step 2")
+    lock = threading.Lock()
 
     def say(text: str) -> None:
-        print(f"{prefix}, {time.monotonic() - start:.0f} s: {text}", file=out, flush=True)
+        line = f"{prefix}, {time.monotonic() - start:.0f} s: {text}\n"
+        with lock:
+            out.write(line)
+            out.flush()
 
     def report(step: int, total: int, what: str) -> None:
         now["what"] = what
