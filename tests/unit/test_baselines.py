@@ -159,6 +159,8 @@ def test_floors_that_would_not_fit_in_memory_are_refused_in_one_sentence(
     stops with a ValueError naming both sizes and --no-floors, and the command line prints it
     as one line, exit 2, instead of running out of memory. Without floors, and where the
     memory available cannot be read, it runs."""
+    import copy
+
     from typer.testing import CliRunner
 
     from headlab.cli import app
@@ -180,3 +182,10 @@ def test_floors_that_would_not_fit_in_memory_are_refused_in_one_sentence(
     assert baselines.label_heads(model, repeat, keep=()).floors is not None
     monkeypatch.setattr(baselines, "available_memory", lambda: None)
     assert baselines.label_heads(model, repeat, keep=(), seed=1).floors is not None
+    # a bfloat16 model's copy is built in float32, then cast: both at once, 4 + 2 bytes a weight
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    monkeypatch.setattr(baselines, "available_memory", lambda: need // 4 * 6 - 1)
+    with pytest.raises(ValueError, match="--no-floors"):
+        baselines.random_model(half, 0)
+    monkeypatch.setattr(baselines, "available_memory", lambda: need // 4 * 6)
+    assert baselines.random_model(half, 0).embed.weight.dtype == torch.bfloat16

@@ -113,8 +113,10 @@ def available_memory() -> int | None:
 def _check_room(model: Any, dtype: torch.dtype) -> None:
     """A ValueError saying so, and what to do, when a random copy of ``model``'s architecture
     would not fit in the memory left (a model dispatched by accelerate because it is larger
-    than memory): building it would end the process, not fail it."""
-    need = sum(p.numel() for p in model.parameters()) * torch.finfo(dtype).bits // 8
+    than memory): building it would end the process, not fail it. The copy is built in
+    float32 and then cast, so a half-precision model's needs both at once."""
+    numel = sum(p.numel() for p in model.parameters())
+    need = numel * 4 + (0 if dtype == torch.float32 else numel * torch.finfo(dtype).bits // 8)
     free = available_memory()
     if free is not None and need > free:
         raise ValueError(
