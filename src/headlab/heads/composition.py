@@ -260,7 +260,11 @@ def composition_scores(model: Any) -> Composition:
     The last few models' scores are kept by :func:`weights_key`: a page or notebook asking
     again about the same weights (another text, another probe) gets them at the cost of
     reading the weights once (SmolLM2: 0.15 s against about 12 s on one core); scores of
-    more than 64 MB (over ~1,800 heads) are not kept. Each call returns its own tensors."""
+    more than 64 MB (over ~1,800 heads) are not kept, nor are a model's that accelerate
+    dispatched: its weights come from disk, and the key would read them a second time. Each
+    call returns its own tensors."""
+    if getattr(model, "hf_device_map", None):
+        return _composition_scores(model)
     key = weights_key(model)
     with _KEPT_LOCK:
         kept = _KEPT.get(key)
