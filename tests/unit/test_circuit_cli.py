@@ -127,3 +127,28 @@ def test_the_evidence_view_escapes_each_sentence():
     d = {"heads": [{"layer": 0, "head": 1, "label": "mixed", "evidence": "a < b & c"}]}
     html = evidence_view(d)._repr_html_()
     assert "<td>0.1</td><td>mixed</td><td>a &lt; b &amp; c</td>" in html
+
+
+def test_floors_that_do_not_fit_name_the_way_out_for_each_command(built, tmp_path, monkeypatch):
+    """Where the floors' random copy would not fit in memory, each command that needs them
+    exits 2 with one line giving both sizes and its own way out: plain `heads` runs with
+    --no-floors, `heads --evidence` cannot (it needs the floors), and `circuit` labels its
+    heads above the floors, so it names no flag that would only fail next."""
+    from headlab.heads import baselines
+
+    monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path))  # no floors kept from earlier runs,
+    monkeypatch.setattr(baselines, "_MEMORY", {})  # nor from earlier tests
+    monkeypatch.setattr(baselines, "available_memory", lambda: 1)
+    sizes = "more than this machine has available (0.0 MiB)"
+    cases = {
+        ("heads",): "score it without them (--no-floors",
+        ("heads", "--evidence"): "--evidence needs them; leave it out and add --no-floors",
+        ("circuit",): "so it runs only where that much memory is free",
+    }
+    for args, way_out in cases.items():
+        result = runner.invoke(app, [*args, "--model", "default"])
+        said = " ".join(result.stderr.split())
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert sizes in said and way_out in said, said
+        assert ("--no-floors" in said) == (args[0] == "heads"), said
+    assert runner.invoke(app, ["heads", "--model", "default", "--no-floors"]).exit_code == 0

@@ -65,3 +65,27 @@ def test_a_bad_exact_is_a_422_naming_the_field(client: TestClient, body, message
     r = client.post("/api/heads", json={"model": "default", **body})
     detail = r.json()["detail"]
     assert r.status_code == 422 and message in detail and "exact" in detail
+
+
+def test_floors_that_do_not_fit_are_a_422_with_the_way_out(client, tmp_path, monkeypatch):
+    """Where the floors' random copy would not fit in memory, /api/heads and /api/circuit
+    answer 422 with both sizes and what to send instead (a 500 before): labels without
+    floors, evidence left out (it needs them), and for the circuit no field at all."""
+    from headlab.heads import baselines
+
+    monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path))  # no floors kept from earlier runs,
+    monkeypatch.setattr(baselines, "_MEMORY", {})  # nor from earlier tests
+    monkeypatch.setattr(baselines, "available_memory", lambda: 1)
+    sizes = "more than this machine has available (0.0 MiB)"
+    cases = [
+        ("/api/heads", {}, 'send "floors": false'),
+        ("/api/heads", {"evidence": True}, 'leave out "evidence": true'),
+        ("/api/circuit", {"seed": 7}, "so it runs only where that much memory is free"),
+    ]
+    for path, body, way_out in cases:
+        r = client.post(path, json={"model": "default", **body})
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"]
+        assert sizes in detail and way_out in detail and "--no-floors" not in detail, detail
+    r = client.post("/api/heads", json={"model": "default", "floors": False})
+    assert r.status_code == 200 and r.json()["heads"], r.text

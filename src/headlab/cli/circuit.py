@@ -49,7 +49,8 @@ def circuit(
     import json
 
     from headlab import zoo
-    from headlab.heads.circuit import induction_circuit
+    from headlab.heads.baselines import FloorsDoNotFit
+    from headlab.heads.circuit import NEEDS_FLOORS, induction_circuit
     from headlab.measure import build_probe
 
     mode = check_ablation(ablation)
@@ -60,6 +61,8 @@ def circuit(
         probe = build_probe("random-repeat", tokenizer, c.max_len, c.vocab_size, seed=seed)
         with err_console.status("baselines, labels, compositions, ablations…"):
             result = induction_circuit(m, probe, mode, seed)
+    except FloorsDoNotFit as exc:
+        raise fail(f"{exc.sizes()}: {NEEDS_FLOORS}") from None
     except ValueError as exc:
         raise fail(str(exc)) from None
     if as_json:

@@ -321,7 +321,7 @@ def _heads_on_probe(
         else:
             report = _analyse(m, p, seed, content, keep, margins, ruled, floors, retrieval)
     except ValueError as exc:
-        raise fail(str(exc)) from None
+        raise fail(_problem(exc, evidence)) from None
     out = err_console if as_json else console  # keep stdout pure JSON
     extra = {} if evidence is None else {"evidence": backed.to_dict()}
     extra |= {"needles": needles} if needles else {}
@@ -332,6 +332,17 @@ def _heads_on_probe(
         _draw_head(report, target, out)
     if html is not None:
         _write_head_page(report, model, html, out, m.config)
+
+
+def _problem(exc: ValueError, evidence: str | None) -> str:
+    """What ``heads`` says for a ValueError: its message, except where the floors' random copy
+    does not fit and --evidence, which cannot go without the floors, was asked for."""
+    from headlab.heads.baselines import FloorsDoNotFit
+
+    if isinstance(exc, FloorsDoNotFit) and evidence is not None:
+        return (f"{exc.sizes()}: --evidence needs them; leave it out and add --no-floors to "
+                "label without them")  # fmt: skip
+    return str(exc)
 
 
 def _probe(m: Any, tokenizer: Any, text: str | None, probe: str, seed: int) -> Any:

@@ -110,21 +110,38 @@ def available_memory() -> int | None:
     return None
 
 
+class FloorsDoNotFit(ValueError):
+    """The random-weights floors' copy of a model would not fit in the memory available:
+    ``need`` and ``free`` in bytes. The message names the command line's and the library's way
+    out; the server words its own (``"floors": false``) from the two sizes."""
+
+    def __init__(self, need: int, free: int) -> None:
+        self.need, self.free = need, free
+        super().__init__(
+            f"{self.sizes()}: score it without them (--no-floors, or floors=False; the labels "
+            "then say they are unchecked against chance)"
+        )
+
+    def sizes(self) -> str:
+        """What does not fit, in words, both sizes in MiB or GiB."""
+        return (
+            "the random-weights floors build this model's architecture with random weights in "
+            f"memory ({_size(self.need)}), more than this machine has available "
+            f"({_size(self.free)})"
+        )
+
+
 def _check_room(model: Any, dtype: torch.dtype) -> None:
-    """A ValueError saying so, and what to do, when a random copy of ``model``'s architecture
-    would not fit in the memory left (a model dispatched by accelerate because it is larger
-    than memory): building it would end the process, not fail it. The copy is built in
-    float32 and then cast, so a half-precision model's needs both at once."""
+    """:class:`FloorsDoNotFit` (a ValueError saying so, and what to do) when a random copy of
+    ``model``'s architecture would not fit in the memory left (a model dispatched by
+    accelerate because it is larger than memory): building it would end the process, not
+    fail it. The copy is built in float32 and then cast, so a half-precision model's needs
+    both at once."""
     numel = sum(p.numel() for p in model.parameters())
     need = numel * 4 + (0 if dtype == torch.float32 else numel * torch.finfo(dtype).bits // 8)
     free = available_memory()
     if free is not None and need > free:
-        raise ValueError(
-            f"the random-weights floors build this model's architecture with random weights in "
-            f"memory ({_size(need)}), more than this machine has available ({_size(free)}): "
-            "score it without them (--no-floors, or floors=False; the labels then say they are "
-            "unchecked against chance)"
-        )
+        raise FloorsDoNotFit(need, free)
 
 
 def _size(n: int) -> str:

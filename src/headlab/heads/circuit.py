@@ -31,6 +31,11 @@ from headlab.heads.report import HeadReport, analyse
 from headlab.measure import Probe
 
 CONFIRMED = 0.5  # ablating the feeder leaves at most this share of the induction score
+# what to do when the floors' random copy does not fit (baselines.FloorsDoNotFit): no way round
+NEEDS_FLOORS = (
+    "the circuit's heads are labelled above those floors, so it runs only where that much "
+    "memory is free"
+)
 
 
 @dataclass(frozen=True)

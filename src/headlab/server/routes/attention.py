@@ -94,7 +94,7 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
     and, for a text, its parse and each head's top link per word: the syntactic score is shown
     beside the others and takes part in the labels only with ``syntax_labels``; with
     ``evidence`` each label's evidence (:func:`headlab.heads.evidence.evidence`)."""
-    from headlab.heads.baselines import label_heads
+    from headlab.heads.baselines import FloorsDoNotFit
 
     if req.exact is not None and not req.evidence:
         raise HTTPException(422, "exact picks the heads that evidence ablates exactly: add "
@@ -108,20 +108,13 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
     margins = found["report"].margins() if found and found.get("report") else None
     ruled = req.syntax_labels and margins is not None
     extra: dict[str, Any] = {"needles": needles} if needles else {}
-    if req.evidence:  # labels then need their margins over random weights too
-        from headlab.heads.evidence import evidence
-
-        L, h = model.config.n_layers, model.config.n_heads
-        for l, i in req.exact if isinstance(req.exact, list) else []:
-            if not (0 <= l < L and 0 <= i < h):
-                raise HTTPException(422, f"exact: head [{l}, {i}] is not in this model's "
-                                    f"layers 0..{L - 1} and heads 0..{h - 1}")  # fmt: skip
-        backed = evidence(model, probe, keep=None, syntactic=margins, label_syntactic=ruled,
-                          exact=req.exact)  # fmt: skip
-        report, extra["evidence"] = backed.report, backed.to_dict()
-    else:
-        report = label_heads(model, probe, syntactic=margins, label_syntactic=ruled,
-                             floors=req.floors, retrieval=retrieval)  # fmt: skip
+    try:
+        report = _labelled(req, model, probe, margins, ruled, retrieval, extra)
+    except FloorsDoNotFit as exc:
+        way_out = ('leave out "evidence": true (evidence needs the floors)' if req.evidence
+                   else 'send "floors": false (the labels then say they are unchecked '
+                   "against chance)")  # fmt: skip
+        raise HTTPException(422, f"{exc.sizes()}: {way_out}") from None
     body = {**report.to_dict(patterns=True), "syntax_labels": ruled, **extra}
     if found is not None:
         body["syntax"] = syntax_body(request, req.model, found, probe, report.patterns)
@@ -136,6 +129,36 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
             **body,
         }
     )
+
+
+def _labelled(
+    req: HeadsRequest,
+    model: Any,
+    probe: Any,
+    margins: Any,
+    ruled: bool,
+    retrieval: Any,
+    extra: dict[str, Any],
+) -> Any:
+    """The labelled report /api/heads answers with; with ``evidence`` each label's evidence
+    goes into ``extra``."""
+    from headlab.heads.baselines import label_heads
+
+    if not req.evidence:
+        return label_heads(model, probe, syntactic=margins, label_syntactic=ruled,
+                           floors=req.floors, retrieval=retrieval)  # fmt: skip
+    # labels then need their margins over random weights too
+    from headlab.heads.evidence import evidence
+
+    L, h = model.config.n_layers, model.config.n_heads
+    for l, i in req.exact if isinstance(req.exact, list) else []:
+        if not (0 <= l < L and 0 <= i < h):
+            raise HTTPException(422, f"exact: head [{l}, {i}] is not in this model's "
+                                f"layers 0..{L - 1} and heads 0..{h - 1}")  # fmt: skip
+    backed = evidence(model, probe, keep=None, syntactic=margins, label_syntactic=ruled,
+                      exact=req.exact)  # fmt: skip
+    extra["evidence"] = backed.to_dict()
+    return backed.report
 
 
 def heads_probe(request: Request, req: HeadsRequest) -> tuple[Any, Any, Any, list[dict]]:
@@ -169,7 +192,8 @@ def circuit_endpoint(req: CircuitRequest, request: Request) -> dict[str, Any]:
     """The induction circuit of ``model`` on repeated random tokens, as ``headlab circuit
     --json`` answers it (:func:`headlab.heads.circuit.induction_circuit`); kept per model,
     seed and ablation, since the answer is the same each time and takes seconds."""
-    from headlab.heads.circuit import induction_circuit
+    from headlab.heads.baselines import FloorsDoNotFit
+    from headlab.heads.circuit import NEEDS_FLOORS, induction_circuit
     from headlab.measure import build_probe
 
     kept: dict[tuple, dict[str, Any]] = request.app.state.circuits
@@ -180,6 +204,8 @@ def circuit_endpoint(req: CircuitRequest, request: Request) -> dict[str, Any]:
         try:
             probe = build_probe("random-repeat", tokenizer, c.max_len, c.vocab_size, seed=req.seed)
             found = induction_circuit(model, probe, req.ablation, req.seed)
+        except FloorsDoNotFit as exc:
+            raise HTTPException(422, f"{exc.sizes()}: {NEEDS_FLOORS}") from None
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from None
         kept[key] = {"model": req.model, **found.to_dict()}
