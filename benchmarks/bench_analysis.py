@@ -44,7 +44,7 @@ from headlab.heads import analyse
 from headlab.heads.effects import ablate_heads
 from headlab.heads.evidence import loss_rows, measure_ablations
 from headlab.measure import build_probe, random_repeat_probe
-from record import path_for, save
+from record import count, path_for, save
 
 BASE = "transformers forward, output_attentions"
 BODY = "transformers body (no LM head), output_attentions"
@@ -125,6 +125,8 @@ def measure(fns: dict[str, Callable[[], object]], slow: set[str], rounds: int,
             slow_rounds: int) -> dict[str, float]:  # fmt: skip
     """Median seconds of each call, interleaved round by round after one warm-up each (the
     slow ones, seconds long, warm up in the fast ones' first round)."""
+    if slow_rounds == 0:  # the slow ones left out
+        fns = {name: fn for name, fn in fns.items() if name not in slow}
     for name, fn in fns.items():
         if name not in slow:
             fn()
@@ -144,8 +146,8 @@ def main() -> int:
     parser.add_argument("--models", nargs="+", default=["default", "minilm", "smollm2", "gemma3"],
                         help="each one skipped, saying so, where it is not here")  # fmt: skip
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--slow-rounds", type=int, default=2, help="rounds of the ablations")
+    parser.add_argument("--rounds", type=count(), default=7)
+    parser.add_argument("--slow-rounds", type=count(0), default=2, help="rounds of the ablations")
     parser.add_argument("--lengths", nargs="*", type=int, default=[],
                         help="also time analyse on random tokens of these lengths, repeated 4 "
                              "times (no ablations)")  # fmt: skip

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from headlab import MultiHeadAttention
-from record import path_for, save
+from record import count, path_for, save
 
 CONFIGS = [(8, 128, 512, 8), (4, 512, 512, 8), (1, 1024, 768, 12)]
 
@@ -114,7 +114,7 @@ def report(rounds: int) -> list[dict[str, object]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=count(), default=15)
     parser.add_argument("--json", default=path_for("attention"), help="where the results go")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     args = parser.parse_args()

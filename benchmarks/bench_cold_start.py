@@ -36,7 +36,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from headlab.files import write_json
-from record import command
+from record import command, count
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "cold_start.json"
@@ -124,11 +124,14 @@ def machine() -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7, help="timed runs of each command (≥ 5)")
+    parser.add_argument(
+        "--rounds",
+        type=count(5),
+        default=7,
+        help="timed runs of each command (≥ 5: the medians need them)",
+    )
     parser.add_argument("--json", type=Path, default=RESULTS, help="where to write the figures")
     args = parser.parse_args()
-    if args.rounds < 5:
-        parser.error(f"--rounds {args.rounds}: give at least 5, the medians need them")
     load_start = tuple(round(x, 2) for x in os.getloadavg())
     figures = summarise(measure(args.rounds))
     load_end = tuple(round(x, 2) for x in os.getloadavg())

@@ -23,7 +23,7 @@ import torch
 from headlab.experiments import induction as ind
 from headlab.training.tasks import RepeatTask
 from headlab.training.train import train
-from record import path_for, save
+from record import count, path_for, save
 
 
 def run(steps: int, threads: int, deterministic: bool) -> tuple[float, str]:
@@ -46,7 +46,7 @@ def run(steps: int, threads: int, deterministic: bool) -> tuple[float, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=count(), default=3)
     parser.add_argument("--json", default=path_for("determinism"), help="where the results go")
     args = parser.parse_args()
     settings = {

@@ -35,7 +35,7 @@ from headlab.heads.effects import ablate_heads
 from headlab.heads.estimate import CHECK, LAYER_STEPS, Checked, estimate_heads
 from headlab.heads.evidence import loss_rows, measure_ablations
 from headlab.measure import build_probe
-from record import path_for, save
+from record import count, path_for, save
 
 
 def agreement(exact: torch.Tensor, estimate: torch.Tensor, top: int | None = None) -> float:
@@ -154,7 +154,7 @@ def main() -> int:
         "heads the two-stage estimate ablates exactly, ranked by plain attribution patching "
         "by size on every token and a later copy"))  # fmt: skip
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=7, help="rounds of the forward")
+    parser.add_argument("--rounds", type=count(), default=7, help="rounds of the forward")
     parser.add_argument("--json", default=path_for("estimate"), help="where the results go")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -31,7 +31,7 @@ import torch
 from headlab import zoo
 from headlab.heads import baselines as B
 from headlab.measure import build_probe
-from record import path_for, save
+from record import count, path_for, save
 
 CONTENDERS = ("ungated", "gated, cold", "gated, disk", "gated, memory")
 
@@ -91,7 +91,7 @@ def measure(name: str, rounds: int) -> dict[str, list[float]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=count(), default=3)
     parser.add_argument("--models", default="default,minilm,smollm2")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's own)")
     parser.add_argument("--json", default=str(path_for("gate")))

@@ -30,6 +30,7 @@ from collections.abc import Callable
 import torch
 
 from headlab import Trace, gemma3, zoo
+from record import count
 
 TEXT = (
     "The river was high after the rain, and the ferry waited at the bank until the water fell. "
@@ -107,8 +108,8 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--loads", type=int, default=5, help="fresh processes for the load")
+    parser.add_argument("--rounds", type=count(), default=10)
+    parser.add_argument("--loads", type=count(), default=5, help="fresh processes for the load")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--load-only", action="store_true", help="the cached load alone")
     args = parser.parse_args()

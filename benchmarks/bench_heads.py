@@ -23,7 +23,7 @@ import torch
 from headlab import Trace, zoo
 from headlab.heads import analyse
 from headlab.measure import random_repeat_probe
-from record import path_for, save
+from record import count, path_for, save
 
 
 def contenders() -> tuple[dict[str, Callable[[], object]], int]:
@@ -69,7 +69,7 @@ def measure(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, floa
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=count(), default=15)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     parser.add_argument("--json", default=path_for("heads"), help="where the results go")
     args = parser.parse_args()

@@ -43,7 +43,7 @@ from headlab.files import write_json
 from headlab.server.live import AUTO, Knobs, choose_threads, machine_load, run_study
 from headlab.training.train import StopToken
 from headlab.training.watch import Evaluation, Event, Step
-from record import command, machine
+from record import command, count, machine
 
 SETTINGS: tuple[int | str, ...] = (1, 2, AUTO)
 BUSY_LOOP = "while True: pass"  # one CPU-bound process: load +1, one core held
@@ -169,7 +169,7 @@ def _x(value: float | None) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--conditions", nargs="+", choices=("idle", "busy"), default=["idle", "busy"])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=count(), default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cap", type=float, default=120.0, help="seconds before a run is stopped")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results/live.json")

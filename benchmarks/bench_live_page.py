@@ -26,6 +26,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from record import count
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     from playwright.sync_api import sync_playwright
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=count(), default=3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     url, server = start_server()

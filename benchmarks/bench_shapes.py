@@ -25,7 +25,7 @@ import torch
 from headlab import MultiHeadAttention
 from headlab.shapes import trace_shapes
 from headlab.shapes.report import _meta_module
-from record import path_for, save
+from record import count, path_for, save
 
 # (label, d_model, h, n, B, h_kv, bias, dtype, cache_len)
 CONFIGS = [
@@ -72,7 +72,7 @@ def measure(rounds: int) -> tuple[dict[str, float], float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--rounds", type=count(), default=200)
     parser.add_argument("--json", default=path_for("shapes"), help="where the results go")
     args = parser.parse_args()
     torch.set_num_threads(1)

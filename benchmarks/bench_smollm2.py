@@ -41,7 +41,7 @@ from headlab.measure import (
     repeated_random_tokens,
     token_losses,
 )
-from record import path_for, save
+from record import count, path_for, save
 
 TEXT = (
     "The river was high after the rain, and the ferry waited at the bank until the water fell. "
@@ -141,8 +141,8 @@ def copying() -> tuple[float, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--loads", type=int, default=5, help="fresh processes for the load")
+    parser.add_argument("--rounds", type=count(), default=10)
+    parser.add_argument("--loads", type=count(), default=5, help="fresh processes for the load")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--first-load", action="store_true", help="also time a first fetch")
     parser.add_argument("--json", default=path_for("smollm2"), help="where the results go")

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from record import machine, path_for, save
+from record import count, machine, path_for, save
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -139,7 +139,7 @@ def measure(site: Path, rounds: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=count(), default=5)
     parser.add_argument("--site", type=Path, default=None, help="an existing site (else built)")
     parser.add_argument("--json", type=Path, default=path_for("static"))
     args = parser.parse_args()

@@ -41,7 +41,7 @@ from headlab.heads import analyse, build_targets, layer_scorer
 from headlab.heads.report import _report
 from headlab.measure import Probe, random_repeat_probe, run_patterns
 from headlab.model import ModelConfig, Transformer
-from record import path_for, save
+from record import count, path_for, save
 
 SMOLLM2_SHAPE = ModelConfig(
     vocab_size=49152,
@@ -130,7 +130,7 @@ def measure(n: int, paths: list[str], repeats: int, threads: int) -> dict[str, d
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, nargs="+", default=[512, 1024, 2048])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=count(), default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--json", default=path_for("streaming"), help="where the results go")
     parser.add_argument("--max-fraction", type=float, default=0.5,

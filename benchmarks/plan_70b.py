@@ -40,7 +40,7 @@ from headlab.model import ModelConfig, Transformer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_streaming import SMOLLM2_SHAPE
-from record import path_for, save
+from record import count, path_for, save
 
 LLAMA_70B = ModelConfig(
     vocab_size=128256,
@@ -174,7 +174,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--n", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=count(), default=3)
     parser.add_argument(
         "--gpu-tflops",
         type=float,

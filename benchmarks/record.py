@@ -19,11 +19,13 @@ benchmark's ``--json PATH`` option defaults to ``path_for(name)``.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import platform
 import shlex
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -93,3 +95,20 @@ def save(
         "results": results,
     }
     return write_json(path, record)
+
+
+def count(least: int = 1) -> Callable[[str], int]:
+    """An argparse ``type`` for a number of rounds, loads or repeats: a whole number of at
+    least ``least``, else argparse's one-line error (exit 2). A median needs one value at
+    least; ``--rounds 0`` would otherwise run every contender and fail on the empty median."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value}: give at least {least}")
+        return value
+
+    return parse
