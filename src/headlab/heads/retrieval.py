@@ -145,7 +145,14 @@ def retrieval_scores(tops: list[Tensor], generated: Tensor, probes: list[NeedleP
 
 def score_needles(model: Transformer, probes: list[NeedleProbe]) -> list[dict[str, Any]]:
     """Per probe, in the order given: whether the number came back whole, what came back
-    (a,), and every head's retrieval score (L, h)."""
+    (a,), and every head's retrieval score (L, h). A ValueError saying why for a model that
+    attends both ways: it cannot write an answer token by token."""
+    if not model.config.causal:
+        raise ValueError(
+            "the needle probe has the model write back a number it read (Wu et al. 2024's "
+            "retrieval test), which needs a causal (decoder) model; this one attends both "
+            "ways: pick another probe, or a decoder model"
+        )
     rows: dict[int, dict[str, Any]] = {}
     index = {id(p): i for i, p in enumerate(probes)}
     for batch in groups(probes):
