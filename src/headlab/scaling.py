@@ -14,8 +14,8 @@ many prompts, and the prompts sharded across torch.distributed ranks.
 
 The table itself, its JSON and CSV, is :class:`headlab.head_table.HeadTable`.
 
-Under ``torchrun --nproc-per-node N`` rank r scores prompts r, r + N, r + 2N, …; a prompt gets
-the same seed (``seed`` + its index) whichever rank scores it and the sums are float64, so N
+Under ``torchrun --nproc-per-node N`` rank r scores prompts r, r + N, r + 2N, …; a prompt's
+scores depend on its tokens alone, whichever rank scores it, and the sums are float64, so N
 processes give the one-process means up to the order of the additions.
 """
 
@@ -44,6 +44,7 @@ from headlab.heads.baselines import (
     floors_from,
     gate_rows,
 )
+from headlab.heads.report import unused_seed
 from headlab.measure import Probe, TokenizerLike, text_probe
 
 MAX_PROMPT_CHARS = 100_000  # longest prompt line read (a 4,096-token prompt is ~20,000 chars)
@@ -243,15 +244,16 @@ def _row_head(row: int, L: int, h: int) -> tuple[int, int]:
 def score_prompts(
     model: Any,
     probes: list[tuple[int, Probe]],
-    seed: int = 0,
+    seed: int | None = None,
     content: bool = True,
     progress: Callable[[int, int], None] | None = None,
 ) -> PromptSums:
-    """Sum every head's scores over ``(index, probe)`` pairs, each analysed with seed
-    ``seed + index`` (:func:`headlab.heads.analyse`, streaming, no pattern kept)."""
+    """Sum every head's scores over ``(index, probe)`` pairs (:func:`headlab.heads.analyse`,
+    streaming, no pattern kept). ``seed`` changes nothing and is deprecated."""
+    unused_seed(seed, "score_prompts")
     sums = PromptSums(int(model.config.n_layers), int(model.config.n_heads))
-    for done, (index, probe) in enumerate(probes, start=1):
-        sums.add(analyse(model, probe, seed + index, content, keep=()))
+    for done, (_, probe) in enumerate(probes, start=1):
+        sums.add(analyse(model, probe, content=content, keep=()))
         if progress is not None:
             progress(done, len(probes))
     return sums
@@ -394,7 +396,7 @@ def all_reduce(sums: PromptSums, ranks: Ranks) -> PromptSums:
 def heads_over_prompts(
     model_name: str,
     prompts_path: str | Path,
-    seed: int = 0,
+    seed: int | None = None,
     content: bool = True,
     load: dict[str, Any] | None = None,
     timeout_s: float = 60.0,
@@ -412,10 +414,12 @@ def heads_over_prompts(
     called before this rank's first prompt (done 0) and after each, over every pass. With
     ``floors`` (the default) the labels are gated as one probe's are (:func:`prompt_table`: 3
     more passes over the prompts); without, thresholds alone. A ValueError says what is
-    wrong: the file, the model, a prompt, or ranks that cannot reach each other.
+    wrong: the file, the model, a prompt, or ranks that cannot reach each other. ``seed``
+    changes nothing and is deprecated (a prompt's scores depend on its tokens alone).
     """
     from headlab import zoo
 
+    unused_seed(seed, "heads_over_prompts")
     lines = read_prompts(prompts_path)
     load = dict(load or {})
     with process_group(load.get("device") or torch.device("cpu"), timeout_s) as ranks:
@@ -426,7 +430,8 @@ def heads_over_prompts(
         model, tokenizer = zoo.load(model_name, **load)
         probes = prompt_probes(tokenizer, lines, model.config.max_len, str(prompts_path))
         mine = list(enumerate(probes))[ranks.rank :: ranks.world]
-        table = prompt_table(model, mine, ranks, seed, content, floors, progress)
+        table = prompt_table(model, mine, ranks, content=content, floors=floors,
+                             progress=progress)  # fmt: skip
     return table, ranks
 
 
@@ -434,7 +439,7 @@ def prompt_table(
     model: Any,
     mine: list[tuple[int, Probe]],
     ranks: Ranks,
-    seed: int = 0,
+    seed: int | None = None,
     content: bool = True,
     floors: bool = True,
     progress: Callable[[int, int, Ranks], None] | None = None,
@@ -443,7 +448,9 @@ def prompt_table(
     ``floors`` each label also needs its layer's floor: the same means for ``model``'s
     architecture with random weights (each of :data:`BASELINE_SEEDS`, the same prompts through
     :func:`score_prompts` and :func:`all_reduce`), mean + K_SD · sd over the random heads and
-    seeds (:func:`headlab.heads.baselines.floors_from`): 3 more passes over the prompts."""
+    seeds (:func:`headlab.heads.baselines.floors_from`): 3 more passes over the prompts.
+    ``seed`` changes nothing and is deprecated."""
+    unused_seed(seed, "prompt_table")
     passes = 1 + (len(BASELINE_SEEDS) if floors else 0)
     done_passes = [0]
 
@@ -451,7 +458,7 @@ def prompt_table(
         start, total = done_passes[0] * len(mine), passes * len(mine)
         step = None if progress is None else (
             lambda done, _: progress(start + done, total, ranks))  # fmt: skip
-        sums = all_reduce(score_prompts(m, mine, seed, content, step), ranks)
+        sums = all_reduce(score_prompts(m, mine, content=content, progress=step), ranks)
         done_passes[0] += 1
         return sums
 

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from headlab.heads import HeadReport
 from headlab.heads.baselines import label_heads
+from headlab.heads.report import unused_seed
 from headlab.measure import Probe, build_probe, random_repeat_probe
 from headlab.model import ModelConfig, Transformer
 
@@ -129,18 +130,20 @@ def check_same_architecture(members: list[Member]) -> None:
 def compare(
     members: list[Member],
     probe: Probe,
-    seed: int = 0,
+    seed: int | None = None,
     content: bool = True,
     progress: Callable[[int, int], None] | None = None,
 ) -> Series:
     """Every checkpoint of ``members`` analysed on ``probe`` (:func:`headlab.heads.baselines.
-    label_heads`, scores only, labels gated); ``progress(done, C)`` after each checkpoint."""
+    label_heads`, scores only, labels gated); ``progress(done, C)`` after each checkpoint.
+    ``seed`` changes nothing and is deprecated (:func:`headlab.heads.report.unused_seed`)."""
+    unused_seed(seed, "compare")
     if len(members) < 2:
         raise ValueError(f"a series needs at least 2 checkpoints, got {len(members)}")
     check_same_architecture(members)
     reports = []
     for i, (_, model, _) in enumerate(members):
-        reports.append(label_heads(model, probe, seed, content, keep=()))
+        reports.append(label_heads(model, probe, content=content, keep=()))
         if progress is not None:
             progress(i + 1, len(members))
     return Series(names=tuple(m[0] for m in members), probe=probe.name, reports=tuple(reports))

@@ -32,7 +32,7 @@ def circuit_oracle() -> dict:
     model, tokenizer = zoo.load(test_browser._model_name())
     c = model.config
     probe = build_probe("random-repeat", tokenizer, c.max_len, c.vocab_size, seed=0)
-    return induction_circuit(model, probe, "mean", 0).to_dict()
+    return induction_circuit(model, probe, "mean").to_dict()
 
 
 @pytest.fixture(scope="module", params=WIDTHS, ids=lambda w: f"{w}px")

@@ -89,14 +89,14 @@ def test_the_trained_model_keeps_its_induction_heads_over_repeated_prompts(defau
     assert gated.heads[0].label == "previous-token"
 
 
-def by_hand(model, mine, seed: int = 0, averaged: bool = False) -> dict[int, dict[str, float]]:
+def by_hand(model, mine, averaged: bool = False) -> dict[int, dict[str, float]]:
     """layer → type → mean + K_SD · sd (NumPy, ddof 1) over the layer's heads and the random
-    models, each head's score averaged over the prompts here, prompt i analysed with seed
-    ``seed`` + i; with ``averaged`` the layers' averaged heads."""
+    models, each head's score averaged over the prompts here, each prompt analysed on its own;
+    with ``averaged`` the layers' averaged heads."""
     per_model = []
     for s in B.BASELINE_SEEDS:
         random_model = B.random_model(model, s)
-        reports = [analyse(random_model, p, seed + i, keep=()) for i, p in mine]
+        reports = [analyse(random_model, p, keep=()) for _, p in mine]
         rows = [r.averaged if averaged else r.heads for r in reports]
         per_model.append([{k: np.mean([r[j].scores[k] for r in rows]) for k in rows[0][j].scores}
                           | {"layer": rows[0][j].layer} for j in range(len(rows[0]))])  # fmt: skip
@@ -116,8 +116,8 @@ def test_the_floors_equal_an_independent_computation(default) -> None:
     mean + K_SD · sd taken by hand from the random models' prompts scored one by one."""
     model = default[0]
     mine = probes(default, PROMPTS)
-    table = scaling.prompt_table(model, mine, ONE, seed=3)
-    want = by_hand(model, mine, seed=3)
+    table = scaling.prompt_table(model, mine, ONE)
+    want = by_hand(model, mine)
     assert table.floors is not None and set(table.floors) == set(want)
     for layer, floors in want.items():
         for kind, value in floors.items():
@@ -129,7 +129,7 @@ def test_the_floors_equal_an_independent_computation(default) -> None:
             assert s.margin == pytest.approx(s.scores[kind] - s.floor, abs=1e-6)
         ruled = {k: v for k, v in s.scores.items() if k in THRESHOLDS}
         assert s.label == label_head(ruled, s.offset, want[s.layer]), (s.layer, s.head)
-    averaged = by_hand(model, mine, seed=3, averaged=True)
+    averaged = by_hand(model, mine, averaged=True)
     for s in table.averaged:
         ruled = {k: v for k, v in s.scores.items() if k in THRESHOLDS}
         assert s.label == label_head(ruled, s.offset, averaged[s.layer]), s.layer

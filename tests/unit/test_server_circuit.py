@@ -30,7 +30,7 @@ def test_circuit_equals_the_librarys(client: TestClient) -> None:
     model, tokenizer = zoo.load("default")
     c = model.config
     probe = build_probe("random-repeat", tokenizer, c.max_len, c.vocab_size, seed=0)
-    want = induction_circuit(model, probe, "mean", 0).to_dict()
+    want = induction_circuit(model, probe, "mean").to_dict()
     assert got["model"] == "default"
     assert got["edges"] == want["edges"] and got["edges"]
     assert got["previous"] == want["previous"] and got["induction"] == want["induction"]

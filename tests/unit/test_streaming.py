@@ -35,7 +35,7 @@ def probe_of(tokens: torch.Tensor):
     return make_probe("text", tokens, None)
 
 
-def keep_everything_oracle(model, probe, seed):
+def keep_everything_oracle(model, probe):
     """The analysis as it was before streaming: every layer's weights kept, then all L·h heads
     and L averaged heads scored in one call."""
     tokens = probe.tokens
@@ -55,8 +55,8 @@ def test_streaming_scores_equal_the_keep_everything_path(causal):
     tokens = torch.randint(0, 50, (2, 24), generator=torch.Generator().manual_seed(3))
     tokens[:, 10] = 7  # a repeated token gives the duplicate/induction scores something to see
     probe = probe_of(tokens)
-    scores, offsets, patterns, avg = keep_everything_oracle(model, probe, seed=4)
-    report = analyse(model, probe, seed=4)
+    scores, offsets, patterns, avg = keep_everything_oracle(model, probe)
+    report = analyse(model, probe)
     L, h = 3, 4
     for s in report.heads:
         i = s.layer * h + s.head

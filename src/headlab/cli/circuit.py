@@ -60,7 +60,7 @@ def circuit(
         c = m.config
         probe = build_probe("random-repeat", tokenizer, c.max_len, c.vocab_size, seed=seed)
         with err_console.status("baselines, labels, compositions, ablations…"):
-            result = induction_circuit(m, probe, mode, seed)
+            result = induction_circuit(m, probe, mode)
     except FloorsDoNotFit as exc:
         raise fail(f"{exc.sizes()}: {NEEDS_FLOORS}") from None
     except ValueError as exc:
@@ -150,13 +150,13 @@ def check_exact(exact: Any, L: int, h: int) -> None:
                        f"0..{L - 1} and heads 0..{h - 1}")  # fmt: skip
 
 
-def run_evidence(m: Any, p: Any, mode: Any, seed: int, content: bool, keep: Any,
-              margins: Any, ruled: bool, exact: Any = None) -> Any:  # fmt: skip
+def run_evidence(m: Any, p: Any, mode: Any, content: bool, keep: Any, margins: Any,
+                 ruled: bool, exact: Any = None) -> Any:  # fmt: skip
     """:func:`headlab.heads.evidence.evidence` with a progress bar, a step per stage."""
     from headlab.heads.evidence import STAGES, evidence
 
     with progress_bar() as bar:
-        return evidence(m, p, mode, seed, content, keep, syntactic=margins, label_syntactic=ruled,
-                        exact=exact,
+        return evidence(m, p, mode, content=content, keep=keep, syntactic=margins,
+                        label_syntactic=ruled, exact=exact,
                         progress=lambda stage: bar(STAGES.index(stage), len(STAGES),
                                                    "evidence"))  # fmt: skip

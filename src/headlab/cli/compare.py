@@ -26,7 +26,7 @@ def compare_command(
         None, "--tokenizer", help="A model whose tokenizer serves checkpoints that carry none."
     ),
     score: str = typer.Option("induction", help="The score the table and the figure show."),
-    seed: int = seed_option("Seed of the random probe and the position shuffle:"),
+    seed: int = seed_option("Seed of the random-repeat probe's tokens:"),
     content: bool = typer.Option(
         False, "--content/--no-content", help="Also score content heads (from the same forward)."
     ),
@@ -70,7 +70,7 @@ def _series(
         built = series.series_probe(members, "text" if text is not None else probe, seed, text)
         with progress_bar() as bar:
             done = lambda i, total: bar(i, total, "checkpoints")  # noqa: E731
-            return series.compare(members, built, seed, content, done)
+            return series.compare(members, built, content=content, progress=done)
     except ValueError as exc:
         raise fail(str(exc)) from None
 

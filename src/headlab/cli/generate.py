@@ -101,4 +101,4 @@ def _continue(
     from headlab.measure import make_probe
 
     ids = torch.tensor([result.prompt_ids + result.new_ids])
-    return result, analyse(m, make_probe("text", ids, tokenizer), seed or 0)
+    return result, analyse(m, make_probe("text", ids, tokenizer))

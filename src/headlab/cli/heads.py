@@ -102,7 +102,9 @@ def heads(
     ),
     probe: str | None = typer.Option(None, help=PROBE_HELP),
     show: str | None = typer.Option(None, help=SHOW_HELP),
-    seed: int = seed_option("Seed of the random probe and the position shuffle:"),
+    seed: int = seed_option(
+        "Seed of the random-repeat probe's tokens (a text or --prompts takes none):"
+    ),
     content: bool = typer.Option(
         True, "--content/--no-content", help="Score content heads (from the same forward)."
     ),
@@ -143,7 +145,7 @@ def heads(
     load = _load_options(device, dtype, device_map, max_memory, offload_folder)
     if prompts is not None:
         where = Path(out) if out is not None else None
-        _heads_over_prompts(model, Path(prompts), where, seed, content, load, dist_timeout, as_json,
+        _heads_over_prompts(model, Path(prompts), where, content, load, dist_timeout, as_json,
                             floors)  # fmt: skip
     else:
         text = _read_text_file(text_file) if text_file is not None else text
@@ -316,10 +318,10 @@ def _heads_on_probe(
         ruled = syntax == "labels"
         if evidence is not None:
             check_exact(exact, L, h)
-            backed = run_evidence(m, p, evidence, seed, content, keep, margins, ruled, exact)
+            backed = run_evidence(m, p, evidence, content, keep, margins, ruled, exact)
             report = backed.report
         else:
-            report = _analyse(m, p, seed, content, keep, margins, ruled, floors, retrieval)
+            report = _analyse(m, p, content, keep, margins, ruled, floors, retrieval)
     except ValueError as exc:
         raise fail(_problem(exc, evidence)) from None
     out = err_console if as_json else console  # keep stdout pure JSON
@@ -359,8 +361,8 @@ def _probe(m: Any, tokenizer: Any, text: str | None, probe: str, seed: int) -> A
     return build_probe(name, tokenizer, m.config.max_len, m.config.vocab_size, text, seed), None, []
 
 
-def _analyse(m: Any, p: Any, seed: int, content: bool, keep: Any, margins: Any,
-             label_syntax: bool, floors: bool = True, retrieval: Any = None) -> Any:  # fmt: skip
+def _analyse(m: Any, p: Any, content: bool, keep: Any, margins: Any, label_syntax: bool,
+             floors: bool = True, retrieval: Any = None) -> Any:  # fmt: skip
     """:func:`headlab.heads.baselines.label_heads` with a progress bar, a step per layer (of
     the random models too, the first time their floors are computed)."""
     from headlab.heads.baselines import label_heads
@@ -368,7 +370,7 @@ def _analyse(m: Any, p: Any, seed: int, content: bool, keep: Any, margins: Any,
     what = f"{p.n} tokens, layer" + (" (3 random models' first, for the floors)" if floors else "")
     with progress_bar() as bar:
         bar(0, m.config.n_layers, what)
-        return label_heads(m, p, seed, content, keep=keep, syntactic=margins,
+        return label_heads(m, p, content=content, keep=keep, syntactic=margins,
                            label_syntactic=label_syntax, floors=floors, retrieval=retrieval,
                            progress=lambda done, total: bar(done, total, what))  # fmt: skip
 
@@ -428,7 +430,6 @@ def _heads_over_prompts(
     model: str,
     prompts: Path,
     out: Path | None,
-    seed: int,
     content: bool,
     load: dict,
     timeout: float,
@@ -450,12 +451,13 @@ def _heads_over_prompts(
                     bar(done, total, (f"prompts (rank 0 of {ranks.world})" if ranks.world > 1
                                       else "prompts") + what)  # fmt: skip
 
-            table, ranks = scaling.heads_over_prompts(model, prompts, seed, content, load,
-                                                      timeout, advance, floors)  # fmt: skip
+            table, ranks = scaling.heads_over_prompts(model, prompts, content=content, load=load,
+                                                      timeout_s=timeout, progress=advance,
+                                                      floors=floors)  # fmt: skip
     except ValueError as exc:
         raise fail(str(exc)) from None
     if ranks.rank == 0:
-        info = {"model": model, "prompts_file": str(prompts), "seed": seed, "content": content}
+        info = {"model": model, "prompts_file": str(prompts), "content": content}
         _write_prompts_table(table, info, out, as_json)
 
 

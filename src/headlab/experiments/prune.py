@@ -333,7 +333,7 @@ def head_labels(
         probe = build_probe(probe_name, tokenizer, cfg.max_len, cfg.vocab_size, seed=seed)
     else:
         probe = grammar_probe(seed)
-    report = analyse(model, probe, seed)
+    report = analyse(model, probe)
     return {f"{s.layer}.{s.head}": s.label for s in report.heads}
 
 

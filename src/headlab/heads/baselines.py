@@ -52,6 +52,7 @@ from headlab.heads.report import (
     RetrievalScores,
     SyntacticScores,
     analyse,
+    unused_seed,
 )
 from headlab.heads.targets import shuffle_positions
 from headlab.measure import Probe, earlier_occurrence
@@ -432,7 +433,7 @@ def gate_rows(heads: list[HeadScore], averaged: list[HeadScore], floors: Floors,
 def label_heads(
     model: Any,
     probe: Probe,
-    seed: int = 0,
+    seed: int | None = None,
     content: bool = True,
     keep: Keep = None,
     progress: Progress | None = None,
@@ -448,16 +449,19 @@ def label_heads(
     show. Each head carries its floor and margin, and the label the floor
     took away. ``floors=False``: thresholds alone (:func:`analyse` as it is), labels unchecked
     against chance (the report's ``floors`` is None). The other arguments are
-    :func:`analyse`'s; ``progress(done, total)`` counts the layers of every analysis run.
+    :func:`analyse`'s (``seed``, deprecated, changes nothing); ``progress(done, total)``
+    counts the layers of every analysis run.
     ``retrieval`` scores (the needle probe's) label by Wu et al.'s 0.1 alone, with no floor:
     the score counts only the steps where the model copies a needle token it attends to, which
     a model with random weights does not do.
     Cost: :func:`analyse` plus, the first time an architecture meets a probe, 3 analyses of
     random models."""
+    unused_seed(seed, "label_heads")
     L = model.config.n_layers
     if not floors:
-        return analyse(model, probe, seed, content, keep, progress, syntactic,
-                       label_syntactic=label_syntactic, retrieval=retrieval)  # fmt: skip
+        return analyse(model, probe, content=content, keep=keep, progress=progress,
+                       syntactic=syntactic, label_syntactic=label_syntactic,
+                       retrieval=retrieval)  # fmt: skip
     counted: list[int] = [0]
 
     def base_step(done: int, total: int) -> None:
@@ -469,8 +473,9 @@ def label_heads(
     gates, averaged = (floors_of(d) for d in spreads)
     step = None if progress is None else (lambda done, _: progress(counted[0] + done,
                                                                    counted[0] + L))  # fmt: skip
-    report = analyse(model, probe, seed, content, keep, step, syntactic, gates, label_syntactic,
-                     averaged, retrieval)  # fmt: skip
+    report = analyse(model, probe, content=content, keep=keep, progress=step,
+                     syntactic=syntactic, floors=gates, label_syntactic=label_syntactic,
+                     averaged_floors=averaged, retrieval=retrieval)  # fmt: skip
     return gate(report, gates, label_syntactic, averaged)
 
 

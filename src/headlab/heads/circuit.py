@@ -27,7 +27,7 @@ from typing import Any
 from headlab.heads.baselines import baselines
 from headlab.heads.composition import Composition, composition_scores
 from headlab.heads.effects import Ablations, Mode, ablate_heads
-from headlab.heads.report import HeadReport, analyse
+from headlab.heads.report import HeadReport, analyse, unused_seed
 from headlab.measure import Probe
 
 CONFIRMED = 0.5  # ablating the feeder leaves at most this share of the induction score
@@ -100,15 +100,19 @@ def circuit_edges(
     return sorted(edges, key=lambda e: -e["k_composition"])
 
 
-def induction_circuit(model: Any, probe: Probe, mode: Mode = "mean", seed: int = 0) -> Circuit:
+def induction_circuit(
+    model: Any, probe: Probe, mode: Mode = "mean", seed: int | None = None
+) -> Circuit:
     """The induction circuit of ``model`` on ``probe`` (repeated random tokens: build it with
     ``build_probe("random-repeat", …)``). Costs 3 random-weight analyses (the floors), one
     analysis, the composition scores, and one clean plus one partial forward per layer that
-    holds a previous-token head."""
+    holds a previous-token head. ``seed`` changes nothing and is deprecated (the probe's tokens
+    are seeded where it is built; :func:`headlab.heads.report.unused_seed`)."""
+    unused_seed(seed, "induction_circuit")
     times: dict[str, float] = {}
     start = time.perf_counter()
     base = baselines(model, probe, content=False, shuffled=False)
-    report = analyse(model, probe, seed, content=False, keep=(), floors=base.floors())
+    report = analyse(model, probe, content=False, keep=(), floors=base.floors())
     times["labels"] = time.perf_counter() - start
     previous = _nodes(report, "previous-token", "previous")
     induction = _nodes(report, "induction", "induction")

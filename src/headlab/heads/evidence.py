@@ -40,7 +40,7 @@ from headlab.heads.composition import Composition, composition_scores
 from headlab.heads.effects import Ablations, Mode, ablate_heads
 from headlab.heads.estimate import CHECK, CHECK_SIZE, LAYER_STEPS, estimate_heads
 from headlab.heads.labels import BEST_TYPES, THRESHOLDS
-from headlab.heads.report import HeadReport, HeadScore, analyse
+from headlab.heads.report import HeadReport, HeadScore, analyse, unused_seed
 from headlab.heads.targets import build_targets
 from headlab.measure import Probe, copy_targets
 
@@ -315,7 +315,7 @@ def evidence(
     model: Any,
     probe: Probe,
     mode: Mode = "mean",
-    seed: int = 0,
+    seed: int | None = None,
     content: bool = True,
     keep: Any = (),
     progress: Callable[[str], None] | None = None,
@@ -333,7 +333,9 @@ def evidence(
     every head costs no more probe passes than the estimate (the default model); the
     (layer, head) pairs ``exact`` lists, the induction heads and the heads the estimate ranks
     first (``check`` per ranking; by default as :func:`_plan` says) are ablated exactly, and
-    their cards show both figures. Ablations need a causal model; for another they are left out."""
+    their cards show both figures. Ablations need a causal model; for another they are left out.
+    ``seed`` changes nothing and is deprecated (:func:`headlab.heads.report.unused_seed`)."""
+    unused_seed(seed, "evidence")
     times: dict[str, float] = {}
 
     def stage(name: str, run: Callable[[], Any]) -> Any:
@@ -348,7 +350,7 @@ def evidence(
     floors = base.floors()
     averaged = base.averaged_floors()
     report = stage("scores", lambda: gate(analyse(
-        model, probe, seed, content, keep=keep, syntactic=syntactic, floors=floors,
+        model, probe, content=content, keep=keep, syntactic=syntactic, floors=floors,
         label_syntactic=label_syntactic, averaged_floors=averaged), floors, label_syntactic,
         averaged))  # fmt: skip
     comp = stage("composition", lambda: composition_scores(model))

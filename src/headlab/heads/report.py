@@ -11,6 +11,7 @@ the server, the notebook views and the experiments all read.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -269,10 +270,24 @@ def layer_scorer(
     return score
 
 
+def unused_seed(seed: int | None, where: str) -> None:
+    """A DeprecationWarning where a caller passed ``seed`` to ``where``, which no longer reads
+    it: every score is a function of the model's weights on the probe, and a probe's random
+    tokens are seeded where it is built (:func:`headlab.measure.build_probe`'s ``seed``)."""
+    if seed is not None:
+        warnings.warn(
+            f"{where}(seed=…) changes nothing and will be removed: every score is a function "
+            "of the model's weights on the probe; seed a random probe where it is built "
+            "(build_probe(…, seed=…))",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+
+
 def analyse(
     model: Transformer,
     probe: Probe,
-    seed: int = 0,
+    seed: int | None = None,
     content: bool = True,
     keep: Keep = None,
     progress: Callable[[int, int], None] | None = None,
@@ -287,8 +302,8 @@ def analyse(
 
     The probe's targets are built once, with ``causal`` from ``model.config`` (never guessed
     from the weights). Every score comes from the one forward on the probe, the content score
-    included; ``content=False`` leaves "content" out. ``seed`` is kept for callers that pass
-    it and changes no score. The
+    included; ``content=False`` leaves "content" out. ``seed`` changes nothing and is
+    deprecated (a DeprecationWarning when given; :func:`unused_seed`). The
     rare-word score needs the ``wordfreq`` package (``headlab[syntax]``) and a text probe;
     ``syntactic`` gives each head's margin over the offset baseline on its best relation
     (:meth:`headlab.heads.syntax.SyntaxReport.margins`), measured on a parsed text, reported
@@ -306,6 +321,7 @@ def analyse(
     model: a :class:`headlab.model.Transformer` (load it with :mod:`headlab.zoo`); probe: a
     :class:`headlab.measure.Probe` (build it with :func:`headlab.measure.build_probe`).
     """
+    unused_seed(seed, "analyse")
     targets = build_targets(probe, causal=bool(model.config.causal))
     score = layer_scorer(targets, keep, content)
     layers = reduce_patterns(model, probe.tokens, score, progress)

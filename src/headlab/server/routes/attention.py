@@ -203,7 +203,7 @@ def circuit_endpoint(req: CircuitRequest, request: Request) -> dict[str, Any]:
         c = model.config
         try:
             probe = build_probe("random-repeat", tokenizer, c.max_len, c.vocab_size, seed=req.seed)
-            found = induction_circuit(model, probe, req.ablation, req.seed)
+            found = induction_circuit(model, probe, req.ablation)
         except FloorsDoNotFit as exc:
             raise HTTPException(422, f"{exc.sizes()}: {NEEDS_FLOORS}") from None
         except ValueError as exc:
