@@ -218,12 +218,13 @@ def test_a_probe_has_one_start_token_at_the_front(default: tuple) -> None:
 )  # fmt: skip
 def test_experiment_model_option_refuses_what_it_cannot_run(args: list[str], words: str) -> None:
     """`headlab experiment retrieval --model M` takes the models with a retrieval config; a bad
-    name, or --model on another experiment, is one line and exit 2, before any model loads."""
+    name, or --model on another experiment, is one line and exit 2, before any model loads
+    and before the command says it is running anything."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     done = subprocess.run([sys.executable, "-m", "headlab.cli", "experiment", *args],
                           capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
     assert done.returncode == 2 and words in " ".join(done.stderr.split()), done.stderr
-    assert "Traceback" not in done.stderr
+    assert "Traceback" not in done.stderr and "running" not in done.stderr + done.stdout
 
 
 @pytest.mark.slow

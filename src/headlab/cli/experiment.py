@@ -98,7 +98,7 @@ def experiment_command(
 ) -> None:
     """Run an experiment: results.json and PNG figures in --out, a summary here."""
     from headlab.experiments import ship_results
-    from headlab.experiments.registry import experiments
+    from headlab.experiments.registry import check_model, experiments
 
     known = experiments()
     if name == "list":
@@ -117,6 +117,11 @@ def experiment_command(
         raise fail(f"--threads is for the induction experiment; {name} runs on one thread")
     if model is not None and "model" not in experiment.options:
         raise fail(f"--model is for the retrieval experiment; {name} runs its own models")
+    if model is not None:
+        try:
+            check_model(experiment, model)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
     out_dir = _out_dir(out, name)
     err_console.print(f"running {name}{' (quick)' if quick else ''}, {seeds} seed(s) from {seed}")
     extra = _run_progress(experiment.options) | ({} if threads is None else {"threads": threads})

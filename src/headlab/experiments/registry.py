@@ -32,11 +32,21 @@ class Experiment:
     run: RunFn
     # the keywords ``run`` takes besides quick, seeds, seed and out
     options: frozenset[str] = frozenset()
+    models: tuple[str, ...] = ()  # with "model" among the options: the names it takes
+
+
+def check_model(experiment: Experiment, model: str) -> None:
+    """A ValueError naming the valid models when ``experiment`` cannot run on ``model``,
+    before anything runs (the experiment's own ``run`` says the same)."""
+    if experiment.models and model not in experiment.models:
+        valid = ", ".join(experiment.models)
+        raise ValueError(f"model {model!r} has no {experiment.name} config; valid: {valid}")
 
 
 def _entry(name: str, module: ModuleType, options: frozenset[str] = frozenset()) -> Experiment:
     doc = (module.__doc__ or "").strip().splitlines()
-    return Experiment(name, doc[0] if doc else "", module.run, options)
+    models = tuple(getattr(module, "MODELS", ())) if "model" in options else ()
+    return Experiment(name, doc[0] if doc else "", module.run, options, models)
 
 
 def experiments() -> dict[str, Experiment]:
