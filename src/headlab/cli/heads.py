@@ -103,7 +103,8 @@ def heads(
     probe: str | None = typer.Option(None, help=PROBE_HELP),
     show: str | None = typer.Option(None, help=SHOW_HELP),
     seed: int = seed_option(
-        "Seed of the random-repeat probe's tokens (a text or --prompts takes none):"
+        "Seed of the random probes: random-repeat's tokens, the needle's numbers and "
+        "haystack (a text or --prompts takes none):"
     ),
     content: bool = typer.Option(
         True, "--content/--no-content", help="Score content heads (from the same forward)."
