@@ -1,4 +1,4 @@
-"""Six more Hugging Face families → headlab, exact against `transformers` on random models.
+"""Seven more Hugging Face families → headlab, exact against `transformers` on random models.
 
 Each model is built from a small config (nothing is downloaded) with its family's quirks switched
 on: a sliding window shorter than the input, soft-capped scores and logits, query pre-scaling,
@@ -44,6 +44,9 @@ LOCAL_GLOBAL = ["sliding_attention", "full_attention", "sliding_attention"]
 FAMILIES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(
         num_key_value_heads=2, use_sliding_window=True, sliding_window=5, max_window_layers=1)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        num_key_value_heads=2, head_dim=12, attention_bias=True, use_sliding_window=True,
+        sliding_window=5, max_window_layers=1)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(
         num_key_value_heads=2, head_dim=12, sliding_window=4)),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
@@ -64,6 +67,8 @@ FAMILIES = {
 # family → quirk → the headlab config change that switches it off
 QUIRKS = {
     "qwen2": {"window": dict(sliding_window=None, local_layers=()), "qkv biases": "zero"},
+    "qwen3": {"qk-norm": dict(qk_norm=False), "attention biases": "zero",
+              "window": dict(sliding_window=None, local_layers=())},
     "mistral": {"window": dict(sliding_window=None, local_layers=())},
     "gemma2": {"score cap": dict(attn_softcap=None), "logit cap": dict(logit_softcap=None),
                "pre-scaling": dict(attn_scale=None), "embedding scale": dict(embed_scale=1.0),
@@ -132,12 +137,12 @@ def test_logits_and_every_heads_weights_equal_transformers(models, family):
 
 def without(model: Transformer, change: dict | str) -> Transformer:
     """The converted model with one quirk switched off, the same weights otherwise."""
-    if change == "zero":  # Qwen2's biases on W_Q, W_K, W_V
+    if change == "zero":  # the attention's biases (Qwen2: W_Q, W_K, W_V; Qwen3: W_O too)
         other = Transformer(model.config)
         other.load_state_dict(model.state_dict())
         with torch.no_grad():
             for name, p in other.named_parameters():
-                if name.endswith(("W_Q.bias", "W_K.bias", "W_V.bias")):
+                if name.endswith(("W_Q.bias", "W_K.bias", "W_V.bias", "W_O.bias")):
                     p.zero_()
         return other.eval()
     assert isinstance(change, dict)
@@ -169,7 +174,7 @@ def test_windowed_layers_attend_to_their_last_keys_only(models):
         assert (far == 0) == (l in (0, 2)), f"layer {l}"  # local layers only
 
 
-@pytest.mark.parametrize("family", ["gemma3_text", "mistral", "gemma2"])
+@pytest.mark.parametrize("family", ["gemma3_text", "mistral", "gemma2", "qwen3"])
 def test_greedy_generation_with_the_kv_cache_equals_transformers(models, family):
     """Decoding past the window: each new token's query sees only its last w keys."""
     hf = models[family]
@@ -180,9 +185,19 @@ def test_greedy_generation_with_the_kv_cache_equals_transformers(models, family)
     assert mine.tolist() == expected.tolist()
 
 
+NAMES = {"bert": "BERT", "gpt2": "GPT-2", "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3",
+         "mistral": "Mistral", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3",
+         "gpt_neox": "GPT-NeoX", "phi3": "Phi-3"}  # fmt: skip
+DOCS = Path(__file__).parents[2] / "docs"
+
+
 def test_every_family_is_supported_and_listed():
-    assert set(FAMILIES) | {"bert", "gpt2", "llama"} == set(SUPPORTED)
+    assert set(FAMILIES) | {"bert", "gpt2", "llama"} == set(SUPPORTED) == set(NAMES)
     assert zoo.SUPPORTED_FAMILIES == SUPPORTED  # the listing knows without importing torch
+    for page in ("reference/models.md", "how-to/own-model.md"):  # the docs name every family
+        text = " ".join((DOCS / page).read_text(encoding="utf-8").split())
+        missing = [name for name in NAMES.values() if name not in text]
+        assert not missing, f"docs/{page} does not name {missing}"
 
 
 def test_scaled_rope_variants_are_refused_with_the_family_named():

@@ -1,4 +1,4 @@
-"""Weights in: Hugging Face models of nine families as headlab Transformers.
+"""Weights in: Hugging Face models of ten families as headlab Transformers.
 
 Each converter reads a ``transformers`` model's config and state dict (no download, no
 network) and copies every weight into a :class:`headlab.model.Transformer` whose arithmetic
@@ -14,8 +14,9 @@ eager attention. What each family needs:
            the logits use the tied word embeddings; compare hidden states (Devlin et al. 2019).
     Llama  pre-RMSNorm, rotary positions (half-split), grouped-query attention, SwiGLU MLP, no
            biases (Touvron et al. 2023; Ainslie et al. 2023).
-    Qwen2, Mistral, Phi-3   Llama's arithmetic, with biases on W_Q/W_K/W_V (Qwen2), a sliding
-           window (Mistral; Jiang et al. 2023), fused projections and partial rotary (Phi-3).
+    Qwen2, Qwen3, Mistral, Phi-3   Llama's arithmetic, with biases on W_Q/W_K/W_V (Qwen2), QK-norm
+           and a head width of its own (Qwen3), a sliding window (Mistral; Jiang et al. 2023),
+           fused projections and partial rotary (Phi-3).
     Gemma 2, Gemma 3   sandwich (1 + w) RMSNorms, embeddings × √d_model, query pre-scaling,
            soft-capped scores and logits (Gemma 2), QK-norm and local/global layers with their
            own RoPE bases (Gemma 3), sliding windows on the local layers (Gemma Team 2024, 2025).

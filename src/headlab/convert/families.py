@@ -7,6 +7,9 @@ config, one builder per family, refusing a variant whose arithmetic headlab does
     qwen2        Llama with biases on W_Q, W_K, W_V (none on W_O); optional sliding window on
                  the layers from ``max_window_layers`` on
     mistral      Llama with a sliding window on every layer
+    qwen3        Llama with QK-norm (an RMSNorm over each head's queries and keys, before RoPE),
+                 a head width of its own, biases on all four attention projections when
+                 ``attention_bias`` (none in the MLP); the sliding window as Qwen2's
     gemma2       queries scaled by query_pre_attn_scalar^−½, scores and logits soft-capped,
                  a sliding window on alternate layers, embeddings × √d_model, (1 + w) RMSNorms
                  before and after each sub-layer, GeGLU, d_k chosen apart from d_model / h
@@ -115,14 +118,16 @@ def bert_config(c: Any) -> ModelConfig:
     )
 
 
-def llama_config(c: Any, family: str = "Llama") -> ModelConfig:
-    """The headlab config of a ``LlamaConfig`` (default RoPE). Qwen2, Mistral and Phi-3 share
-    its arithmetic: their builders start from it under their own ``family`` name."""
+def llama_config(c: Any, family: str = "Llama", mlp_bias: bool | None = None) -> ModelConfig:
+    """The headlab config of a ``LlamaConfig`` (default RoPE). Qwen2, Qwen3, Mistral and Phi-3
+    share its arithmetic: their builders start from it under their own ``family`` name.
+    ``mlp_bias``: the family's own (Qwen3: none); else the config's, which must agree with
+    ``attention_bias``."""
     theta, fraction = _rope(c, family)
     if c.hidden_act != "silu":
         raise ValueError(f"{family} activation {c.hidden_act!r} is not supported (only silu)")
-    bias = getattr(c, "attention_bias", False)
-    if bias != getattr(c, "mlp_bias", False):
+    bias = bool(getattr(c, "attention_bias", False))
+    if mlp_bias is None and bias != getattr(c, "mlp_bias", False):
         raise ValueError(f"{family} attention_bias and mlp_bias must agree to convert")
     head_dim = _head_dim(c)
     d_k = head_dim or c.hidden_size // c.num_attention_heads
@@ -132,7 +137,7 @@ def llama_config(c: Any, family: str = "Llama") -> ModelConfig:
         d_ff=c.intermediate_size, max_len=c.max_position_embeddings, positional="rotary",
         rope_theta=theta, rotary_dim=None if fraction == 1.0 else int(d_k * fraction),
         norm="pre", norm_kind="rmsnorm", norm_eps=c.rms_norm_eps, causal=True,
-        activation="silu", mlp="gated", bias=bias, mlp_bias=bias,
+        activation="silu", mlp="gated", bias=bias, mlp_bias=bias if mlp_bias is None else mlp_bias,
         tie_embeddings=bool(c.tie_word_embeddings),
     )  # fmt: skip
 
@@ -145,6 +150,20 @@ def qwen2_config(c: Any) -> ModelConfig:
         llama_config(c, "Qwen2"),
         bias=True,
         attn_out_bias=False,
+        sliding_window=c.sliding_window if local else None,
+        local_layers=local,
+    )
+
+
+def qwen3_config(c: Any) -> ModelConfig:
+    """The headlab config of a ``Qwen3Config``: Llama's with QK-norm (Llama-style RMSNorm gains,
+    ``rms_norm_eps``), W_Q, W_K, W_V and W_O biased together when ``attention_bias``, no MLP
+    bias, and the sliding window (when ``use_sliding_window``) on the layers its layer_types
+    mark."""
+    local = _local_layers(c) if getattr(c, "use_sliding_window", False) else ()
+    return replace(
+        llama_config(c, "Qwen3", mlp_bias=False),
+        qk_norm=True,
         sliding_window=c.sliding_window if local else None,
         local_layers=local,
     )
@@ -225,7 +244,7 @@ def gpt_neox_config(c: Any) -> ModelConfig:
 
 _BUILDERS = {
     "bert": bert_config, "gpt2": gpt2_config, "llama": llama_config, "qwen2": qwen2_config,
-    "mistral": mistral_config, "gemma2": gemma2_config, "gemma3_text": gemma3_config,
-    "gpt_neox": gpt_neox_config, "phi3": phi3_config,
+    "qwen3": qwen3_config, "mistral": mistral_config, "gemma2": gemma2_config,
+    "gemma3_text": gemma3_config, "gpt_neox": gpt_neox_config, "phi3": phi3_config,
 }  # fmt: skip
 SUPPORTED = tuple(_BUILDERS)  # the model_type of every family headlab converts

@@ -21,8 +21,8 @@ from headlab.model import SkipInit, Transformer
 
 def from_hf(hf_model: Any) -> Transformer:
     """A headlab Transformer with the weights of a Hugging Face model of a family in
-    :data:`headlab.convert.SUPPORTED` (BERT, GPT-2, Llama, Qwen2, Mistral, Gemma 2, Gemma 3,
-    GPT-NeoX, Phi-3).
+    :data:`headlab.convert.SUPPORTED` (BERT, GPT-2, Llama, Qwen2, Qwen3, Mistral, Gemma 2,
+    Gemma 3, GPT-NeoX, Phi-3).
 
     Accepts the bare models (``BertModel``, ``GPT2Model``, ``LlamaModel`` …) and their heads
     (``GPT2LMHeadModel``, ``…ForCausalLM``, ``BertFor…`` — whose task heads are dropped).
@@ -43,7 +43,8 @@ def converted_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str
     Block l's weights come together, in block order: a writer can flush layer by layer."""
     families = {
         "bert": _bert_tensors, "gpt2": _gpt2_tensors, "llama": _llama_tensors,
-        "qwen2": _llama_tensors, "mistral": _llama_tensors, "gemma2": _gemma_tensors,
+        "qwen2": _llama_tensors, "qwen3": _llama_tensors, "mistral": _llama_tensors,
+        "gemma2": _gemma_tensors,
         "gemma3_text": _gemma_tensors, "gpt_neox": _gpt_neox_tensors, "phi3": _phi3_tensors,
     }  # fmt: skip
     hf_config(c)  # refuses an unsupported family or variant with its reason
@@ -153,7 +154,7 @@ def _bert_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str, Te
         yield from _linear(b + "norm_mlp", s, p + "output.LayerNorm")
 
 
-# --- Llama, Qwen2, Mistral ---------------------------------------------------------------------
+# --- Llama, Qwen2, Qwen3, Mistral -----------------------------------------------------------------
 
 
 def _llama_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str, Tensor]]:
@@ -164,6 +165,9 @@ def _llama_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str, T
         yield from _linear(b + "norm_attn", s, p + "input_layernorm")
         for ours, theirs in (("W_Q", "q"), ("W_K", "k"), ("W_V", "v"), ("W_O", "o")):
             yield from _linear(f"{b}attn.{ours}", s, f"{p}self_attn.{theirs}_proj")
+        if c.model_type == "qwen3":  # QK-norm with Llama's gains, not Gemma's 1 + w
+            yield from _linear(f"{b}attn.q_norm", s, p + "self_attn.q_norm")
+            yield from _linear(f"{b}attn.k_norm", s, p + "self_attn.k_norm")
         yield from _linear(b + "norm_mlp", s, p + "post_attention_layernorm")
         for ours, theirs in (("W_gate", "gate"), ("W_in", "up"), ("W_out", "down")):
             yield from _linear(f"{b}mlp.{ours}", s, f"{p}mlp.{theirs}_proj")
