@@ -216,15 +216,16 @@ def saved(model, directory: Path) -> Path:
     return directory
 
 
-def test_a_folder_path_loads_offline_and_equals_transformers(models, tmp_path, monkeypatch):
+@pytest.mark.parametrize("family", ["gemma3_text", "qwen3"])
+def test_a_folder_path_loads_offline_and_equals_transformers(models, tmp_path, monkeypatch, family):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "no-cache"))
-    folder = saved(models["gemma3_text"], tmp_path / "my-gemma")
+    folder = saved(models[family], tmp_path / "my-model")
     model, tokenizer = zoo.load(str(folder))
-    assert tokenizer.name == "my-gemma" and tokenizer.vocab_size == VOCAB
+    assert tokenizer.name == "my-model" and tokenizer.vocab_size == VOCAB
     x = tokens()
     with torch.no_grad():
-        ref = models["gemma3_text"](x)
+        ref = models[family](x)
     torch.testing.assert_close(run(model, x)[0], ref.logits, **LOGITS)
     assert zoo.model_config(str(folder)) == model.config
 

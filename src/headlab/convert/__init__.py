@@ -30,8 +30,8 @@ disk one layer at a time (:func:`convert_checkpoint`), which accelerate then pla
 CPU and disk for a model larger than memory (:func:`dispatch`).
 
     families   :func:`hf_config` and one config builder per family (:data:`SUPPORTED` names
-               their ``model_type``: bert, gpt2, llama, qwen2, mistral, gemma2, gemma3_text,
-               gpt_neox, phi3)
+               their ``model_type``: bert, gpt2, llama, qwen2, qwen3, mistral, gemma2,
+               gemma3_text, gpt_neox, phi3)
     weights    each family's tensors under headlab's names; :func:`fill`, :func:`from_hf`
     shards     :class:`CheckpointState` (lazy reads) and :func:`convert_checkpoint`
     placement  :func:`dispatch` and :func:`device_placement` (accelerate)
