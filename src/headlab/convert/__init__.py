@@ -1,4 +1,4 @@
-"""Weights in: Hugging Face models of ten families as headlab Transformers.
+"""Weights in: Hugging Face models of eleven families as headlab Transformers.
 
 Each converter reads a ``transformers`` model's config and state dict (no download, no
 network) and copies every weight into a :class:`headlab.model.Transformer` whose arithmetic
@@ -17,6 +17,8 @@ eager attention. What each family needs:
     Qwen2, Qwen3, Mistral, Phi-3   Llama's arithmetic, with biases on W_Q/W_K/W_V (Qwen2), QK-norm
            and a head width of its own (Qwen3), a sliding window (Mistral; Jiang et al. 2023),
            fused projections and partial rotary (Phi-3).
+    Gemma   (Gemma 1) Llama's layout with (1 + w) RMSNorm gains, GeGLU, embeddings × √d_model
+           and a head width of its own (Gemma Team 2024).
     Gemma 2, Gemma 3   sandwich (1 + w) RMSNorms, embeddings × √d_model, query pre-scaling,
            soft-capped scores and logits (Gemma 2), QK-norm and local/global layers with their
            own RoPE bases (Gemma 3), sliding windows on the local layers (Gemma Team 2024, 2025).
@@ -30,8 +32,8 @@ disk one layer at a time (:func:`convert_checkpoint`), which accelerate then pla
 CPU and disk for a model larger than memory (:func:`dispatch`).
 
     families   :func:`hf_config` and one config builder per family (:data:`SUPPORTED` names
-               their ``model_type``: bert, gpt2, llama, qwen2, qwen3, mistral, gemma2,
-               gemma3_text, gpt_neox, phi3)
+               their ``model_type``: bert, gpt2, llama, qwen2, qwen3, mistral, gemma,
+               gemma2, gemma3_text, gpt_neox, phi3)
     weights    each family's tensors under headlab's names; :func:`fill`, :func:`from_hf`
     shards     :class:`CheckpointState` (lazy reads) and :func:`convert_checkpoint`
     placement  :func:`dispatch` and :func:`device_placement` (accelerate)

@@ -10,6 +10,8 @@ config, one builder per family, refusing a variant whose arithmetic headlab does
     qwen3        Llama with QK-norm (an RMSNorm over each head's queries and keys, before RoPE),
                  a head width of its own, biases on all four attention projections when
                  ``attention_bias`` (none in the MLP); the sliding window as Qwen2's
+    gemma        (Gemma 1) pre-norm (1 + w) RMSNorms, GeGLU, embeddings × √d_model, d_k chosen
+                 apart from d_model / h (256), multi-query attention in the 2B model
     gemma2       queries scaled by query_pre_attn_scalar^−½, scores and logits soft-capped,
                  a sliding window on alternate layers, embeddings × √d_model, (1 + w) RMSNorms
                  before and after each sub-layer, GeGLU, d_k chosen apart from d_model / h
@@ -184,6 +186,32 @@ def phi3_config(c: Any) -> ModelConfig:
     return replace(llama_config(c, "Phi-3"), sliding_window=window, local_layers=local)
 
 
+def gemma_config(c: Any) -> ModelConfig:
+    """The headlab config of a ``GemmaConfig`` (Gemma 1): Llama's layout with (1 + w) RMSNorm
+    gains (the weights' converter adds the 1), GeGLU, embeddings × √d_model and a head width of
+    its own; 1/√d_k scaling, no window, no soft-capping."""
+    theta, _ = _rope(c, "Gemma")
+    act = _gelu(c, "Gemma")
+    return ModelConfig(
+        vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads, n_kv_heads=c.num_key_value_heads, head_dim=_head_dim(c),
+        d_ff=c.intermediate_size, max_len=c.max_position_embeddings, positional="rotary",
+        rope_theta=theta, norm="pre", norm_kind="rmsnorm", norm_eps=c.rms_norm_eps, causal=True,
+        activation=act, mlp="gated", bias=c.attention_bias, mlp_bias=False,
+        tie_embeddings=bool(c.tie_word_embeddings), embed_scale=float(c.hidden_size) ** 0.5,
+    )  # fmt: skip
+
+
+def _gelu(c: Any, family: str) -> Any:
+    """A Gemma config's GeGLU activation as headlab names it (its tanh form, or the exact one)."""
+    if getattr(c, "use_bidirectional_attention", False):
+        raise ValueError(f"{family} with use_bidirectional_attention: only causal converts")
+    act = getattr(c, "hidden_activation", None) or c.hidden_act
+    if act not in ("gelu_pytorch_tanh", "gelu_new", "gelu"):
+        raise ValueError(f"{family} activation {act!r} is not supported")
+    return "gelu" if act == "gelu" else "gelu_tanh"
+
+
 def gemma2_config(c: Any) -> ModelConfig:
     """The headlab config of a ``Gemma2Config``."""
     return _gemma_config(c, "Gemma 2", _rope(c, "Gemma 2")[0])
@@ -192,18 +220,14 @@ def gemma2_config(c: Any) -> ModelConfig:
 def _gemma_config(c: Any, family: str, theta: float) -> ModelConfig:
     """What Gemma 2 and 3 share: sandwich (1 + w) RMSNorms, GeGLU, embeddings × √d_model,
     queries scaled by query_pre_attn_scalar^−½, soft-capping where the config asks for it."""
-    if getattr(c, "use_bidirectional_attention", False):
-        raise ValueError(f"{family} with use_bidirectional_attention: only causal converts")
-    act = getattr(c, "hidden_activation", None) or c.hidden_act
-    if act not in ("gelu_pytorch_tanh", "gelu_new", "gelu"):
-        raise ValueError(f"{family} activation {act!r} is not supported")
+    act = _gelu(c, family)
     local = _local_layers(c)
     return ModelConfig(
         vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
         n_heads=c.num_attention_heads, n_kv_heads=c.num_key_value_heads, head_dim=_head_dim(c),
         d_ff=c.intermediate_size, max_len=c.max_position_embeddings, positional="rotary",
         rope_theta=theta, norm="sandwich", norm_kind="rmsnorm", norm_eps=c.rms_norm_eps,
-        causal=True, activation="gelu" if act == "gelu" else "gelu_tanh", mlp="gated",
+        causal=True, activation=act, mlp="gated",
         bias=c.attention_bias, mlp_bias=False, tie_embeddings=bool(c.tie_word_embeddings),
         sliding_window=c.sliding_window if local else None, local_layers=local,
         attn_scale=float(c.query_pre_attn_scalar) ** -0.5,
@@ -244,7 +268,8 @@ def gpt_neox_config(c: Any) -> ModelConfig:
 
 _BUILDERS = {
     "bert": bert_config, "gpt2": gpt2_config, "llama": llama_config, "qwen2": qwen2_config,
-    "qwen3": qwen3_config, "mistral": mistral_config, "gemma2": gemma2_config,
+    "qwen3": qwen3_config, "mistral": mistral_config, "gemma": gemma_config,
+    "gemma2": gemma2_config,
     "gemma3_text": gemma3_config, "gpt_neox": gpt_neox_config, "phi3": phi3_config,
 }  # fmt: skip
 SUPPORTED = tuple(_BUILDERS)  # the model_type of every family headlab converts

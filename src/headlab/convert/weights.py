@@ -21,8 +21,8 @@ from headlab.model import SkipInit, Transformer
 
 def from_hf(hf_model: Any) -> Transformer:
     """A headlab Transformer with the weights of a Hugging Face model of a family in
-    :data:`headlab.convert.SUPPORTED` (BERT, GPT-2, Llama, Qwen2, Qwen3, Mistral, Gemma 2,
-    Gemma 3, GPT-NeoX, Phi-3).
+    :data:`headlab.convert.SUPPORTED` (BERT, GPT-2, Llama, Qwen2, Qwen3, Mistral, Gemma,
+    Gemma 2, Gemma 3, GPT-NeoX, Phi-3).
 
     Accepts the bare models (``BertModel``, ``GPT2Model``, ``LlamaModel`` …) and their heads
     (``GPT2LMHeadModel``, ``…ForCausalLM``, ``BertFor…`` — whose task heads are dropped).
@@ -44,7 +44,7 @@ def converted_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str
     families = {
         "bert": _bert_tensors, "gpt2": _gpt2_tensors, "llama": _llama_tensors,
         "qwen2": _llama_tensors, "qwen3": _llama_tensors, "mistral": _llama_tensors,
-        "gemma2": _gemma_tensors,
+        "gemma": _gemma_tensors, "gemma2": _gemma_tensors,
         "gemma3_text": _gemma_tensors, "gpt_neox": _gpt_neox_tensors, "phi3": _phi3_tensors,
     }  # fmt: skip
     hf_config(c)  # refuses an unsupported family or variant with its reason
@@ -189,7 +189,7 @@ def _unembed(
         yield "unembed.weight", state[names[0]] if names else s[embed]
 
 
-# --- Gemma 2, Gemma 3 --------------------------------------------------------------------------
+# --- Gemma, Gemma 2, Gemma 3 ----------------------------------------------------------------------
 
 
 def _gain(s: Mapping[str, Tensor], name: str) -> Tensor:
@@ -200,9 +200,12 @@ def _gain(s: Mapping[str, Tensor], name: str) -> Tensor:
 def _gemma_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str, Tensor]]:
     s = _strip(state, ("model.",))
     yield "embed.weight", s["embed_tokens.weight"]
-    norms = (("norm_attn", "input_layernorm"), ("norm_attn_out", "post_attention_layernorm"),
-             ("norm_mlp", "pre_feedforward_layernorm"),
-             ("norm_mlp_out", "post_feedforward_layernorm"))  # fmt: skip
+    norms: tuple[tuple[str, str], ...] = (
+        ("norm_attn", "input_layernorm"), ("norm_attn_out", "post_attention_layernorm"),
+        ("norm_mlp", "pre_feedforward_layernorm"), ("norm_mlp_out", "post_feedforward_layernorm"),
+    )  # fmt: skip
+    if c.model_type == "gemma":  # Gemma 1: a norm before each sub-layer only
+        norms = (("norm_attn", "input_layernorm"), ("norm_mlp", "post_attention_layernorm"))
     for l in range(c.num_hidden_layers):
         p, b = f"layers.{l}.", f"blocks.{l}."
         for ours, theirs in norms:
