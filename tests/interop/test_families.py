@@ -188,14 +188,16 @@ def test_greedy_generation_with_the_kv_cache_equals_transformers(models, family)
     assert mine.tolist() == expected.tolist()
 
 
-NAMES = {"bert": "BERT", "gpt2": "GPT-2", "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3",
-         "mistral": "Mistral", "gemma": "Gemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3",
-         "gpt_neox": "GPT-NeoX", "phi3": "Phi-3"}  # fmt: skip
+NAMES = {"bert": "BERT", "roberta": "RoBERTa", "xlm-roberta": "XLM-RoBERTa", "gpt2": "GPT-2",
+         "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral",
+         "gemma": "Gemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3", "gpt_neox": "GPT-NeoX",
+         "phi3": "Phi-3"}  # fmt: skip
 DOCS = Path(__file__).parents[2] / "docs"
 
 
 def test_every_family_is_supported_and_listed():
-    assert set(FAMILIES) | {"bert", "gpt2", "llama"} == set(SUPPORTED) == set(NAMES)
+    encoders = {"bert", "roberta", "xlm-roberta"}  # tests/interop/test_convert.py
+    assert set(FAMILIES) | encoders | {"gpt2", "llama"} == set(SUPPORTED) == set(NAMES)
     assert zoo.SUPPORTED_FAMILIES == SUPPORTED  # the listing knows without importing torch
     for page in ("reference/models.md", "how-to/own-model.md"):  # the docs name every family
         text = " ".join((DOCS / page).read_text(encoding="utf-8").split())

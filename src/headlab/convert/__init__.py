@@ -1,4 +1,4 @@
-"""Weights in: Hugging Face models of eleven families as headlab Transformers.
+"""Weights in: Hugging Face models of thirteen families as headlab Transformers.
 
 Each converter reads a ``transformers`` model's config and state dict (no download, no
 network) and copies every weight into a :class:`headlab.model.Transformer` whose arithmetic
@@ -12,6 +12,8 @@ eager attention. What each family needs:
            token-type embedding of segment 0 is added to every position, so it is folded into
            the position table (headlab runs single-segment inputs). BertModel has no LM head:
            the logits use the tied word embeddings; compare hidden states (Devlin et al. 2019).
+    RoBERTa, XLM-RoBERTa   BERT's arithmetic; positions are counted from padding_idx + 1, so
+           the position table is read from that row on (Liu et al. 2019; Conneau et al. 2020).
     Llama  pre-RMSNorm, rotary positions (half-split), grouped-query attention, SwiGLU MLP, no
            biases (Touvron et al. 2023; Ainslie et al. 2023).
     Qwen2, Qwen3, Mistral, Phi-3   Llama's arithmetic, with biases on W_Q/W_K/W_V (Qwen2), QK-norm
@@ -32,8 +34,8 @@ disk one layer at a time (:func:`convert_checkpoint`), which accelerate then pla
 CPU and disk for a model larger than memory (:func:`dispatch`).
 
     families   :func:`hf_config` and one config builder per family (:data:`SUPPORTED` names
-               their ``model_type``: bert, gpt2, llama, qwen2, qwen3, mistral, gemma,
-               gemma2, gemma3_text, gpt_neox, phi3)
+               their ``model_type``: bert, roberta, xlm-roberta, gpt2, llama, qwen2, qwen3,
+               mistral, gemma, gemma2, gemma3_text, gpt_neox, phi3)
     weights    each family's tensors under headlab's names; :func:`fill`, :func:`from_hf`
     shards     :class:`CheckpointState` (lazy reads) and :func:`convert_checkpoint`
     placement  :func:`dispatch` and :func:`device_placement` (accelerate)

@@ -2,6 +2,7 @@
 config, one builder per family, refusing a variant whose arithmetic headlab does not reproduce.
 
     bert         post-LN encoder, learned positions
+    roberta      (and xlm-roberta) BERT's arithmetic, positions counted from padding_idx + 1
     gpt2         pre-LN decoder, learned positions
     llama        pre-RMSNorm, RoPE, grouped-query attention, SwiGLU
     qwen2        Llama with biases on W_Q, W_K, W_V (none on W_O); optional sliding window on
@@ -118,6 +119,14 @@ def bert_config(c: Any) -> ModelConfig:
         activation={"gelu_new": "gelu_tanh"}.get(c.hidden_act, c.hidden_act),
         tie_embeddings=True,
     )
+
+
+def roberta_config(c: Any) -> ModelConfig:
+    """The headlab config of a ``RobertaConfig`` or ``XLMRobertaConfig``: BERT's, with the
+    positions that follow padding_idx (RoBERTa numbers a sequence without padding from
+    padding_idx + 1; the weights' converter takes the table from there), so the longest input
+    is what remains of the table."""
+    return replace(bert_config(c), max_len=c.max_position_embeddings - c.pad_token_id - 1)
 
 
 def llama_config(c: Any, family: str = "Llama", mlp_bias: bool | None = None) -> ModelConfig:
@@ -267,7 +276,8 @@ def gpt_neox_config(c: Any) -> ModelConfig:
 
 
 _BUILDERS = {
-    "bert": bert_config, "gpt2": gpt2_config, "llama": llama_config, "qwen2": qwen2_config,
+    "bert": bert_config, "roberta": roberta_config, "xlm-roberta": roberta_config,
+    "gpt2": gpt2_config, "llama": llama_config, "qwen2": qwen2_config,
     "qwen3": qwen3_config, "mistral": mistral_config, "gemma": gemma_config,
     "gemma2": gemma2_config,
     "gemma3_text": gemma3_config, "gpt_neox": gpt_neox_config, "phi3": phi3_config,

@@ -2,7 +2,8 @@
 copied into a :class:`~headlab.model.Transformer` (:func:`from_hf`).
 
 What a family's weights need beyond renaming: GPT-2's Conv1D keeps (in, out) and packs W_Q, W_K,
-W_V side by side; BERT's segment-0 embedding folds into the position table; Gemma's RMSNorms
+W_V side by side; BERT's segment-0 embedding folds into the position table (RoBERTa's table
+read from padding_idx + 1 on, where its positions start); Gemma's RMSNorms
 multiply by (1 + w), so their gains are stored as 1 + w; GPT-NeoX fuses W_Q, W_K, W_V per head
 ([q_0 k_0 v_0 q_1 k_1 v_1 …]); Phi-3 stacks them ([W_Q; W_K; W_V]) and stacks gate over up.
 """
@@ -42,7 +43,8 @@ def converted_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str
     HF state ``state`` (names as in its checkpoint; a lazy mapping reads only what is asked).
     Block l's weights come together, in block order: a writer can flush layer by layer."""
     families = {
-        "bert": _bert_tensors, "gpt2": _gpt2_tensors, "llama": _llama_tensors,
+        "bert": _bert_tensors, "roberta": _bert_tensors, "xlm-roberta": _bert_tensors,
+        "gpt2": _gpt2_tensors, "llama": _llama_tensors,
         "qwen2": _llama_tensors, "qwen3": _llama_tensors, "mistral": _llama_tensors,
         "gemma": _gemma_tensors, "gemma2": _gemma_tensors,
         "gemma3_text": _gemma_tensors, "gpt_neox": _gpt_neox_tensors, "phi3": _phi3_tensors,
@@ -137,10 +139,13 @@ def _gpt2_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str, Te
 
 
 def _bert_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str, Tensor]]:
-    s = _strip(state, ("bert.",))
+    s = _strip(state, ("bert.", "roberta."))
     yield "embed.weight", s["embeddings.word_embeddings.weight"]
     segment0 = s["embeddings.token_type_embeddings.weight"][0]  # (d_model,)
-    yield "pos_embed.weight", s["embeddings.position_embeddings.weight"] + segment0
+    table = s["embeddings.position_embeddings.weight"]
+    if c.model_type != "bert":  # RoBERTa numbers positions from padding_idx + 1
+        table = table[c.pad_token_id + 1 :]
+    yield "pos_embed.weight", table + segment0
     yield from _linear("embed_norm", s, "embeddings.LayerNorm")
     for l in range(c.num_hidden_layers):
         p, b = f"encoder.layer.{l}.", f"blocks.{l}."
