@@ -206,18 +206,11 @@ def test_llama_gqa_rotary_logits_and_every_head_match(kv_heads, tie, theta):
 
 
 def test_unsupported_family_is_named():
-    config = transformers.OPTConfig(
-        vocab_size=20,
-        hidden_size=16,
-        num_hidden_layers=1,
-        ffn_dim=32,
-        num_attention_heads=2,
-        max_position_embeddings=16,
-        word_embed_proj_dim=16,
-    )
-    families = "bert, roberta, xlm-roberta, gpt2, llama"
-    with pytest.raises(ValueError, match=f"supported Hugging Face families: {families}"):
-        from_hf(transformers.OPTModel(config))
+    config = transformers.BloomConfig(vocab_size=20, hidden_size=16, n_layer=1, n_head=2)
+    families = "bert, roberta, xlm-roberta, gpt2, opt, llama"
+    with pytest.raises(ValueError, match=f"cannot convert a 'bloom' model; supported Hugging "
+                                         f"Face families: {families}"):  # fmt: skip
+        from_hf(transformers.BloomModel(config))
 
 
 def test_unsupported_variants_are_refused_with_a_reason():

@@ -1,4 +1,4 @@
-"""Eight more Hugging Face families → headlab, exact against `transformers` on random models.
+"""Nine more Hugging Face families → headlab, exact against `transformers` on random models.
 
 Each model is built from a small config (nothing is downloaded) with its family's quirks switched
 on: a sliding window shorter than the input, soft-capped scores and logits, query pre-scaling,
@@ -43,6 +43,7 @@ LOCAL_GLOBAL = ["sliding_attention", "full_attention", "sliding_attention"]
 
 # family → (config class, model class, the config fields that switch its quirks on)
 FAMILIES = {
+    "opt": ("OPTConfig", "OPTForCausalLM", dict(ffn_dim=40, word_embed_proj_dim=32)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(
         num_key_value_heads=2, use_sliding_window=True, sliding_window=5, max_window_layers=1)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
@@ -68,6 +69,7 @@ FAMILIES = {
 
 # family → quirk → the headlab config change that switches it off
 QUIRKS = {
+    "opt": {"relu": dict(activation="gelu")},
     "qwen2": {"window": dict(sliding_window=None, local_layers=()), "qkv biases": "zero"},
     "qwen3": {"qk-norm": dict(qk_norm=False), "attention biases": "zero",
               "window": dict(sliding_window=None, local_layers=())},
@@ -135,7 +137,8 @@ def test_logits_and_every_heads_weights_equal_transformers(models, family):
     for l, (mine, theirs) in enumerate(zip(weights, ref.attentions, strict=True)):
         assert mine.shape == theirs.shape == (2, 4, N, N)
         torch.testing.assert_close(mine, theirs, **WEIGHTS, msg=f"layer {l}")
-    assert ours.num_params() == sum(p.numel() for p in hf.parameters())
+    unread = 2 * hf.config.hidden_size if family == "opt" else 0  # OPT's rows 0, 1: no position
+    assert ours.num_params() == sum(p.numel() for p in hf.parameters()) - unread
 
 
 def without(model: Transformer, change: dict | str) -> Transformer:
@@ -177,7 +180,7 @@ def test_windowed_layers_attend_to_their_last_keys_only(models):
         assert (far == 0) == (l in (0, 2)), f"layer {l}"  # local layers only
 
 
-@pytest.mark.parametrize("family", ["gemma3_text", "mistral", "gemma2", "qwen3"])
+@pytest.mark.parametrize("family", ["gemma3_text", "mistral", "gemma2", "qwen3", "opt"])
 def test_greedy_generation_with_the_kv_cache_equals_transformers(models, family):
     """Decoding past the window: each new token's query sees only its last w keys."""
     hf = models[family]
@@ -189,7 +192,7 @@ def test_greedy_generation_with_the_kv_cache_equals_transformers(models, family)
 
 
 NAMES = {"bert": "BERT", "roberta": "RoBERTa", "xlm-roberta": "XLM-RoBERTa", "gpt2": "GPT-2",
-         "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral",
+         "opt": "OPT", "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral",
          "gemma": "Gemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3", "gpt_neox": "GPT-NeoX",
          "phi3": "Phi-3"}  # fmt: skip
 DOCS = Path(__file__).parents[2] / "docs"
@@ -204,6 +207,15 @@ def test_every_family_is_supported_and_listed():
         missing = [n for n in NAMES.values()
                    if not re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-]| \d)", text)]  # fmt: skip
         assert not missing, f"docs/{page} does not name {missing}"
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    (dict(word_embed_proj_dim=16), "a projection around the embedding"),
+    (dict(do_layer_norm_before=False), "post-LN blocks"),
+])  # fmt: skip
+def test_opt_variants_headlab_does_not_compute_are_refused_with_the_reason(change, reason):
+    with pytest.raises(ValueError, match=reason):
+        from_hf(build("opt", **change))
 
 
 def test_scaled_rope_variants_are_refused_with_the_family_named():
@@ -254,11 +266,9 @@ def test_the_cli_scores_the_heads_of_a_folder(models, tmp_path):
 
 
 def test_an_unsupported_family_is_one_line_naming_the_supported(tmp_path):
-    config = transformers.OPTConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1,
-                                    ffn_dim=32, num_attention_heads=2,
-                                    max_position_embeddings=16, word_embed_proj_dim=16)  # fmt: skip
-    folder = saved(transformers.OPTForCausalLM(config), tmp_path / "opt")
-    with pytest.raises(zoo.ModelNotAvailable, match="'opt'.*" + ", ".join(SUPPORTED)):
+    config = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=16, n_layer=1, n_head=2)
+    folder = saved(transformers.BloomForCausalLM(config), tmp_path / "bloom")  # ALiBi: no
+    with pytest.raises(zoo.ModelNotAvailable, match="'bloom'.*" + ", ".join(SUPPORTED)):
         zoo.load(str(folder))
     done = cli("heads", "--model", str(folder))
     assert done.returncode == 2 and "Traceback" not in done.stderr

@@ -1,4 +1,4 @@
-"""Weights in: Hugging Face models of thirteen families as headlab Transformers.
+"""Weights in: Hugging Face models of fourteen families as headlab Transformers.
 
 Each converter reads a ``transformers`` model's config and state dict (no download, no
 network) and copies every weight into a :class:`headlab.model.Transformer` whose arithmetic
@@ -8,6 +8,8 @@ eager attention. What each family needs:
     GPT-2  pre-LN, learned positions, causal. ``Conv1D`` stores weights as (in, out), the
            transpose of ``nn.Linear``; ``c_attn`` packs W_Q, W_K, W_V side by side.
            Activation "gelu_new" is the tanh approximation (Radford et al. 2019).
+    OPT    GPT-2's layout with separate W_Q, W_K, W_V and ReLU; its positions start at row 2
+           of the table, so the table is read from there (Zhang et al. 2022).
     BERT   post-LN, learned positions, bidirectional, a LayerNorm after the embeddings. The
            token-type embedding of segment 0 is added to every position, so it is folded into
            the position table (headlab runs single-segment inputs). BertModel has no LM head:
@@ -34,7 +36,7 @@ disk one layer at a time (:func:`convert_checkpoint`), which accelerate then pla
 CPU and disk for a model larger than memory (:func:`dispatch`).
 
     families   :func:`hf_config` and one config builder per family (:data:`SUPPORTED` names
-               their ``model_type``: bert, roberta, xlm-roberta, gpt2, llama, qwen2, qwen3,
+               their ``model_type``: bert, roberta, xlm-roberta, gpt2, opt, llama, qwen2, qwen3,
                mistral, gemma, gemma2, gemma3_text, gpt_neox, phi3)
     weights    each family's tensors under headlab's names; :func:`fill`, :func:`from_hf`
     shards     :class:`CheckpointState` (lazy reads) and :func:`convert_checkpoint`

@@ -4,6 +4,8 @@ config, one builder per family, refusing a variant whose arithmetic headlab does
     bert         post-LN encoder, learned positions
     roberta      (and xlm-roberta) BERT's arithmetic, positions counted from padding_idx + 1
     gpt2         pre-LN decoder, learned positions
+    opt          GPT-2's layout with separate W_Q, W_K, W_V and ReLU; positions from row 2 of
+                 the table on
     llama        pre-RMSNorm, RoPE, grouped-query attention, SwiGLU
     qwen2        Llama with biases on W_Q, W_K, W_V (none on W_O); optional sliding window on
                  the layers from ``max_window_layers`` on
@@ -93,6 +95,31 @@ def gpt2_config(c: Any) -> ModelConfig:
         activation=_GPT2_ACT[c.activation_function],  # type: ignore[arg-type]
         tie_embeddings=True,
     )
+
+
+def opt_config(c: Any) -> ModelConfig:
+    """The headlab config of an ``OPTConfig``: GPT-2's layout (pre-LN, learned positions, a
+    final LayerNorm) with separate W_Q, W_K, W_V; OPT numbers positions from row 2 of its
+    table, which the weights' converter drops. Refused: a projection around the embedding
+    (``word_embed_proj_dim``, OPT-350m), post-LN blocks, LayerNorms without gains or biases,
+    and a removed final LayerNorm, none of which headlab computes."""
+    if c.word_embed_proj_dim != c.hidden_size:
+        raise ValueError("OPT with word_embed_proj_dim unlike hidden_size (a projection around "
+                         "the embedding, as in OPT-350m) does not convert")  # fmt: skip
+    if not c.do_layer_norm_before or getattr(c, "_remove_final_layer_norm", False):
+        raise ValueError("OPT with post-LN blocks or no final LayerNorm does not convert; only "
+                         "do_layer_norm_before=True with the final LayerNorm")  # fmt: skip
+    if not (c.enable_bias and c.layer_norm_elementwise_affine):
+        raise ValueError("OPT without biases or LayerNorm gains does not convert")
+    if c.activation_function not in _GPT2_ACT:
+        raise ValueError(f"OPT activation {c.activation_function!r} is not supported")
+    return ModelConfig(
+        vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads, d_ff=c.ffn_dim, max_len=c.max_position_embeddings,
+        positional="learned", norm="pre", norm_eps=1e-5, causal=True,
+        activation=_GPT2_ACT[c.activation_function],  # type: ignore[arg-type]
+        tie_embeddings=bool(c.tie_word_embeddings),
+    )  # fmt: skip
 
 
 def bert_config(c: Any) -> ModelConfig:
@@ -277,9 +304,9 @@ def gpt_neox_config(c: Any) -> ModelConfig:
 
 _BUILDERS = {
     "bert": bert_config, "roberta": roberta_config, "xlm-roberta": roberta_config,
-    "gpt2": gpt2_config, "llama": llama_config, "qwen2": qwen2_config,
+    "gpt2": gpt2_config, "opt": opt_config, "llama": llama_config, "qwen2": qwen2_config,
     "qwen3": qwen3_config, "mistral": mistral_config, "gemma": gemma_config,
-    "gemma2": gemma2_config,
-    "gemma3_text": gemma3_config, "gpt_neox": gpt_neox_config, "phi3": phi3_config,
+    "gemma2": gemma2_config, "gemma3_text": gemma3_config, "gpt_neox": gpt_neox_config,
+    "phi3": phi3_config,
 }  # fmt: skip
 SUPPORTED = tuple(_BUILDERS)  # the model_type of every family headlab converts

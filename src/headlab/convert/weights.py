@@ -44,7 +44,7 @@ def converted_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str
     Block l's weights come together, in block order: a writer can flush layer by layer."""
     families = {
         "bert": _bert_tensors, "roberta": _bert_tensors, "xlm-roberta": _bert_tensors,
-        "gpt2": _gpt2_tensors, "llama": _llama_tensors,
+        "gpt2": _gpt2_tensors, "opt": _opt_tensors, "llama": _llama_tensors,
         "qwen2": _llama_tensors, "qwen3": _llama_tensors, "mistral": _llama_tensors,
         "gemma": _gemma_tensors, "gemma2": _gemma_tensors,
         "gemma3_text": _gemma_tensors, "gpt_neox": _gpt_neox_tensors, "phi3": _phi3_tensors,
@@ -133,6 +133,25 @@ def _gpt2_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str, Te
         yield from _linear(b + "mlp.W_in", s, p + "mlp.c_fc", s[p + "mlp.c_fc.weight"].t())
         yield from _linear(b + "mlp.W_out", s, p + "mlp.c_proj", s[p + "mlp.c_proj.weight"].t())
     yield from _linear("final_norm", s, "ln_f")
+
+
+# --- OPT ---------------------------------------------------------------------------------------
+
+
+def _opt_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str, Tensor]]:
+    s = _strip(state, ("model.decoder.", "decoder."))
+    yield "embed.weight", s["embed_tokens.weight"]
+    yield "pos_embed.weight", s["embed_positions.weight"][2:]  # OPT's positions start at row 2
+    for l in range(c.num_hidden_layers):
+        p, b = f"layers.{l}.", f"blocks.{l}."
+        yield from _linear(b + "norm_attn", s, p + "self_attn_layer_norm")
+        for ours, theirs in (("W_Q", "q"), ("W_K", "k"), ("W_V", "v"), ("W_O", "out")):
+            yield from _linear(f"{b}attn.{ours}", s, f"{p}self_attn.{theirs}_proj")
+        yield from _linear(b + "norm_mlp", s, p + "final_layer_norm")
+        yield from _linear(b + "mlp.W_in", s, p + "fc1")
+        yield from _linear(b + "mlp.W_out", s, p + "fc2")
+    yield from _linear("final_norm", s, "final_layer_norm")
+    yield from _unembed(c, state, s, "embed_tokens.weight")
 
 
 # --- BERT --------------------------------------------------------------------------------------
