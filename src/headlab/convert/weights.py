@@ -46,6 +46,7 @@ def converted_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str
         "bert": _bert_tensors, "roberta": _bert_tensors, "xlm-roberta": _bert_tensors,
         "gpt2": _gpt2_tensors, "opt": _opt_tensors, "llama": _llama_tensors,
         "qwen2": _llama_tensors, "qwen3": _llama_tensors, "mistral": _llama_tensors,
+        "olmo": _olmo_tensors,
         "gemma": _gemma_tensors, "gemma2": _gemma_tensors,
         "gemma3_text": _gemma_tensors, "gpt_neox": _gpt_neox_tensors, "phi3": _phi3_tensors,
     }  # fmt: skip
@@ -196,6 +197,25 @@ def _llama_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str, T
         for ours, theirs in (("W_gate", "gate"), ("W_in", "up"), ("W_out", "down")):
             yield from _linear(f"{b}mlp.{ours}", s, f"{p}mlp.{theirs}_proj")
     yield from _linear("final_norm", s, "norm")
+    yield from _unembed(c, state, s, "embed_tokens.weight")
+
+
+def _olmo_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str, Tensor]]:
+    """OLMo 1: Llama's names; its LayerNorms have no parameters, so theirs are 1 and 0."""
+    s = _strip(state, ("model.",))
+    yield "embed.weight", s["embed_tokens.weight"]
+    ones, zeros = torch.ones(c.hidden_size), torch.zeros(c.hidden_size)
+    for l in range(c.num_hidden_layers):
+        p, b = f"layers.{l}.", f"blocks.{l}."
+        for norm in ("norm_attn", "norm_mlp"):
+            yield f"{b}{norm}.weight", ones
+            yield f"{b}{norm}.bias", zeros
+        for ours, theirs in (("W_Q", "q"), ("W_K", "k"), ("W_V", "v"), ("W_O", "o")):
+            yield from _linear(f"{b}attn.{ours}", s, f"{p}self_attn.{theirs}_proj")
+        for ours, theirs in (("W_gate", "gate"), ("W_in", "up"), ("W_out", "down")):
+            yield from _linear(f"{b}mlp.{ours}", s, f"{p}mlp.{theirs}_proj")
+    yield "final_norm.weight", ones
+    yield "final_norm.bias", zeros
     yield from _unembed(c, state, s, "embed_tokens.weight")
 
 
