@@ -158,8 +158,8 @@ def roberta_config(c: Any) -> ModelConfig:
 
 
 def llama_config(c: Any, family: str = "Llama", mlp_bias: bool | None = None) -> ModelConfig:
-    """The headlab config of a ``LlamaConfig`` (default RoPE). Qwen2, Qwen3, Mistral and Phi-3
-    share its arithmetic: their builders start from it under their own ``family`` name.
+    """The headlab config of a ``LlamaConfig`` (default RoPE). Qwen2, Qwen3, Mistral, OLMo and
+    Phi-3 share its arithmetic: their builders start from it under their own ``family`` name.
     ``mlp_bias``: the family's own (Qwen3: none); else the config's, which must agree with
     ``attention_bias``."""
     theta, fraction = _rope(c, family)
@@ -175,7 +175,8 @@ def llama_config(c: Any, family: str = "Llama", mlp_bias: bool | None = None) ->
         n_heads=c.num_attention_heads, n_kv_heads=c.num_key_value_heads, head_dim=head_dim,
         d_ff=c.intermediate_size, max_len=c.max_position_embeddings, positional="rotary",
         rope_theta=theta, rotary_dim=None if fraction == 1.0 else int(d_k * fraction),
-        norm="pre", norm_kind="rmsnorm", norm_eps=c.rms_norm_eps, causal=True,
+        norm="pre", norm_kind="rmsnorm", causal=True,
+        norm_eps=getattr(c, "rms_norm_eps", 1e-5),  # OLMo has none (its builder sets its own)
         activation="silu", mlp="gated", bias=bias, mlp_bias=bias if mlp_bias is None else mlp_bias,
         tie_embeddings=bool(c.tie_word_embeddings),
     )  # fmt: skip
@@ -216,20 +217,8 @@ def olmo_config(c: Any) -> ModelConfig:
     if getattr(c, "clip_qkv", None) is not None:
         raise ValueError(f"OLMo with clip_qkv={c.clip_qkv} (queries, keys and values clamped) "
                          "does not convert; only clip_qkv=None")  # fmt: skip
-    theta, fraction = _rope(c, "OLMo")
-    if c.hidden_act != "silu":
-        raise ValueError(f"OLMo activation {c.hidden_act!r} is not supported (only silu)")
-    head_dim = _head_dim(c)
-    d_k = head_dim or c.hidden_size // c.num_attention_heads
-    return ModelConfig(
-        vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
-        n_heads=c.num_attention_heads, n_kv_heads=c.num_key_value_heads, head_dim=head_dim,
-        d_ff=c.intermediate_size, max_len=c.max_position_embeddings, positional="rotary",
-        rope_theta=theta, rotary_dim=None if fraction == 1.0 else int(d_k * fraction),
-        norm="pre", norm_kind="layernorm", norm_eps=1e-5, causal=True, activation="silu",
-        mlp="gated", bias=bool(c.attention_bias), mlp_bias=False,
-        tie_embeddings=bool(c.tie_word_embeddings),
-    )  # fmt: skip
+    base = llama_config(c, "OLMo", mlp_bias=False)
+    return replace(base, norm_kind="layernorm", norm_eps=1e-5)
 
 
 def mistral_config(c: Any) -> ModelConfig:
