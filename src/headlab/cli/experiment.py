@@ -84,6 +84,20 @@ THREADS_HELP = (
 MODEL_HELP = "retrieval only: smollm2 (the default) or gemma3 (its own sweep, shipped apart)."
 
 
+def _check_model(experiment: Any, model: str) -> None:
+    """Exit 2, before anything runs, when --model is not for ``experiment`` or names a model it
+    has no config for."""
+    from headlab.experiments.registry import check_model
+
+    if "model" not in experiment.options:
+        raise fail(f"--model is for the retrieval experiment; {experiment.name} runs its own "
+                   "models")  # fmt: skip
+    try:
+        check_model(experiment, model)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+
+
 def experiment_command(
     name: str = typer.Argument(..., help="Experiment name, or 'list' to see them all."),
     quick: bool = typer.Option(False, "--quick", help=QUICK_HELP),
@@ -98,7 +112,7 @@ def experiment_command(
 ) -> None:
     """Run an experiment: results.json and PNG figures in --out, a summary here."""
     from headlab.experiments import ship_results
-    from headlab.experiments.registry import check_model, experiments
+    from headlab.experiments.registry import experiments
 
     known = experiments()
     if name == "list":
@@ -115,13 +129,8 @@ def experiment_command(
         seed, seeds = _verify_seeds(name, quick or ship, threads)
     if threads is not None and "threads" not in experiment.options:
         raise fail(f"--threads is for the induction experiment; {name} runs on one thread")
-    if model is not None and "model" not in experiment.options:
-        raise fail(f"--model is for the retrieval experiment; {name} runs its own models")
     if model is not None:
-        try:
-            check_model(experiment, model)
-        except ValueError as exc:
-            raise fail(str(exc)) from None
+        _check_model(experiment, model)
     out_dir = _out_dir(out, name)
     err_console.print(f"running {name}{' (quick)' if quick else ''}, {seeds} seed(s) from {seed}")
     extra = _run_progress(experiment.options) | ({} if threads is None else {"threads": threads})

@@ -82,6 +82,10 @@ EXACT_HELP = (
     "With --evidence: 'all' ablates every head exactly; LAYER.HEAD,... ablates those exactly "
     "beside the first-order estimate of every head (default: exact where that is as cheap)."
 )
+SEED_HELP = (
+    "Seed of the random probes: random-repeat's tokens, the needle's numbers and haystack (a "
+    "text or --prompts takes none):"
+)
 FLOORS_HELP = (
     "--floors (the default): a label needs its score at or above its threshold and its "
     "layer's random-weights floor (the same architecture with random weights, mean + 3 sd); "
@@ -102,10 +106,7 @@ def heads(
     ),
     probe: str | None = typer.Option(None, help=PROBE_HELP),
     show: str | None = typer.Option(None, help=SHOW_HELP),
-    seed: int = seed_option(
-        "Seed of the random probes: random-repeat's tokens, the needle's numbers and "
-        "haystack (a text or --prompts takes none):"
-    ),
+    seed: int = seed_option(SEED_HELP),
     content: bool = typer.Option(
         True, "--content/--no-content", help="Score content heads (from the same forward)."
     ),

@@ -10,7 +10,7 @@ multiply by (1 + w), so their gains are stored as 1 + w; GPT-NeoX fuses W_Q, W_K
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -46,7 +46,7 @@ def converted_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str
         "bert": _bert_tensors, "roberta": _bert_tensors, "xlm-roberta": _bert_tensors,
         "gpt2": _gpt2_tensors, "opt": _opt_tensors, "llama": _llama_tensors,
         "qwen2": _llama_tensors, "qwen3": _llama_tensors, "mistral": _llama_tensors,
-        "olmo": _olmo_tensors,
+        "olmo": _llama_tensors,
         "gemma": _gemma_tensors, "gemma2": _gemma_tensors,
         "gemma3_text": _gemma_tensors, "gpt_neox": _gpt_neox_tensors, "phi3": _phi3_tensors,
     }  # fmt: skip
@@ -179,44 +179,45 @@ def _bert_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str, Te
         yield from _linear(b + "norm_mlp", s, p + "output.LayerNorm")
 
 
-# --- Llama, Qwen2, Qwen3, Mistral -----------------------------------------------------------------
+# --- Llama, Qwen2, Qwen3, Mistral, OLMo -----------------------------------------------------------
 
 
 def _llama_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str, Tensor]]:
     s = _strip(state, ("model.",))
+    norm = _fixed_norm(c.hidden_size) if c.model_type == "olmo" else _stored_norm(s)
     yield "embed.weight", s["embed_tokens.weight"]
     for l in range(c.num_hidden_layers):
         p, b = f"layers.{l}.", f"blocks.{l}."
-        yield from _linear(b + "norm_attn", s, p + "input_layernorm")
+        yield from norm(b + "norm_attn", p + "input_layernorm")
         for ours, theirs in (("W_Q", "q"), ("W_K", "k"), ("W_V", "v"), ("W_O", "o")):
             yield from _linear(f"{b}attn.{ours}", s, f"{p}self_attn.{theirs}_proj")
         if c.model_type == "qwen3":  # QK-norm with Llama's gains, not Gemma's 1 + w
             yield from _linear(f"{b}attn.q_norm", s, p + "self_attn.q_norm")
             yield from _linear(f"{b}attn.k_norm", s, p + "self_attn.k_norm")
-        yield from _linear(b + "norm_mlp", s, p + "post_attention_layernorm")
+        yield from norm(b + "norm_mlp", p + "post_attention_layernorm")
         for ours, theirs in (("W_gate", "gate"), ("W_in", "up"), ("W_out", "down")):
             yield from _linear(f"{b}mlp.{ours}", s, f"{p}mlp.{theirs}_proj")
-    yield from _linear("final_norm", s, "norm")
+    yield from norm("final_norm", "norm")
     yield from _unembed(c, state, s, "embed_tokens.weight")
 
 
-def _olmo_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str, Tensor]]:
-    """OLMo 1: Llama's names; its LayerNorms have no parameters, so theirs are 1 and 0."""
-    s = _strip(state, ("model.",))
-    yield "embed.weight", s["embed_tokens.weight"]
-    ones, zeros = torch.ones(c.hidden_size), torch.zeros(c.hidden_size)
-    for l in range(c.num_hidden_layers):
-        p, b = f"layers.{l}.", f"blocks.{l}."
-        for norm in ("norm_attn", "norm_mlp"):
-            yield f"{b}{norm}.weight", ones
-            yield f"{b}{norm}.bias", zeros
-        for ours, theirs in (("W_Q", "q"), ("W_K", "k"), ("W_V", "v"), ("W_O", "o")):
-            yield from _linear(f"{b}attn.{ours}", s, f"{p}self_attn.{theirs}_proj")
-        for ours, theirs in (("W_gate", "gate"), ("W_in", "up"), ("W_out", "down")):
-            yield from _linear(f"{b}mlp.{ours}", s, f"{p}mlp.{theirs}_proj")
-    yield "final_norm.weight", ones
-    yield "final_norm.bias", zeros
-    yield from _unembed(c, state, s, "embed_tokens.weight")
+Norm = Callable[[str, str], Iterator[tuple[str, Tensor]]]  # (ours, theirs) → the norm's tensors
+
+
+def _stored_norm(s: Mapping[str, Tensor]) -> Norm:
+    """A norm whose parameters the checkpoint stores under its own name."""
+    return lambda ours, theirs: _linear(ours, s, theirs)
+
+
+def _fixed_norm(width: int) -> Norm:
+    """OLMo 1's LayerNorms, which have no parameters: a gain of 1 and a bias of 0 each."""
+    ones, zeros = torch.ones(width), torch.zeros(width)
+
+    def norm(ours: str, _theirs: str) -> Iterator[tuple[str, Tensor]]:
+        yield f"{ours}.weight", ones
+        yield f"{ours}.bias", zeros
+
+    return norm
 
 
 def _unembed(
