@@ -413,8 +413,7 @@ def load_hf_dir(directory: str | Path, name: str = "") -> tuple[Transformer, Tok
         raise ModelNotAvailable(f"{name or path} is a {config.model_type!r} model; {_SUPPORTED}")
     encoder = config.model_type in ("bert", "roberta", "xlm-roberta")
     auto = transformers.AutoModel if encoder else transformers.AutoModelForCausalLM
-    # an encoder's pooler is not converted: not built, it is not reported missing either
-    extra = {"add_pooling_layer": False} if encoder else {}
+    extra = {"add_pooling_layer": _has_pooler(Path(directory))} if encoder else {}
     if not any(Path(directory).glob("*.safetensors")) and any(Path(directory).glob("*.bin")):
         raise ModelNotAvailable(
             f"{name or path} has only pickle weights (*.bin), which can run code when loaded; "
@@ -437,6 +436,18 @@ def load_hf_dir(directory: str | Path, name: str = "") -> tuple[Transformer, Tok
 
 
 # --- models larger than memory -------------------------------------------------------------------
+
+
+def _has_pooler(directory: Path) -> bool:
+    """Whether an encoder's checkpoint holds a pooler (read from the safetensors headers). The
+    pooler is never converted; built exactly where it is stored, transformers reports it
+    neither missing nor unexpected."""
+    from headlab.convert.shards import CheckpointState
+
+    try:
+        return any("pooler" in key.split(".") for key in CheckpointState(directory))
+    except ValueError:  # no safetensors: from_pretrained says so
+        return False
 
 
 def converted_checkpoint(directory: str | Path, name: str = "") -> Path:

@@ -220,7 +220,10 @@ def test_unsupported_variants_are_refused_with_a_reason():
         from_hf(gpt2(scale_attn_by_inverse_layer_idx=True))
 
 
-def test_a_roberta_folder_loads_offline_and_its_heads_are_scored(tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("pooler", [False, True])
+def test_a_roberta_folder_loads_offline_and_its_heads_are_scored(
+    tmp_path, monkeypatch, caplog, pooler
+):
     """A saved RoBERTa (safetensors and a tokenizer.json) loads by its folder, offline, as the
     encoder it is (transformers' AutoModel, not a causal LM), equals transformers' hidden
     states, and `headlab heads` scores every head of it as a bidirectional model."""
@@ -236,6 +239,8 @@ def test_a_roberta_folder_loads_offline_and_its_heads_are_scored(tmp_path, monke
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     caplog.set_level("WARNING")
     hf = roberta(vocab_size=1024, max_position_embeddings=66)  # the shipped tokenizer's vocab
+    if pooler:  # a checkpoint with one (MiniLM's has one): built, so not reported unexpected
+        hf = scramble(transformers.RobertaModel(hf.config, add_pooling_layer=True))
     folder = tmp_path / "my-roberta"
     hf.save_pretrained(folder)
     shutil.copy(Path(zoo.WEIGHTS_DIR) / "tokenizer.json", folder / "tokenizer.json")
@@ -251,5 +256,5 @@ def test_a_roberta_folder_loads_offline_and_its_heads_are_scored(tmp_path, monke
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
     assert len(body["heads"]) == 2 * 4 and "next" in body["heads"][0]["scores"]  # both ways
-    said = result.output + caplog.text  # no pooler built, so none reported missing
-    assert "pooler" not in said and "MISSING" not in said, said
+    said = result.output + caplog.text  # the pooler built exactly where the checkpoint has one
+    assert "pooler" not in said and "MISSING" not in said and "UNEXPECTED" not in said, said
