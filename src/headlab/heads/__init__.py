@@ -58,7 +58,15 @@ from headlab.heads.labels import (
     TIERS,
     label_head,
 )
-from headlab.heads.report import HeadReport, HeadScore, Keep, LayerScores, analyse, layer_scorer
+from headlab.heads.report import (
+    HeadReport,
+    HeadScore,
+    Keep,
+    LayerGroups,
+    LayerScores,
+    analyse,
+    layer_scorer,
+)
 from headlab.heads.scores import (
     averaged_pattern,
     diffuse_score,
@@ -91,7 +99,8 @@ from headlab.heads.targets import (
 
 __all__ = [
     "BEST_TYPES", "LABELS", "MUL_TYPES", "OFFSET_LABELS", "SCORE_TYPES", "SINK_THRESHOLD",
-    "THRESHOLDS", "TIERS", "HeadReport", "HeadScore", "Keep", "LayerScores", "Targets",
+    "THRESHOLDS", "TIERS", "HeadReport", "HeadScore", "Keep", "LayerGroups", "LayerScores",
+    "Targets",
     "analyse", "averaged_pattern", "build_targets", "content_score", "copies_pattern",
     "diffuse_score", "duplicate_mul_score", "duplicate_score", "duplicate_token_pattern",
     "first_token_score", "induction_mul_score", "induction_pattern", "induction_score",

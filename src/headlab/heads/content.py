@@ -4,17 +4,18 @@ explain, from the one forward's weights (:func:`content_score`; docs/heads.md).
 Shape legend
     B   batch (probe sequences); h heads; n query (= key) positions
 
-It makes a few dozen elementwise passes over a layer's (B, h, n, n) weights, as cheap as
-PyTorch alone allows: each pass is one op into a buffer reused from the layer before
-(:class:`Scratch`), the masks that depend on the probe alone are built once for it, and the
-offset profile's totals are a strided view of its diagonals (the rows taken in reverse
-order), never a copy.
+The arithmetic runs in compiled loops (:func:`headlab.heads.kernels.content_parts`), a head's
+rows one at a time, split by head across PyTorch's threads: a few passes over a layer's
+weights where PyTorch's operations took a few dozen. The masks that depend on the probe alone
+are built once for it and shared by its layers. :class:`Scratch` keeps the (B, h, n, n)
+buffers that the other scores (:mod:`headlab.heads.scores`) reuse from one layer to the next.
 """
 
 from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -46,9 +47,7 @@ class Scratch:
         return buf
 
 
-def content_score(
-    weights: Tensor, causal: bool, fixed: Tensor | None = None, scratch: Scratch | None = None
-) -> Tensor:
+def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) -> Tensor:
     """The share of a head's attention that its own position profile does not explain, from
     the one forward's weights (B, h, n, n); fixed (B, n) bool marks the keys left out (BOS,
     [CLS], [SEP]), and so is the first position, whatever it holds: heads rest there, and a
@@ -76,52 +75,34 @@ def content_score(
     position explanation wins. A uniform head, a fixed-offset head (previous, current token)
     and a head always on one key position score 0; a head that follows token identity on
     shuffled or random text cannot be told from its positions and scores high. ``causal``:
-    the model's config; ``scratch``: buffers kept from the last call (:class:`Scratch`), for
-    a caller that scores layer after layer.
+    the model's config. Weights on any device are scored on the CPU in float32.
     """
     A, _ = as_batched(weights)
-    B, _, n, _ = A.shape
-    V, size, skewed = (x.to(A.device) for x in _content_masks(B, n, causal, fixed, A.dtype))
-    # the rows in reverse order (one copy, then worked in place): the offset profile's cell of
-    # the pair (i, j) is then the antidiagonal i + j, and its totals a strided view, not a copy
-    scratch = scratch or Scratch()
-    AV = scratch.get("rows", A.shape, A)  # (B, h, n, n): the rows on the movable keys
-    torch.index_select(A, -2, torch.arange(n - 1, -1, -1, device=A.device), out=AV).mul_(V[:, None])
-    w = AV.sum(-1)  # (B, h, n)
-    rows = ((size >= 2)[:, None] & (w > 0)).to(A.dtype)  # (B, h, n): rows that count
-    # a row's own part in a profile cell: w_i·u_ij = |V_i|·A_ij to the sum, w_i to the weight,
-    # 1 to the count; parts: the rows' weights and counts (2, B, h, n)
-    scale = rows * size[:, None]  # (B, h, n)
-    parts = torch.stack([rows * w, rows])
-    every = (size >= 2).sum().clamp_min(1).to(A.dtype)  # the rows that count, whatever w
-    diagonals = _antiskew(AV, scratch.get("diagonals", (*A.shape[:-1], 2 * n), A, zeros=True))
-    profiles = (
-        _key_profile(AV, scale, parts, V),
-        _offset_profile(AV, scale, parts, skewed, diagonals),
-    )
-    work = scratch.get("work", (3, *A.shape), A)  # reused by both profiles
+    B, h, n, _ = A.shape
+    from headlab.heads.kernels import content_parts_parallel  # Numba: loaded on first use
+
+    sees, size, every = _content_masks(B, n, causal, fixed)
+    rows = A.detach().to("cpu", torch.float32).contiguous().numpy()
+    out = np.zeros((h, 2))  # per head: the unexplained sums by key position and by offset
+    content_parts_parallel(rows, sees, size, out)
     # each profile's unexplained share (a rest on fixed keys: explained); the better one wins
-    key, offset = (
-        (w * _unexplained(AV, rows * w, scale, V, profile, work)).sum((0, 2)) / every
-        for profile in profiles
-    )
-    return torch.minimum(key, offset).clamp(0, 1).float()  # rounding can step outside [0, 1]
+    share = torch.from_numpy(out).float() / every
+    return share.amin(1).clamp(0, 1)  # rounding can step outside [0, 1]
 
 
 def _content_masks(
-    B: int, n: int, causal: bool, fixed: Tensor | None, dtype: torch.dtype
-) -> tuple[Tensor, Tensor, Tensor]:
-    """What :func:`content_score` compares on a probe, rows in reverse order: V (B, n, n) 0/1
-    the keys each query sees, |V| (B, n), and V antiskewed (B, n, 2n − 1). They depend on the
-    probe alone, so they are built once and shared by every layer (read-only)."""
+    B: int, n: int, causal: bool, fixed: Tensor | None
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """What :func:`content_score` compares on a probe: the keys each query sees (B, n, n)
+    float32 0/1, how many (B, n) int64, and the rows with two or more (at least 1, a
+    divisor). They depend on the probe alone, so they are built once and shared by every
+    layer (read-only)."""
     key = b"" if fixed is None else fixed.bool().cpu().contiguous().numpy().tobytes()
-    return _masks(B, n, causal, key, dtype)
+    return _masks(B, n, causal, key)
 
 
 @functools.lru_cache(maxsize=8)
-def _masks(
-    B: int, n: int, causal: bool, fixed: bytes, dtype: torch.dtype
-) -> tuple[Tensor, Tensor, Tensor]:
+def _masks(B: int, n: int, causal: bool, fixed: bytes) -> tuple[np.ndarray, np.ndarray, int]:
     """:func:`_content_masks` from the fixed keys' bytes (empty: none fixed)."""
     free = torch.ones(B, n, dtype=torch.bool)
     if fixed:
@@ -132,79 +113,6 @@ def _masks(
     sees = free[:, None, :].expand(B, n, n)  # (B, n, n): query i sees key j
     if causal:
         sees = sees & torch.ones(n, n, dtype=torch.bool).tril()
-    V = sees.flip(-2).to(dtype)
-    return V, V.sum(-1), _antiskew(V, torch.zeros(B, n, 2 * n, dtype=dtype))
-
-
-# a profile as :func:`_unexplained` reads it: the sums, weights and counts at each pair's cell
-# (3, h, ·, n), the cells more than one row sees (h, ·, n) 0/1, and per row (B, h, n) its mass
-# on the keys whose cell is such a cell and whether it has any
-Profile = tuple[Tensor, Tensor, Tensor, Tensor]
-
-
-def _key_profile(AV: Tensor, scale: Tensor, parts: Tensor, V: Tensor) -> Profile:
-    """The profile by key position, its totals (3, h, 1, n) at key j. AV (B, h, n, n) the rows
-    on the keys they see; scale (B, h, n) each row's |V_i| where it counts; parts (2, B, h, n)
-    the rows' weights and 0/1 counts; V (B, n, n) the keys each query sees."""
-    totals, cells, mass, has = _cell_totals(AV, scale, parts, V)
-    return totals[:, :, None], cells[:, None], mass, has
-
-
-def _offset_profile(
-    AV: Tensor, scale: Tensor, parts: Tensor, skewed: Tensor, diagonals: Tensor
-) -> Profile:
-    """The profile by offset, rows in reverse order: its totals at (i, j) those of every pair
-    on the antidiagonal i + j (3, h, n, n), a strided view of (3, h, 2n − 1) like its cells.
-    skewed (B, n, 2n − 1) the keys each query sees and diagonals (B, h, n, 2n − 1) the rows,
-    both antiskewed; the rest as :func:`_key_profile`."""
-    n = AV.shape[-1]
-    totals, cells, mass, has = _cell_totals(diagonals, scale, parts, skewed)
-    return totals.unfold(-1, n, 1), cells.unfold(-1, n, 1), mass, has
-
-
-def _cell_totals(X: Tensor, scale: Tensor, parts: Tensor, M: Tensor) -> Profile:
-    """A profile over m cells from the rows laid out by cell, X (B, h, n, m), and the pairs
-    each query has in each cell, M (B, n, m) 0/1: the sums, weights and counts per cell
-    (3, h, m), the cells more than one row sees (h, m) 0/1, and each row's mass on those and
-    whether it has any (B, h, n). Plain batched products (einsum's set-up costs as much at
-    these sizes)."""
-    B, h, n, m = X.shape
-    sums = (scale[:, :, None, :] @ X).sum(0)[:, 0]  # (h, m)
-    rest = (parts.transpose(0, 1).reshape(B, 2 * h, n) @ M).view(B, 2, h, m).sum(0)
-    cells = (rest[1] > 1.5).to(X.dtype)  # (h, m)
-    mass = (cells[:, None, :] @ X.mT)[..., 0, :]  # (B, h, n); X @ cells is ten times slower
-    has = (cells @ M.mT) > 0.5  # (B, h, n)
-    return torch.cat([sums[None], rest]), cells, mass, has
-
-
-def _antiskew(x: Tensor, padded: Tensor) -> Tensor:
-    """(…, n, n) → (…, n, 2n − 1): x[…, i, j] at column i + j, zeros elsewhere; a strided view
-    (row stride 2n − 1) of ``padded`` (…, n, 2n) holding x and n zero columns (row stride 2n),
-    whose rows overlap. x is written into ``padded``, whose last n columns must be zeros."""
-    n = x.shape[-1]
-    padded[..., :n] = x
-    return padded.as_strided((*x.shape[:-1], 2 * n - 1), (*padded.stride()[:-2], 2 * n - 1, 1))
-
-
-def _unexplained(
-    AV: Tensor, weight: Tensor, scale: Tensor, V: Tensor, profile: Profile, work: Tensor
-) -> Tensor:
-    """Each row's 1 − overlap with its leave-one-out profile: AV (B, h, n, n) the rows on the
-    keys they see, weight and scale each row's w_i and |V_i| where it counts (B, h, n), V the
-    keys each query sees, work three (B, h, n, n) buffers → (B, h, n), 0 on a row with no key
-    kept (nothing to compare) or one that does not count."""
-    # each op is one pass over (B, h, n, n) into a buffer of ``work``: at these sizes a fresh
-    # tensor costs about as much as the arithmetic in it. A row that does not count (weight 0)
-    # is compared too, finite, and multiplied by 0 at the end: cheaper than masking it out
-    totals, cells, mass_p, has = profile
-    kept, q, other = work.unbind(0)
-    torch.mul(V[:, None], cells, out=kept)  # a seen pair whose cell another row sees
-    torch.sub(totals[1], weight[..., None], out=other).clamp_min_(1e-30)  # the other rows' w
-    torch.addcmul(totals[0], scale[..., None], AV, value=-1, out=q)  # the other rows' sum
-    q.div_(other).mul_(kept)  # the profile on the keys kept, unnormalised
-    mass_p, mass_q = mass_p[..., None], q.sum(-1, keepdim=True)  # (B, h, n, 1)
-    # Σ min(p/|p|, q/|q|) = Σ min(p, q·|p|/|q|) / |p| with p the row on the keys kept; q is 0
-    # off them and AV ≥ 0, so p may be AV itself. An empty side overlaps nothing
-    overlap = torch.minimum(AV, q.mul_(mass_p / mass_q.clamp_min(1e-30)), out=q).sum(-1)
-    overlap = overlap / mass_p[..., 0].clamp_min(1e-30)
-    return (1 - overlap) * (has & (weight > 0))
+    size = sees.sum(-1)
+    every = max(int((size >= 2).sum()), 1)
+    return sees.float().contiguous().numpy(), size.contiguous().numpy(), every

@@ -226,7 +226,7 @@ def _scored(
     return HeadScore(layer, head, label, values, int(offsets[i]), rest, relation)
 
 
-# --- streaming: one layer at a time ---------------------------------------------------------------
+# --- streaming: layers scored as they run ------------------------------------------------------
 
 # keep=None: every head's pattern; else the (layer, head) pairs whose patterns to keep (head −1 =
 # the layer's averaged head), e.g. set() for scores only
@@ -252,22 +252,78 @@ def layer_scorer(
     ``targets`` were built once. Each head and the layer's averaged head are scored with
     :func:`headlab.heads.scores.pattern_scores` (``content``: the content score too, from
     the same weights), on the CPU in float32, whatever device the layer ran on.
+    :class:`LayerGroups` is the same reduction with layers scored together.
     """
-
-    scratch = Scratch()  # the layers' scores reuse one set of buffers
+    groups = LayerGroups(targets, keep, content, budget=0)  # a group of one layer
 
     def score(layer: int, weights: Tensor) -> LayerScores:
-        w = weights.float().cpu()  # (B, h, n, n)
-        B, h, n, s = w.shape
-        flat = scratch.get("heads", (B, h + 1, n, s), w)  # the heads, then the averaged head
-        flat[:, :h] = w
-        flat[:, h] = averaged_pattern(w)
-        by_type, offsets, rests = pattern_scores(flat, targets, content, scratch)
-        heads = range(-1, h) if keep is None else [i for l, i in keep if l == layer]
-        kept = {i: flat[0, h if i < 0 else i].clone() for i in heads}
-        return LayerScores(by_type, offsets, kept, rests)
+        groups(layer, weights)
+        return groups.scored.pop(layer)
 
     return score
+
+
+# the weights a LayerGroups holds before it scores them together: every layer of a short probe
+# (MiniLM's six at 126 tokens hold 5 MiB, SmolLM2's thirty at 128 hold 19 MiB), one layer at a
+# time once a layer's weights alone are larger
+GROUP_BYTES = 32 << 20
+
+
+class LayerGroups:
+    """:func:`layer_scorer`'s reduction for a whole forward: ``groups(layer, weights)`` as each
+    layer runs (layers in order, from 0), then :meth:`results`. Consecutive layers' weights
+    are copied into one buffer of at most ``budget`` bytes (never less than one layer) and
+    scored together as one set of heads: every score is per head, so the numbers are those of
+    one layer at a time, and a group costs one pass of each scoring operation, not one a
+    layer (on MiniLM, a third of the scoring time)."""
+
+    def __init__(
+        self, targets: Targets, keep: Keep, content: bool, budget: int = GROUP_BYTES
+    ) -> None:
+        self.targets, self.keep, self.content, self.budget = targets, keep, content, budget
+        self.scratch = Scratch()  # the groups' scores reuse one set of buffers
+        self.pending: list[tuple[int, dict[int, Tensor]]] = []  # (layer, its kept patterns)
+        self.scored: dict[int, LayerScores] = {}
+        self.size = 1  # layers a group holds: set at the first layer, from its shape
+        self.flat = torch.empty(0)  # (B, size · (h + 1), n, n): the group's heads
+
+    def __call__(self, layer: int, weights: Tensor) -> None:
+        w = weights.float().cpu()  # (B, h, n, n)
+        B, h, n, s = w.shape
+        if not self.pending and not self.scored:
+            self.size = max(1, self.budget // (B * (h + 1) * n * s * 4))
+        flat = self.flat = self.scratch.get("heads", (B, self.size * (h + 1), n, s), w)
+        at = len(self.pending) * (h + 1)  # the heads, then the averaged head
+        flat[:, at : at + h] = w
+        flat[:, at + h] = averaged_pattern(w)
+        heads = range(-1, h) if self.keep is None else [i for l, i in self.keep if l == layer]
+        kept = {i: flat[0, at + (h if i < 0 else i)].clone() for i in heads}
+        self.pending.append((layer, kept))
+        if len(self.pending) == self.size:
+            self.flush()
+
+    def flush(self) -> None:
+        """Score the layers held (none: nothing to do)."""
+        if not self.pending:
+            return
+        h1 = self.flat.shape[1] // self.size  # h + 1
+        by_type, offsets, rests = pattern_scores(
+            self.flat[:, : len(self.pending) * h1], self.targets, self.content, self.scratch
+        )
+        for k, (layer, kept) in enumerate(self.pending):
+            part = slice(k * h1, (k + 1) * h1)
+            self.scored[layer] = LayerScores(
+                {t: v[part] for t, v in by_type.items()},
+                offsets[part],
+                kept,
+                {t: v[part] for t, v in rests.items()},
+            )
+        self.pending.clear()
+
+    def results(self) -> list[LayerScores]:
+        """Every layer's scores, in order (the last group scored first)."""
+        self.flush()
+        return [self.scored[l] for l in sorted(self.scored)]
 
 
 def unused_seed(seed: int | None, where: str) -> None:
@@ -309,10 +365,12 @@ def analyse(
     (:meth:`headlab.heads.syntax.SyntaxReport.margins`), measured on a parsed text, reported
     among each head's scores; it takes part in the labels only with ``label_syntactic`` (by
     default a head's label is the same whether or not the syntactic score was asked for).
-    Each layer's weights are scored as that layer runs and then dropped
-    (:func:`headlab.measure.reduce_patterns`), so the extra memory is about one layer's
-    (B, h, n, n) plus the patterns kept: every head's by default, only ``keep``'s otherwise
-    (``keep=()`` for scores alone). ``progress(done, L)`` is called after each layer.
+    Each layer's weights are copied out as that layer runs and dropped
+    (:func:`headlab.measure.reduce_patterns`), and scored in groups of consecutive layers
+    (:class:`LayerGroups`), so the extra memory is one group's copy, at most
+    :data:`GROUP_BYTES` or one layer's (B, h + 1, n, n) if larger, plus the patterns kept:
+    every head's by default, only ``keep``'s otherwise (``keep=()`` for scores alone).
+    ``progress(done, L)`` is called after each layer.
     ``floors`` (:meth:`headlab.heads.baselines.Baselines.floors`) make each label need its
     margin over random weights too, and ``averaged_floors`` each averaged head's label.
     ``retrieval`` (Wu et al.'s scores on the same needle
@@ -323,8 +381,9 @@ def analyse(
     """
     unused_seed(seed, "analyse")
     targets = build_targets(probe, causal=bool(model.config.causal))
-    score = layer_scorer(targets, keep, content)
-    layers = reduce_patterns(model, probe.tokens, score, progress)
+    groups = LayerGroups(targets, keep, content)
+    reduce_patterns(model, probe.tokens, groups, progress)
+    layers = groups.results()
     n_kv = getattr(model.config, "n_kv_heads", None)
     return _report(probe, layers, keep, syntactic, n_kv, floors, label_syntactic,
                    averaged_floors, retrieval)  # fmt: skip

@@ -15,7 +15,7 @@ judged where it can act (:func:`mass_where_possible` over the rows that have a t
     duplicate_score      attention on other copies of the query's token              Wang 2022
     positional_score     share of queries whose argmax is at the most common offset  Voita 2019
     content_score        the share of attention the head's own position profile does not explain
-                         (:mod:`headlab.heads.content`, with the Scratch its buffers come from)
+                         (:mod:`headlab.heads.content`, in compiled loops)
     rare_word_score      share of queries whose argmax is the least frequent word    Voita 2019
     first_token_score    mean weight on the first token: an attention sink     Xiao 2023, Gu 2024
     key_mass_score       mean weight on marked keys (delimiters)                    Clark 2019
@@ -357,7 +357,7 @@ def pattern_scores(
     }
     rests = {"duplicate": m["rest:duplicate"], "induction": m["rest:induction"]}
     if content:
-        scores["content"] = content_score(A, causal, t.fixed, scratch)
+        scores["content"] = content_score(A, causal, t.fixed)
         rests["content"] = m["rest:content"]
     if t.rare is not None:
         scores["rare_word"] = _rare_word(argmax, *t.rare)

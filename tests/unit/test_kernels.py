@@ -1,0 +1,144 @@
+"""The compiled content score and the grouped scoring of layers: each held to what it replaces.
+
+The content score's compiled loops run on PyTorch's OpenMP threads (headlab.heads.kernels);
+held to the plain-Python loop of the definition and to the same loops run by the caller alone,
+at every thread count. Layers scored in groups (headlab.heads.report.LayerGroups) are held to
+one layer at a time."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from test_content_score import loop_content, random_patterns
+
+from headlab.heads import (
+    LayerGroups,
+    analyse,
+    build_targets,
+    content_score,
+    kernels,
+    layer_scorer,
+    report,
+)
+from headlab.measure import make_probe, reduce_patterns, repeated_random_tokens
+from headlab.model import ModelConfig, Transformer
+
+
+@pytest.fixture
+def threads():
+    """Restores PyTorch's thread count after a test that sets it."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def test_pytorchs_openmp_runtime_is_found_where_it_has_one() -> None:
+    """The parallel path is the one that runs here: PyTorch built with OpenMP on Linux."""
+    if "OpenMP" not in torch.__config__.parallel_info() or not os.path.exists("/proc/self/maps"):
+        pytest.skip("PyTorch has no OpenMP runtime here, or the system lists no mapped libraries")
+    lib = kernels._openmp()
+    assert lib is not None and hasattr(lib, "GOMP_parallel")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("count", [1, 2, 3, 8])
+def test_content_on_openmp_threads_equals_the_loop_and_the_caller_alone(
+    causal: bool, count: int, threads, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Heads split across 1, 2, 3 and more threads than heads (5 heads): the same numbers as
+    the caller working every head alone, and the definition's loop to float rounding."""
+    threads(count)
+    g = torch.Generator().manual_seed(20 + count)
+    for B, n in [(1, 9), (3, 7), (2, 30)]:
+        A = random_patterns(B, 5, n, causal, g)
+        fixed = torch.rand(B, n, generator=g) < 0.2
+        parallel = content_score(A, causal, fixed)
+        with monkeypatch.context() as m:
+            m.setattr(kernels, "_openmp", lambda: None)
+            alone = content_score(A, causal, fixed)
+        assert torch.equal(parallel, alone), (B, n)
+        want = loop_content(A, causal, fixed)
+        assert parallel.tolist() == pytest.approx(want, abs=1e-6), (B, n)
+
+
+def test_content_reads_any_layout_and_dtype() -> None:
+    """A non-contiguous float64 view scores as its contiguous float32 copy."""
+    g = torch.Generator().manual_seed(4)
+    A = random_patterns(2, 6, 11, True, g)  # float64
+    view = A.transpose(0, 1).contiguous().transpose(0, 1)  # the same values, strided
+    assert not view.is_contiguous()
+    want = content_score(A.float().contiguous(), True)
+    assert torch.equal(content_score(view, True), want)
+
+
+def test_the_parallel_kernel_refuses_arrays_it_cannot_read(threads) -> None:
+    if kernels._openmp() is None:
+        pytest.skip("no OpenMP runtime: the caller runs the loops itself")
+    threads(2)
+    A = np.zeros((1, 2, 4, 4), np.float64)  # float64: the kernel reads float32
+    sees, size = np.ones((1, 4, 4), np.float32), np.full((1, 4), 4, np.int64)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        kernels.content_parts_parallel(A, sees, size, np.zeros((2, 2)))
+
+
+def _model_and_probe(layers: int) -> tuple[Transformer, object]:
+    config = ModelConfig(vocab_size=40, d_model=32, n_layers=layers, n_heads=4, max_len=40)
+    model = Transformer(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5)
+    g = torch.Generator().manual_seed(3)
+    tokens, _ = repeated_random_tokens(torch.arange(40), length=9, repeats=2, batch=2, generator=g)
+    return model, make_probe("random-repeat", tokens, None)
+
+
+@pytest.mark.parametrize("per_group", [1, 2, 5, 9])
+def test_layers_scored_in_groups_equal_one_layer_at_a_time(
+    per_group: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five layers in groups of 1, 2 (2 + 2 + 1), 5 and more than there are: every score,
+    offset, rest and kept pattern as layer_scorer gives one layer at a time, and one scoring
+    pass per group."""
+    model, probe = _model_and_probe(5)
+    targets = build_targets(probe, causal=True)
+    single = reduce_patterns(model, probe.tokens, layer_scorer(targets, keep=None))
+    B, h, n = probe.tokens.shape[0], 4, probe.tokens.shape[1]
+    passes: list[int] = []
+    scores = report.pattern_scores
+
+    def counted(weights, *args, **kwargs):
+        passes.append(weights.shape[1])
+        return scores(weights, *args, **kwargs)
+
+    monkeypatch.setattr(report, "pattern_scores", counted)
+    groups = LayerGroups(targets, None, True, budget=per_group * B * (h + 1) * n * n * 4)
+    reduce_patterns(model, probe.tokens, groups)
+    grouped = groups.results()
+    sizes = [min(per_group, 5 - k) for k in range(0, 5, per_group)]
+    assert passes == [s * (h + 1) for s in sizes]
+    assert len(grouped) == len(single) == 5
+    for one, other in zip(single, grouped, strict=True):
+        assert one.scores.keys() == other.scores.keys()
+        for k in one.scores:
+            assert one.scores[k].tolist() == pytest.approx(other.scores[k].tolist(), abs=1e-6)
+        assert torch.equal(one.offsets, other.offsets)
+        for k in one.rests:
+            assert one.rests[k].tolist() == pytest.approx(other.rests[k].tolist(), abs=1e-6)
+        assert one.kept.keys() == other.kept.keys() and len(one.kept) == h + 1
+        assert all(torch.equal(one.kept[i], other.kept[i]) for i in one.kept)
+
+
+def test_analyse_keeps_only_the_patterns_asked_for_in_any_group() -> None:
+    """keep picks patterns from layers that share a group: those and no others, each the
+    layer's own weights."""
+    model, probe = _model_and_probe(3)
+    picked = {(0, 1), (2, -1), (2, 3)}
+    got = analyse(model, probe, keep=picked)
+    full = analyse(model, probe)
+    assert set(got.selected) == picked
+    assert torch.equal(got.selected[0, 1], full.patterns[0, 1])
+    assert torch.equal(got.selected[2, 3], full.patterns[2, 3])
+    assert torch.equal(got.selected[2, -1], full.averaged_patterns[2])
