@@ -355,26 +355,36 @@ def test_double_precision_weights_are_scored_too():
         assert torch.allclose(got[kind].double(), want[kind].double(), atol=1e-6), kind
 
 
+@pytest.mark.parametrize("threads", [1, 2, 5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_the_argmax_the_scores_read_picks_the_first_of_equal_maxima(dtype):
-    """The positional and rare-word scores read each query's argmax key from float passes:
-    equal to torch's argmax (the first of equal maxima) on rows full of ties: uniform rows,
-    rows of zeros, one-hot rows, maxima repeated at random places, and a hair apart."""
+@pytest.mark.parametrize("n", [9, 126, 200])
+def test_the_argmax_the_scores_read_picks_the_first_of_equal_maxima(dtype, n, threads):
+    """The positional and rare-word scores read each query's argmax key from compiled loops
+    (float32 on the CPU; argmax itself otherwise): equal to torch's argmax (the first of equal
+    maxima) on rows full of ties: uniform rows, rows of zeros, one-hot rows, maxima repeated at
+    random places, a hair apart, and a NaN; on PyTorch's threads or the caller's alone."""
     from headlab.heads.scores import _first_argmax
 
-    g = torch.Generator().manual_seed(11)
-    n = 200  # rows long enough for the float passes (shorter ones use argmax itself)
-    A = torch.randint(0, 3, (2, 3, 4, n), generator=g).to(dtype) / 4  # many ties
-    A[0, 0] = 1 / n  # uniform rows
-    A[0, 1] = 0.0  # no weight anywhere
-    A[1, 2, :, 5] = 1.0  # one key
-    A[1, 0, :, 9] = torch.nextafter(A[1, 0, :, 9].amax(), torch.tensor(2.0, dtype=dtype))
-    A[1, 0, :, 3] = A[1, 0, :, 9]  # the same maximum earlier in the row
-    A[1, 1, :, 4] = torch.nextafter(torch.tensor(0.5, dtype=dtype), torch.tensor(0.0, dtype=dtype))
-    A[1, 1, :, 8] = 0.5  # a larger maximum a hair above, later in the row
-    assert torch.equal(_first_argmax(A), A.argmax(-1))
-    B = torch.rand(2, 2, 3, 200, generator=g, dtype=dtype)  # rows long enough for float passes
-    assert torch.equal(_first_argmax(B), B.argmax(-1))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(11 + n)
+        A = torch.randint(0, 3, (2, 3, 4, n), generator=g).to(dtype) / 4  # many ties
+        A[0, 0] = 1 / n  # uniform rows
+        A[0, 1] = 0.0  # no weight anywhere
+        A[1, 2, :, 5] = 1.0  # one key
+        A[1, 0, :, 7] = torch.nextafter(A[1, 0, :, 7].amax(), torch.tensor(2.0, dtype=dtype))
+        A[1, 0, :, 3] = A[1, 0, :, 7]  # the same maximum earlier in the row
+        half = torch.tensor(0.5, dtype=dtype)
+        A[1, 1, :, 4] = torch.nextafter(half, torch.tensor(0.0, dtype=dtype))
+        A[1, 1, :, 8] = 0.5  # a larger maximum a hair above, later in the row
+        A[0, 2, 1, 6] = float("nan")  # a broken row: its first NaN, as argmax says
+        assert torch.equal(_first_argmax(A), A.argmax(-1))
+        B = torch.rand(2, 2, 3, n, generator=g, dtype=dtype)
+        assert torch.equal(_first_argmax(B), B.argmax(-1))
+        assert torch.equal(_first_argmax(B.transpose(1, 2)), B.transpose(1, 2).argmax(-1))
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_scores_that_reuse_one_scratch_equal_fresh_ones():

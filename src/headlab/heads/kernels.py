@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+from collections.abc import Callable, Sequence
 
 import numba
 import numpy as np
@@ -35,41 +36,70 @@ _TINY = np.float32(1e-30)
 
 
 @_jit
-def _accumulate(row, sees, w, scale, sums, weights, counts, base, n):
-    """Add one row to a profile: at cell base + j, |V_i|·A_ij to the sums, w_i to the
-    weights and 1 to the counts, for the keys j the row sees (sees 0/1)."""
-    s, t, c = sums[base : base + n], weights[base : base + n], counts[base : base + n]
-    for j in range(n):  # three loops, each vectorised (one loop writing three arrays is not)
-        s[j] += scale * row[j] * sees[j]
+def _add_sums(row, sees, scale, by_key, by_offset, base, n):
+    """Add one row's |V_i|·A_ij on the keys it sees to both profiles' sums (by key j, by
+    offset cell base + j) and return its weight there, w_i = Σ_j A_ij (scale 0: a row that
+    does not count adds nothing)."""
+    by_offset = by_offset[base : base + n]
+    w = _f32(0.0)
     for j in range(n):
-        t[j] += w * sees[j]
-    for j in range(n):
-        c[j] += sees[j]
+        v = row[j] * sees[j]
+        w += v
+        by_key[j] += scale * v
+        by_offset[j] += scale * v
+    return w
 
 
 @_jit
-def _overlap(row, sees, w, scale, sums, weights, cells, base, n, q):
-    """One row's overlap with its leave-one-out profile, and whether it has a kept key: the
-    profile at the row's keys j kept (seen, and at a cell another row sees) is the other rows'
-    sum over their weight there; both sides renormalised on the kept keys, then Σ min."""
-    sm, wt, kept = sums[base : base + n], weights[base : base + n], cells[base : base + n]
-    mass_p, mass_q, has = _f32(0.0), _f32(0.0), _f32(0.0)
+def _add_weights(sees, w, key_w, key_c, off_w, off_c, base, n):
+    """Add a row that counts to both profiles' weights (w_i) and counts (1) at the cells of
+    the keys it sees (two loops: each vectorised, one writing four arrays is not)."""
+    off_w, off_c = off_w[base : base + n], off_c[base : base + n]
     for j in range(n):
-        k = sees[j] * kept[j]
-        other = wt[j] - w  # the other rows' weight at this cell
-        other = other if other > _TINY else _TINY
-        qj = k * (sm[j] - scale * row[j]) / other
-        q[j] = qj
-        has += k
-        mass_p += row[j] * k
-        mass_q += qj
-    if has <= 0:
-        return _f32(0.0), False
-    f = mass_p / (mass_q if mass_q > _TINY else _TINY)
-    overlap = _f32(0.0)
+        v = w * sees[j]
+        key_w[j] += v
+        off_w[j] += v
+    for j in range(n):
+        key_c[j] += sees[j]
+        off_c[j] += sees[j]
+
+
+@_jit
+def _unexplained(row, sees, w, scale, key, off, base, n, q_key, q_off):
+    """One row's 1 − overlap with its leave-one-out profile, by key and by offset (0 for a
+    profile where it has no kept key: nothing to compare). key and off: each profile's sums,
+    weights and cells (1 where more than one row sees it); offset cell base + j. At the keys
+    kept (seen, at a cell another row sees) a profile is the other rows' sum over their weight
+    there; the row and the profile are renormalised on the kept keys, then Σ_j min."""
+    k_sum, k_wt, k_cell = key
+    o_sum, o_wt, o_cell = off[0][base : base + n], off[1][base : base + n], off[2][base : base + n]
+    p_key, q_key_mass, has_key = _f32(0.0), _f32(0.0), _f32(0.0)
+    p_off, q_off_mass, has_off = _f32(0.0), _f32(0.0), _f32(0.0)
+    for j in range(n):
+        a = row[j]
+        kept_k, kept_o = sees[j] * k_cell[j], sees[j] * o_cell[j]
+        other_k = k_wt[j] - w  # the other rows' weight at this cell
+        other_k = other_k if other_k > _TINY else _TINY
+        other_o = o_wt[j] - w
+        other_o = other_o if other_o > _TINY else _TINY
+        qk = kept_k * (k_sum[j] - scale * a) / other_k
+        qo = kept_o * (o_sum[j] - scale * a) / other_o
+        q_key[j], q_off[j] = qk, qo
+        has_key += kept_k
+        has_off += kept_o
+        p_key += a * kept_k
+        p_off += a * kept_o
+        q_key_mass += qk
+        q_off_mass += qo
+    f_key = p_key / (q_key_mass if q_key_mass > _TINY else _TINY)
+    f_off = p_off / (q_off_mass if q_off_mass > _TINY else _TINY)
+    o_key, o_off = _f32(0.0), _f32(0.0)
     for j in range(n):  # q is 0 off the kept keys and A ≥ 0: the row itself can be p
-        overlap += min(row[j], q[j] * f)
-    return overlap / (mass_p if mass_p > _TINY else _TINY), True
+        o_key += min(row[j], q_key[j] * f_key)
+        o_off += min(row[j], q_off[j] * f_off)
+    u_key = _f32(1.0) - o_key / (p_key if p_key > _TINY else _TINY) if has_key > 0 else _f32(0.0)
+    u_off = _f32(1.0) - o_off / (p_off if p_off > _TINY else _TINY) if has_off > 0 else _f32(0.0)
+    return u_key, u_off
 
 
 @_jit
@@ -90,50 +120,34 @@ def content_parts(A, sees, size, lo, hi, out):
     """
     B, _, n, _ = A.shape
     m = 2 * n - 1  # offset cells: j − i + n − 1
-    key = (np.empty(n, _f32), np.empty(n, _f32), np.empty(n, _f32))
+    key = (np.empty(n, _f32), np.empty(n, _f32), np.empty(n, _f32))  # sums, weights, counts
     off = (np.empty(m, _f32), np.empty(m, _f32), np.empty(m, _f32))
     w = np.empty((B, n), _f32)  # each row's weight on the keys it sees, 0 where it does not count
-    q = np.empty(n, _f32)
+    q_key, q_off = np.empty(n, _f32), np.empty(n, _f32)
     for h in range(lo, hi):
         for buf in key + off:
             buf[:] = 0
         for b in range(B):
             for i in range(n):
-                row, s = A[b, h, i], sees[b, i]
-                t = _f32(0.0)
-                for j in range(n):
-                    t += row[j] * s[j]
-                w[b, i] = t if size[b, i] >= 2 and t > 0 else _f32(0.0)
+                row, s, base = A[b, h, i], sees[b, i], n - 1 - i
+                scale = _f32(size[b, i]) if size[b, i] >= 2 else _f32(0.0)
+                t = _add_sums(row, s, scale, key[0], off[0], base, n)
+                w[b, i] = t if scale > 0 and t > 0 else _f32(0.0)
                 if w[b, i] > 0:
-                    scale = _f32(size[b, i])
-                    _accumulate(row, s, t, scale, key[0], key[1], key[2], 0, n)
-                    _accumulate(row, s, t, scale, off[0], off[1], off[2], n - 1 - i, n)
+                    _add_weights(s, t, key[1], key[2], off[1], off[2], base, n)
         _profile_cells(key[2])
         _profile_cells(off[2])
         by_key, by_offset = 0.0, 0.0
         for b in range(B):
             for i in range(n):
                 t = w[b, i]
-                if t <= 0:
-                    continue
-                row, s, scale = A[b, h, i], sees[b, i], _f32(size[b, i])
-                o, has = _overlap(row, s, t, scale, key[0], key[1], key[2], 0, n, q)
-                if has:
-                    by_key += t * (1 - o)
-                o, has = _overlap(row, s, t, scale, off[0], off[1], off[2], n - 1 - i, n, q)
-                if has:
-                    by_offset += t * (1 - o)
+                if t > 0:
+                    row, s, scale = A[b, h, i], sees[b, i], _f32(size[b, i])
+                    u_key, u_off = _unexplained(row, s, t, scale, key, off, n - 1 - i, n, q_key,
+                                                q_off)  # fmt: skip
+                    by_key += t * u_key
+                    by_offset += t * u_off
         out[h, 0], out[h, 1] = by_key, by_offset
-
-
-# --- running a kernel on PyTorch's own OpenMP threads ------------------------------------------
-#
-# PyTorch's parallel loops run on an OpenMP team whose idle threads spin for a while before they
-# sleep; a thread of our own beside them would get half a core. So a kernel runs the way
-# PyTorch's own loops do: the caller opens a parallel region of the same OpenMP runtime
-# (GOMP_parallel, which GNU's, LLVM's and Intel's runtimes all export) with a compiled C
-# callback, and each thread of the team works its slice of the heads. Where no OpenMP runtime is
-# loaded (PyTorch built without one), the caller runs every head itself.
 
 
 @intrinsic
@@ -160,21 +174,52 @@ def _call_int(typingctx, address):
     return sig, codegen
 
 
-_ARGS = 9  # the content task's arguments, as int64: see content_parts_parallel
+@_jit
+def first_argmax(A, lo, hi, out):
+    """Each row's first maximum: A (R, n) float32, every weight ≥ 0 or NaN; rows lo ≤ r < hi
+    → out[r] (R,) int64. Non-negative floats order as their bits do as integers, so the
+    maximum is an integer reduction the compiler vectorises (a float one it may not reorder);
+    then the first key that holds it. A NaN is larger than any weight: the first NaN's key,
+    as torch.argmax gives."""
+    bits = A.view(np.int32)
+    for r in range(lo, hi):
+        row = bits[r]
+        top = row[0]
+        for j in range(row.shape[0]):
+            top = max(top, row[j])
+        for j in range(row.shape[0]):
+            if row[j] == top:
+                out[r] = j
+                break
+
+
+# A task's int64 arguments: the addresses of omp_get_thread_num and omp_get_num_threads, then
+# the task's own (see _parallel).
 
 
 @numba.cfunc(types.void(types.CPointer(types.int64)), cache=True)
 def _content_task(args):
-    """One OpenMP thread's share of :func:`content_parts`; args: the addresses of A, sees,
-    size and out, then B, H, n and the addresses of omp_get_thread_num, omp_get_num_threads."""
-    a = numba.carray(args, _ARGS)
-    B, H, n = a[4], a[5], a[6]
-    A = numba.carray(_pointer(a[0], np.empty(0, _f32)), (B, H, n, n))  # type: ignore[call-arg]
-    sees = numba.carray(_pointer(a[1], np.empty(0, _f32)), (B, n, n))
-    size = numba.carray(_pointer(a[2], np.empty(0, np.int64)), (B, n))
-    out = numba.carray(_pointer(a[3], np.empty(0, np.float64)), (H, 2))
-    thread, threads = _call_int(a[7]), _call_int(a[8])
+    """One OpenMP thread's share of :func:`content_parts`: the addresses of A, sees, size and
+    out, then B, H, n."""
+    a = numba.carray(args, 9)
+    B, H, n = a[6], a[7], a[8]
+    A = numba.carray(_pointer(a[2], np.empty(0, _f32)), (B, H, n, n))  # type: ignore[call-arg]
+    sees = numba.carray(_pointer(a[3], np.empty(0, _f32)), (B, n, n))
+    size = numba.carray(_pointer(a[4], np.empty(0, np.int64)), (B, n))
+    out = numba.carray(_pointer(a[5], np.empty(0, np.float64)), (H, 2))
+    thread, threads = _call_int(a[0]), _call_int(a[1])
     content_parts(A, sees, size, H * thread // threads, H * (thread + 1) // threads, out)
+
+
+@numba.cfunc(types.void(types.CPointer(types.int64)), cache=True)
+def _argmax_task(args):
+    """One OpenMP thread's share of :func:`first_argmax`: the addresses of A and out, R, n."""
+    a = numba.carray(args, 6)
+    R, n = a[4], a[5]
+    A = numba.carray(_pointer(a[2], np.empty(0, _f32)), (R, n))  # type: ignore[call-arg]
+    out = numba.carray(_pointer(a[3], np.empty(0, np.int64)), R)
+    thread, threads = _call_int(a[0]), _call_int(a[1])
+    first_argmax(A, R * thread // threads, R * (thread + 1) // threads, out)
 
 
 @functools.cache
@@ -198,24 +243,45 @@ def _openmp() -> ctypes.CDLL | None:
     return None
 
 
+def _parallel(
+    task: object, alone: Callable[[], None], work: int, arrays: Sequence[tuple[np.ndarray, type]],
+    sizes: list[int],
+) -> None:  # fmt: skip
+    """Run ``task`` (a cfunc above) on ``torch.get_num_threads()`` threads of PyTorch's OpenMP
+    team, at most one per unit of ``work``; ``alone()`` where there is no team or one thread
+    would do. ``arrays`` (each C-contiguous, of its dtype, alive until this returns) go to the
+    task as addresses, then ``sizes``."""
+    for x, dtype in arrays:
+        if not x.flags.c_contiguous or x.dtype != dtype:
+            raise ValueError(f"a kernel's array is {x.dtype}, strides {x.strides}: it reads "
+                             f"C-contiguous {np.dtype(dtype)}")  # fmt: skip
+    threads = max(1, min(torch.get_num_threads(), work))
+    lib = _openmp()
+    if lib is None or threads == 1:
+        alone()
+        return
+    number = ctypes.cast(lib.omp_get_thread_num, ctypes.c_void_p).value
+    count = ctypes.cast(lib.omp_get_num_threads, ctypes.c_void_p).value
+    args = np.array([number, count, *(x.ctypes.data for x, _ in arrays), *sizes], np.int64)
+    lib.GOMP_parallel(task.address, args.ctypes.data, threads, 0)  # type: ignore[attr-defined]
+
+
 def content_parts_parallel(
     A: np.ndarray, sees: np.ndarray, size: np.ndarray, out: np.ndarray
 ) -> None:
-    """:func:`content_parts` over every head, on ``torch.get_num_threads()`` threads (at most
-    one a head) of PyTorch's OpenMP team; the caller alone where there is none. The arrays
-    must be C-contiguous, of the kernel's dtypes, and live until it returns (it does not keep
-    them)."""
+    """:func:`content_parts` over every head, on PyTorch's threads (at most one a head)."""
     B, H, n, _ = A.shape
-    threads = max(1, min(torch.get_num_threads(), H))
-    lib = _openmp()
-    if lib is None or threads == 1:
-        content_parts(A, sees, size, 0, H, out)
-        return
-    for x, dtype in ((A, _f32), (sees, _f32), (size, np.int64), (out, np.float64)):
-        if not x.flags.c_contiguous or x.dtype != dtype:
-            raise ValueError(f"content_parts_parallel: an array is not C-contiguous {dtype}")
-    number = ctypes.cast(lib.omp_get_thread_num, ctypes.c_void_p).value
-    count = ctypes.cast(lib.omp_get_num_threads, ctypes.c_void_p).value
-    args = np.array([A.ctypes.data, sees.ctypes.data, size.ctypes.data, out.ctypes.data,
-                     B, H, n, number, count], dtype=np.int64)  # fmt: skip
-    lib.GOMP_parallel(_content_task.address, args.ctypes.data, threads, 0)
+    arrays = [(A, _f32), (sees, _f32), (size, np.int64), (out, np.float64)]
+    _parallel(_content_task, lambda: content_parts(A, sees, size, 0, H, out), H, arrays,
+              [B, H, n])  # fmt: skip
+
+
+def first_argmax_parallel(A: np.ndarray) -> np.ndarray:
+    """:func:`first_argmax` of every row of A (…, n) float32 (weights ≥ 0) on PyTorch's
+    threads → (…,) int64."""
+    rows = A.reshape(-1, A.shape[-1])
+    out = np.empty(rows.shape[0], np.int64)
+    R, n = rows.shape
+    _parallel(_argmax_task, lambda: first_argmax(rows, 0, R, out), R // 64 + 1,
+              [(rows, _f32), (out, np.int64)], [R, n])  # fmt: skip
+    return out.reshape(A.shape[:-1])

@@ -308,22 +308,17 @@ def stacked_masses(weights: Tensor, stack: TargetStack) -> dict[str, Tensor]:
     return dict(zip(stack.names, mean.unbind(0), strict=True))
 
 
-def _first_argmax(weights: Tensor, scratch: Scratch | None = None) -> Tensor:
-    """``weights.argmax(-1)`` (the first of equal maxima) for finite weights (…, s) → (…,) long.
-
-    argmax's index-tracking reduction costs about 1 ns a weight on one CPU thread; from about
-    200 keys a row, five float passes cost less (MiniLM's 13 patterns at 258 keys: 0.47 against
-    0.82 ms, at 126 keys: 0.29 against 0.20 ms), so shorter rows keep argmax."""
-    s = weights.shape[-1]
-    if s < 192:
+def _first_argmax(weights: Tensor) -> Tensor:
+    """``weights.argmax(-1)`` (the first of equal maxima) for attention weights (…, s), ≥ 0
+    → (…,) long. On the CPU in float32, compiled loops on PyTorch's threads
+    (:func:`headlab.heads.kernels.first_argmax`: about a sixth of argmax's time on MiniLM's
+    layers); argmax itself elsewhere."""
+    if weights.device.type != "cpu" or weights.dtype != torch.float32:
         return weights.argmax(-1)
-    # A − max is 0 at the maxima and < 0 elsewhere (exactly: distinct floats never subtract to
-    # 0), so (1 + sign)·(s − j) is s − j at the maxima and 0 elsewhere: its maximum is the first
-    at = (scratch or Scratch()).get("pass", weights.shape, weights)
-    torch.sub(weights, weights.amax(-1, keepdim=True), out=at).sign_()
-    rev = torch.arange(s, 0, -1, dtype=at.dtype, device=at.device)  # s − j
-    first = torch.addcmul(rev, at, rev, out=at).amax(-1)
-    return (s - first).nan_to_num_(0.0).long().clamp_(0, s - 1)
+    from headlab.heads.kernels import first_argmax_parallel  # Numba: loaded on first use
+
+    rows = weights.detach().contiguous().numpy()
+    return torch.from_numpy(first_argmax_parallel(rows))
 
 
 def pattern_scores(
@@ -344,7 +339,7 @@ def pattern_scores(
     A, _ = as_batched(weights, targets.tokens)
     causal, t = targets.causal, targets
     scratch = scratch or Scratch()
-    argmax = _first_argmax(A, scratch)  # (B, h, n): the positional and rare-word scores read it
+    argmax = _first_argmax(A)  # (B, h, n): the positional and rare-word scores read it
     positional, offsets = _positional(argmax, t.stack.reach)
     m = stacked_masses(A, t.stack)
     scores = {
