@@ -19,6 +19,8 @@ $(SERVE_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) torch==2.13.0
 	$(PIP) -e .
+# the scores' compiled loops (headlab/heads/kernels.py): compiled here once, cached on disk
+	$(PY) -c "import headlab.heads.kernels"
 	touch $(SERVE_STAMP)
 
 $(STAMP): $(SERVE_STAMP)

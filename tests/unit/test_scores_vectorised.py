@@ -387,25 +387,35 @@ def test_the_argmax_the_scores_read_picks_the_first_of_equal_maxima(dtype, n, th
         torch.set_num_threads(before)
 
 
-def test_scores_that_reuse_one_scratch_equal_fresh_ones():
-    """An analysis hands each layer the buffers the last one left (a Scratch): the scores
-    equal those computed with fresh buffers, layer after layer and when the shape changes."""
-    from headlab.heads.scores import Scratch
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_entropy_the_diffuse_score_reads_equals_float64_logs(threads):
+    """Each row's Σ A log A from the compiled loops (their own float32 log) against float64
+    PyTorch on rows of sharp, flat and zero weights, weights below the least normal float
+    among them (taken as it, so 0 · log = 0), and rows of every length up to 300 keys; and
+    the diffuse score of float32 weights (the loops) equals that of float64 (PyTorch)."""
+    from headlab.heads.scores import _row_stats
 
-    g = torch.Generator().manual_seed(12)
-    scratch = Scratch()
-    for n, causal in [(200, True), (200, True), (9, True), (200, False), (200, True)]:
-        tokens = torch.randint(0, 7, (2, n), generator=g)
-        fixed = torch.zeros(2, n, dtype=torch.bool)
-        fixed[:, 0] = True
-        t = targets_of(tokens, causal, fixed=fixed)
-        A = torch.rand(2, 3, n, n, generator=g) ** 8
-        if causal:
-            A = A.tril()
-        A = A / A.sum(-1, keepdim=True)
-        reused, offsets, rests = pattern_scores(A, t, scratch=scratch)
-        fresh, offsets_fresh, rests_fresh = pattern_scores(A, t)
-        assert torch.equal(offsets, offsets_fresh)
-        for k in fresh:
-            assert reused[k].tolist() == pytest.approx(fresh[k].tolist(), abs=1e-6), (n, k)
-        assert all(torch.equal(rests[k], rests_fresh[k]) for k in rests)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(13)
+        for n in (1, 2, 7, 126, 300):
+            A = torch.rand(2, 3, 5, n, generator=g) ** torch.tensor([1.0, 8.0, 40.0])[:, None, None]
+            A[0, 0, 0] = 0.0  # a row of zeros
+            A[0, 1, 1, 0] = 1e-41  # a subnormal weight
+            A[1, 2] /= A[1, 2].sum(-1, keepdim=True)  # softmax-like rows
+            A = A.float()
+            _, plogp = _row_stats(A)
+            A64 = A.double()
+            want = (A64.clamp_min(torch.finfo(torch.float32).tiny).log() * A64).sum(-1)
+            assert torch.allclose(plogp.double(), want, rtol=2e-6, atol=2e-6), n
+        for causal in (True, False):
+            A = torch.rand(2, 4, 40, 40, generator=g) ** 6
+            if causal:
+                A = A.tril()
+            A = A / A.sum(-1, keepdim=True)
+            got = diffuse_score(A.float(), causal).double()
+            want = diffuse_score(A.double(), causal).double()
+            assert torch.allclose(got, want, atol=1e-6), causal
+    finally:
+        torch.set_num_threads(before)

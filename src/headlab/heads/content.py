@@ -7,8 +7,7 @@ Shape legend
 The arithmetic runs in compiled loops (:func:`headlab.heads.kernels.content_parts`), a head's
 rows one at a time, split by head across PyTorch's threads: a few passes over a layer's
 weights where PyTorch's operations took a few dozen. The masks that depend on the probe alone
-are built once for it and shared by its layers. :class:`Scratch` keeps the (B, h, n, n)
-buffers that the other scores (:mod:`headlab.heads.scores`) reuse from one layer to the next.
+are built once for it and shared by its layers.
 """
 
 from __future__ import annotations
@@ -20,31 +19,6 @@ import torch
 from torch import Tensor
 
 from headlab.heads.targets import as_batched
-
-
-class Scratch:
-    """Buffers kept from one call to the next: :func:`layer_scorer
-    <headlab.heads.report.layer_scorer>` keeps one for an analysis, so each layer's scores
-    reuse the last layer's (B, h, n, n) buffers. A fresh buffer costs its first touch (the
-    pages the system maps in), about as much as a pass over it. Without one, each call
-    allocates its own."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[str, Tensor] = {}
-
-    def get(self, name: str, shape: tuple[int, ...], like: Tensor, zeros: bool = False) -> Tensor:
-        """The buffer ``name`` of ``shape`` in ``like``'s dtype and device: the one handed out
-        last time when those match (its contents as left then), else a new one, of zeros if
-        ``zeros`` (uninitialised otherwise: filling it costs a pass)."""
-        buf = self._buffers.get(name)
-        if (
-            buf is None
-            or buf.shape != shape
-            or (buf.dtype, buf.device) != (like.dtype, like.device)
-        ):
-            new = torch.zeros if zeros else torch.empty
-            buf = self._buffers[name] = new(shape, dtype=like.dtype, device=like.device)
-        return buf
 
 
 def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) -> Tensor:

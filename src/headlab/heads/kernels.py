@@ -174,22 +174,65 @@ def _call_int(typingctx, address):
     return sig, codegen
 
 
+@intrinsic
+def _as_float(typingctx, bits):
+    """The float32 whose bits are the int32 ``bits``."""
+    sig = types.float32(types.int32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
 @_jit
-def first_argmax(A, lo, hi, out):
-    """Each row's first maximum: A (R, n) float32, every weight ≥ 0 or NaN; rows lo ≤ r < hi
-    → out[r] (R,) int64. Non-negative floats order as their bits do as integers, so the
-    maximum is an integer reduction the compiler vectorises (a float one it may not reorder);
-    then the first key that holds it. A NaN is larger than any weight: the first NaN's key,
-    as torch.argmax gives."""
+def _log(bits):
+    """log x for a float32 x ≥ the least normal float, given as its bits (int32): x = m·2^e
+    with m in [√½, √2), then Cephes' logf polynomial in m − 1 (Moshier 1992; within a few
+    units of float32 rounding). Branch-free, so a loop of it vectorises; math.log there
+    would call the C library one value at a time."""
+    e = (bits >> 23) - 126
+    # m in [½, 1): the mantissa with the exponent of ½
+    m = _as_float((bits & 0x007FFFFF) | 0x3F000000)  # type: ignore[call-arg,var-annotated]
+    small = m < _f32(0.70710678118654752440)
+    e = e - 1 if small else e
+    x = (m + m - _f32(1.0)) if small else (m - _f32(1.0))
+    z = x * x
+    y = _f32(7.0376836292e-2)
+    for c in _LOG_POLY:
+        y = y * x + c
+    y = y * x * z
+    f = _f32(e)
+    return x + (y + _f32(-2.12194440e-4) * f + _f32(-0.5) * z) + _f32(0.693359375) * f
+
+
+_LOG_POLY = (np.float32(-1.1514610310e-1), np.float32(1.1676998740e-1),
+             np.float32(-1.2420140846e-1), np.float32(1.4249322787e-1),
+             np.float32(-1.6668057665e-1), np.float32(2.0000714765e-1),
+             np.float32(-2.4999993993e-1), np.float32(3.3333331174e-1))  # fmt: skip
+_LEAST_NORMAL = np.int32(0x00800000)  # the bits of the least normal float32
+
+
+@_jit
+def row_stats(A, lo, hi, argmax, plogp):
+    """Each row's first maximum and Σ_j A_j log A_j: A (R, n) float32, every weight ≥ 0 or
+    NaN; rows lo ≤ r < hi → argmax[r] (R,) int64 and plogp[r] (R,) float32, a weight below
+    the least normal float taken as it (0 · log of it = 0, as clamp_min(tiny) then log gives).
+    Non-negative floats order as their bits do as integers, so the maximum is an integer
+    reduction the compiler vectorises (a float one it may not reorder); then the first key
+    that holds it. A NaN is larger than any weight: the first NaN's key, as torch.argmax
+    gives."""
     bits = A.view(np.int32)
     for r in range(lo, hi):
-        row = bits[r]
-        top = row[0]
+        row, b = A[r], bits[r]
+        top, total = b[0], _f32(0.0)
         for j in range(row.shape[0]):
-            top = max(top, row[j])
+            top = max(top, b[j])
+            total += row[j] * _log(max(b[j], _LEAST_NORMAL))
+        plogp[r] = total
         for j in range(row.shape[0]):
-            if row[j] == top:
-                out[r] = j
+            if b[j] == top:
+                argmax[r] = j
                 break
 
 
@@ -212,14 +255,16 @@ def _content_task(args):
 
 
 @numba.cfunc(types.void(types.CPointer(types.int64)), cache=True)
-def _argmax_task(args):
-    """One OpenMP thread's share of :func:`first_argmax`: the addresses of A and out, R, n."""
-    a = numba.carray(args, 6)
-    R, n = a[4], a[5]
+def _rows_task(args):
+    """One OpenMP thread's share of :func:`row_stats`: the addresses of A, argmax and plogp,
+    then R, n."""
+    a = numba.carray(args, 7)
+    R, n = a[5], a[6]
     A = numba.carray(_pointer(a[2], np.empty(0, _f32)), (R, n))  # type: ignore[call-arg]
-    out = numba.carray(_pointer(a[3], np.empty(0, np.int64)), R)
+    argmax = numba.carray(_pointer(a[3], np.empty(0, np.int64)), R)
+    plogp = numba.carray(_pointer(a[4], np.empty(0, _f32)), R)
     thread, threads = _call_int(a[0]), _call_int(a[1])
-    first_argmax(A, R * thread // threads, R * (thread + 1) // threads, out)
+    row_stats(A, R * thread // threads, R * (thread + 1) // threads, argmax, plogp)
 
 
 @functools.cache
@@ -276,12 +321,12 @@ def content_parts_parallel(
               [B, H, n])  # fmt: skip
 
 
-def first_argmax_parallel(A: np.ndarray) -> np.ndarray:
-    """:func:`first_argmax` of every row of A (…, n) float32 (weights ≥ 0) on PyTorch's
-    threads → (…,) int64."""
+def row_stats_parallel(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`row_stats` of every row of A (…, n) float32 (weights ≥ 0) on PyTorch's threads
+    → argmax (…,) int64 and Σ A log A (…,) float32."""
     rows = A.reshape(-1, A.shape[-1])
-    out = np.empty(rows.shape[0], np.int64)
     R, n = rows.shape
-    _parallel(_argmax_task, lambda: first_argmax(rows, 0, R, out), R // 64 + 1,
-              [(rows, _f32), (out, np.int64)], [R, n])  # fmt: skip
-    return out.reshape(A.shape[:-1])
+    argmax, plogp = np.empty(R, np.int64), np.empty(R, _f32)
+    _parallel(_rows_task, lambda: row_stats(rows, 0, R, argmax, plogp), R // 64 + 1,
+              [(rows, _f32), (argmax, np.int64), (plogp, _f32)], [R, n])  # fmt: skip
+    return argmax.reshape(A.shape[:-1]), plogp.reshape(A.shape[:-1])

@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from headlab.heads.content import Scratch
 from headlab.heads.labels import (
     BEST_TYPES,
     REST_OF_LABEL,
@@ -281,7 +280,6 @@ class LayerGroups:
         self, targets: Targets, keep: Keep, content: bool, budget: int = GROUP_BYTES
     ) -> None:
         self.targets, self.keep, self.content, self.budget = targets, keep, content, budget
-        self.scratch = Scratch()  # the groups' scores reuse one set of buffers
         self.pending: list[tuple[int, dict[int, Tensor]]] = []  # (layer, its kept patterns)
         self.scored: dict[int, LayerScores] = {}
         self.size = 1  # layers a group holds: set at the first layer, from its shape
@@ -292,7 +290,10 @@ class LayerGroups:
         B, h, n, s = w.shape
         if not self.pending and not self.scored:
             self.size = max(1, self.budget // (B * (h + 1) * n * s * 4))
-        flat = self.flat = self.scratch.get("heads", (B, self.size * (h + 1), n, s), w)
+        shape = (B, self.size * (h + 1), n, s)
+        if self.flat.shape != shape:  # the first layer: one buffer, reused by every group
+            self.flat = torch.empty(shape)
+        flat = self.flat
         at = len(self.pending) * (h + 1)  # the heads, then the averaged head
         flat[:, at : at + h] = w
         flat[:, at + h] = averaged_pattern(w)
@@ -308,7 +309,7 @@ class LayerGroups:
             return
         h1 = self.flat.shape[1] // self.size  # h + 1
         by_type, offsets, rests = pattern_scores(
-            self.flat[:, : len(self.pending) * h1], self.targets, self.content, self.scratch
+            self.flat[:, : len(self.pending) * h1], self.targets, self.content
         )
         for k, (layer, kept) in enumerate(self.pending):
             part = slice(k * h1, (k + 1) * h1)

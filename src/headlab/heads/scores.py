@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from headlab.heads.content import Scratch, content_score
+from headlab.heads.content import content_score
 from headlab.heads.targets import (
     Targets,
     TargetStack,
@@ -246,23 +246,22 @@ def first_token_score(weights: Tensor) -> Tensor:
     return key_mass_score(A, keys)
 
 
-def diffuse_score(weights: Tensor, causal: bool, scratch: Scratch | None = None) -> Tensor:
+def diffuse_score(weights: Tensor, causal: bool) -> Tensor:
     """Normalised entropy H(A_i) / log(k_i), averaged over queries with k_i ≥ 2 keys → (h,).
 
     k_i is the number of keys query i could attend to (all keys, or j ≤ i plus the cached keys
     under a causal mask). 1 means uniform attention: an averaging head.
     """
     A, _ = as_batched(weights)
-    h, n, s = A.shape[1:]
-    k = visible_keys(n, s, causal).to(A.dtype)
-    # 0 · log 0 = 0: a zero weight meets the log of the least normal float, a finite number
-    # (torch.special.xlogy and entr say the same, several times slower). One buffer, worked in
-    # place: a fresh (B, h, n, s) temporary costs about as much as the arithmetic on it.
-    plogp = (scratch or Scratch()).get("pass", A.shape, A)  # (B, h, n, s)
-    torch.clamp_min(A, torch.finfo(A.dtype).tiny, out=plogp).log_().mul_(A)
-    entropy = plogp.sum(-1).neg_()  # (B, h, n)
+    return _diffuse(_row_stats(A)[1], A.shape[-1], causal)
+
+
+def _diffuse(plogp: Tensor, s: int, causal: bool) -> Tensor:
+    """:func:`diffuse_score` from each row's Σ_j A_ij log A_ij (B, h, n), s keys."""
+    h, n = plogp.shape[1:]
+    k = visible_keys(n, s, causal).to(plogp.dtype)
     rows = k >= 2
-    norm = entropy[..., rows] / k[rows].log()  # (B, h, rows)
+    norm = -plogp[..., rows] / k[rows].log()  # (B, h, rows)
     return norm.mean(dim=(0, 2)).float() if rows.any() else torch.zeros(h)
 
 
@@ -310,22 +309,30 @@ def stacked_masses(weights: Tensor, stack: TargetStack) -> dict[str, Tensor]:
 
 def _first_argmax(weights: Tensor) -> Tensor:
     """``weights.argmax(-1)`` (the first of equal maxima) for attention weights (…, s), ≥ 0
-    → (…,) long. On the CPU in float32, compiled loops on PyTorch's threads
-    (:func:`headlab.heads.kernels.first_argmax`: about a sixth of argmax's time on MiniLM's
-    layers); argmax itself elsewhere."""
-    if weights.device.type != "cpu" or weights.dtype != torch.float32:
-        return weights.argmax(-1)
-    from headlab.heads.kernels import first_argmax_parallel  # Numba: loaded on first use
+    → (…,) long."""
+    return _row_stats(weights)[0]
 
-    rows = weights.detach().contiguous().numpy()
-    return torch.from_numpy(first_argmax_parallel(rows))
+
+def _row_stats(weights: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row's first argmax (…,) long and Σ_j A_j log A_j (…,) (0 · log 0 = 0) of
+    attention weights (…, s), ≥ 0: the positional and rare-word scores read the argmax, the
+    diffuse score the entropy. On the CPU in float32, one pass of compiled loops on PyTorch's
+    threads reads each row once (:func:`headlab.heads.kernels.row_stats`: on MiniLM's layers
+    a sixth of argmax's time, and half of the four passes of log-and-sum); PyTorch's
+    operations elsewhere."""
+    if weights.device.type != "cpu" or weights.dtype != torch.float32:
+        logs = weights.clamp_min(torch.finfo(weights.dtype).tiny).log()
+        return weights.argmax(-1), (logs * weights).sum(-1)
+    from headlab.heads.kernels import row_stats_parallel  # Numba: loaded on first use
+
+    argmax, plogp = row_stats_parallel(weights.detach().contiguous().numpy())
+    return torch.from_numpy(argmax), torch.from_numpy(plogp)
 
 
 def pattern_scores(
     weights: Tensor,
     targets: Targets,
     content: bool = True,
-    scratch: Scratch | None = None,
 ) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor]]:
     """Every score of a set of heads: weights (B, h, n, n) on the probe whose ``targets``
     (:func:`headlab.heads.targets.build_targets`) were built once for it.
@@ -338,8 +345,7 @@ def pattern_scores(
     """
     A, _ = as_batched(weights, targets.tokens)
     causal, t = targets.causal, targets
-    scratch = scratch or Scratch()
-    argmax = _first_argmax(A)  # (B, h, n): the positional and rare-word scores read it
+    argmax, plogp = _row_stats(A)  # (B, h, n) each
     positional, offsets = _positional(argmax, t.stack.reach)
     m = stacked_masses(A, t.stack)
     scores = {
@@ -359,6 +365,6 @@ def pattern_scores(
         rests["rare_word"] = m["rest:rare_word"]
     scores["first_token"] = m["first_token"]
     scores["delimiter"] = m["delimiter"]
-    scores["diffuse"] = diffuse_score(A, causal, scratch)
+    scores["diffuse"] = _diffuse(plogp, A.shape[-1], causal)
     mul = {k: m[k] for k in ("previous_mul", "duplicate_mul", "induction_mul")}
     return {**scores, **mul}, offsets, rests
