@@ -383,6 +383,8 @@ def test_the_argmax_the_scores_read_picks_the_first_of_equal_maxima(dtype, n, th
         B = torch.rand(2, 2, 3, n, generator=g, dtype=dtype)
         assert torch.equal(_first_argmax(B), B.argmax(-1))
         assert torch.equal(_first_argmax(B.transpose(1, 2)), B.transpose(1, 2).argmax(-1))
+        with pytest.raises((ValueError, IndexError)):  # no keys: no argmax, as torch says
+            _first_argmax(torch.zeros(1, 2, 3, 0, dtype=dtype))
     finally:
         torch.set_num_threads(before)
 

@@ -1,13 +1,14 @@
-"""Compiled loops for the content score (:func:`headlab.heads.content.content_score`), which
-took a few dozen passes over each layer's (B, h, n, n) weights as PyTorch operations.
+"""Compiled loops for the scores best computed a row at a time: the content score
+(:func:`headlab.heads.content.content_score`), which took a few dozen passes over each layer's
+(B, h, n, n) weights as PyTorch operations, and each row's argmax and entropy (the positional,
+rare-word and diffuse scores of :mod:`headlab.heads.scores`).
 
 Numba compiles each loop to vectorised machine code the first time it runs and caches it on
 disk (beside this module, or in Numba's user cache where that is read-only): seconds once per
-install, milliseconds to load after that. A head's rows are worked one at a time, each small
-enough to stay in the CPU's first-level cache, so a layer costs a few passes over its weights,
-not dozens. :func:`content_parts_parallel` splits a layer's heads across
-``torch.get_num_threads()`` threads of PyTorch's own OpenMP team, the threads and the budget
-PyTorch's operations use.
+install, milliseconds to load after that. Rows are worked one at a time, each small enough to
+stay in the CPU's first-level cache, so a layer costs a few passes over its weights, not
+dozens. The ``*_parallel`` entry points split the work across ``torch.get_num_threads()``
+threads of PyTorch's own OpenMP team, the threads and the budget PyTorch's operations use.
 
 Floating-point contract: float32 throughout; sums may be reassociated (``reassoc``), so a
 result differs from a plain loop's by float rounding (the tests hold it to the definition's loop
@@ -324,6 +325,8 @@ def content_parts_parallel(
 def row_stats_parallel(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """:func:`row_stats` of every row of A (…, n) float32 (weights ≥ 0) on PyTorch's threads
     → argmax (…,) int64 and Σ A log A (…,) float32."""
+    if A.shape[-1] == 0:
+        raise ValueError("row_stats: rows of no keys have no argmax")
     rows = A.reshape(-1, A.shape[-1])
     R, n = rows.shape
     argmax, plogp = np.empty(R, np.int64), np.empty(R, _f32)
