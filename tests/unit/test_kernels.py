@@ -7,6 +7,7 @@ one layer at a time."""
 
 from __future__ import annotations
 
+import glob
 import os
 
 import numpy as np
@@ -41,6 +42,10 @@ def test_pytorchs_openmp_runtime_is_found_where_it_has_one() -> None:
         pytest.skip("PyTorch has no OpenMP runtime here, or the system lists no mapped libraries")
     lib = kernels._openmp()
     assert lib is not None and hasattr(lib, "GOMP_parallel")
+    here = os.path.dirname(torch.__file__)  # PyTorch's own copy, where its wheel bundles one
+    bundled = glob.glob(f"{here}/lib/lib*omp*") + glob.glob(f"{here}.libs/lib*omp*")
+    if bundled:
+        assert os.path.realpath(lib._name) in {os.path.realpath(p) for p in bundled}
 
 
 @pytest.mark.parametrize("causal", [True, False])

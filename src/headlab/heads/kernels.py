@@ -278,7 +278,11 @@ def _openmp() -> ctypes.CDLL | None:
     except OSError:
         return None
     names = ("libgomp", "libomp", "libiomp5")
-    for path in sorted(paths):
+    torch_dir = os.path.dirname(os.path.dirname(torch.__file__))  # site-packages, or the like
+    ours = (os.path.join(torch_dir, "torch") + os.sep, os.path.join(torch_dir, "torch.libs"))
+    # PyTorch's own runtime first (torch/lib, or torch.libs in a repaired wheel), where another
+    # package has loaded a second one
+    for path in sorted(paths, key=lambda p: (not p.startswith(ours), p)):
         if os.path.basename(path).startswith(names):
             lib = ctypes.CDLL(path)  # already loaded: the same library, not a second copy
             if hasattr(lib, "GOMP_parallel"):
