@@ -57,6 +57,10 @@ def create_app(
         # machine): import it at startup, so the first live run starts at once
         import torch._dynamo  # noqa: F401
 
+        # the scores' compiled loops: loaded (compiled, the first time on an install) here,
+        # so the first analysis does not wait on them
+        import headlab.heads.kernels  # noqa: F401
+
         yield
         app.state.live.shutdown()
         app.state.models.clear()
