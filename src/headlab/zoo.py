@@ -33,7 +33,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from headlab.pypi import install_hint
 
@@ -396,6 +396,12 @@ def model_dir(name: str) -> tuple[Path, str]:
     )
 
 
+class _EncoderOptions(TypedDict, total=False):
+    """The keyword arguments only an encoder's ``from_pretrained`` takes."""
+
+    add_pooling_layer: bool  # build the pooler exactly where the checkpoint holds one
+
+
 def load_hf_dir(directory: str | Path, name: str = "") -> tuple[Transformer, Tokenizer]:
     """Convert the Hugging Face model saved in ``directory`` (no network: local files only)."""
     try:
@@ -413,7 +419,7 @@ def load_hf_dir(directory: str | Path, name: str = "") -> tuple[Transformer, Tok
         raise ModelNotAvailable(f"{name or path} is a {config.model_type!r} model; {_SUPPORTED}")
     encoder = config.model_type in ("bert", "roberta", "xlm-roberta")
     auto = transformers.AutoModel if encoder else transformers.AutoModelForCausalLM
-    extra = {"add_pooling_layer": _has_pooler(Path(directory))} if encoder else {}
+    extra: _EncoderOptions = {"add_pooling_layer": _has_pooler(Path(directory))} if encoder else {}
     if not any(Path(directory).glob("*.safetensors")) and any(Path(directory).glob("*.bin")):
         raise ModelNotAvailable(
             f"{name or path} has only pickle weights (*.bin), which can run code when loaded; "

@@ -232,7 +232,7 @@ def test_experiment_retrieval_quick_on_gemma3(tmp_path: Path) -> None:
     """--model gemma3 --quick runs the quick sweep on Gemma 3 270M: each of its heads scored."""
     from headlab import gemma3
 
-    require(gemma3.is_fetched(), "Gemma 3 is not fetched (`headlab --fetch gemma3`)")
+    require(gemma3.is_fetched(), "Gemma 3 is not fetched (`headlab models --fetch gemma3`)")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     done = subprocess.run(
         [sys.executable, "-m", "headlab.cli", "experiment", "retrieval", "--quick", "--json",
