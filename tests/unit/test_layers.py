@@ -19,6 +19,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "headlab"
 # rank, so an arrow up between two rooms fails here even when they sit near each other.
 ORDER = (
     "files",  # ground floor: the one atomic write, finite JSON, torch thread settings
+    "provenance",  # what a run ran on: Python, the libraries' versions, the lock (no torch)
     "numbers",  # integer helpers (the head counts that split a width): no torch
     "trace",
     "devices",
