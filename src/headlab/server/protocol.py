@@ -10,7 +10,13 @@ connections held 316). Here, per connection:
   connection opening or of the last answer; else the connection is closed (408 if a request
   had begun). The body's own deadline is the app's (:class:`headlab.server.security.BodyLimit`);
 - a request's head (request line and headers) over ``max_head_bytes`` is refused with 431;
-- beyond ``max_connections`` open at once, a new connection is closed at once.
+- at most ``max_connections`` are held at once (:func:`connection_limit`: half the process's
+  file handles, up to 4,096). A connection beyond them takes the place of the one that has
+  waited longest on its client (idle, or its request not yet whole), which is closed (503 if a
+  request had begun); only when every connection is being answered is the new one closed.
+  Slow clients therefore never lock others out: with a fixed count of 200 and the newest
+  refused, 200 half-sent bodies had every other client reset until their own timeout. A
+  connection whose request is whole is never closed for another.
 
 Every answer sent here carries the security headers, as the app's do. A refused connection is
 half-closed and drained for a moment (a "lingering close") so the client reads the answer instead
@@ -25,7 +31,7 @@ from http import HTTPStatus
 from typing import Any
 
 MAX_HEAD_BYTES = 64 * 1024  # a request line and headers; a browser sends well under 16 KiB
-MAX_CONNECTIONS = 200  # open at once; the page opens about six
+MAX_CONNECTIONS = 4096  # open at once, whatever the file handle limit; the page opens about six
 LINGER_SECONDS = 2.0  # how long a refused connection's input is drained before it is closed
 
 
@@ -35,19 +41,37 @@ except ImportError:  # pragma: no cover
     HttpToolsProtocol = object  # type: ignore[assignment,misc]
 
 
+def connection_limit() -> int:
+    """How many connections the server holds at once: half the file handles this process may
+    open (the other half is left to the model files, caches and libraries), at most
+    :data:`MAX_CONNECTIONS`. Past the handle limit the system refuses ``accept`` itself, and
+    asyncio then stops accepting anyone for a second."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):  # pragma: no cover (no resource: Windows)
+        return 512
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    return max(1, min(MAX_CONNECTIONS, soft // 2))
+
+
 def guarded_protocol(
     client_timeout: float,
     max_head_bytes: int = MAX_HEAD_BYTES,
-    max_connections: int = MAX_CONNECTIONS,
+    max_connections: int | None = None,
 ) -> Any:
-    """uvicorn's httptools protocol bounded as the module says, or ``"auto"`` when httptools
-    is missing (uvicorn's h11 then bounds the head size through its config)."""
+    """uvicorn's httptools protocol bounded as the module says (``max_connections``: by default
+    :func:`connection_limit`), or ``"auto"`` when httptools is missing (uvicorn's h11 then
+    bounds the head size through its config)."""
     if HttpToolsProtocol is object:  # pragma: no cover
         return "auto"
     from headlab.server.security import static_headers
 
+    limit = connection_limit() if max_connections is None else max_connections
     bounds = {"client_timeout": client_timeout, "max_head_bytes": max_head_bytes,
-              "max_connections": max_connections, "extra": static_headers()}  # fmt: skip
+              "max_connections": limit, "extra": static_headers()}  # fmt: skip
     return type("GuardedProtocol", (GuardedProtocol,), bounds)
 
 
@@ -64,8 +88,9 @@ class GuardedProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self._in_head, self._head_bytes, self._refused = False, 0, False
         self._deadline: asyncio.TimerHandle | None = None
-        if len(self.connections) > self.max_connections:
-            transport.close()
+        self._waiting_since = self.loop.time()  # idle from now: the order in which to give way
+        if len(self.connections) > self.max_connections and not self._make_room():
+            transport.close()  # every connection held is being answered
             return
         self._arm()
 
@@ -96,7 +121,44 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self.transport.is_closing() and not self.pipeline:
+            self._waiting_since = self.loop.time()
             self._arm()  # the next request, if any, must come in time
+
+    def waits_on_client(self) -> bool:
+        """True while nothing here is the server's to do: the connection is idle, its request
+        is not yet whole, its answer waits for the client to read it, or it was refused."""
+        cycle = self.cycle
+        if self._refused or cycle is None or cycle.response_complete:
+            return True
+        return not self.pipeline and (cycle.more_body or self.flow.write_paused)
+
+    def _make_room(self) -> bool:
+        """At the limit: close the connection that has waited longest on its client (one
+        already refused first), so this one takes its place; False when none waits."""
+        held = [c for c in self.connections if c is not self and not c.transport.is_closing()]
+        if len(held) < self.max_connections:
+            return True  # the rest are closing already
+        waiting = [c for c in held if isinstance(c, GuardedProtocol) and c.waits_on_client()]
+        if not waiting:
+            return False
+        longest = min(waiting, key=lambda c: (not c._refused, c._waiting_since))
+        longest._give_way()
+        return True
+
+    def _give_way(self) -> None:
+        """Close this connection for a newer one: a request begun is answered 503 first."""
+        cycle = self.cycle
+        idle = not self._in_head and (cycle is None or cycle.response_complete)
+        if self._refused or idle:
+            self._disarm()
+            self.transport.close()
+            return
+        msg = (
+            f"the server holds at most {self.max_connections} connections and gave this one, "
+            "which had waited longest for its request, to another client; send each request "
+            "whole at once"
+        )
+        self._refuse(503, msg, linger=False)  # closed now: its place is taken at once
 
     def send_400_response(self, msg: str) -> None:
         state = self.server_state
@@ -123,16 +185,23 @@ class GuardedProtocol(HttpToolsProtocol):
         elif not self.transport.is_closing():
             self.transport.close()  # nothing asked: an idle connection
 
-    def _refuse(self, status: int, msg: str) -> None:
-        """Answer ``status`` (when no other answer is being written), then close."""
+    def _refuse(self, status: int, msg: str, linger: bool = True) -> None:
+        """Answer ``status`` (when no other answer is being written), then close: after a
+        lingering close, or at once (when the answer is written) if not ``linger``."""
         self._refused = True
         self._disarm()
-        if self.cycle is not None and not self.cycle.response_complete:
-            self.transport.close()  # an answer is under way: it cannot be interleaved
-            return
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            if cycle.response_started or not cycle.more_body or self.pipeline:
+                self.transport.close()  # an answer is under way: it cannot be interleaved
+                return
+            # the app still waits for this request's body: it is told the client left, and
+            # whatever it sends now is dropped, so this answer is the only one
+            cycle.disconnected = True
+            cycle.message_event.set()
         headers = self.server_state.default_headers + self.extra
         self.transport.write(_answer(status, msg, headers))
-        if self.transport.can_write_eof():
+        if linger and self.transport.can_write_eof():
             self.transport.write_eof()
             self.loop.call_later(LINGER_SECONDS, self.transport.close)
         else:
