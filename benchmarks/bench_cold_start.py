@@ -13,9 +13,9 @@ on the meta device, so it imports torch, and nothing else heavy. Two more refere
 that trace steps around: PyTorch computes the meta results of products and softmax in Python, and
 the first such call imports torch._dynamo (``mul``'s type promotion) or, through
 ``torch._check``, torch.fx's symbolic shapes and sympy (``mm``); the trace makes those results
-itself (headlab/shapes/report.py). The machine (cores, Python, torch) and its load average at the
-start and the end are written with the figures, since a shared machine's figures mean little
-without them.
+itself (headlab/shapes/report.py). The machine (cores, platform) and its load average at the
+start and the end are written with the figures, and the versions it ran on (Python, torch, the
+lock: headlab.provenance), since a shared machine's figures mean little without them.
 
 Run: ``python benchmarks/bench_cold_start.py [--rounds 7] [--json PATH]``; writes
 ``benchmarks/results/cold_start.json`` by default.
@@ -32,10 +32,10 @@ import statistics
 import subprocess
 import sys
 import time
-from importlib.metadata import version
 from pathlib import Path
 
 from headlab.files import write_json
+from headlab.provenance import versions
 from record import command, count
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,12 +114,7 @@ def table(figures: dict[str, dict[str, float]]) -> dict[str, list]:
 
 
 def machine() -> dict[str, object]:
-    return {
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": version("torch"),
-        "platform": platform.platform(),
-    }
+    return {"cores": os.cpu_count(), "platform": platform.platform()}
 
 
 def main() -> None:
@@ -135,9 +130,9 @@ def main() -> None:
     load_start = tuple(round(x, 2) for x in os.getloadavg())
     figures = summarise(measure(args.rounds))
     load_end = tuple(round(x, 2) for x in os.getloadavg())
-    info = machine()
+    info, ran_on = machine(), versions()
     print(f"cold start, {args.rounds} interleaved rounds; {info['cores']} cores, Python "
-          f"{info['python']}, torch {info['torch']}")  # fmt: skip
+          f"{ran_on['python']}, torch {ran_on['torch']}, lock {ran_on['lock']}")  # fmt: skip
     print(f"load average (1, 5, 15 min): start {load_start}, end {load_end}")
     w = max(map(len, figures))
     print(f"{'command':<{w}} {'median s':>9} {'min s':>7} {'max s':>7} {'cpu s':>7} {'× torch':>8}")
@@ -146,7 +141,8 @@ def main() -> None:
               f"{f['cpu_median_s']:>7.3f} {f['ratio_to_torch_import']:>8.2f}")  # fmt: skip
     load = {"start": list(load_start), "end": list(load_end)}
     write_json(args.json, {"command": command(), "date": datetime.date.today().isoformat(),
-                           "machine": {**info, "load_average": load}, "rounds": args.rounds,
+                           "machine": {**info, "load_average": load}, "versions": ran_on,
+                           "rounds": args.rounds,
                            "reference": REFERENCE, "commands": figures,
                            "table": table(figures)})  # fmt: skip
     print(f"written to {args.json}")

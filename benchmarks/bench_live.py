@@ -40,6 +40,7 @@ from typing import Any
 import torch._dynamo  # noqa: F401
 
 from headlab.files import write_json
+from headlab.provenance import versions
 from headlab.server.live import AUTO, Knobs, choose_threads, machine_load, run_study
 from headlab.training.train import StopToken
 from headlab.training.watch import Evaluation, Event, Step
@@ -180,6 +181,7 @@ def main() -> None:
         "date": datetime.date.today().isoformat(),
         "benchmark": "live run threads (benchmarks/bench_live.py)",
         "machine": machine(platform=platform.platform()),
+        "versions": versions(),
         "conditions": {k: v for k, v in old.get("conditions", {}).items()
                        if k not in args.conditions},
     }  # fmt: skip

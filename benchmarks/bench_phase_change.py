@@ -23,7 +23,6 @@ Run: ``python benchmarks/bench_phase_change.py [--threads 1] [--seeds 0 1 2] [--
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -35,6 +34,8 @@ import torch
 import torch._dynamo  # the optimizer's first import, before any clock (the server: at startup)
 
 from headlab.experiments import induction as ind
+from headlab.files import write_json
+from headlab.provenance import versions
 from headlab.training.watch import Evaluation, Event
 
 # REFERENCES.md, "Measured here for planning the live phase change": idle machine, one thread
@@ -133,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             print(row("planning", rows["planning"][-1]), flush=True)
     summarise(rows)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"threads": args.threads, "recipe": asdict(live), **rows}, f, indent=1)
+        ran_on = {"threads": args.threads, "versions": versions(), "recipe": asdict(live)}
+        write_json(args.json, {**ran_on, **rows})
     return 0
 
 

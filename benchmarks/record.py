@@ -7,14 +7,16 @@ The convention, for any benchmark (this module is a convenience, not a requireme
     {
       "command": "python benchmarks/bench_attention.py --rounds 15",   # what was run, exactly
       "date": "2026-12-02",
-      "machine": {...} or "a sentence",       # where: CPU, cores, torch, load average
+      "machine": {...} or "a sentence",       # where: CPU, cores, OS, load average
+      "versions": {...},                      # on what: Python, torch, numba, ..., the lock
       "table": {"columns": [...], "rows": [[...], ...]},   # what the docs show, formatted
       ...                                     # anything else: the raw measurements
     }
 
-``save(path_for(name), columns, rows, results)`` writes it atomically (headlab.files.write_json).
-It imports neither torch nor headlab's models, so a cold-start benchmark can use it too. A
-benchmark's ``--json PATH`` option defaults to ``path_for(name)``.
+``save(path_for(name), columns, rows, results)`` writes it atomically (headlab.files.write_json);
+``versions`` is :func:`headlab.provenance.versions`, the one record of what a run ran on, which
+the docs' captions quote. It imports neither torch nor headlab's models, so a cold-start
+benchmark can use it too. A benchmark's ``--json PATH`` option defaults to ``path_for(name)``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import platform
 import shlex
 import sys
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -44,18 +45,13 @@ def _cpu() -> str:
 
 
 def machine(**extra: Any) -> dict[str, Any]:
-    """The machine in a few fields: CPU, cores, OS, Python, torch, the 1-minute load average."""
-    try:
-        torch = metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        torch = "not installed"
+    """The machine in a few fields: CPU, cores, OS, the 1-minute load average (the software's
+    versions are :func:`headlab.provenance.versions`, saved beside it)."""
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return {
         "cpu": _cpu(),
         "cores": os.cpu_count(),
         "os": f"{platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-        "torch": torch,
         "load_average": None if load is None else round(load, 2),
         **extra,
     }
@@ -84,13 +80,16 @@ def save(
     results: Any = None,
     **machine_extra: Any,
 ) -> Path:
-    """Write the results file ``path`` (command, date, machine, table, results), atomically."""
+    """Write the results file ``path`` (command, date, machine, versions, table, results),
+    atomically."""
     from headlab.files import write_json
+    from headlab.provenance import versions
 
     record = {
         "command": command(),
         "date": datetime.date.today().isoformat(),
         "machine": machine(**machine_extra),
+        "versions": versions(),
         "table": {"columns": columns, "rows": rows},
         "results": results,
     }

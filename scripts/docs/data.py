@@ -3,10 +3,11 @@
     python scripts/docs/data.py                  # every file whose model loads here
     python scripts/docs/data.py heads-minilm     # one
 
-Each file is ``{"command", "date", "headlab", "torch", "output"}``: the command exactly as a user
-types it, and its ``--json`` answer. The pages render their tables from ``output``
-(scripts/docs/figures.py), and tests/unit/test_docs.py reruns the default model's commands and
-compares, so a table cannot drift from what the command prints.
+Each file is ``{"command", "date", "versions", "output"}``: the command exactly as a user types
+it, what it ran on (:func:`headlab.provenance.versions`: Python, torch, ..., the lock; the
+commands run in this interpreter) and its ``--json`` answer. The pages render their tables from
+``output`` (scripts/docs/figures.py), and tests/unit/test_docs.py reruns the default model's
+commands and compares, so a table cannot drift from what the command prints.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 from pathlib import Path
 
 from headlab.files import write_json
+from headlab.provenance import versions
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "docs/data"
@@ -45,19 +47,11 @@ def run(command: str) -> dict:
     return json.loads(done.stdout)
 
 
-def versions() -> dict[str, str]:
-    code = "import headlab, torch; print(headlab.__version__, torch.__version__)"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    headlab, torch = out.stdout.split()
-    return {"headlab": headlab, "torch": torch}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", choices=[[], *COMMANDS], help="default: all")
     names = parser.parse_args(argv).names or list(COMMANDS)
-    stamp = {"date": datetime.date.today().isoformat(), **versions()}
+    stamp = {"date": datetime.date.today().isoformat(), "versions": versions()}
     for name in names:
         try:
             output = run(COMMANDS[name])

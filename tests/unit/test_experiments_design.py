@@ -319,4 +319,34 @@ def test_shipped_results_carry_the_date_they_were_shipped(tmp_path, monkeypatch)
     monkeypatch.setattr(ex, "RESULTS_DIR", tmp_path)
     path = ex.ship_results("toy", {"experiment": "toy", "seeds": [0, 1]})
     data = json.loads(path.read_text())
+    ran_on = data.pop("versions")
     assert data == {"date": datetime.date.today().isoformat(), "experiment": "toy", "seeds": [0, 1]}
+    assert_versions_of_this_run(ran_on)
+
+
+def assert_versions_of_this_run(ran_on: dict) -> None:
+    """``ran_on`` names this interpreter, the installed torch and numba (read from their
+    metadata here) and the lock the environment matches."""
+    import platform
+    from importlib import metadata
+
+    from headlab.provenance import lock_match
+
+    assert ran_on["python"] == platform.python_version()
+    assert ran_on["torch"] == metadata.version("torch")
+    assert ran_on["numba"] == metadata.version("numba")
+    assert ran_on["lock"] == lock_match()
+
+
+def test_a_runs_results_file_records_the_versions_it_ran_on(tmp_path) -> None:
+    """out/results.json, which every experiment writes through write_results, says what it ran
+    on, beside the results as the run returned them."""
+    import json
+
+    import headlab.experiments as ex
+
+    results = {"experiment": "toy", "final": {"loss": 0.5}}
+    path = ex.write_results(tmp_path / "run", results)
+    data = json.loads(path.read_text())
+    assert_versions_of_this_run(data.pop("versions"))
+    assert data == results

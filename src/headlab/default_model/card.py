@@ -44,8 +44,10 @@ def export(
 def _write_card(
     model: Transformer, prepared: Prepared, results: list[TrainResult], directory: Path
 ) -> None:
-    """``card.json`` and ``README.md`` for the model and tokenizer saved in ``directory``."""
+    """``card.json`` and ``README.md`` for the model and tokenizer saved in ``directory``; the
+    card records the versions its figures were measured on (:mod:`headlab.provenance`)."""
     from headlab.files import json_text
+    from headlab.provenance import versions
 
     with torch.no_grad():
         figures = measure(model, prepared.evals)
@@ -64,6 +66,7 @@ def _write_card(
     }
     tables, card["heads"] = head_tables(directory)
     card["load_seconds"] = round(load_seconds(directory), 3)
+    card["versions"] = versions()  # what the figures were measured on
     (directory / "card.json").write_text(json_text(card), encoding="utf-8")
     (directory / "README.md").write_text(model_card(card, tables), encoding="utf-8")
 

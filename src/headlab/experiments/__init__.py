@@ -7,7 +7,8 @@ keywords (``reporter``, ``listener``, ``threads``: the live events the page draw
 count); its registry entry (:mod:`headlab.experiments.registry`) names them, so the command line
 passes each experiment only what it takes. The results of a full run are shipped in
 ``experiments/results/<name>.json`` (the web page reads them); ``headlab experiment NAME --ship``
-regenerates that file.
+regenerates that file. Both files record the versions the run ran on (``"versions"``:
+:func:`headlab.provenance.versions`), which the docs' captions quote.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from headlab.files import write_atomic, write_json
+from headlab.provenance import versions
 
 RESULTS_DIR = Path(__file__).parent / "results"
 
@@ -27,16 +29,18 @@ def results_path(name: str) -> Path:
 
 
 def write_results(out: Path | None, results: dict[str, Any]) -> Path | None:
-    """Write ``out/results.json``; nothing when ``out`` is None."""
-    return None if out is None else write_json(Path(out) / "results.json", results)
+    """Write ``out/results.json``, with the versions it ran on; nothing when ``out`` is None."""
+    if out is None:
+        return None
+    return write_json(Path(out) / "results.json", {"versions": versions(), **results})
 
 
 def ship_results(name: str, results: dict[str, Any]) -> Path:
     """Copy a full run's results into the package, where the web page reads them, with the date
-    they were shipped (the page says which stored run it draws)."""
+    they were shipped (the page says which stored run it draws) and the versions they ran on."""
     import datetime
 
-    dated = {"date": datetime.date.today().isoformat(), **results}
+    dated = {"date": datetime.date.today().isoformat(), "versions": versions(), **results}
     return write_json(results_path(name), dated)
 
 
