@@ -5,7 +5,7 @@
     write_json        finite JSON (NaN and infinity as null) through :func:`write_atomic`
     new_folder        a folder filled in a temporary folder beside it and renamed into place whole
     write_folder      :func:`new_folder` for files held in memory (name → content)
-    remove_leftovers  what writes killed part-way left beside their targets
+    remove_leftovers  what writes killed part-way left beside their targets (all, or one's)
     finite            a value with every NaN or infinite float replaced by None
     check_writable    the reason ``path`` cannot be written (not a regular file …), or None;
                       with ``try_it`` a file is made beside it and removed, as a write would
@@ -30,6 +30,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -120,10 +121,14 @@ def _try_writing(p: Path) -> str | None:
 def _beside(p: Path, kind: str) -> Path:
     """A fresh hidden name beside ``p``: ``.NAME.PID-RANDOM.KIND`` (:func:`remove_leftovers`),
     NAME cut to 200 bytes so that the longest name a file system allows can still be written."""
-    name = p.name
+    return p.with_name(f".{_short(p.name)}.{os.getpid()}-{secrets.token_hex(4)}.{kind}")
+
+
+def _short(name: str) -> str:
+    """``name`` cut to at most 200 bytes (UTF-8), as :func:`_beside` puts it in a temporary name."""
     while len(os.fsencode(name)) > 200:
         name = name[:-1]
-    return p.with_name(f".{name}.{os.getpid()}-{secrets.token_hex(4)}.{kind}")
+    return name
 
 
 def _write_file(path: Path, data: Content) -> None:
@@ -245,16 +250,29 @@ def write_folder(path: str | Path, files: Mapping[str, Content]) -> Path:
     return Path(path)
 
 
-def remove_leftovers(folder: str | Path, older_than: float = 0.0) -> list[Path]:
+def remove_leftovers(
+    folder: str | Path, older_than: float = 0.0, of: str | None = None
+) -> list[Path]:
     """Remove from ``folder`` what writes killed part-way left there (``.*.tmp``, ``.*.old``),
     when last changed more than ``older_than`` seconds ago (0: all of them, for a folder only
-    one process writes); returns what was removed."""
+    one process writes); returns what was removed.
+
+    With ``of``, the name of one target in ``folder``, only that target's leftovers go, and
+    only those whose writer (the process whose id :func:`_beside` put in the name) has ended:
+    a folder of the user's (a site's parent) may hold other programs' ``.*.tmp`` files, and
+    another process may be writing the same target right now."""
+    found = [*Path(folder).glob(".*.tmp"), *Path(folder).glob(".*.old")]
+    if of is not None:
+        own = re.compile(rf"\.{re.escape(_short(of))}\.\d+-[0-9a-f]+\.(tmp|old)")
+        found = [leftover for leftover in found if own.fullmatch(leftover.name)]
     removed = []
-    for leftover in [*Path(folder).glob(".*.tmp"), *Path(folder).glob(".*.old")]:
+    for leftover in found:
         try:
             if time.time() - leftover.lstat().st_mtime < older_than:
                 continue  # perhaps a write still in progress
         except FileNotFoundError:
+            continue
+        if of is not None and _writer_runs(leftover):
             continue
         if leftover.is_dir() and not leftover.is_symlink():
             shutil.rmtree(leftover, ignore_errors=True)
@@ -262,6 +280,18 @@ def remove_leftovers(folder: str | Path, older_than: float = 0.0) -> list[Path]:
             leftover.unlink(missing_ok=True)
         removed.append(leftover)
     return removed
+
+
+def _writer_runs(leftover: Path) -> bool:
+    """Whether the process that made ``leftover`` (``.NAME.PID-RANDOM.KIND``) still runs."""
+    pid = int(leftover.name.rsplit(".", 2)[-2].split("-")[0])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):  # EPERM: it runs, as another user
+        return True
+    return True
 
 
 # --- reading: regular files only, with a bound -------------------------------------------------

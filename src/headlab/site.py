@@ -26,7 +26,11 @@ content score included, comes from the one run of each graph on the reader's tex
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import stat
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -35,7 +39,16 @@ import torch
 from torch import Tensor, nn
 
 import headlab
-from headlab.files import write_atomic, write_json
+from headlab import __version__
+from headlab.files import (
+    file_kind,
+    json_text,
+    new_folder,
+    read_text,
+    remove_leftovers,
+    write_atomic,
+    write_json,
+)
 
 PACKAGE = Path(headlab.__file__).parent
 PAGE = PACKAGE / "server" / "static"
@@ -121,8 +134,10 @@ def export_random(model: nn.Module, folder: Path) -> list[Path]:
     graph with the weights :func:`~headlab.heads.baselines.random_model` draws."""
     from headlab.heads.baselines import BASELINE_SEEDS, random_model
 
-    return [export_onnx(random_model(model, seed), folder / f"random-{seed}.onnx")
-            for seed in BASELINE_SEEDS]  # fmt: skip
+    return [
+        export_onnx(random_model(model, seed), folder / f"random-{seed}.onnx")
+        for seed in BASELINE_SEEDS
+    ]
 
 
 def api_answers(out: Path) -> list[str]:
@@ -240,17 +255,43 @@ def ort_dist(web: Path) -> Path:
     return dist
 
 
-def build(out: Path, web: Path, model: nn.Module | None = None) -> dict[str, Any]:
-    """Write the static site to ``out`` (created or replaced). ``web`` holds ``node_modules``
-    from ``npm ci``; ``model`` defaults to the shipped default model. Returns what was written:
-    ``{"files": count, "bytes": total, "routes": [...]}``."""
+def build(
+    out: str | Path, web: Path, model: nn.Module | None = None, force: bool = False
+) -> dict[str, Any]:
+    """Write the static site to the folder ``out``, whole or not at all. ``web`` holds
+    ``node_modules`` from ``npm ci``; ``model`` defaults to the shipped default model. Returns
+    what was written: ``{"files": count, "bytes": total, "routes": [...]}``.
+
+    The site is built in a temporary folder beside ``out`` and renamed into place at the end
+    (:func:`headlab.files.new_folder`): a build that fails or is killed leaves ``out`` as it
+    was (a killed one's temporary folder is removed by the next build). ``out`` is replaced only
+    when it is missing, empty or a site this function wrote (:data:`MARKER`), or with ``force``;
+    :class:`TargetRefused` says why not, before any work."""
     from headlab import zoo
 
+    problem = target_problem(out, force)
+    if problem is not None:
+        raise TargetRefused(problem)
+    target = Path(os.path.abspath(out))
     dist = ort_dist(web)
     default, tokenizer = zoo.load("default")
     model = default if model is None else model
-    if out.exists():
-        shutil.rmtree(out)
+    remove_leftovers(target.parent, of=target.name)  # of a build killed before this one
+    with new_folder(target) as tmp:
+        routes = fill(tmp, dist, model, tokenizer)
+        files = [p for p in tmp.rglob("*") if p.is_file()]
+        written = {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
+        write_atomic(tmp / MARKER, json_text({"written_by": WRITTEN_BY, "version": __version__}))
+        problem = target_problem(out, force)  # files put in ``out`` during the build are kept
+        if problem is not None:
+            raise TargetRefused(problem)
+    return {**written, "routes": routes}
+
+
+def fill(out: Path, dist: Path, model: nn.Module, tokenizer: Any) -> list[str]:
+    """Write the site's files into the empty folder ``out``: the page, onnxruntime-web from
+    ``dist``, the tokenizer, the model and its random copies in ONNX, the API's answers.
+    Returns the API routes written."""
     shutil.copytree(PAGE, out / "static")
     write_atomic(out / "index.html", page_html().encode("utf-8"))
     offline = out / "static" / "offline"
@@ -262,6 +303,93 @@ def build(out: Path, web: Path, model: nn.Module | None = None) -> dict[str, Any
     write_word_table(offline / WORDS_FILE)
     export_onnx(model, offline / "model.onnx")
     export_random(model, offline)
-    routes = api_answers(out)
-    files = [p for p in out.rglob("*") if p.is_file()]
-    return {"files": len(files), "bytes": sum(p.stat().st_size for p in files), "routes": routes}
+    return api_answers(out)
+
+
+# --- where a site may be written ---------------------------------------------------------------
+
+MARKER = ".headlab-static"  # written last into every site: the one kind of folder replaced
+WRITTEN_BY = "headlab static"  # what the marker says wrote the folder
+
+
+class TargetRefused(ValueError):
+    """The folder given for the site must not be replaced or cannot be written (one sentence)."""
+
+
+def is_site(folder: Path) -> bool:
+    """Whether ``folder`` is a complete site :func:`build` wrote: its :data:`MARKER` is a
+    regular file naming :data:`WRITTEN_BY`."""
+    marker = folder / MARKER
+    try:
+        if not stat.S_ISREG(os.lstat(marker).st_mode):  # a link is no marker
+            return False
+        record = json.loads(read_text(marker, 4096, "site marker"))
+    except (OSError, ValueError):  # missing, unreadable, not JSON: not ours
+        return False
+    return isinstance(record, dict) and record.get("written_by") == WRITTEN_BY
+
+
+def target_problem(out: str | Path, force: bool = False) -> str | None:
+    """Why the site may not be written to ``out``, in one sentence, or None when it may.
+
+    A new folder may (its nearest existing parent must take a new folder, which is tried); so
+    may an empty folder and a site :func:`build` wrote. A folder holding anything else is
+    replaced only with ``force``; a link, a file, the current folder, the home folder, ``/``
+    and any folder above them never are."""
+    text = os.fspath(out)
+    if not text.strip() or "\0" in text:
+        return f"{text!r} is not a folder name; name the folder to write the site to, e.g. site"
+    path = Path(os.path.abspath(text))
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return _parent_problem(text, path)
+    except OSError as exc:  # a file above it, a link loop, a name too long
+        return f"{text} cannot be a folder ({exc.strerror or exc}); name another folder"
+    if stat.S_ISLNK(mode):
+        return f"{text} is a link; name the folder itself, or a new folder for the site"
+    if not stat.S_ISDIR(mode):
+        return f"{text} is {file_kind(mode)}, not a folder; name a new folder for the site"
+    if _holds_the_user(path):
+        return (
+            f"{text} is the current folder, the home folder or a folder above them, which "
+            "headlab static never replaces, even with --force; name a new folder, e.g. site"
+        )
+    if not (force or is_site(path) or _is_empty(path)):
+        return (
+            f"{text} holds files that headlab static did not write; name a new folder, or "
+            "add --force to replace the folder and everything in it"
+        )
+    return _parent_problem(text, path)
+
+
+def _holds_the_user(path: Path) -> bool:
+    """Whether ``path`` is ``/``, the current folder, the home folder or a folder above one."""
+    real = Path(os.path.realpath(path))
+    mine = [Path(os.path.realpath(p)) for p in (os.getcwd(), Path.home())]
+    return real == real.parent or any(real == p or real in p.parents for p in mine)
+
+
+def _is_empty(folder: Path) -> bool:
+    try:
+        with os.scandir(folder) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False
+
+
+def _parent_problem(text: str, path: Path) -> str | None:
+    """Why the site's temporary folder cannot be made beside ``path`` (tried in the nearest
+    existing folder above it, where the build makes its folders), or None."""
+    above = path.parent
+    while not os.path.lexists(above) and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        return f"{text}: {above} is not a folder, so no folder can be made under it"
+    try:
+        with tempfile.TemporaryDirectory(dir=above, prefix=".headlab-static-probe-"):
+            pass
+    except OSError as exc:
+        why = exc.strerror or exc
+        return f"{text}: cannot write in {above} ({why}); name a folder you can write to"
+    return None

@@ -150,6 +150,25 @@ def test_remove_leftovers_sweeps_only_old_temporaries(tmp_path: Path) -> None:
     assert names(tmp_path) == ["keep.tmp"]
 
 
+def test_remove_leftovers_of_one_target_sweeps_only_its_dead_writers(tmp_path: Path) -> None:
+    """A site's parent may be any folder of the user's: only the leftovers of that target, of
+    processes that have ended, are removed (issue 43)."""
+    import subprocess
+    import sys
+
+    code = "import os; print(os.getpid())"
+    ended = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    dead, alive = int(ended.stdout), os.getpid()
+    ours = [f".site.{dead}-ab12.tmp", f".site.{dead}-cd34.old"]
+    others = [f".site2.{dead}-ab12.tmp", f".x.site.{dead}-ab12.tmp", ".site.tmp", ".backup.tmp"]
+    kept = [f".site.{alive}-ab12.tmp", f".site.{dead}-zz.tmp", *others]
+    for name in ours + kept:
+        (tmp_path / name).mkdir()
+    removed = files.remove_leftovers(tmp_path, of="site")
+    assert sorted(p.name for p in removed) == sorted(ours)
+    assert names(tmp_path) == sorted(kept)
+
+
 # --- issue 24: targets checked by trying, and the bounded reader of regular files ---------------
 
 

@@ -9,11 +9,18 @@ import typer
 from headlab.cli.common import console, fail
 
 WEB = Path(__file__).resolve().parents[3] / "web"  # package.json and node_modules (npm ci)
-OUT_ARGUMENT = typer.Argument(..., help="The folder to write the site to (replaced if it exists).")
+OUT_ARGUMENT = typer.Argument(
+    ...,
+    help="The folder to write the site to: a new or empty folder, or a site headlab static "
+    "wrote before (replaced whole once the new one is built).",
+)
 WEB_OPTION = typer.Option(WEB, help="The folder where `npm ci` installed onnxruntime-web.")
+FORCE_OPTION = typer.Option(
+    False, "--force", help="Replace OUT even if it holds files headlab static did not write."
+)
 
 
-def static(out: Path = OUT_ARGUMENT, web: Path = WEB_OPTION) -> None:
+def static(out: str = OUT_ARGUMENT, web: Path = WEB_OPTION, force: bool = FORCE_OPTION) -> None:
     """Write the explainer as a static site: the page, the stored results and the default model
     exported to ONNX, run in the reader's browser by onnxruntime-web (no server, no CDN).
 
@@ -22,15 +29,16 @@ def static(out: Path = OUT_ARGUMENT, web: Path = WEB_OPTION) -> None:
     from headlab import site
     from headlab.pypi import install_hint
 
-    if out.exists() and not out.is_dir():
-        raise fail(f"{out} is a file; give a folder to write the site to")
     try:
-        written = site.build(out, web)
-    except FileNotFoundError as exc:
+        written = site.build(out, web, force=force)
+    except (FileNotFoundError, site.TargetRefused) as exc:
         raise fail(str(exc)) from None
     except ModuleNotFoundError as exc:  # onnx or wordfreq: the build's own extras
-        raise fail(f"{exc.name} is not installed; the static site needs it: "
-                   f"{install_hint('static')}") from None  # fmt: skip
+        hint = install_hint("static")
+        raise fail(f"{exc.name} is not installed; the static site needs it: {hint}") from None
+    except OSError as exc:  # the disk filled up, the folder was made read-only meanwhile
+        why = exc.strerror or exc
+        raise fail(f"could not write the site to {out} ({why}); {out} is as it was") from None
     mb = written["bytes"] / 1e6
     console.print(f"wrote {written['files']} files, {mb:.1f} MB, to {out}")
     console.print(f"serve it: python -m http.server -d {out} 8000")
