@@ -1,6 +1,7 @@
 """The benchmarks page's body: every script in benchmarks/ with what it measures, its command, and
 its results file (benchmarks/results/NAME.json, benchmarks/record.py's convention) rendered with
-the machine it ran on; a script with no results file yet says how to produce one.
+the machine it ran on (and, in the table's caption, the versions); a script with no results file
+yet says how to produce one.
 
 A results file belongs to ``benchmarks/bench_NAME.py`` (or ``NAME.py``), or to the script its
 ``"script"`` field names; a results file with no script is listed too.
@@ -33,12 +34,12 @@ def results_for(script: Path, files: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def section(name: str, data: dict[str, Any]) -> list[str]:
-    lines = [f"Ran on: {tables.machine_line(data)}.", ""]
+    lines = [f"Machine: {tables.machine_line(data)}.", ""]
     if "table" in data:
         return [*lines, figures.render(f"bench/{name}#table"), ""]
     when = f", {data['date']}" if data.get("date") else ""
     return [*lines, f"*`benchmarks/results/{name}.json`: `{data.get('command', '?')}`{when}; "
-            "it holds no `table` to show.*", ""]  # fmt: skip
+            f"it holds no `table` to show. {figures.ran_on(data)}.*", ""]  # fmt: skip
 
 
 def not_measured(script: Path) -> str:

@@ -99,9 +99,38 @@ def lookup(data: Any, path: str) -> Any:
 
 
 def caption(source: str, command: str) -> str:
+    """The line under a table: its file, command and date, and what it ran on."""
     data, path = load(source), source_path(source).relative_to(ROOT)
     when = f", {data['date']}" if data.get("date") else ""
-    return f"*From `{path}`: `{command}`{when}.*"
+    return f"*From `{path}`: `{command}`{when}. {ran_on(data)}.*"
+
+
+# what a caption names of a file's "versions" (headlab.provenance), where it was installed
+CAPTION_VERSIONS = {
+    "python": "Python",
+    "torch": "torch",
+    "numba": "numba",
+    "transformers": "transformers",
+}
+
+
+def ran_on(data: dict[str, Any]) -> str:
+    """``Ran on Python 3.11.7, torch 2.13.0+cpu, …, lock dev 3bffd5ddebd7`` from a results file's
+    ``versions``; a file written before they were recorded says so, with the few its machine or
+    its own fields named (Python, torch)."""
+    found = data.get("versions")
+    if isinstance(found, dict):
+        installed = {k: v for k, v in found.items() if v != "not installed"}
+        named = [
+            f"{label} {installed[k]}" for k, label in CAPTION_VERSIONS.items() if k in installed
+        ]
+        lock = str(found.get("lock", "none: not recorded"))
+        lock = f"no lock: {lock[6:]}" if lock.startswith("none: ") else f"lock {lock}"
+        return f"Ran on {', '.join([*named, lock])}"
+    machine = data.get("machine") if isinstance(data.get("machine"), dict) else {}
+    python, torch = machine.get("python"), machine.get("torch", data.get("torch"))
+    known = [f"{label} {v}" for label, v in (("Python", python), ("torch", torch)) if v]
+    return "Versions not recorded" + (f" beyond {' and '.join(known)}" if known else "")
 
 
 def experiment_command(source: str) -> str:

@@ -1,7 +1,8 @@
 """The documentation says what the code and the results files say.
 
 - every figure marker in docs/ renders, and no table of numbers in docs/ is typed in by hand;
-- the rendered tables carry the results files' numbers (read here independently);
+- the rendered tables carry the results files' numbers (read here independently), and each
+  caption the versions its file records (or that it records none);
 - README.md's written figures are fresh, and a stale one is caught;
 - the README's and the guides' Python examples print what the pages say they print;
 - the stored command answers in docs/data/ are what the commands print now;
@@ -122,6 +123,89 @@ def test_a_benchmark_table_is_its_results_file_table() -> None:
             rendered = table_rows(figures.render(f"bench/{path.stem}#table"))
             expected = [data["table"]["columns"], *data["table"]["rows"]]
             assert rendered == [[str(c) for c in row] for row in expected]
+
+
+# --- what each table ran on ----------------------------------------------------------------------
+
+
+def toy_results(monkeypatch: pytest.MonkeyPatch, root: Path, data: dict) -> str:
+    """``data`` as the benchmark results file bench/toy under ``root``, which figures reads."""
+    folder = root / "benchmarks/results"
+    folder.mkdir(parents=True)
+    table = {"columns": ["what", "value"], "rows": [["x", "1"]]}
+    command = {"command": "python benchmarks/bench_toy.py", "date": "2026-12-03"}
+    (folder / "toy.json").write_text(json.dumps({**command, **data, "table": table}))
+    monkeypatch.setattr(figures, "ROOT", root)
+    monkeypatch.setitem(figures.FOLDERS, "bench", folder)
+    figures.load.cache_clear()
+    caption = figures.render("bench/toy#table").splitlines()[-1]
+    figures.load.cache_clear()
+    return caption
+
+
+def test_a_tables_caption_names_the_versions_it_ran_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    versions = {
+        "python": "3.11.7",
+        "platform": "Linux x86_64",
+        "torch": "2.13.0+cpu",
+        "numba": "0.68.1",
+        "transformers": "not installed",
+        "lock": "dev 0123456789ab",
+    }
+    caption = toy_results(monkeypatch, tmp_path / "a", {"versions": versions})
+    assert caption == (
+        "*From `benchmarks/results/toy.json`: `python benchmarks/bench_toy.py`, 2026-12-03. "
+        "Ran on Python 3.11.7, torch 2.13.0+cpu, numba 0.68.1, lock dev 0123456789ab.*"
+    )
+    versions |= {"transformers": "5.25.0", "lock": "none: the installed versions are not a lock's"}
+    caption = toy_results(monkeypatch, tmp_path / "b", {"versions": versions})
+    assert caption.endswith(
+        "Ran on Python 3.11.7, torch 2.13.0+cpu, numba 0.68.1, transformers 5.25.0, "
+        "no lock: the installed versions are not a lock's.*"
+    )
+
+
+def test_a_file_written_before_versions_were_recorded_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caption = toy_results(monkeypatch, tmp_path / "a", {"machine": "a 2-core machine"})
+    assert caption.endswith("`python benchmarks/bench_toy.py`, 2026-12-03. Versions not recorded.*")
+    machine = {"cores": 2, "python": "3.11.2", "torch": "2.12.0"}
+    caption = toy_results(monkeypatch, tmp_path / "b", {"machine": machine})
+    assert caption.endswith(" Versions not recorded beyond Python 3.11.2 and torch 2.12.0.*")
+
+
+def test_every_table_in_the_docs_says_what_it_ran_on() -> None:
+    """Each table a page renders ends in a caption quoting its file's versions (read here from
+    the JSON), or saying plainly that the file has none; the benchmarks page's sections too."""
+    found = (figures.FIGURE.finditer(prose(page.read_text())) for page in PAGES)
+    refs = {m["ref"] for markers in found for m in markers}
+    files = sorted((ROOT / "benchmarks/results").glob("*.json"))
+    refs |= {f"bench/{path.stem}#table" for path in files}
+    assert len(refs) > 20
+    for ref in sorted(refs):
+        source, _, name = ref.partition("#")
+        kind, _, stem = source.partition("/")
+        folder = {
+            "bench": "benchmarks/results",
+            "experiments": "src/headlab/experiments/results",
+            "data": "docs/data",
+        }[kind]
+        data = json.loads((ROOT / folder / f"{stem}.json").read_text(encoding="utf-8"))
+        caption = figures.render(f"{source}#{name}").splitlines()[-1]
+        assert caption.startswith(f"*From `{folder}/{stem}.json`: "), caption
+        if "versions" in data:
+            v = data["versions"]
+            assert f"Ran on Python {v['python']}, torch {v['torch']}, " in caption, caption
+            assert v["lock"].split(" ")[-1] in caption, caption
+        else:
+            assert "Versions not recorded" in caption, caption
+    from benchmark_pages import benchmarks_section
+
+    page = benchmarks_section()
+    assert page.count(". Versions not recorded") + page.count(". Ran on Python ") == len(files)
 
 
 # --- the README's figures ----------------------------------------------------------------------
