@@ -42,3 +42,39 @@ def test_an_unknown_ablation_is_a_422_naming_the_field(client: TestClient) -> No
     assert r.status_code == 422 and "ablation" in r.text
     r = client.post("/api/circuit", json={"model": "default", "seed": -1})
     assert r.status_code == 422 and "seed" in r.text
+
+
+def test_only_the_last_few_circuits_are_kept(client: TestClient, monkeypatch) -> None:
+    """Every seed's circuit was kept for as long as the server ran (2**31 seeds, each seconds
+    of CPU): only the last CIRCUITS_KEPT asked are. One asked again is answered from memory; one
+    pushed out is computed again."""
+    from headlab.heads import circuit
+    from headlab.server.app import CIRCUITS_KEPT
+
+    computed: list[int] = []
+
+    class Found:  # what induction_circuit returns, told apart by the order it was computed in
+        def __init__(self, number: int) -> None:
+            self.number = number
+
+        def to_dict(self) -> dict:
+            empty: dict = {"previous": [], "induction": [], "edges": [], "seconds": {}}
+            return {**empty, "k_floor": float(self.number), "ablation": "mean", "forwards": 0}
+
+    def counted(model, probe, ablation) -> Found:
+        computed.append(len(computed))
+        return Found(computed[-1])
+
+    monkeypatch.setattr(circuit, "induction_circuit", counted)
+    seeds = [1000 + i for i in range(CIRCUITS_KEPT + 2)]
+
+    def ask(seed: int) -> float:
+        r = client.post("/api/circuit", json={"model": "default", "seed": seed})
+        assert r.status_code == 200, r.text
+        return r.json()["k_floor"]
+
+    assert [ask(s) for s in seeds] == list(range(len(seeds)))  # each new seed: computed
+    assert len(client.app.state.circuits.keys()) == CIRCUITS_KEPT  # type: ignore[attr-defined]
+    assert ask(seeds[-1]) == len(seeds) - 1  # the last one: kept
+    assert ask(seeds[0]) == len(seeds)  # the first: pushed out, computed again
+    assert len(computed) == len(seeds) + 1

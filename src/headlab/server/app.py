@@ -22,13 +22,14 @@ from headlab.server.live import MAX_SECONDS, LiveRuns
 from headlab.server.routes import attention, code, experiments, health, live, shapes
 from headlab.server.schemas import error_responses
 from headlab.server.security import BodyLimit, HeadAsGet, HostCheck, SecurityHeaders
-from headlab.server.store import ModelStore, SingleFlight
+from headlab.server.store import ModelStore, Recent, SingleFlight
 
 STATIC = Path(__file__).parent / "static"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 # the Host that Starlette's TestClient sends: answered by an app built for tests, never by
 # `headlab serve`, which passes the hosts it serves (server/cli.py: allowed_hosts)
 TEST_HOSTS = (*LOOPBACK_HOSTS, "testserver")
+CIRCUITS_KEPT = 8  # circuits kept for asking again; each new one costs seconds of CPU
 
 
 def create_app(
@@ -50,7 +51,8 @@ def create_app(
         app.state.models.preload(preload)
         # each model's syntax table (routes/attention.py), computed once by one request
         app.state.syntax_tables, app.state.syntax_flights = {}, SingleFlight()
-        app.state.circuits = {}  # POST /api/circuit's answers, per (model, seed, ablation)
+        # POST /api/circuit's answers, per (model, seed, ablation): the last few asked
+        app.state.circuits = Recent(max_kept=CIRCUITS_KEPT)
         threads = settings.live_threads() if live_threads is None else live_threads
         app.state.live = LiveRuns(max_seconds=live_seconds, threads=threads)
         # torch's optimizers import torch._dynamo when first built (about 3 s on a 2-core

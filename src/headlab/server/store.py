@@ -74,6 +74,42 @@ class SingleFlight:
         return result
 
 
+class Recent:
+    """The results of ``compute`` for the ``max_kept`` most recently asked keys; each computed
+    once at a time (:class:`SingleFlight`), so requests asking for a key under way wait for it.
+    Bounded because a key may come from the request: a new seed each time would otherwise keep
+    every answer for as long as the server runs."""
+
+    def __init__(self, max_kept: int) -> None:
+        self.max_kept = max_kept
+        self._kept: OrderedDict[Hashable, Any] = OrderedDict()
+        self._flights = SingleFlight()
+        self._lock = threading.Lock()  # guards _kept; never held while computing
+
+    def get(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """The kept result for ``key`` (now the most recent), or ``compute()``'s, then kept."""
+        with self._lock:
+            if key in self._kept:
+                self._kept.move_to_end(key)
+                found: T = self._kept[key]
+                return found
+        return self._flights.run(key, lambda: self._compute_and_keep(key, compute))
+
+    def _compute_and_keep(self, key: Hashable, compute: Callable[[], T]) -> T:
+        result = compute()
+        with self._lock:
+            self._kept[key] = result
+            self._kept.move_to_end(key)
+            while len(self._kept) > self.max_kept:
+                self._kept.popitem(last=False)
+        return result
+
+    def keys(self) -> list[Hashable]:
+        """The keys kept, least recently asked first."""
+        with self._lock:
+            return list(self._kept)
+
+
 class ModelStore:
     """Loads zoo models on first use and keeps the ``max_loaded`` most recently used.
 

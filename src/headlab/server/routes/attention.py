@@ -190,15 +190,13 @@ def heads_probe(request: Request, req: HeadsRequest) -> tuple[Any, Any, Any, lis
 @router.post("/circuit", response_model=CircuitResponse)
 def circuit_endpoint(req: CircuitRequest, request: Request) -> dict[str, Any]:
     """The induction circuit of ``model`` on repeated random tokens, as ``headlab circuit
-    --json`` answers it (:func:`headlab.heads.circuit.induction_circuit`); kept per model,
-    seed and ablation, since the answer is the same each time and takes seconds."""
+    --json`` answers it (:func:`headlab.heads.circuit.induction_circuit`); the last few kept
+    per model, seed and ablation, since the answer is the same each time and takes seconds."""
     from headlab.heads.baselines import FloorsDoNotFit
     from headlab.heads.circuit import NEEDS_FLOORS, induction_circuit
     from headlab.measure import build_probe
 
-    kept: dict[tuple, dict[str, Any]] = request.app.state.circuits
-    key = (req.model, req.seed, req.ablation)
-    if key not in kept:
+    def compute() -> dict[str, Any]:
         model, tokenizer = request.app.state.models.get(req.model)
         c = model.config
         try:
@@ -208,8 +206,12 @@ def circuit_endpoint(req: CircuitRequest, request: Request) -> dict[str, Any]:
             raise HTTPException(422, f"{exc.sizes()}: {NEEDS_FLOORS}") from None
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from None
-        kept[key] = {"model": req.model, **found.to_dict()}
-    return kept[key]
+        return {"model": req.model, **found.to_dict()}
+
+    circuit: dict[str, Any] = request.app.state.circuits.get(
+        (req.model, req.seed, req.ablation), compute
+    )
+    return circuit
 
 
 def syntax_table(request: Request, name: str) -> dict[str, Any]:
