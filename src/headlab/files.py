@@ -13,6 +13,9 @@
                       are refused before they are opened (non-blocking, looked at again)
     read_text         a regular file's UTF-8 text, read with a bound that the refusal names
     file_kind         "a FIFO", "a socket", "a device" …: what a file is, in words
+    write_manifest    a cache folder's record of its files (size, SHA-256) and of what made them
+    manifest_problem  why a cache folder's files are not those recorded, in words, or None
+    file_digest       a file's SHA-256, hashed once a process while it is unchanged
     torch_threads     run torch on n CPU threads, then restore the count; ``one_thread``
 
 Content is bytes, text (UTF-8), or a function that writes the file at the path it is given (a
@@ -27,6 +30,7 @@ new one is in place.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -35,7 +39,7 @@ import secrets
 import shutil
 import stat
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -372,6 +376,142 @@ def _read_at_most(fd: int, n: int, p: Path, what: str) -> bytes:
     except OSError as e:
         raise ValueError(f"{what} {p}: cannot read it ({e.strerror or e})") from None
     return b"".join(chunks)
+
+
+# --- caches: what each file was when it was written, checked before it is used ---------------
+
+MANIFEST = "manifest.json"  # a cache folder's record: each file's size and SHA-256, and its maker
+MANIFEST_FORMAT = 1
+# path → (its stat when hashed, its SHA-256): each file is hashed once a process while unchanged
+RACY_SECONDS = 2.0  # a file changed this recently when hashed is hashed again at the next ask
+_DIGESTS: dict[Path, tuple[tuple[int, ...], str]] = {}
+
+
+def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
+    """The hex SHA-256 of a file, read in chunks (the file may be larger than memory wants)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_digest(path: str | os.PathLike[str]) -> str:
+    """:func:`sha256_file` of ``path``, hashed in full the first time this process asks and
+    again only when its size, mtime, ctime, inode or device changed since. A write in place
+    changes the ctime whatever it does to the mtime (``touch -r`` cannot set a ctime), so a
+    byte flipped under the same size and mtime is hashed again; a new process hashes anew.
+    A file changed less than :data:`RACY_SECONDS` before it was hashed is hashed at every ask:
+    file times tick coarsely (milliseconds), so a second write in the same tick would leave
+    them as they were (git's "racy clean" entries, handled the same way)."""
+    p = Path(path).absolute()
+    st = os.stat(p)
+    key = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+    seen = _DIGESTS.get(p)
+    if seen is not None and seen[0] == key:
+        return seen[1]
+    hashed_at = time.time()
+    digest = sha256_file(p)
+    if hashed_at - max(st.st_ctime, st.st_mtime) > RACY_SECONDS:
+        _DIGESTS[p] = (key, digest)
+    return digest
+
+
+def write_manifest(
+    folder: str | Path, names: Iterable[str] | None, produced_by: Mapping[str, Any]
+) -> Path:
+    """Record the files ``names`` of ``folder`` (None: every file in it, :func:`folder_files`),
+    each one's size and SHA-256, and ``produced_by`` (what made them: pins, versions, code
+    hashes; JSON values) in ``folder/manifest.json``, through :func:`write_json`. Written last,
+    once the files are complete: a folder whose manifest is missing was never finished, or is
+    not vouched for."""
+    p = Path(folder)
+    files = {}
+    for name in sorted(folder_files(p) if names is None else names):
+        files[name] = {"bytes": (p / name).stat().st_size, "sha256": file_digest(p / name)}
+    record = {"format": MANIFEST_FORMAT, "produced_by": dict(produced_by), "files": files}
+    return write_json(p / MANIFEST, record)
+
+
+def manifest_problem(
+    folder: str | Path, names: Iterable[str] | None, produced_by: Mapping[str, Any] | None = None
+) -> str | None:
+    """Why the files ``names`` of the cache ``folder`` are not the ones its manifest recorded
+    when they were written (:func:`write_manifest`), in words ("model.safetensors has 4,096
+    bytes where 538,086,728 were written"); None when every one matches, and, when
+    ``produced_by`` is given, the manifest names that maker. ``names`` None: every file the
+    manifest records and every file in the folder (one it does not record is a problem). The
+    one check a cache folder passes before it is read: sizes first, then the full SHA-256
+    (:func:`file_digest`: once a process per unchanged file)."""
+    p = Path(folder)
+    record = _manifest(p)
+    if isinstance(record, str):
+        return record
+    if names is None:
+        names = sorted(set(record["files"]) | set(folder_files(p)))
+    if produced_by is not None and record["produced_by"] != json.loads(json_text(produced_by)):
+        return f"its record of files ({MANIFEST}) names another maker than this headlab's"
+    for name in names:
+        expect = record["files"].get(name)
+        if expect is None:
+            return f"{name} is not in its record of files ({MANIFEST})"
+        try:
+            st = os.stat(p / name)
+        except OSError:
+            return f"{name} is missing"
+        if not stat.S_ISREG(st.st_mode):
+            return f"{name} is {file_kind(st.st_mode)}, not the file that was written"
+        if st.st_size != expect["bytes"]:
+            return f"{name} has {st.st_size:,} bytes where {expect['bytes']:,} were written"
+        if file_digest(p / name) != expect["sha256"]:
+            return f"{name} is not the file that was written (its SHA-256 differs from the record)"
+    return None
+
+
+def folder_files(folder: Path) -> list[str]:
+    """Every regular file under ``folder`` (relative paths, with "/"), less its manifest and the
+    hidden leftovers of writes (``.NAME.….tmp``)."""
+    found = []
+    for path in sorted(folder.rglob("*")):
+        name = path.relative_to(folder).as_posix()
+        if path.is_file() and name != MANIFEST and not path.name.startswith("."):
+            found.append(name)
+    return found
+
+
+def _manifest(folder: Path) -> dict[str, Any] | str:
+    """``folder``'s manifest, checked for shape; or why there is none to trust, in words."""
+    path = folder / MANIFEST
+    if not path.exists():
+        return f"it has no record of its files ({MANIFEST}): it was never finished or vouched for"
+    try:
+        record = json.loads(read_text(path, 1_000_000, "manifest"))
+    except (ValueError, RecursionError):
+        return f"its record of files ({MANIFEST}) is unreadable"
+    files = record.get("files") if isinstance(record, dict) else None
+    if (
+        not isinstance(files, dict)
+        or record.get("format") != MANIFEST_FORMAT
+        or not isinstance(record.get("produced_by"), dict)
+        or not all(_is_entry(entry) for entry in files.values())
+    ):
+        return f"its record of files ({MANIFEST}) is malformed"
+    return record
+
+
+def _is_entry(entry: Any) -> bool:
+    """Whether a manifest's entry is ``{"bytes": n ≥ 0, "sha256": 64 hex digits}``."""
+    if not isinstance(entry, dict):
+        return False
+    size, digest = entry.get("bytes"), entry.get("sha256")
+    return (
+        isinstance(size, int)
+        and not isinstance(size, bool)
+        and size >= 0
+        and isinstance(digest, str)
+        and len(digest) == 64
+        and set(digest) <= set("0123456789abcdef")
+    )
 
 
 @contextmanager

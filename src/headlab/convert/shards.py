@@ -13,7 +13,7 @@ from torch import Tensor
 
 from headlab.convert.families import hf_config
 from headlab.convert.weights import converted_tensors
-from headlab.files import json_text, new_folder
+from headlab.files import json_text, new_folder, write_manifest
 from headlab.model import ModelConfig
 
 
@@ -114,7 +114,8 @@ def convert_checkpoint(source: str | Path, out: str | Path) -> Path:
 
     Tensors are read from ``source`` lazily and written block by block, so the memory needed is
     about one block's weights, whatever the model's size; the dtype is the source's. The
-    directory is written whole or not at all (:func:`headlab.files.new_folder`).
+    directory is written whole or not at all (:func:`headlab.files.new_folder`), its manifest
+    (each file's size and SHA-256, :func:`headlab.files.write_manifest`) last.
     """
     src, dst = Path(source), Path(out)
     config = checkpoint_config(src)
@@ -131,6 +132,7 @@ def convert_checkpoint(source: str | Path, out: str | Path) -> Path:
         index = {"metadata": {"format": "pt"}, "weight_map": weight_map}
         (tmp / "model.safetensors.index.json").write_text(json_text(index))
         (tmp / "config.json").write_text(json_text(config.to_dict(), indent=2))
+        write_manifest(tmp, None, {"converted_from": src.name})
     return dst
 
 

