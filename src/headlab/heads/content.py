@@ -4,21 +4,24 @@ explain, from the one forward's weights (:func:`content_score`; docs/heads.md).
 Shape legend
     B   batch (probe sequences); h heads; n query (= key) positions
 
-The arithmetic runs in compiled loops (:func:`headlab.heads.kernels.content_parts`), a head's
-rows one at a time, split by head across PyTorch's threads: a few passes over a layer's
-weights where PyTorch's operations took a few dozen. The masks that depend on the probe alone
-are built once for it and shared by its layers.
+:func:`content_parts` is the definition, in PyTorch operations on any device; on the
+CPU in float32 compiled loops compute the same numbers (:mod:`headlab.heads.kernels`, tested
+equal to it), a head's rows one at a time: a few passes over a layer's weights where these
+operations take a few dozen. The masks that depend on the probe alone are built once for it
+and shared by its layers.
 """
 
 from __future__ import annotations
 
 import functools
 
-import numpy as np
 import torch
 from torch import Tensor
 
+from headlab.heads import fast
 from headlab.heads.targets import as_batched
+
+_TINY = 1e-30  # a divisor's floor: a profile or a row with no mass compares as nothing
 
 
 def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) -> Tensor:
@@ -49,34 +52,75 @@ def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) ->
     position explanation wins. A uniform head, a fixed-offset head (previous, current token)
     and a head always on one key position score 0; a head that follows token identity on
     shuffled or random text cannot be told from its positions and scores high. ``causal``:
-    the model's config. Weights on any device are scored on the CPU in float32.
+    the model's config. Scored on the weights' device, in float64.
     """
     A, _ = as_batched(weights)
     B, h, n, _ = A.shape
-    from headlab.heads.kernels import content_parts_parallel  # Numba: loaded on first use
-
     sees, size, every = _content_masks(B, n, causal, fixed)
-    rows = A.detach().to("cpu", torch.float32).contiguous().numpy()
-    out = np.zeros((h, 2))  # per head: the unexplained sums by key position and by offset
-    content_parts_parallel(rows, sees, size, out)
+    if fast.usable(A):
+        from headlab.heads.kernels import content_parts_parallel
+
+        rows = A.detach().contiguous()
+        out = torch.zeros(h, 2, dtype=torch.float64)
+        content_parts_parallel(rows.numpy(), sees.numpy(), size.numpy(), out.numpy())
+    else:
+        out = content_parts(A, sees.to(A.device), size.to(A.device))
     # each profile's unexplained share (a rest on fixed keys: explained); the better one wins
-    share = torch.from_numpy(out).float() / every
+    share = out.float() / every
     return share.amin(1).clamp(0, 1)  # rounding can step outside [0, 1]
+
+
+def content_parts(A: Tensor, sees: Tensor, size: Tensor) -> Tensor:
+    """Each head's unexplained attention under both position profiles, summed over its rows:
+    A (B, h, n, n) weights, sees (B, n, n) 0/1 the keys each query is compared on (V_i),
+    size (B, n) how many → (h, 2), computed in float64: Σ_i w_i (1 − overlap_i) by key
+    position (0) and by offset (1), over the rows with |V_i| ≥ 2 and w_i > 0
+    (:func:`content_score`'s formulas).
+
+    Every row of every sequence at once: the profiles' sums Σ |V_i|·A_ij, weights Σ w_i and
+    row counts at each cell (key j, or offset cell j − i + n − 1), then each row's
+    leave-one-out profile q at its kept keys (cells more than one row sees), the row and q
+    renormalised there, and 1 − Σ_j min."""
+    h, n = A.shape[1:3]
+    A = A.double()  # a row leaves itself out of the profiles by subtracting from their sums
+    S = sees.to(A.dtype)[:, None]  # (B, 1, n, n)
+    scale = torch.where(size >= 2, size, 0).to(A.dtype)[:, None, :, None]  # (B, 1, n, 1): |V_i|
+    seen = A * S  # (B, h, n, n)
+    t = seen.sum(-1, keepdim=True)  # (B, h, n, 1): each row's weight on V_i
+    w = torch.where((scale > 0) & (t > 0), t, 0.0)  # (B, h, n, 1): w_i, 0 where it does not count
+    counted = (w > 0).to(A.dtype)
+    # each cell's sum (every row), weight and count (the rows that count), (3, h, n, n) a pair
+    parts = torch.stack([(scale * seen).sum(0), (w * S).sum(0), (counted * S).sum(0)])
+    keys = torch.arange(n, device=A.device)
+    cell = keys[None, :] - keys[:, None] + n - 1  # (n, n): query i's key j → offset cell
+    by_offset = torch.zeros(3, h, 2 * n - 1, dtype=A.dtype, device=A.device)
+    by_offset.index_add_(2, cell.flatten(), parts.flatten(2))  # (3, h, 2n − 1)
+    profiles = (parts.sum(2)[:, :, None, :], by_offset[:, :, cell])  # by key (3, h, 1, n), offset
+    out = []
+    for total, weight, count in profiles:
+        kept = S * (count > 1.5)  # (B, h, n, n): seen, at a cell another row sees too
+        q = kept * (total - scale * A) / (weight - w).clamp_min(_TINY)  # the other rows' profile
+        p = (A * kept).sum(-1)  # (B, h, n): the row's mass on the kept keys
+        f = p / q.sum(-1).clamp_min(_TINY)  # q renormalised to the row's mass there
+        overlap = torch.minimum(A, q * f[..., None]).sum(-1) / p.clamp_min(_TINY)
+        unexplained = torch.where(kept.sum(-1) > 0, 1 - overlap, 0.0)  # (B, h, n)
+        out.append((w[..., 0] * unexplained).sum((0, 2)))
+    return torch.stack(out, 1)
 
 
 def _content_masks(
     B: int, n: int, causal: bool, fixed: Tensor | None
-) -> tuple[np.ndarray, np.ndarray, int]:
+) -> tuple[Tensor, Tensor, int]:
     """What :func:`content_score` compares on a probe: the keys each query sees (B, n, n)
     float32 0/1, how many (B, n) int64, and the rows with two or more (at least 1, a
     divisor). They depend on the probe alone, so they are built once and shared by every
-    layer (read-only)."""
+    layer (read-only), on the CPU."""
     key = b"" if fixed is None else fixed.bool().cpu().contiguous().numpy().tobytes()
     return _masks(B, n, causal, key)
 
 
 @functools.lru_cache(maxsize=8)
-def _masks(B: int, n: int, causal: bool, fixed: bytes) -> tuple[np.ndarray, np.ndarray, int]:
+def _masks(B: int, n: int, causal: bool, fixed: bytes) -> tuple[Tensor, Tensor, int]:
     """:func:`_content_masks` from the fixed keys' bytes (empty: none fixed)."""
     free = torch.ones(B, n, dtype=torch.bool)
     if fixed:
@@ -89,4 +133,4 @@ def _masks(B: int, n: int, causal: bool, fixed: bytes) -> tuple[np.ndarray, np.n
         sees = sees & torch.ones(n, n, dtype=torch.bool).tril()
     size = sees.sum(-1)
     every = max(int((size >= 2).sum()), 1)
-    return sees.float().contiguous().numpy(), size.contiguous().numpy(), every
+    return sees.float().contiguous(), size.contiguous(), every

@@ -121,13 +121,16 @@ def content_parts(A, sees, size, lo, hi, out):
     """
     B, _, n, _ = A.shape
     m = 2 * n - 1  # offset cells: j − i + n − 1
-    key = (np.empty(n, _f32), np.empty(n, _f32), np.empty(n, _f32))  # sums, weights, counts
-    off = (np.empty(m, _f32), np.empty(m, _f32), np.empty(m, _f32))
+    # sums and weights in float64: a row leaves itself out by subtracting from them
+    key = (np.empty(n, np.float64), np.empty(n, np.float64), np.empty(n, _f32))  # and counts
+    off = (np.empty(m, np.float64), np.empty(m, np.float64), np.empty(m, _f32))
     w = np.empty((B, n), _f32)  # each row's weight on the keys it sees, 0 where it does not count
     q_key, q_off = np.empty(n, _f32), np.empty(n, _f32)
     for h in range(lo, hi):
-        for buf in key + off:
+        for buf in (key[0], key[1], off[0], off[1]):
             buf[:] = 0
+        key[2][:] = 0
+        off[2][:] = 0
         for b in range(B):
             for i in range(n):
                 row, s, base = A[b, h, i], sees[b, i], n - 1 - i

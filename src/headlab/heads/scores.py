@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from headlab.heads import fast
 from headlab.heads.content import content_score
 from headlab.heads.targets import (
     Targets,
@@ -314,19 +315,18 @@ def _first_argmax(weights: Tensor) -> Tensor:
 
 
 def _row_stats(weights: Tensor) -> tuple[Tensor, Tensor]:
-    """Each row's first argmax (…,) long and Σ_j A_j log A_j (…,) (0 · log 0 = 0) of
-    attention weights (…, s), ≥ 0: the positional and rare-word scores read the argmax, the
-    diffuse score the entropy. On the CPU in float32, one pass of compiled loops on PyTorch's
-    threads reads each row once (:func:`headlab.heads.kernels.row_stats`: on MiniLM's layers
-    a sixth of argmax's time, and half of the four passes of log-and-sum); PyTorch's
-    operations elsewhere."""
-    if weights.device.type != "cpu" or weights.dtype != torch.float32:
-        logs = weights.clamp_min(torch.finfo(weights.dtype).tiny).log()
-        return weights.argmax(-1), (logs * weights).sum(-1)
-    from headlab.heads.kernels import row_stats_parallel  # Numba: loaded on first use
+    """Each row's first argmax (…,) long and Σ_j A_j log A_j (…,) (0 · log 0 = 0: a weight
+    below the least normal float counts as it) of attention weights (…, s), ≥ 0: the positional
+    and rare-word scores read the argmax, the diffuse score the entropy. On the CPU in float32
+    compiled loops compute the same in one pass that reads each row once
+    (:func:`headlab.heads.kernels.row_stats`, where :func:`headlab.heads.fast.usable`)."""
+    if fast.usable(weights):
+        from headlab.heads.kernels import row_stats_parallel
 
-    argmax, plogp = row_stats_parallel(weights.detach().contiguous().numpy())
-    return torch.from_numpy(argmax), torch.from_numpy(plogp)
+        argmax, plogp = row_stats_parallel(weights.detach().contiguous().numpy())
+        return torch.from_numpy(argmax), torch.from_numpy(plogp)
+    logs = weights.clamp_min(torch.finfo(weights.dtype).tiny).log()
+    return weights.argmax(-1), (logs * weights).sum(-1)
 
 
 def pattern_scores(

@@ -1,0 +1,134 @@
+"""The scores' PyTorch definition and its compiled accelerator: one set of numbers.
+
+The content score, each row's argmax and entropy are written once as PyTorch operations
+(headlab.heads.content.content_parts, scores._row_stats) and, on the CPU in float32, computed by
+compiled loops (headlab.heads.kernels) where headlab.heads.fast allows. Held here: the
+definition to the plain-Python loop of the content score's formulas, the loops to the
+definition on random patterns and on every head of real models, and headlab heads with Numba
+unavailable to headlab heads with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from test_content_score import loop_content, random_patterns
+
+from headlab import zoo
+from headlab.heads import analyse, fast
+from headlab.heads.content import _content_masks, content_parts, content_score
+from headlab.heads.scores import _row_stats
+from headlab.measure import build_probe, text_probe
+
+
+@pytest.fixture
+def definition(monkeypatch: pytest.MonkeyPatch):
+    """``definition(True)``: the PyTorch definition runs where the compiled loops would;
+    ``definition(False)``: the loops again."""
+    loops = fast.usable
+
+    def use(on: bool) -> None:
+        monkeypatch.setattr(fast, "usable", (lambda weights: False) if on else loops)
+
+    return use
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_definition_equals_the_loop_of_its_formulas(causal: bool) -> None:
+    """float64 weights: the PyTorch operations give the loop's numbers to 1e-12; float32 to
+    1e-6, on one sequence and several, with fixed keys and a row of no weight."""
+    g = torch.Generator().manual_seed(11)
+    for B, h, n in [(1, 3, 2), (1, 5, 9), (3, 4, 7), (2, 3, 25)]:
+        A = random_patterns(B, h, n, causal, g)
+        fixed = torch.rand(B, n, generator=g) < 0.25
+        sees, size, every = _content_masks(B, n, causal, fixed)
+        want = loop_content(A, causal, fixed)
+        got = (content_parts(A, sees, size) / every).amin(1).clamp(0, 1)
+        assert got.tolist() == pytest.approx(want, abs=1e-12), (B, h, n)
+        got32 = (content_parts(A.float(), sees, size) / every).amin(1).clamp(0, 1)
+        assert got32.tolist() == pytest.approx(want, abs=1e-6), (B, h, n)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_compiled_loops_equal_the_definition(causal: bool, definition) -> None:
+    """content, argmax and Σ A log A: the loops (float32, CPU) against the definition."""
+    g = torch.Generator().manual_seed(12)
+    for B, h, n in [(1, 5, 9), (2, 12, 64), (1, 4, 200)]:
+        A = random_patterns(B, h, n, causal, g).float()
+        A[0, 1, 3] = 0.0  # exact zeros: 0 · log 0 = 0 in both
+        A[0, 1, 3, 2] = 1.0
+        fixed = torch.rand(B, n, generator=g) < 0.2
+        assert fast.usable(A)
+        compiled = content_score(A, causal, fixed), *_row_stats(A)
+        definition(True)
+        assert not fast.usable(A)
+        plain = content_score(A, causal, fixed), *_row_stats(A)
+        definition(False)
+        assert compiled[0].tolist() == pytest.approx(plain[0].tolist(), abs=1e-7)
+        assert torch.equal(compiled[1], plain[1])
+        assert compiled[2].flatten().tolist() == pytest.approx(
+            plain[2].flatten().tolist(), abs=1e-5, rel=1e-5
+        )
+
+
+def scores_of(report) -> list[tuple[str, dict[str, float]]]:
+    return [(s.label, s.scores) for s in report.heads + report.averaged]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["default", "minilm"])
+@pytest.mark.parametrize("probe", ["repeat", "random-repeat", "text"])
+def test_every_score_of_a_real_model_is_the_same_either_way(name, probe, definition) -> None:
+    """Every head's every score within 1e-6 and every label equal, the compiled loops or the
+    definition, on the probes the tests use."""
+    if name == "minilm":
+        pytest.importorskip("transformers")
+    model, tokenizer = zoo.load(name)
+    if probe == "text":
+        p = text_probe(tokenizer, "The keeper counted the sheep, and the keeper slept.", 64)
+    else:
+        p = build_probe(probe, tokenizer, model.config.max_len, model.config.vocab_size, seed=3)
+    compiled = scores_of(analyse(model, p))
+    definition(True)
+    plain = scores_of(analyse(model, p))
+    assert [label for label, _ in compiled] == [label for label, _ in plain]
+    for (_, a), (_, b) in zip(compiled, plain, strict=True):
+        assert a.keys() == b.keys()
+        assert [a[k] for k in a] == pytest.approx([b[k] for k in a], abs=1e-6)
+
+
+BLOCK_NUMBA = """
+import sys
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name == "numba" or name.startswith("numba.") or name == "llvmlite":
+            raise ImportError(f"{name} is blocked by the test")
+sys.meta_path.insert(0, Refuse())
+from headlab.cli import app
+sys.argv = ["headlab", *sys.argv[1:]]
+app()
+"""
+
+
+@pytest.mark.slow
+def test_headlab_heads_without_numba_gives_the_same_labels(tmp_path) -> None:
+    """Numba's import refused: `headlab heads --json` runs on the definition and gives the same
+    labels, and scores within 1e-6, as with the compiled loops."""
+    args = ["heads", "--model", "default", "--json"]
+    env = {**os.environ, "HEADLAB_CACHE": str(tmp_path)}
+    normal = subprocess.run(
+        [sys.executable, "-m", "headlab.cli", *args], capture_output=True, text=True, env=env
+    )
+    blocked = subprocess.run(
+        [sys.executable, "-c", BLOCK_NUMBA, *args], capture_output=True, text=True, env=env
+    )
+    assert normal.returncode == 0, normal.stderr
+    assert blocked.returncode == 0, blocked.stderr
+    a, b = json.loads(normal.stdout), json.loads(blocked.stdout)
+    assert [h["label"] for h in a["heads"]] == [h["label"] for h in b["heads"]]
+    for x, y in zip(a["heads"], b["heads"], strict=True):
+        assert x["scores"] == pytest.approx(y["scores"], abs=2e-4)  # the JSON's 4 decimals
