@@ -324,3 +324,111 @@ def test_a_tampered_converted_checkpoint_is_converted_again(tmp_path, monkeypatc
     with torch.no_grad():
         logits = dispatch(out, "sequential")(TOKENS)
         torch.testing.assert_close(logits, hf(TOKENS).logits, atol=1e-4, rtol=1e-4)
+
+
+# --- the random-weights floors (heads/baselines.py): one JSON entry per architecture and probe ---
+
+
+@pytest.fixture
+def floors(tmp_path, monkeypatch):
+    """The default model's floors on two probes, computed fresh (no cache) and then through
+    the cache into a temporary HEADLAB_CACHE: (model, probes, fresh spreads, entry paths)."""
+    from headlab.heads import baselines as B
+    from headlab.measure import build_probe
+
+    monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(B, "_MEMORY", {})
+    model, tokenizer = zoo.load("default")
+    probes = [build_probe(name, tokenizer, model.config.max_len, model.config.vocab_size)
+              for name in ("random-repeat", "repeat")]  # fmt: skip
+    fresh = [B.random_spreads(model, p, cache=False) for p in probes]
+    for p in probes:
+        B.random_spreads(model, p)
+    paths = [B.floors_cache_dir() / f"{B.floors_key(model, p, B.BASELINE_SEEDS, True)}.json"
+             for p in probes]  # fmt: skip
+    assert all(path.is_file() for path in paths)
+    return model, probes, fresh, paths
+
+
+def every_value_times_ten(path: Path) -> None:
+    """The issue's edit: valid JSON, the same shape, every value × 10 (the hash left alone)."""
+    entry = json.loads(path.read_text())
+    for part in ("random", "averaged"):
+        entry[part] = {k: [[x * 10 for x in row] for row in v] for k, v in entry[part].items()}
+    path.write_text(json.dumps(entry))
+
+
+def one_layer_less(path: Path) -> None:
+    """Valid JSON of the wrong shape: each table (2, L - 1), which ended in an IndexError."""
+    entry = json.loads(path.read_text())
+    for part in ("random", "averaged"):
+        entry[part] = {k: [row[:-1] for row in v] for k, v in entry[part].items()}
+    path.write_text(json.dumps(entry))
+
+
+FLOOR_CASES = ["flip", "truncate", "empty", "swap", "valid-but-wrong", "wrong-shape"]
+
+
+@pytest.mark.parametrize("how", FLOOR_CASES)
+def test_a_tampered_floors_entry_is_computed_again_and_equals_fresh_floors(
+    floors, monkeypatch, how
+):
+    from headlab.heads import baselines as B
+
+    model, probes, fresh, paths = floors
+    if how == "wrong-shape":
+        one_layer_less(paths[0])
+    else:
+        tampered(paths[0], how, paths[1], every_value_times_ten)
+    monkeypatch.setattr(B, "_MEMORY", {})  # a new process: only the disk remembers
+    runs = Counter()
+    real = B.random_weight_runs
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        runs["computed"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(B, "random_weight_runs", counted)
+    for probe, want in zip(probes, fresh, strict=True):
+        got = B.random_spreads(model, probe)
+        for part, wanted in zip(got, want, strict=True):
+            assert part.keys() == wanted.keys()
+            assert all(torch.equal(part[k], wanted[k]) for k in wanted), how
+    # the tampered entry (and, swapped, its partner) is computed again; an intact one is read
+    assert runs["computed"] == (2 if how == "swap" else 1)
+    monkeypatch.setattr(B, "_MEMORY", {})
+    report = B.label_heads(model, probes[0])  # labels through the rewritten entry
+    assert report.floors == B.floors_of(fresh[0][0])
+    assert runs["computed"] == (2 if how == "swap" else 1)
+
+
+def test_the_floors_key_covers_every_module_that_computes_a_score():
+    """Every headlab.heads and headlab.model module a labelling run loads (the compiled loops
+    of heads/kernels.py among them) is hashed into the key, and a change to what a kernel
+    returns, with its source unchanged, changes the key through the fingerprint."""
+    import sys
+
+    from headlab.heads import baselines as B
+    from headlab.heads import kernels
+    from headlab.measure import build_probe
+
+    model, tokenizer = zoo.load("default")
+    B.label_heads(model, build_probe("repeat", tokenizer, 64, model.config.vocab_size))
+    hashed = set(B.scoring_files())
+    loaded = {Path(m.__file__).resolve() for name, m in list(sys.modules.items())
+              if name.startswith(("headlab.heads.", "headlab.model.")) and m.__file__}  # fmt: skip
+    assert Path(kernels.__file__).resolve() in hashed and loaded <= hashed, loaded - hashed
+
+    before = B.scores_fingerprint()
+    real, calls = kernels.row_stats_parallel, Counter()
+
+    def shifted(A: Any) -> Any:
+        calls["kernel"] += 1
+        argmax, plogp = real(A)
+        return (argmax + 1) % A.shape[-1], plogp
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(kernels, "row_stats_parallel", shifted)
+        changed = B.scores_fingerprint() != before
+    assert changed or not calls  # where the kernels do not run (switched off), none can matter
+    assert B.scores_fingerprint() == before

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from headlab.devices import input_device
-from headlab.files import read_text, write_json
+from headlab.files import json_text, read_text, write_json
 from headlab.heads.labels import THRESHOLDS, label_head
 from headlab.heads.report import (
     HeadReport,
@@ -285,26 +285,57 @@ MEMORY_ENTRIES = 64  # floors kept per process (each a few floats per layer and 
 Spreads = tuple[dict[str, Tensor], dict[str, Tensor]]  # the heads', the averaged heads'
 _MEMORY: dict[str, Spreads] = {}
 _LOCK = threading.Lock()
-# the modules whose code makes a score: a cached floor from other code is not used
-SCORING_CODE = ("heads/scores.py", "heads/content.py", "heads/targets.py", "heads/report.py",
-                "heads/baselines.py", "measure.py", "attention.py", "model/transformer.py",
-                "model/layers.py")  # fmt: skip
+# the code that makes a score (and so a floor), hashed into every floor's key: a cached floor
+# from other code is not used. Whole rooms, so that no module that computes a score (the
+# compiled loops of heads/kernels.py, the switch that picks them) can be left out
+SCORING_CODE = ("heads/*.py", "model/*.py", "attention.py", "measure.py", "trace.py",
+                "devices.py", "numbers.py")  # fmt: skip
+FLOORS_FORMAT = 2  # 2: each entry holds its key and the SHA-256 of its content
 
 
 @functools.cache
 def _code_digest() -> bytes:
-    """The hash of the code that computes the random-weights scores, and torch's version."""
+    """The hash of the code that computes the random-weights scores (every file of
+    :data:`SCORING_CODE`), of torch's version and of the scores of a fixed small input
+    (:func:`scores_fingerprint`), which changes with anything else that changes a score."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256(torch.__version__.encode())
-    for name in SCORING_CODE:
-        h.update((root / name).read_bytes())
+    for path in scoring_files():
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    h.update(scores_fingerprint())
+    return h.digest()
+
+
+def scoring_files() -> list[Path]:
+    """The source files of :data:`SCORING_CODE`, in a fixed order."""
+    root = Path(__file__).resolve().parents[1]
+    return sorted({path for pattern in SCORING_CODE for path in root.glob(pattern)})
+
+
+def scores_fingerprint() -> bytes:
+    """The SHA-256 of every score :func:`analyse` gives a tiny random model (2 layers of 2
+    heads, seeded) on a fixed repeated-random-tokens probe, on one CPU thread, rounded to 1e-5:
+    a change anywhere in how scores are computed (the code, torch, Numba) changes it."""
+    from headlab.files import one_thread
+    from headlab.measure import random_repeat_probe
+    from headlab.model import ModelConfig
+
+    config = ModelConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, max_len=32)
+    with SeededInit(torch.Generator().manual_seed(0)):
+        model = Transformer(config).eval()
+    probe = random_repeat_probe(None, 32, 24, length=5, batch=2, seed=0)
+    with one_thread():
+        scores = score_tensor(analyse(model, probe, keep=()))
+    h = hashlib.sha256()
+    for kind, values in sorted(scores.items()):
+        h.update(kind.encode() + torch.round(values.double() * 1e5).numpy().tobytes())
     return h.digest()
 
 
 def floors_key(model: Any, probe: Probe, seeds: tuple[int, ...], content: bool) -> str:
     """What the random-weights scores depend on, hashed: ``model``'s config (not its weights),
     dtype and device type, every field of ``probe`` its targets read, the seeds, whether the
-    content score runs, and the scoring code."""
+    content score runs, and the scoring code (:func:`_code_digest`)."""
     weight = model.embed.weight
     h = hashlib.sha256(_code_digest())
     h.update(repr((model.config, tuple(seeds), content, str(weight.dtype), weight.device.type,
@@ -320,27 +351,59 @@ def floors_cache_dir() -> Path:
     return cache_root() / "floors"
 
 
-def _read_cached(key: str) -> Spreads | None:
-    """The random-weights spreads stored under ``key``, or None (absent or unreadable)."""
+def _entry_digest(key: str, body: dict[str, Any]) -> str:
+    """The SHA-256 of an entry's key and spreads, as canonical JSON."""
+    text = json.dumps({"key": key, **body}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _read_cached(key: str, layers: int) -> Spreads | None:
+    """The random-weights spreads stored under ``key``, or None: absent, unreadable, or not an
+    entry this key wrote (:func:`_checked`), so computed again and written over."""
     path = floors_cache_dir() / f"{key}.json"
     if not path.is_file():
         return None
     try:
         stored = json.loads(read_text(path, 1_000_000, "floors cache"))
-        heads, averaged = (
-            {k: torch.tensor(v, dtype=torch.float32) for k, v in stored[part].items()}
-            for part in ("random", "averaged")
-        )
-        return heads, averaged
-    except (ValueError, OSError, KeyError, TypeError, AttributeError):
-        return None  # computed again and written over
+    except (ValueError, OSError, RecursionError):
+        return None
+    return _checked(stored, key, layers)
+
+
+def _checked(stored: Any, key: str, layers: int) -> Spreads | None:
+    """An entry's spreads when it is the one written under ``key`` and unchanged since: its
+    own key (not another entry's, swapped in), the SHA-256 of its content, and each type's
+    values a (2, ``layers``) table of finite means and sds ≥ 0; else None. The SHA-256 is a
+    check, not a signature: whoever can write the file can recompute it."""
+    if not isinstance(stored, dict) or stored.get("format") != FLOORS_FORMAT:
+        return None
+    body = {part: stored.get(part) for part in ("random", "averaged")}
+    if stored.get("key") != key or stored.get("sha256") != _entry_digest(key, body):
+        return None
+    spreads = []
+    for part in body.values():
+        if not isinstance(part, dict) or not part:
+            return None
+        tables = {}
+        for kind, values in part.items():
+            try:
+                table = torch.tensor(values, dtype=torch.float32)
+            except (TypeError, ValueError, RuntimeError, OverflowError):
+                return None
+            if table.shape != (2, layers) or not table.isfinite().all() or (table[1] < 0).any():
+                return None
+            tables[kind] = table
+        spreads.append(tables)
+    return spreads[0], spreads[1]
 
 
 def _write_cached(key: str, spreads: Spreads) -> None:
-    """Store the spreads under ``key``; a cache that cannot be written is only skipped (the
-    floors are recomputed next time)."""
-    stored = {part: {k: v.tolist() for k, v in d.items()}
-              for part, d in zip(("random", "averaged"), spreads, strict=True)}  # fmt: skip
+    """Store the spreads under ``key`` with the key and the SHA-256 of the content; a cache
+    that cannot be written is only skipped (the floors are recomputed next time)."""
+    body = json.loads(json_text({part: {k: v.tolist() for k, v in d.items()}
+                                 for part, d in zip(("random", "averaged"), spreads,
+                                                    strict=True)}))  # fmt: skip
+    stored = {"format": FLOORS_FORMAT, "key": key, "sha256": _entry_digest(key, body), **body}
     try:
         floors_cache_dir().mkdir(parents=True, exist_ok=True)
         write_json(floors_cache_dir() / f"{key}.json", stored)
@@ -363,7 +426,7 @@ def random_spreads(
     second probe of the same architecture with the same tokens costs nothing. float32 values
     go through JSON unchanged, so cached equals computed."""
     key = floors_key(model, probe, seeds, content) if cache else ""
-    found = (_MEMORY.get(key) or _read_cached(key)) if cache else None
+    found = (_MEMORY.get(key) or _read_cached(key, model.config.n_layers)) if cache else None
     if found is None:
         runs = random_weight_runs(model, probe, seeds, content, progress)
         heads, averaged = ({k: spread(v, (0, 2)) for k, v in r.items()} for r in runs)
