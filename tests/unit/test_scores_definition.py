@@ -101,17 +101,34 @@ def test_every_score_of_a_real_model_is_the_same_either_way(name, probe, definit
         assert [a[k] for k in a] == pytest.approx([b[k] for k in a], abs=1e-6)
 
 
-BLOCK_NUMBA = """
+REFUSE_NUMBA = """
 import sys
 class Refuse:
     def find_spec(self, name, path=None, target=None):
         if name == "numba" or name.startswith("numba.") or name == "llvmlite":
             raise ImportError(f"{name} is blocked by the test")
 sys.meta_path.insert(0, Refuse())
+"""
+BLOCK_NUMBA = (
+    REFUSE_NUMBA
+    + """
 from headlab.cli import app
 sys.argv = ["headlab", *sys.argv[1:]]
 app()
 """
+)
+SERVE_WITHOUT_NUMBA = (
+    REFUSE_NUMBA
+    + """
+import json, sys
+from fastapi.testclient import TestClient
+from headlab.server.app import create_app
+with TestClient(create_app()) as client:
+    answer = client.post("/api/heads", json={"model": "default", "probe": "repeat"})
+    print(json.dumps({"status": answer.status_code, "numba": "numba" in sys.modules,
+                      "labels": [h["label"] for h in answer.json()["heads"]]}))
+"""
+)
 
 
 @pytest.mark.slow
@@ -132,3 +149,21 @@ def test_headlab_heads_without_numba_gives_the_same_labels(tmp_path) -> None:
     assert [h["label"] for h in a["heads"]] == [h["label"] for h in b["heads"]]
     for x, y in zip(a["heads"], b["heads"], strict=True):
         assert x["scores"] == pytest.approx(y["scores"], abs=2e-4)  # the JSON's 4 decimals
+
+
+@pytest.mark.slow
+def test_the_server_starts_and_answers_without_numba(tmp_path) -> None:
+    """The page's server loads the compiled loops at startup where it can; with Numba's import
+    refused it starts all the same and /api/heads gives the labels it gives with them."""
+    env = {**os.environ, "HEADLAB_CACHE": str(tmp_path)}
+    out = {}
+    for name, code in (
+        ("blocked", SERVE_WITHOUT_NUMBA),
+        ("normal", SERVE_WITHOUT_NUMBA[len(REFUSE_NUMBA) :]),
+    ):
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+        assert run.returncode == 0, run.stderr
+        out[name] = json.loads(run.stdout.splitlines()[-1])
+    assert out["blocked"]["status"] == out["normal"]["status"] == 200
+    assert not out["blocked"]["numba"] and out["normal"]["numba"]
+    assert out["blocked"]["labels"] == out["normal"]["labels"]

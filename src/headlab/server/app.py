@@ -60,8 +60,11 @@ def create_app(
         import torch._dynamo  # noqa: F401
 
         # the scores' compiled loops: loaded (compiled, the first time on an install) here,
-        # so the first analysis does not wait on them
-        import headlab.heads.kernels  # noqa: F401
+        # so the first analysis does not wait on them; without Numba the scores' PyTorch
+        # definition runs instead
+        from headlab.heads import fast
+
+        fast.available()
 
         yield
         app.state.live.shutdown()
