@@ -1,11 +1,18 @@
-"""Every head score, each written once: how much a head looks like a known head type.
+"""Every head score: how much a head looks like a known head type, in PyTorch operations on
+any device. :func:`pattern_scores` is what :func:`headlab.heads.analyse` runs: every score of a
+set of heads at once, the target-mask scores through :func:`stacked_masses`. The functions
+below it score one type at a time, for any query and key length (a KV cache too); the tests
+hold them equal to it. On the CPU in float32, compiled loops compute the content score, each
+row's argmax and its entropy (:mod:`headlab.heads.fast` decides where; they equal the
+definition here).
 
 Shape legend
     B   batch (probe sequences); scores are averaged over it
     h   heads (of one layer, or all layers' heads stacked)
     n   query positions; s key positions (s == n: analysis runs without a cache)
 
-Every score is in [0, 1] and returns (h,); docs/heads.md has the full reference. Each type is
+Every score is in [0, 1] and returns (h,) (the positional score also its offsets); docs/heads.md
+has the full reference. Each type is
 judged where it can act (:func:`mass_where_possible` over the rows that have a target from
 :mod:`headlab.heads.targets`); ``causal`` is the model's ``config.causal``, never guessed.
 
@@ -15,7 +22,7 @@ judged where it can act (:func:`mass_where_possible` over the rows that have a t
     duplicate_score      attention on other copies of the query's token              Wang 2022
     positional_score     share of queries whose argmax is at the most common offset  Voita 2019
     content_score        the share of attention the head's own position profile does not explain
-                         (:mod:`headlab.heads.content`, in compiled loops)
+                         (:mod:`headlab.heads.content`)
     rare_word_score      share of queries whose argmax is the least frequent word    Voita 2019
     first_token_score    mean weight on the first token: an attention sink     Xiao 2023, Gu 2024
     key_mass_score       mean weight on marked keys (delimiters)                    Clark 2019
@@ -113,16 +120,6 @@ def induction_mul_score(weights: Tensor, tokens: Tensor) -> Tensor:
     A, toks = as_batched(weights, tokens)
     assert toks is not None
     return pattern_score(A, induction_pattern(toks))
-
-
-def mul_scores(weights: Tensor, targets: Targets) -> dict[str, Tensor]:
-    """TransformerLens's "mul" scores of weights (B, h, n, n) on a probe's targets."""
-    A, _ = as_batched(weights)
-    return {
-        "previous_mul": previous_mul_score(A),
-        "duplicate_mul": pattern_score(A, targets.duplicate_mul),
-        "induction_mul": pattern_score(A, targets.induction_mul),
-    }
 
 
 # --- the scores labels are made of -----------------------------------------------------------
@@ -274,11 +271,6 @@ def averaged_pattern(weights: Tensor) -> Tensor:
     """
     A, _ = as_batched(weights)
     return A.mean(dim=1)
-
-
-def resting_weight(weights: Tensor, idle: Tensor) -> Tensor:
-    """The mean weight on the first token over the rows marked ``idle`` (B, n) → (h,)."""
-    return mass_where_possible(weights[..., :1], idle[..., None])  # key 0 only: (B, h, n, 1)
 
 
 def stacked_masses(weights: Tensor, stack: TargetStack) -> dict[str, Tensor]:
