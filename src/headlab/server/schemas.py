@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from headlab.measure import PROBE_INFO, PROBES
 from headlab.server import settings
@@ -204,10 +204,10 @@ def probe_infos() -> list[ProbeInfo]:
                       description=HEAD_PROBE_INFO[n][1]) for n in HEAD_PROBES]  # fmt: skip
 
 
-def _text_rules(names: tuple[str, ...]) -> ConfigDict:
+def _text_rules(names: tuple[str, ...], *more: dict[str, Any]) -> ConfigDict:
     """A request's config: unknown fields refused, and the schema saying what the probes of
     ``names`` enforce (headlab.measure.build_probe): one that reads no text takes none, one that
-    reads a text needs it."""
+    reads a text needs it; then the ``more`` rules across fields."""
     return ConfigDict(
         extra="forbid",
         json_schema_extra={
@@ -220,9 +220,58 @@ def _text_rules(names: tuple[str, ...]) -> ConfigDict:
                     "if": _probe_is(_probes(True, names)),
                     "then": {"required": ["text"], "properties": {"text": {"type": "string"}}},
                 },
+                *more,
             ]
         },
     )
+
+
+def token_limits() -> dict[str, int]:
+    """The most tokens a text may have on each model this machine offers (a model's context,
+    the server's HEADLAB_MAX_TOKENS, and room for every head's weights: headlab.zoo.token_budget,
+    as the routes apply it), by model name."""
+    from headlab import zoo
+
+    limits = {}
+    for info in zoo.list_models():
+        try:
+            config = zoo.model_config(info.name) if info.available else None
+        except (ValueError, OSError, ImportError):
+            config = None  # a config that cannot be read: the model is refused when asked
+        if config is not None:
+            limits[info.name] = zoo.token_budget(config, MAX_TOKENS, settings.MAX_WEIGHTS)
+    return limits
+
+
+def _state_token_limits(schema: dict[str, Any]) -> None:
+    """The text's schema: ``x-max-tokens``, each model's :func:`token_limits`, also in words (a
+    JSON schema counts characters, not tokens, so the numbers are stated beside ``maxLength``)."""
+    limits = token_limits()
+    schema["x-max-tokens"] = limits
+    said = ", ".join(f"{name} {n}" for name, n in limits.items())
+    schema["description"] += f" (x-max-tokens, by model: {said})"
+
+
+EXACT_NEEDS_EVIDENCE = (
+    'exact picks the heads that evidence ablates exactly: add "evidence": true or leave exact out'
+)
+EVIDENCE_NEEDS_FLOORS = (
+    "floors: evidence checks every label against its random-weights floor; leave out "
+    '"floors": false or "evidence": true'
+)
+EVIDENCE_NOT_ON_NEEDLES = (
+    "evidence backs the pattern probes' labels; the needle probe's are tested by masking "
+    '(`headlab experiment retrieval`): leave out "evidence": true or pick another probe'
+)
+# the same rules as JSON schema (HeadsRequest checks them): exact only with evidence, and
+# evidence only with the floors and a pattern probe
+_EVIDENCE = {"properties": {"evidence": {"const": True}}, "required": ["evidence"]}
+_EXACT = {"properties": {"exact": {"not": {"type": "null"}}}, "required": ["exact"]}
+_WITH_EVIDENCE = {"floors": {"const": True}, "probe": {"not": {"const": NEEDLE}}}
+EVIDENCE_RULES = (
+    {"if": _EXACT, "then": _EVIDENCE},
+    {"if": _EVIDENCE, "then": {"properties": _WITH_EVIDENCE}},
+)
 
 
 def _probe_help(names: tuple[str, ...]) -> str:
@@ -241,7 +290,9 @@ class TextRequest(Strict):
         None,
         min_length=1,
         max_length=MAX_TEXT_CHARS,
-        description="text to run; omitted = the built-in sentence with a repeat",
+        description="text to run; omitted = the built-in sentence with a repeat. At most the "
+        "model's token limit as its tokenizer splits the text, the start token included",
+        json_schema_extra=_state_token_limits,
     )
     probe: ProbeName | None = Field(None, description=_probe_help(PROBES))
 
@@ -252,7 +303,7 @@ class TextRequest(Strict):
 
 
 class HeadsRequest(TextRequest):
-    model_config = _text_rules(HEAD_PROBES)
+    model_config = _text_rules(HEAD_PROBES, *EVIDENCE_RULES)
 
     probe: HeadProbeName | None = Field(None, description=_probe_help(HEAD_PROBES))
     syntax: StrictBool = Field(
@@ -293,6 +344,17 @@ class HeadsRequest(TextRequest):
     def wants_syntax(self) -> bool:
         """Whether the answer carries the syntactic scores (syntax_labels implies syntax)."""
         return self.syntax or self.syntax_labels
+
+    @model_validator(mode="after")
+    def _evidence_fits(self) -> HeadsRequest:
+        """The fields evidence needs or rules out, as :data:`EVIDENCE_RULES` state them."""
+        if self.exact is not None and not self.evidence:
+            raise ValueError(EXACT_NEEDS_EVIDENCE)
+        if self.evidence and not self.floors:
+            raise ValueError(EVIDENCE_NEEDS_FLOORS)
+        if self.evidence and self.probe == NEEDLE:
+            raise ValueError(EVIDENCE_NOT_ON_NEEDLES)
+        return self
 
 
 class CircuitRequest(Strict):

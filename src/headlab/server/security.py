@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
+import sys
 from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -215,8 +217,9 @@ class BodyLimit:
 
 
 def json_body_problem(scope: Scope, body: bytes) -> str | None:
-    """Why a JSON request body cannot be read (not UTF-8, nested too deep), or None. Malformed
-    JSON is left to the app, whose 422 says where it broke."""
+    """Why a JSON request body cannot be read (not UTF-8, nested too deep, an integer too long
+    for Python to read), or None. Malformed JSON is left to the app, whose 422 says where it
+    broke."""
     content_type = dict(scope.get("headers", [])).get(b"content-type", b"").lower()
     if not body or b"json" not in content_type:
         return None
@@ -232,6 +235,28 @@ def json_body_problem(scope: Scope, body: bytes) -> str | None:
         return (
             f"body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep; send a "
             "flat JSON object of the fields in /docs"
+        )
+    return _long_integer_problem(text)
+
+
+def _long_integer_problem(text: str) -> str | None:
+    """Why JSON text holds an integer Python refuses to read (over ``sys.int_max_str_digits``
+    digits: the app then answered 400 "error parsing the body"), or None. Parsed only when a
+    run of that many digits is there at all, which may also be inside a string."""
+    most = sys.get_int_max_str_digits()
+    if not most or not re.search(rf"\d{{{most + 1}}}", text):
+        return None
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return None  # malformed: the app's 422 says where
+    except ValueError:
+        field = re.search(rf'"([A-Za-z_]\w{{0,63}})"\s*:\s*-?\d{{{most + 1}}}', text)
+        where = field.group(1) if field else "body"
+        return (
+            f"{where}: a number of more than {most:,} digits cannot be read; send a number "
+            f"within {'its field' if where == 'body' else where}'s limits (/docs lists each "
+            "field's least and greatest value)"
         )
     return None
 

@@ -96,13 +96,6 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
     ``evidence`` each label's evidence (:func:`headlab.heads.evidence.evidence`)."""
     from headlab.heads.baselines import FloorsDoNotFit
 
-    if req.exact is not None and not req.evidence:
-        raise HTTPException(422, "exact picks the heads that evidence ablates exactly: add "
-                            '"evidence": true or leave exact out')  # fmt: skip
-    if req.evidence and not req.floors:
-        raise HTTPException(422, "floors: evidence checks every label against its "
-                            'random-weights floor; leave out "floors": false or '
-                            '"evidence": true')  # fmt: skip
     model, probe, retrieval, needles = heads_probe(request, req)
     found = syntax_table(request, req.model) if req.wants_syntax() else None
     margins = found["report"].margins() if found and found.get("report") else None
@@ -170,10 +163,6 @@ def heads_probe(request: Request, req: HeadsRequest) -> tuple[Any, Any, Any, lis
         return (*load_probe(request, req), None, [])
     from headlab.heads.retrieval import DIGITS, needle_analysis
 
-    if req.evidence:
-        raise HTTPException(422, "evidence backs the pattern probes' labels; the needle "
-                            "probe's are tested by masking (`headlab experiment retrieval`): "
-                            'leave out "evidence": true or pick another probe')  # fmt: skip
     if req.text is not None:
         raise HTTPException(422, "probe 'needle' takes no text; leave the text out or use "
                             "probe 'text'")  # fmt: skip
