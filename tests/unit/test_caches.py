@@ -432,3 +432,93 @@ def test_the_floors_key_covers_every_module_that_computes_a_score():
         changed = B.scores_fingerprint() != before
     assert changed or not calls  # where the kernels do not run (switched off), none can matter
     assert B.scores_fingerprint() == before
+
+
+# --- Numba's compiled loops (heads/kernels.py), checked by heads/kernel_cache.py ---------------
+
+# run in a child process: a damaged cache used to end it (exit 139) or raise on every run
+KERNELS_RUN = """
+import numpy as np, torch
+from headlab.heads import content, kernel_cache, kernels
+A = torch.rand(2, 3, 40, 40, generator=torch.Generator().manual_seed(0))
+A = (A / A.sum(-1, keepdim=True)).float()
+sees, size, _ = content._content_masks(2, 40, True, None)
+want = content.content_parts(A, sees, size).numpy()
+for threads in (1, 2):  # alone, and the OpenMP tasks
+    torch.set_num_threads(threads)
+    argmax, plogp = kernels.row_stats_parallel(A.numpy())
+    assert (argmax == A.numpy().argmax(-1)).all()
+    assert np.allclose(plogp, (A.double() * A.double().log()).sum(-1).numpy(), atol=1e-5)
+    out = np.zeros((3, 2))
+    kernels.content_parts_parallel(A.numpy(), sees.numpy(), size.numpy(), out)
+    assert np.allclose(out, want, atol=1e-6), (out, want)
+print("compiled", kernel_cache._compiles())
+"""
+
+
+def run_kernels(cache: Path) -> tuple[int, str]:
+    """Run the kernels in a child process on ``cache``: (exit status, what it printed)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HEADLAB_CACHE": str(cache), "HEADLAB_KERNELS": "1"}
+    done = subprocess.run([sys.executable, "-c", KERNELS_RUN], env=env, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def compiled_kernels(tmp_path_factory) -> Path:
+    """A cache whose kernels were compiled once, by a child process."""
+    cache = tmp_path_factory.mktemp("kernels") / "cache"
+    status, said = run_kernels(cache)
+    assert status == 0 and "compiled 9" in said, said
+    return cache
+
+
+def nbc_rotated(folder: Path) -> None:
+    """Each .nbc file holds the next one's bytes (the last the first's), as the issue did."""
+    codes = sorted(folder.rglob("*.nbc"))
+    blobs = [p.read_bytes() for p in codes]
+    for path, blob in zip(codes, blobs[1:] + blobs[:1], strict=True):
+        path.write_bytes(blob)
+
+
+KERNEL_CASES = {
+    "rotate-nbc": nbc_rotated,
+    "flip-nbc": lambda folder: [flip(p) for p in folder.rglob("*.nbc")],
+    "truncate-nbc": lambda folder: [truncate(p) for p in folder.rglob("*.nbc")],
+    "flip-nbi": lambda folder: [flip(p) for p in folder.rglob("*.nbi")],
+    "swap-nbi": lambda folder: swap(*sorted(folder.rglob("*.nbi"))[:2]),
+    "no-record": lambda folder: (folder / files.MANIFEST).unlink(),
+}
+
+
+@pytest.mark.parametrize("how", list(KERNEL_CASES))
+def test_a_damaged_kernel_cache_is_compiled_again_never_loaded(compiled_kernels, tmp_path, how):
+    from headlab.heads import kernel_cache
+
+    cache = tmp_path / "cache"
+    shutil.copytree(compiled_kernels, cache)
+    folder = cache / "kernels"
+    compiled = kernel_cache.compiled_files(folder)
+    assert len(compiled) == 18 and files.manifest_problem(folder, compiled) is None
+    KERNEL_CASES[how](folder)
+    status, said = run_kernels(cache)
+    assert status == 0, said  # 139 (a segfault) or 1 (LLVM's bitcode error) before
+    assert "compiled 9" in said, said  # every loop compiled again: none of the damaged loaded
+    compiled = kernel_cache.compiled_files(folder)
+    assert len(compiled) == 18 and files.manifest_problem(folder, compiled) is None
+
+
+def test_an_intact_kernel_cache_is_loaded_and_an_unwritable_one_is_not_used(
+    compiled_kernels, tmp_path
+):
+    cache = tmp_path / "cache"
+    shutil.copytree(compiled_kernels, cache)
+    status, said = run_kernels(cache)
+    assert status == 0 and "compiled 0" in said, said  # all nine loaded from the cache
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # where the cache folder should be: nothing can be written there
+    status, said = run_kernels(blocker)
+    assert status == 0 and "compiled 9" in said, said  # compiled in memory, cached nowhere

@@ -4,11 +4,12 @@
 rare-word and diffuse scores of :mod:`headlab.heads.scores`).
 
 Numba compiles each loop to vectorised machine code the first time it runs and caches it on
-disk (beside this module, or in Numba's user cache where that is read-only): seconds once per
-install, milliseconds to load after that. Rows are worked one at a time, each small enough to
-stay in the CPU's first-level cache, so a layer costs a few passes over its weights, not
-dozens. The ``*_parallel`` entry points split the work across ``torch.get_num_threads()``
-threads of PyTorch's own OpenMP team, the threads and the budget PyTorch's operations use.
+disk in headlab's cache, every file checked before Numba reads it
+(:mod:`headlab.heads.kernel_cache`): seconds once per install, milliseconds to load after
+that. Rows are worked one at a time, each small enough to stay in the CPU's first-level cache,
+so a layer costs a few passes over its weights, not dozens. The ``*_parallel`` entry points
+split the work across ``torch.get_num_threads()`` threads of PyTorch's own OpenMP team, the
+threads and the budget PyTorch's operations use.
 
 Floating-point contract: float32 throughout; sums may be reassociated (``reassoc``), so a
 result differs from a plain loop's by float rounding (the tests hold it to the definition's loop
@@ -29,9 +30,17 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from headlab.heads import kernel_cache
+
 # float arithmetic the compiler may reorder and fuse, but never assume finite
 _FAST = {"reassoc", "contract", "arcp", "nsz"}
-_jit = numba.njit(nogil=True, cache=True, boundscheck=False, fastmath=_FAST)
+_jit = kernel_cache.cached(
+    numba.njit(nogil=True, cache=kernel_cache.CACHING, boundscheck=False, fastmath=_FAST)
+)
+# an OpenMP task: void f(int64 *args), compiled as it is decorated
+_task = kernel_cache.cached(
+    numba.cfunc(types.void(types.CPointer(types.int64)), cache=kernel_cache.CACHING)
+)
 _f32 = np.float32
 _TINY = np.float32(1e-30)
 
@@ -244,7 +253,7 @@ def row_stats(A, lo, hi, argmax, plogp):
 # the task's own (see _parallel).
 
 
-@numba.cfunc(types.void(types.CPointer(types.int64)), cache=True)
+@_task
 def _content_task(args):
     """One OpenMP thread's share of :func:`content_parts`: the addresses of A, sees, size and
     out, then B, H, n."""
@@ -258,7 +267,7 @@ def _content_task(args):
     content_parts(A, sees, size, H * thread // threads, H * (thread + 1) // threads, out)
 
 
-@numba.cfunc(types.void(types.CPointer(types.int64)), cache=True)
+@_task
 def _rows_task(args):
     """One OpenMP thread's share of :func:`row_stats`: the addresses of A, argmax and plogp,
     then R, n."""
@@ -327,6 +336,7 @@ def content_parts_parallel(
     arrays = [(A, _f32), (sees, _f32), (size, np.int64), (out, np.float64)]
     _parallel(_content_task, lambda: content_parts(A, sees, size, 0, H, out), H, arrays,
               [B, H, n])  # fmt: skip
+    kernel_cache.record()  # a first call may compile and save
 
 
 def row_stats_parallel(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -339,4 +349,8 @@ def row_stats_parallel(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     argmax, plogp = np.empty(R, np.int64), np.empty(R, _f32)
     _parallel(_rows_task, lambda: row_stats(rows, 0, R, argmax, plogp), R // 64 + 1,
               [(rows, _f32), (argmax, np.int64), (plogp, _f32)], [R, n])  # fmt: skip
+    kernel_cache.record()
     return argmax.reshape(A.shape[:-1]), plogp.reshape(A.shape[:-1])
+
+
+kernel_cache.record()  # the cfuncs above compiled (or loaded) as they were decorated
