@@ -55,19 +55,36 @@ def load_series(names: list[str], tokenizer: Any = None) -> list[Member]:
     members: list[Member] = []
     for name in names:
         path = Path(name).expanduser()
-        if (path / "checkpoints").is_dir():  # a run folder: every checkpoint it keeps
+        kind = _kind(path)
+        if kind == "run":  # every checkpoint it keeps
             steps = sorted(p for p in (path / "checkpoints").glob("step-*") if p.is_dir())
             if not steps:
                 raise ValueError(f"the run {name} has no checkpoints in {path / 'checkpoints'}")
             members += [(f"{name}@{p.name}", _trained(p), tokenizer) for p in steps]
-        elif (path / "state.json").is_file():
+        elif kind == "checkpoint":
             members.append((name, _trained(path), tokenizer))
-        elif _weights_alone(path):
+        elif kind == "weights":
             members.append((name, Transformer.load(path), tokenizer))
         else:
             model, own = zoo.load(name)
             members.append((name, model, own))
     return members
+
+
+def _kind(path: Path) -> str:
+    """What ``path`` holds: a training "run" folder, one "checkpoint", a model's "weights" alone,
+    or else a "name" for the zoo, which says what it is not (so is a name no path can be:
+    longer than the file system allows, or holding a NUL)."""
+    try:
+        if (path / "checkpoints").is_dir():
+            return "run"
+        if (path / "state.json").is_file():
+            return "checkpoint"
+        if _weights_alone(path):
+            return "weights"
+    except (OSError, ValueError):
+        pass
+    return "name"
 
 
 def _weights_alone(path: Path) -> bool:

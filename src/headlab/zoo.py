@@ -333,11 +333,14 @@ def load(
 
 
 def _is_native(directory: Path) -> bool:
-    """Whether a model folder is headlab's own (its config.json names no Hugging Face type)."""
+    """Whether a model folder is headlab's own (its config.json names no Hugging Face type);
+    a :class:`ModelNotAvailable` naming the file when its config.json is no JSON object."""
+    from headlab.model.config import config_json
+
     try:
-        return "model_type" not in json.loads((directory / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
+        return "model_type" not in config_json(directory / "config.json")
+    except ValueError as exc:
+        raise ModelNotAvailable(str(exc)) from None
 
 
 def model_config(name: str) -> ModelConfig:
@@ -346,20 +349,20 @@ def model_config(name: str) -> ModelConfig:
     Never fetches: an unfetched SmolLM2 raises :class:`ModelNotAvailable` like any model
     that is not here. The page's shape calculator offers these sizes as "this model's".
     """
-    from headlab.model import ModelConfig
+    from headlab.model.config import read_config
 
     if name in FETCHABLE and not is_fetched(name):
         raise ModelNotAvailable(f"model {name!r} is not fetched: headlab models --fetch {name}")
     directory, _ = model_dir(name)
     if _is_native(directory):
-        return ModelConfig.from_dict(json.loads((Path(directory) / "config.json").read_text()))
+        return read_config(Path(directory) / "config.json")
     try:
         from transformers import AutoConfig
     except ImportError as exc:
         raise ModelNotAvailable(f"reading {name!r} needs transformers: {exc}") from exc
     from headlab import convert
 
-    return convert.hf_config(AutoConfig.from_pretrained(str(directory), local_files_only=True))
+    return convert.hf_config(_hf_config(AutoConfig, directory))
 
 
 def token_budget(config: ModelConfig, max_tokens: int, max_weights: int) -> int:
@@ -389,22 +392,51 @@ def model_dir(name: str) -> tuple[Path, str]:
         return path, "minilm"
     if name in FETCHABLE:
         return fetch(name), name
-    folder = Path(name).expanduser()
-    if (folder / "config.json").is_file():  # a path given as --model
-        return folder.resolve(), folder.resolve().name
+    folder = _model_folder(name)
+    if folder is not None:  # a path given as --model
+        return folder, folder.name
     cached = cached_hf_models()
     # "gpt2" also finds "openai-community/gpt2" when that is the only cached match
     matches = [repo for repo in cached if repo == name or repo.endswith("/" + name)]
     if len(matches) == 1:
         return cached[matches[0]][0], matches[0]
     known = ", ".join(i.name for i in list_models() if i.available) or "none"
+    shown = name if len(name) <= 60 else f"{name[:40]}... ({len(name):,} characters)"
     raise ModelNotAvailable(
-        f"unknown model {name!r}: not shipped and not in the Hugging Face cache at "
+        f"unknown model {shown!r}: not shipped and not in the Hugging Face cache at "
         f"{hf_cache_dir()}, nor a folder holding a config.json. Available here: {known}. To "
         f"use a Hugging Face model ({_SUPPORTED}), download it once where there is network "
-        f"(`huggingface-cli download {name}`) or give its folder, then load it offline; "
+        f"(`huggingface-cli download {shown}`) or give its folder, then load it offline; "
         "`headlab models` lists what is available"
     )
+
+
+def _model_folder(name: str) -> Path | None:
+    """The folder ``name`` names when it holds a config.json (resolved), else None: also for a
+    name no folder can have (longer than the file system allows, a NUL, a link loop)."""
+    folder = Path(name).expanduser()
+    try:
+        return folder.resolve() if (folder / "config.json").is_file() else None
+    except (OSError, ValueError, RuntimeError):  # RuntimeError: resolve's link loop
+        return None
+
+
+def _hf_config(auto_config: Any, directory: Path) -> Any:
+    """transformers' config of the model in ``directory`` (offline); a :class:`ModelNotAvailable`
+    naming the file when transformers refuses it (a field of the wrong type: "Field 'n_embd'
+    expected int, got str")."""
+    refused: tuple[type[Exception], ...] = (OSError, ValueError, TypeError, KeyError)
+    try:  # huggingface_hub's check of each field (transformers 5)
+        from huggingface_hub.errors import StrictDataclassError
+
+        refused += (StrictDataclassError,)
+    except ImportError:
+        pass
+    try:
+        return auto_config.from_pretrained(str(directory), local_files_only=True)
+    except refused as exc:
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise ModelNotAvailable(f"{Path(directory) / 'config.json'}: {reason}") from None
 
 
 class _EncoderOptions(TypedDict, total=False):
@@ -425,7 +457,7 @@ def load_hf_dir(directory: str | Path, name: str = "") -> tuple[Transformer, Tok
 
     transformers.utils.logging.disable_progress_bar()
     path = str(directory)
-    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    config = _hf_config(transformers.AutoConfig, Path(directory))
     if config.model_type not in SUPPORTED_FAMILIES:
         raise ModelNotAvailable(f"{name or path} is a {config.model_type!r} model; {_SUPPORTED}")
     encoder = config.model_type in ("bert", "roberta", "xlm-roberta")

@@ -7,6 +7,11 @@ returns) is replaced by a recorder: what is checked there is that the input is v
 any work, and that only valid input reaches the work. `shapes`, `heads`, `models`, `info` and the
 top level run for real. Each run is tallied by command and exit status and printed (``-s``).
 
+Issue 43: every command with its stdout on a full disk (/dev/full) and on a closed pipe, every
+--model given a name longer than a file name may be and every kind of malformed model folder,
+and every option that writes (a file or a folder) pointed at a path under a file, a folder or a
+file, a read-only folder and the empty string: each ends in exit 1 or 2 and one line.
+
 Issue 24: file inputs of every kind (a FIFO, a socket, a folder, a device made with mknod here,
 /proc/self/mem, a sparse 64 MiB, binary, JSON nested 100,000 deep) reach every option that reads
 a file, and every writer (--html, heads --out, the --out folders) is pointed at every kind of
@@ -16,11 +21,15 @@ minute instead of hanging CI. No test touches the machine's own device nodes.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import signal
 import socket
 import stat
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,9 +54,12 @@ COMMANDS = (
     "models",
     "heads",
     "syntax",
+    "circuit",
+    "compare",
     "generate",
     "train",
     "experiment",
+    "static",
 )
 
 
@@ -472,3 +484,216 @@ hosts = st.one_of(
 @given(args=options({"--host": hosts, "--port": st.one_of(st.just("0"), int_like)}))
 def test_serve_validates_before_serving(recorded, args: list[str]) -> None:
     run("serve", *args)
+
+
+# --- issue 43: full disks, closed pipes, over-long names, malformed models, every output target -
+
+
+def one_line_refusal(result: subprocess.CompletedProcess[str], args: list[str]) -> str:
+    """A run that stopped as it should: exit 1 or 2, one line on stderr that starts with
+    error:, no traceback."""
+    said = result.stderr.strip()
+    shown = f"headlab {' '.join(map(repr, args))} -> exit {result.returncode}\n{said}"
+    assert "Traceback" not in said, shown
+    assert result.returncode in (1, 2), shown
+    assert said.startswith("error:") and "\n" not in said, shown
+    return said
+
+
+def headlab(args: list[str], stdout: object) -> subprocess.CompletedProcess[str]:
+    """`headlab ARGS` in its own process (its stdout a device or a pipe no typer runner has),
+    running the headlab this test imported."""
+    import headlab
+
+    command = [sys.executable, "-m", "headlab.cli", *args]
+    env = {**os.environ, "PYTHONPATH": str(Path(headlab.__file__).parents[1])}
+    return subprocess.run(
+        command, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=600, env=env
+    )
+
+
+# a run of every command that writes to stdout; train, experiment runs, serve and static work
+# for minutes or for ever, so their --help stands for them (written by the same app, the same way)
+STDOUT_RUNS = (
+    ["--version"],
+    ["--help"],
+    ["info"],
+    ["models"],
+    ["shapes"],
+    ["shapes", "--json"],
+    ["heads"],
+    ["heads", "--json"],
+    ["syntax"],
+    ["circuit"],
+    ["compare", "--model", "default", "--model", "default"],
+    ["generate", "--prompt", "The cat sat on the", "--max-new-tokens", "2"],
+    ["experiment", "list"],
+    ["experiment", "--help"],
+    ["train", "--help"],
+    ["serve", "--help"],
+    ["static", "--help"],
+)
+
+
+def test_the_full_disk_runs_cover_every_command() -> None:
+    from typer.main import get_command
+
+    commands = set(get_command(app).commands)  # type: ignore[attr-defined]
+    assert commands == {run[0] for run in STDOUT_RUNS if not run[0].startswith("-")}
+    assert commands == set(COMMANDS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", STDOUT_RUNS, ids=" ".join)
+def test_every_command_on_a_full_disk_says_so_in_one_line(args: list[str]) -> None:
+    """`headlab shapes --json > /dev/full` was a traceback (OSError: No space left on device)."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("this system has no /dev/full")
+    with open("/dev/full", "w") as full:
+        result = headlab(args, full)
+    said = one_line_refusal(result, args)
+    assert result.returncode == 1 and "could not write the output" in said, said
+    assert "No space left on device" in said, said
+
+
+@pytest.mark.parametrize("args", [["info"], ["shapes", "--json"], ["models"]], ids=" ".join)
+def test_a_closed_pipe_ends_the_run_quietly(args: list[str]) -> None:
+    """`headlab ... | head` when head has gone: exit 1, nothing said, no traceback."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        result = headlab(args, write)
+    finally:
+        os.close(write)
+    assert result.returncode == 1 and result.stderr == "", result.stderr
+
+
+# every option that names a model, with the arguments that let the name reach the zoo
+MODEL_OPTIONS = (
+    ("heads", "--model", "{}"),
+    ("syntax", "--model", "{}"),
+    ("circuit", "--model", "{}"),
+    ("generate", "--prompt", "the cat", "--model", "{}"),
+    ("compare", "--model", "{}", "--model", "default"),
+    ("compare", "--model", "default", "--model", "default", "--tokenizer", "{}"),
+    ("experiment", "retrieval", "--quick", "--model", "{}"),
+)
+
+
+def test_a_model_name_longer_than_a_file_name_is_unknown_in_one_line(recorded) -> None:
+    """A name of 256 characters or more was `OSError: File name too long` in five commands."""
+    names = ["m" * 256, "m" * 300, "x/" * 200 + "m", "é" * 200, "m" * 5000]
+    for name in names:
+        for options in MODEL_OPTIONS:
+            said = refused(*(name if a == "{}" else a for a in options))
+            assert "model" in said and name not in said, said  # named, shortened
+    assert not [call for call in recorded if call[0] == "experiment"]
+
+
+@pytest.fixture(scope="module")
+def broken_models(tmp_path_factory) -> dict[str, tuple[str, str]]:
+    """Model folders each broken one way: name → (folder, what the refusal must name)."""
+    from headlab import zoo
+
+    root = tmp_path_factory.mktemp("models")
+    good = json.loads((zoo.WEIGHTS_DIR / "config.json").read_text())
+    weights = (zoo.WEIGHTS_DIR / "model.safetensors").read_bytes()
+    hf = {"model_type": "gpt2", "n_embd": "x", "n_layer": 1, "n_head": 2, "vocab_size": 300}
+    without_d_model = {k: v for k, v in good.items() if k != "d_model"}
+    cases = {  # name: (config.json text or None, weights or None, what the message names)
+        "bad-json": ('{"d_model": 128,', weights, "config.json is not valid JSON"),
+        "wrong-type": (json.dumps({**good, "d_model": "x"}), weights, "d_model must be"),
+        "no-field": (json.dumps(without_d_model), weights, "has no d_model"),
+        "a-list": ("[1, 2, 3]", weights, "not an object"),
+        "not-utf8": (b"\xff\xfe{}", weights, "not UTF-8"),
+        "misfit": (json.dumps({**good, "d_model": 64}), weights, "does not fit"),
+        "no-weights": (json.dumps(good), None, "model.safetensors is missing"),
+        "truncated": (json.dumps(good), weights[:5000], "cannot be read as safetensors"),
+        "empty-weights": (json.dumps(good), b"", "cannot be read as safetensors"),
+        "no-config": (None, weights, "unknown model"),
+        "hf-wrong-type": (json.dumps(hf), None, "n_embd"),
+    }
+    out = {}
+    for name, (config, blob, said) in cases.items():
+        folder = root / name
+        folder.mkdir()
+        shutil.copy(zoo.WEIGHTS_DIR / "tokenizer.json", folder / "tokenizer.json")
+        if config is not None:
+            raw = config if isinstance(config, bytes) else config.encode()
+            (folder / "config.json").write_bytes(raw)
+        if blob is not None:
+            (folder / "model.safetensors").write_bytes(blob)
+        out[name] = (str(folder), said)
+    return out
+
+
+def test_every_malformed_model_folder_is_refused_in_one_line(broken_models) -> None:
+    """A config.json that is no JSON or has "d_model": "x" was a TypeError or OSError
+    traceback in compare, circuit and syntax; the refusal names the file and the field."""
+    for name, (folder, said) in broken_models.items():
+        for options in MODEL_OPTIONS[:5]:
+            message = refused(*(folder if a == "{}" else a for a in options))
+            assert said in message, (name, options, message)
+            if name != "no-config":
+                assert folder in message, message  # which folder's file
+
+
+@pytest.fixture
+def writable_targets(tmp_path: Path) -> dict[str, str]:
+    """Where a writer may be pointed that it cannot write: name → path."""
+    (tmp_path / "file").write_text("keep")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "mine.txt").write_text("keep")
+    (tmp_path / "locked").mkdir()
+    (tmp_path / "locked").chmod(0o555)
+    targets = {
+        "under a file": str(tmp_path / "file" / "x.json"),
+        "a folder": str(tmp_path / "folder"),
+        "a file": str(tmp_path / "file"),
+        "read-only": str(tmp_path / "locked" / "x.json"),
+        "empty": "",
+    }
+    if os.geteuid() == 0:  # root writes in a folder of mode 0555: it is no refusal to test
+        del targets["read-only"]
+    return targets
+
+
+# each option that writes: (arguments before the target, after it, what kind of target it takes)
+WRITERS = (
+    (["heads", "--html"], ["--probe", "nope"], "file"),  # the probe would fail later
+    (["heads", "--prompts", "{prompts}", "--out"], [], "file"),
+    (["heads", "--offload-folder"], [], "folder"),
+    (["compare", "--model", "nope", "--model", "nope", "--png"], [], "file"),
+    (["train", "induction", "--quick", "--out"], [], "folder"),
+    (["experiment", "induction", "--quick", "--out"], [], "folder"),
+    (["static"], ["--web", "{web}"], "site"),
+)
+
+
+def test_every_writer_refuses_every_target_it_cannot_write(
+    files, writable_targets, recorded, tmp_path, monkeypatch
+) -> None:
+    """Each option that writes, pointed at each target it cannot take: one line, exit 2, and
+    the target as it was (a folder of the user's is no site to replace). The current folder is
+    a scratch one: '' was once the current folder to `headlab static`, which emptied it."""
+    from headlab.site import ORT_FILES
+
+    dist = tmp_path / "web" / "node_modules" / "onnxruntime-web" / "dist"
+    dist.mkdir(parents=True)
+    for name in ORT_FILES:  # static finds its runtime, so only the target can stop it
+        (dist / name).write_text("// stand-in\n")
+    (tmp_path / "scratch").mkdir()
+    monkeypatch.chdir(tmp_path / "scratch")
+    fill = {"{prompts}": files["prompts.txt"], "{web}": str(tmp_path / "web")}
+    for before, after, kind in WRITERS:
+        for what, target in writable_targets.items():
+            if kind == "file" and what == "a file":
+                continue  # a file is replaced by a file writer: that is its job
+            if kind == "folder" and what == "a folder":
+                continue  # a folder takes a run's files beside the user's
+            args = [fill.get(a, a) for a in before] + [target] + [fill.get(a, a) for a in after]
+            refused(*args)
+    folder = Path(writable_targets["a folder"])
+    assert sorted(p.name for p in folder.iterdir()) == ["mine.txt"]
+    assert Path(writable_targets["a file"]).read_text() == "keep"
+    assert not [call for call in recorded if call[0] in ("train", "experiment")]

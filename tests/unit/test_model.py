@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import cmath
+import json
 import math
 
 import pytest
@@ -162,6 +163,33 @@ def test_save_load_roundtrip(tmp_path):
 def test_load_missing_directory_names_the_file(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"config\.json"):
         Transformer.load(tmp_path)
+
+
+def test_a_config_read_from_json_names_the_field_of_the_wrong_type(tmp_path):
+    """`"d_model": "x"` in a model folder's config.json was a TypeError deep in the checks
+    (issue 43); each field of the wrong type is named with what it takes, with the file."""
+    from headlab.model.config import read_config
+
+    good = small().config.to_dict()
+    wrong = {"d_model": "x", "n_heads": 4.0, "causal": 1, "n_kv_heads": "2", "norm_eps": True}
+    wrong |= {"local_layers": [0, "1"], "positional": 3}
+    for field, value in wrong.items():
+        with pytest.raises(ValueError, match=f"^{field} must be "):
+            ModelConfig.from_dict({**good, field: value})
+    with pytest.raises(ValueError, match="has no d_model; it takes an integer"):
+        ModelConfig.from_dict({k: v for k, v in good.items() if k != "d_model"})
+    assert ModelConfig.from_dict({**good, "norm_eps": 1, "d_ff": None}).norm_eps == 1
+    (tmp_path / "config.json").write_text('{"d_model": 1,')
+    with pytest.raises(ValueError, match=r"config\.json is not valid JSON"):
+        read_config(tmp_path / "config.json")
+    saved = small().save(tmp_path / "m")
+    (saved / "config.json").write_text(json.dumps({**good, "d_model": "x"}))
+    with pytest.raises(ValueError, match=r"m/config\.json: d_model must be an integer, got 'x'"):
+        Transformer.load(saved)
+    (saved / "model.safetensors").write_bytes(b"")
+    (saved / "config.json").write_text(json.dumps(good))
+    with pytest.raises(ValueError, match="cannot be read as safetensors"):
+        Transformer.load(saved)
 
 
 def test_config_errors_say_what_is_valid():

@@ -21,8 +21,13 @@ Only this package imports its modules; torch and the library load inside the com
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import inspect
+import os
+import sys
 from collections.abc import Callable
+from typing import Any, NoReturn
 
 import typer
 
@@ -39,9 +44,46 @@ from headlab.cli import (
     static,
     syntax,
 )
-from headlab.cli.common import console
+from headlab.cli.common import console, fail
 
-app = typer.Typer(
+# what writing the output answers when it cannot be written: a full disk (`> /dev/full`), a full
+# quota, a file over its size limit, a reader that closed the pipe (`| head`)
+OUTPUT_LOST = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EPIPE)
+
+
+class Headlab(typer.Typer):
+    """typer's app, where output that cannot be written ends the run with one sentence on
+    stderr and exit 1 instead of a traceback (a closed pipe ends it quietly, as other commands
+    do), whichever command wrote it. Output still buffered at the end is written before the
+    run ends, so that its failure is seen here too, not by the interpreter at exit."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            try:
+                return super().__call__(*args, **kwargs)
+            finally:
+                if sys.stdout is not None:  # None when started with stdout closed (>&-)
+                    sys.stdout.flush()
+        except OSError as exc:
+            if exc.errno not in OUTPUT_LOST:
+                raise
+            _output_lost(exc)
+
+
+def _output_lost(exc: OSError) -> NoReturn:
+    """Say why the output was lost (not for a closed pipe: its reader wants no more), point
+    stdout at the null device so that the interpreter's last flush has nothing to fail, and exit
+    1."""
+    with contextlib.suppress(OSError, ValueError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+    if exc.errno != errno.EPIPE:
+        with contextlib.suppress(OSError):  # stderr may be on the full disk too
+            fail(f"could not write the output: {exc.strerror or exc}")
+    raise SystemExit(1)
+
+
+app = Headlab(
     name="headlab",
     help="Multi-head attention you can run, measure and see.",
     no_args_is_help=True,

@@ -4,8 +4,11 @@ and arithmetic, checked when made, each problem named with what would be valid.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Literal
+import json
+import types
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from headlab.attention import check_config
 
@@ -139,12 +142,83 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelConfig:
-        """Inverse of :meth:`to_dict`; unknown keys are an error naming the known ones."""
+        """Inverse of :meth:`to_dict`, for a dict read from JSON: unknown keys, a value of the
+        wrong type (``"d_model": "x"``) and a required field left out are each a ValueError
+        naming the field and what it takes."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a model config is a JSON object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown ModelConfig fields {unknown}; known: {sorted(known)}")
+        hints = get_type_hints(cls)
+        for f in fields(cls):
+            takes = _takes(hints[f.name])
+            if f.name not in data and f.default is MISSING:
+                raise ValueError(f"the model config has no {f.name}; it takes {takes}")
+            if f.name in data and not _fits(data[f.name], hints[f.name]):
+                raise ValueError(f"{f.name} must be {takes}, got {data[f.name]!r}")
         return cls(**data)
 
 
 _FIRST_VARIANT = [f.name for f in fields(ModelConfig)].index("head_dim")
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a value read from JSON has a field's type: an integer is no bool, a number may
+    be an integer, a choice (Literal) is a string (which of them :meth:`ModelConfig.problems`
+    says), a tuple of layers is a list of integers."""
+    if get_origin(hint) in (Union, types.UnionType):
+        return any(_fits(value, arg) for arg in get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if get_origin(hint) is Literal:
+        return isinstance(value, str)
+    if get_origin(hint) is tuple:
+        return isinstance(value, list | tuple) and all(_fits(v, int) for v in value)
+    return True
+
+
+def _takes(hint: Any) -> str:
+    """What a field of type ``hint`` takes, in words: "an integer", "a number or null" …"""
+    if get_origin(hint) in (Union, types.UnionType):
+        return " or ".join(_takes(arg) for arg in get_args(hint))
+    if get_origin(hint) is Literal:
+        return "one of " + ", ".join(map(str, get_args(hint)))
+    words = {type(None): "null", bool: "true or false", int: "an integer", float: "a number"}
+    return words.get(hint, "a list of integers")
+
+
+def config_json(path: str | Path) -> dict[str, Any]:
+    """The JSON object in a model's ``config.json`` (headlab's or Hugging Face's); a ValueError
+    naming the file and what is wrong: unreadable, not UTF-8, not JSON, not an object."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:  # a folder named config.json, no permission to read it
+        raise ValueError(f"{p} cannot be read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{p} is not UTF-8 text; a model config is JSON") from None
+    except json.JSONDecodeError as exc:
+        where = f"{exc.msg} at line {exc.lineno}, column {exc.colno}"
+        raise ValueError(f"{p} is not valid JSON ({where}); a model config is JSON") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{p} holds a JSON {type(data).__name__}, not an object of fields")
+    return data
+
+
+def read_config(path: str | Path) -> ModelConfig:
+    """The :class:`ModelConfig` in the file ``path`` (:meth:`ModelConfig.to_dict` as JSON); a
+    ValueError naming the file and what is wrong with it: not JSON, a field left out, unknown
+    or of the wrong type, a value out of range."""
+    data = config_json(path)
+    try:
+        return ModelConfig.from_dict(data)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None

@@ -5,7 +5,6 @@ decoding, greedy or sampled generation, and its own save / load. Shapes as in
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -14,11 +13,16 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from headlab.attention import KVCache
-from headlab.model.config import ModelConfig
+from headlab.model.config import ModelConfig, read_config
 from headlab.model.layers import Block, Rotary, make_norm
 from headlab.model.sampling import generation_problems, pick_tokens
 from headlab.model.streaming import SinkCache
 from headlab.trace import Trace
+
+
+class MissingModelFile(FileNotFoundError, ValueError):
+    """A file a saved model needs is missing: a FileNotFoundError, and a ValueError, as every
+    other problem with a model folder is, so that a caller reports them all alike."""
 
 
 class SkipInit(TorchFunctionMode):
@@ -357,24 +361,35 @@ class Transformer(nn.Module):
     @classmethod
     def load(cls, directory: str | Path, device: str | torch.device = "cpu") -> Transformer:
         """The model saved by :meth:`save` in ``directory``, in eval mode."""
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         path = Path(directory)
         for name in ("config.json", "model.safetensors"):
             if not (path / name).is_file():
-                raise FileNotFoundError(
-                    f"{path / name} is missing; expected a Transformer.save dir"
-                )
-        config = ModelConfig.from_dict(json.loads((path / "config.json").read_text()))
+                raise MissingModelFile(f"{path / name} is missing; expected a Transformer.save dir")
+        config = read_config(path / "config.json")
         with torch.device(device), SkipInit():  # every weight is replaced by the file's
             model = cls(config)
         # the file's tensors become the weights, no copy: they are mapped from the file
         # (privately, so writing to a weight never changes the file) and read in on first use
-        state = load_file(str(path / "model.safetensors"), device=str(device))
+        try:
+            state = load_file(str(path / "model.safetensors"), device=str(device))
+        except (SafetensorError, OSError) as exc:  # truncated, empty, not safetensors at all
+            raise ValueError(
+                f"{path / 'model.safetensors'} cannot be read as safetensors ({exc}); save the "
+                "model again"
+            ) from None
         if config.tie_embeddings:  # saved once, under either name
             shared = state.pop("unembed.weight", None)
             state.setdefault("embed.weight", shared)  # type: ignore[arg-type]
-        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+        try:
+            missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+        except RuntimeError as exc:  # a tensor of another shape than the config makes
+            first = str(exc).strip().splitlines()[-1].strip()
+            raise ValueError(
+                f"{path / 'model.safetensors'} does not fit its config.json: {first}"
+            ) from None
         if config.tie_embeddings:
             model.unembed.weight = model.embed.weight  # assign replaced the shared Parameter
             missing = [k for k in missing if k != "unembed.weight"]
