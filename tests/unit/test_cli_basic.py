@@ -58,9 +58,10 @@ def test_only_the_cli_imports_its_reporters_and_recipe_registry():
 def test_help_loads_no_library_module_beyond_the_package_core():
     """`headlab --help` imports every command group, so their top-level imports stay light: past
     what `import headlab` itself loads, only the CLI's own modules (not even its support module,
-    which imports the training loop) and headlab.shapes's torch-free config, presets and figures
-    (the closed-form report), whose LIMITS bound `headlab shapes`'s options (as they bound the
-    API's), with the integer helpers they use; no other room of the library, and no torch."""
+    which imports the training loop) and headlab.shapes's torch-free config, presets, figures
+    (the closed-form report) and the statement they evaluate, whose LIMITS bound `headlab
+    shapes`'s options (as they bound the API's), with the integer helpers they use; no other
+    room of the library, and no torch."""
     code = (
         "import json, sys, headlab; core = set(sys.modules); "
         "from typer.main import get_command; from headlab.cli import app; "
@@ -69,8 +70,15 @@ def test_help_loads_no_library_module_beyond_the_package_core():
         "if m.startswith(('headlab', 'torch')))))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    shapes = {"headlab.shapes", "headlab.shapes.config", "headlab.shapes.presets",
-              "headlab.shapes.figures", "headlab.numbers"}  # fmt: skip
+    shapes = {
+        "headlab.shapes",
+        "headlab.shapes.config",
+        "headlab.shapes.presets",
+        "headlab.shapes.figures",
+        "headlab.shapes.statement",
+        "headlab.shapes.formula",
+        "headlab.numbers",
+    }
     loaded = set(json.loads(proc.stdout)) - {"headlab.cli"} - shapes
     assert "headlab.cli.common" in loaded
     assert {

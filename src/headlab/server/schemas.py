@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, 
 from headlab.measure import PROBE_INFO, PROBES
 from headlab.server import settings
 from headlab.shapes import DTYPE_NAMES, DTYPES, LIMITS
+from headlab.shapes.statement import REQUEST_DEFAULTS
 
 # A name is a short identifier (letters, digits, - _ .), never a path: no "/" or "..".
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
@@ -141,27 +142,25 @@ def _hi(name: str) -> int:
     return LIMITS[name][1]
 
 
+def _size(name: str, description: str) -> Any:
+    """A size of a shape request: its limits and its value when left out are the shape
+    statement's (headlab.shapes.statement, which the static site reads too; which sizes may be
+    null is the statement's as well, and a test holds this schema to it)."""
+    return Field(REQUEST_DEFAULTS[name], ge=_lo(name), le=_hi(name), description=description)
+
+
 class ShapesRequest(Strict):
     """The arguments of ``headlab.shapes.trace_shapes``; shapes are traced on the meta device."""
 
-    d_model: int = Field(512, ge=_lo("d_model"), le=_hi("d_model"), description="model width")
-    n_heads: int = Field(8, ge=_lo("n_heads"), le=_hi("n_heads"), description="query heads h")
-    seq_len: int = Field(10, ge=_lo("seq_len"), le=_hi("seq_len"), description="tokens n")
-    batch: int = Field(1, ge=_lo("batch"), le=_hi("batch"), description="batch B")
-    n_kv_heads: int | None = Field(
-        None, ge=_lo("n_kv_heads"), le=_hi("n_kv_heads"), description="key/value heads h_kv"
-    )
-    bias: StrictBool = True
-    dtype: Dtype = "float32"
-    cache_len: int = Field(
-        0,
-        ge=_lo("cache_len"),
-        le=_hi("cache_len"),
-        description="positions already in the KV cache",
-    )
-    d_k: int | None = Field(
-        None, ge=_lo("d_k"), le=_hi("d_k"), description="each head's width; null: d_model / h"
-    )
+    d_model: int = _size("d_model", "model width")
+    n_heads: int = _size("n_heads", "query heads h")
+    seq_len: int = _size("seq_len", "tokens n")
+    batch: int = _size("batch", "batch B")
+    n_kv_heads: int | None = _size("n_kv_heads", "key/value heads h_kv")
+    bias: StrictBool = REQUEST_DEFAULTS["bias"]
+    dtype: Dtype = REQUEST_DEFAULTS["dtype"]
+    cache_len: int = _size("cache_len", "positions already in the KV cache")
+    d_k: int | None = _size("d_k", "each head's width; null: d_model / h")
 
     @field_validator("d_model", "n_heads", "seq_len", "batch", "n_kv_heads", "cache_len", "d_k",
                      mode="before")  # fmt: skip

@@ -4,7 +4,7 @@ The report is read off the real :class:`~headlab.attention.MultiHeadAttention`: 
 and run on PyTorch's ``meta`` device with a :class:`~headlab.trace.Trace`, so every recorded tensor
 has its true shape and dtype but no storage (:func:`trace_shapes`). Nothing is allocated, and even
 GPT-3's width with a 131,072-token context and a batch of 64 takes a couple of milliseconds.
-:func:`table_shapes` writes the same report in closed form from the shape table, without torch:
+:func:`table_shapes` writes the same report in closed form from the shape statement, without torch:
 the command line answers with it in a fraction of torch's import (``--trace`` runs the layer and
 checks it), and the tests hold the two equal, field by field, over hundreds of sizes.
 
@@ -16,6 +16,9 @@ FLOPs count the matrix products only, a multiply-add as 2 (Kaplan et al. 2020's 
 what ``torch.utils.flop_counter`` counts); the bias adds, the 1/√d_k scale and the softmax are
 O(B·h·n·s) element-wise work against the products' O(B·h·n·s·d_k), and are left out.
 
+    statement every size, shape, count, check and sentence of the report, written once as
+              Python expressions that this package and the static site's browser evaluate
+    formula   the small language the statement is written in: compiled to JSON trees, evaluated
     config    the sizes a user may ask for (:class:`ShapeConfig`, :data:`LIMITS`, dtypes) and
               the checks that name what is wrong; no torch
     presets   the published models' sizes (:data:`PRESETS`); no torch

@@ -18,18 +18,22 @@ from headlab.shapes.figures import (
     ParamTensor,
     ShapeReport,
     Stage,
-    closed_stage,
     format_bytes,
-    kv_figures,
-    param_tensor,
+    stated_report,
+    statement_for,
     table_shapes,
-    warnings_of,
-    with_verdict,
 )
 from headlab.trace import Trace
 
-__all__ = ["DTYPES", "ParamTensor", "ShapeReport", "Stage", "format_bytes", "table_shapes",
-           "trace_shapes"]  # fmt: skip
+__all__ = [
+    "DTYPES",
+    "ParamTensor",
+    "ShapeReport",
+    "Stage",
+    "format_bytes",
+    "table_shapes",
+    "trace_shapes",
+]
 
 # every dtype name a user may type (DTYPE_ALIASES) → the torch dtype the layer is run in
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16,
@@ -62,22 +66,13 @@ def trace_shapes(
     if problems:
         return ShapeReport(cfg, valid=False, problems=tuple(problems), source="trace")
     trace, module = _run_on_meta(cfg)
-    stages = tuple(_stage(cfg, name, t) for name, t in trace.items())
-    params = tuple(param_tensor(cfg, n, tuple(p.shape)) for n, p in module.named_parameters())
-    x, y = trace["x"], trace["out"]
-    preserving = x.shape == y.shape and x.dtype == y.dtype
-    report = ShapeReport(
-        cfg,
-        valid=True,
-        problems=(),
-        warnings=tuple(warnings_of(stages)),
-        stages=stages,
-        param_tensors=params,
-        kv_cache=_kv_cache(cfg),
-        shape_preserving=preserving,
-        source="trace",
-    )
-    return with_verdict(report)
+    stated = statement_for(cfg)
+    stages = [
+        stated.call("stage", name, list(t.shape), _dtype_name(t), t.element_size())
+        for name, t in trace.items()
+    ]
+    params = [stated.call("param", n, list(p.shape)) for n, p in module.named_parameters()]
+    return stated_report(cfg, "trace", stages=stages, param_tensors=params, **_kv_cache(cfg))
 
 
 @functools.lru_cache(maxsize=64)
@@ -193,16 +188,16 @@ _KERNELS: dict[Any, Callable[..., torch.Tensor | None]] = {
 }
 
 
-def _stage(cfg: ShapeConfig, name: str, t: torch.Tensor) -> Stage:
-    dtype = str(t.dtype).removeprefix("torch.")
-    return closed_stage(cfg, name, tuple(t.shape), dtype, t.element_size())
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
 
 
-def _kv_cache(cfg: ShapeConfig) -> dict[str, int | float]:
+def _kv_cache(cfg: ShapeConfig) -> dict[str, int]:
     """KV-cache bytes for this layer, from real (meta) caches, against MHA (h K/V heads) and MQA
-    (one) of the same size; ``sink_bytes_per_token``: what one kept position of a StreamingLLM
+    (one) of the same size; ``sink_slot_bytes``: what one kept position of a StreamingLLM
     cache (:class:`headlab.model.streaming.SinkCache`) holds per sequence, keys before rotary
-    included, which the page's streaming figure multiplies by the positions each policy keeps."""
+    included, which the page's streaming figure multiplies by the positions each policy keeps.
+    The statement derives the rest (per token, the ratio) from these."""
     from headlab.model.streaming import SinkCache
 
     z = cfg.sizes()
@@ -211,5 +206,9 @@ def _kv_cache(cfg: ShapeConfig) -> dict[str, int | float]:
     def bytes_of(heads: int) -> int:
         return KVCache(z["B"], heads, z["d_k"], z["s"], dt, device="meta").nbytes
 
-    slot = SinkCache(1, z["h_kv"], z["d_k"], 0, 1, dt, device="meta").nbytes
-    return kv_figures(bytes_of, z, slot)
+    return {
+        "cache_bytes": bytes_of(z["h_kv"]),
+        "mha_cache_bytes": bytes_of(z["h"]),
+        "mqa_cache_bytes": bytes_of(1),
+        "sink_slot_bytes": SinkCache(1, z["h_kv"], z["d_k"], 0, 1, dt, device="meta").nbytes,
+    }
