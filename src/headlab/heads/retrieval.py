@@ -84,10 +84,10 @@ def pieces(tokenizer: Any, text: str) -> list[int]:
 
 
 def haystack(tokenizer: Any) -> list[int]:
-    """The haystack play's tokens."""
-    from headlab.corpus import fetch_corpus, read_corpus
+    """The haystack play's tokens, from the copy shipped in the package (nothing downloaded)."""
+    from headlab.corpus import shipped_work
 
-    return pieces(tokenizer, dict(read_corpus(fetch_corpus()))[HAYSTACK_WORK])
+    return pieces(tokenizer, shipped_work(HAYSTACK_WORK))
 
 
 def groups(probes: list[NeedleProbe]) -> list[list[NeedleProbe]]:
