@@ -36,14 +36,9 @@ from torch import Tensor
 
 from headlab import files
 from headlab.head_table import HeadTable
-from headlab.heads import SCORE_TYPES, HeadScore, analyse, label_head
-from headlab.heads.baselines import (
-    BASELINE_SEEDS,
-    Floors,
-    ScoreRows,
-    floors_from,
-    gate_rows,
-)
+from headlab.heads import SCORE_TYPES, HeadScore, analyse
+from headlab.heads.baselines import BASELINE_SEEDS, Floors, ScoreRows, floors_from
+from headlab.heads.labels import decide
 from headlab.heads.report import unused_seed
 from headlab.measure import Probe, TokenizerLike, text_probe
 
@@ -214,7 +209,8 @@ class PromptSums:
         """The mean of each score, each head labelled from its means and its most common
         offset (0 when none fell within ±:data:`OFFSET_WINDOW`); with ``floors`` (and the
         averaged heads' ``averaged_floors``, :func:`headlab.heads.baselines.floors_from`) each
-        label needs its floor too, and each head carries it (:func:`gate_rows`)."""
+        label needs its floor too, and each head carries it
+        (:func:`headlab.heads.labels.decide`)."""
         if not self.prompts:
             raise ValueError("no prompts were scored")
         offsets = self.offsets if self.offsets is not None else torch.zeros(self.rows, 1)
@@ -228,13 +224,21 @@ class PromptSums:
             layer, head = _row_head(row, self.n_layers, self.n_heads)
             offset = int(best[row])
             gates = (floors if head >= 0 else averaged_floors) or {}
-            label = label_head(values, offset, gates.get(layer) if floors is not None else None)
-            scored.append(HeadScore(layer, head, label, values, offset))
+            d = decide(values, offset, gates.get(layer, {}) if floors is not None else None)
+            scored.append(
+                HeadScore(
+                    layer,
+                    head,
+                    d.label,
+                    values,
+                    offset,
+                    floor=d.floor,
+                    margin=d.margin,
+                    below_floor=d.below_floor,
+                )
+            )
         h_all = self.n_layers * self.n_heads
-        heads, averaged = scored[:h_all], scored[h_all:]
-        if floors is not None:
-            heads, averaged = gate_rows(heads, averaged, floors, averaged_floors=averaged_floors)
-        return HeadTable(self.prompts, self.tokens, heads, averaged, floors)
+        return HeadTable(self.prompts, self.tokens, scored[:h_all], scored[h_all:], floors)
 
 
 def _row_head(row: int, L: int, h: int) -> tuple[int, int]:

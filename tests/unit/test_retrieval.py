@@ -133,9 +133,9 @@ def test_experiment_retrieval_quick_json(tmp_path: Path) -> None:
 
 
 def test_the_needle_probe_labels_the_heads_that_reach_the_threshold(default: tuple) -> None:
-    """analyse with retrieval scores: every head at or above 0.1 (Wu et al.'s line) is labelled
-    "retrieval" whatever it does on the haystack; every other head keeps the label it gets
-    without them, and reports its retrieval score."""
+    """analyse with retrieval scores: every head above 0.1 (Wu et al.'s line, exactly 0.1 not
+    over it) is labelled "retrieval" whatever it does on the haystack; every other head keeps
+    the label it gets without them, and reports its retrieval score."""
     from headlab.heads import analyse
 
     model, tokenizer, _ = default
@@ -149,9 +149,9 @@ def test_the_needle_probe_labels_the_heads_that_reach_the_threshold(default: tup
     assert THRESHOLDS["retrieval"] == 0.1
     for before, after in zip(plain.heads, got.heads, strict=True):
         assert after.scores["retrieval"] == planted[(after.layer, after.head)]
-        want = "retrieval" if planted[(after.layer, after.head)] >= 0.1 else before.label
+        want = "retrieval" if planted[(after.layer, after.head)] > 0.1 else before.label
         assert after.label == want, (after.layer, after.head)
-    assert {(s.layer, s.head) for s in got.heads if s.label == "retrieval"} == {(0, 1), (1, 3)}
+    assert {(s.layer, s.head) for s in got.heads if s.label == "retrieval"} == {(1, 3)}
     assert got.best["retrieval"]["layer"] == 1 and got.best["retrieval"]["head"] == 3
     assert all("retrieval" not in s.scores for s in plain.heads)
 
@@ -184,7 +184,7 @@ def test_cli_needle_probe(tmp_path: Path) -> None:
     res = json.loads(done.stdout)
     assert res["probe"] == "needle" and len(res["needles"]) == len(r.DEPTHS)
     for head in res["heads"]:
-        passes = head["scores"]["retrieval"] >= 0.1
+        passes = head["scores"]["retrieval"] > 0.1
         assert (head["label"] == "retrieval") == passes
     for needle in res["needles"]:
         assert needle["correct"] == (needle["generated"] == needle["answer"])

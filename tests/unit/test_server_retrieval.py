@@ -46,7 +46,7 @@ def test_the_needle_answer_is_the_probe_scored_directly(client: TestClient) -> N
     flat = scores.flatten()
     positive = sorted(((float(v), i) for i, v in enumerate(flat) if v > 0), reverse=True)
     assert [t["score"] for t in body["top_heads"]] == [round(v, 4) for v, _ in positive[:8]]
-    assert body["above_threshold"] == int((scores >= 0.1).sum())
+    assert body["above_threshold"] == int((scores > 0.1).sum())  # Wu et al.: above 0.1
     assert body["heads"] == scores.numel()
 
 
@@ -98,7 +98,7 @@ def test_heads_takes_the_needle_probe_as_the_cli_does(client: TestClient) -> Non
     assert body["thresholds"]["retrieval"] == 0.1
     for head in body["heads"]:  # the label follows the score's rule
         if head["label"] == "retrieval":
-            assert head["scores"]["retrieval"] >= 0.1
+            assert head["scores"]["retrieval"] > 0.1
 
 
 def test_the_probe_list_offers_the_needle_to_the_head_viewer(client: TestClient) -> None:

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from headlab.experiments import pyplot, save_figure, write_results
 from headlab.files import one_thread
+from headlab.heads.labels import passes
 from headlab.heads.retrieval import (
     QUESTION,
     SHORT_QUESTION,
@@ -166,7 +167,9 @@ def summary(
         "rule": "Wu et al. 2024: 1/|needle| per answer token whose query's most-attended "
         "position is inside the needle and holds that token; mean over probes",
         "scores": [[round(float(x), 5) for x in row] for row in mean],
-        "share_above_0_1": float((mean > 0.1).float().mean()),
+        # the labels' rule (headlab.heads.labels.passes): above 0.1, as Wu et al. count
+        "share_above_0_1": sum(passes("retrieval", float(x)) for x in mean.flatten())
+        / mean.numel(),
         "heads": L * h,
         "top_heads": top,
         "accuracy": sum(r["correct"] for r in rows) / len(rows),

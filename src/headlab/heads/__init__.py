@@ -2,10 +2,13 @@
 
     targets   where each head type can act on a probe, built once per probe (causal from the
               model's config)
-    content   the content score, from the one forward's weights, and the buffers it reuses
-    scores    every score, each written once (:func:`~headlab.heads.scores.induction_score` is
-              the one induction score; TransformerLens's "mul" scores keep their own names)
-    labels    thresholds and the labelling rule
+    content   the content score, from the one forward's weights (its PyTorch definition)
+    scores    every score in PyTorch operations (:func:`~headlab.heads.scores.pattern_scores`
+              is what analyse runs; :func:`~headlab.heads.scores.induction_score` is the one
+              induction score; TransformerLens's "mul" scores keep their own names)
+    fast      where the compiled loops stand in for the definition (CPU float32, Numba)
+    kernels   those loops: the content score, each row's argmax and entropy (Numba)
+    labels    thresholds and the labelling rule: :func:`decide`, the one place a label is made
     report    :func:`analyse`, the one analysis call, and its :class:`HeadReport`
     syntax    word-level attention against dependency parses (spaCy, ``headlab[syntax]``)
     render    terminal views of a report
@@ -16,6 +19,8 @@
     evidence  each head's card: scores beside baselines, ablation effects, compositions, a
               sentence with the numbers (``headlab heads --evidence``)
     circuit   previous-token → induction heads, each edge confirmed (``headlab circuit``)
+    estimate  the two-stage ranking: attribution first, exact ablation of the top heads
+    retrieval Wu et al. 2024's retrieval score on the needle probe
 
 Each type is judged on the rows where it can act (a query with a choice of keys and a target);
 its threshold (:data:`THRESHOLDS`) and the paper it comes from:
@@ -56,7 +61,10 @@ from headlab.heads.labels import (
     SINK_THRESHOLD,
     THRESHOLDS,
     TIERS,
+    Decision,
+    decide,
     label_head,
+    passes,
 )
 from headlab.heads.report import (
     HeadReport,
@@ -99,13 +107,13 @@ from headlab.heads.targets import (
 
 __all__ = [
     "BEST_TYPES", "LABELS", "MUL_TYPES", "OFFSET_LABELS", "SCORE_TYPES", "SINK_THRESHOLD",
-    "THRESHOLDS", "TIERS", "HeadReport", "HeadScore", "Keep", "LayerGroups", "LayerScores",
-    "Targets",
-    "analyse", "averaged_pattern", "build_targets", "content_score", "copies_pattern",
+    "THRESHOLDS", "TIERS", "Decision", "HeadReport", "HeadScore", "Keep", "LayerGroups",
+    "LayerScores", "Targets",
+    "analyse", "averaged_pattern", "build_targets", "content_score", "copies_pattern", "decide",
     "diffuse_score", "duplicate_mul_score", "duplicate_score", "duplicate_token_pattern",
     "first_token_score", "induction_mul_score", "induction_pattern", "induction_score",
     "key_mass_score", "label_head", "layer_scorer", "mass_where_possible", "offset_mass",
-    "pattern_score", "pattern_scores", "positional_score", "previous_mul_score",
+    "passes", "pattern_score", "pattern_scores", "positional_score", "previous_mul_score",
     "previous_token_pattern", "rare_word_score", "rare_word_targets", "shuffle_positions",
     "targets_of", "token_rule_targets",
 ]  # fmt: skip

@@ -44,10 +44,8 @@ from torch import Tensor
 
 from headlab.devices import input_device
 from headlab.files import json_text, read_text, write_json
-from headlab.heads.labels import THRESHOLDS, label_head
 from headlab.heads.report import (
     HeadReport,
-    HeadScore,
     Keep,
     RetrievalScores,
     SyntacticScores,
@@ -149,18 +147,6 @@ def _size(n: int) -> str:
     return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
 
 
-def random_weight_scores(
-    model: Any,
-    probe: Probe,
-    seeds: tuple[int, ...] = BASELINE_SEEDS,
-    content: bool = True,
-    progress: Progress | None = None,
-) -> dict[str, Tensor]:
-    """Every score on ``probe`` of ``model``'s architecture with random weights, one model per
-    seed: type → (S, L, h). ``progress(done, S · L)`` is called after each layer of each."""
-    return random_weight_runs(model, probe, seeds, content, progress)[0]
-
-
 def random_weight_runs(
     model: Any,
     probe: Probe,
@@ -168,8 +154,9 @@ def random_weight_runs(
     content: bool = True,
     progress: Progress | None = None,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """:func:`random_weight_scores` (type → (S, L, h)) and, from the same analyses, each
-    layer's averaged head (type → (S, L, 1))."""
+    """Every score on ``probe`` of ``model``'s architecture with random weights, one model per
+    seed (type → (S, L, h)), and from the same analyses each layer's averaged head (type →
+    (S, L, 1)). ``progress(done, S · L)`` is called after each layer of each."""
     L, runs = model.config.n_layers, []
     for i, s in enumerate(seeds):
         step = None if progress is None else (
@@ -420,7 +407,7 @@ def random_spreads(
     cache: bool = True,
 ) -> Spreads:
     """type → (2, L): per layer the mean and sample sd over its heads and the seeds of
-    :func:`random_weight_scores` (the ``random`` field of :class:`Baselines`), and the same over
+    :func:`random_weight_runs` (the ``random`` field of :class:`Baselines`), and the same over
     the seeds for each layer's averaged head (``averaged``). Kept in memory per process and on
     disk (:func:`floors_cache_dir`) under :func:`floors_key` unless ``cache`` is False: a
     second probe of the same architecture with the same tokens costs nothing. float32 values
@@ -441,56 +428,7 @@ def random_spreads(
     return tuple({k: v.clone() for k, v in d.items()} for d in found)  # type: ignore[return-value]
 
 
-def random_spread(
-    model: Any, probe: Probe, seeds: tuple[int, ...] = BASELINE_SEEDS, content: bool = True
-) -> dict[str, Tensor]:
-    """The heads' part of :func:`random_spreads` (cached alike): type → (2, L)."""
-    return random_spreads(model, probe, seeds, content)[0]
-
-
 # --- labels gated by their floors: the one labelling entry of the CLI, the server, notebooks ----
-
-
-def _label_type(score: HeadScore, ruled: dict[str, float], floors: dict[str, float]) -> str:
-    """The score type a head's label rests on: of the types that alone give its label, the
-    one that passes by the widest share (the rule of :func:`headlab.heads.label_head`)."""
-    alone = [k for k in ruled if label_head({k: ruled[k]}, score.offset, floors) == score.label]
-    if not alone:
-        return ""
-    return max(alone, key=lambda k: (ruled[k] - THRESHOLDS[k]) / (1 - THRESHOLDS[k]))
-
-
-def _gated(s: HeadScore, floors: dict[str, float], label_syntactic: bool) -> HeadScore:
-    """One head labelled with ``floors`` (its layer's), with its floor, margin and the label
-    the floor took away."""
-    ruled = {k: v for k, v in s.scores.items()
-             if k in THRESHOLDS and (label_syntactic or k != "syntactic")}  # fmt: skip
-    plain = label_head(ruled, s.offset)
-    kind = _label_type(s, ruled, floors)
-    floor = floors.get(kind) if kind else None
-    margin = None if floor is None else s.scores[kind] - floor
-    return replace(s, floor=floor, margin=margin, below_floor="" if plain == s.label else plain)
-
-
-def gate(report: HeadReport, floors: Floors, label_syntactic: bool = False,
-         averaged_floors: Floors | None = None) -> HeadReport:  # fmt: skip
-    """``report`` (labelled by :func:`analyse` with ``floors`` and ``averaged_floors``) with
-    each head's floor, its label's margin over it, and the label that thresholds alone would
-    give where the floor took it away (:attr:`HeadScore.below_floor`)."""
-    heads, averaged = gate_rows(report.heads, report.averaged, floors, label_syntactic,
-                                averaged_floors)  # fmt: skip
-    return replace(report, heads=heads, averaged=averaged, floors=floors)
-
-
-def gate_rows(heads: list[HeadScore], averaged: list[HeadScore], floors: Floors,
-              label_syntactic: bool = False, averaged_floors: Floors | None = None,
-              ) -> tuple[list[HeadScore], list[HeadScore]]:  # fmt: skip
-    """:func:`gate` of any rows already labelled with these floors (one probe's report, or the
-    means over many prompts of :class:`headlab.scaling.HeadTable`): heads, averaged heads."""
-    return (
-        [_gated(s, floors.get(s.layer, {}), label_syntactic) for s in heads],
-        [_gated(s, (averaged_floors or {}).get(s.layer, {}), False) for s in averaged],
-    )
 
 
 def label_heads(
@@ -536,10 +474,18 @@ def label_heads(
     gates, averaged = (floors_of(d) for d in spreads)
     step = None if progress is None else (lambda done, _: progress(counted[0] + done,
                                                                    counted[0] + L))  # fmt: skip
-    report = analyse(model, probe, content=content, keep=keep, progress=step,
-                     syntactic=syntactic, floors=gates, label_syntactic=label_syntactic,
-                     averaged_floors=averaged, retrieval=retrieval)  # fmt: skip
-    return gate(report, gates, label_syntactic, averaged)
+    return analyse(
+        model,
+        probe,
+        content=content,
+        keep=keep,
+        progress=step,
+        syntactic=syntactic,
+        floors=gates,
+        label_syntactic=label_syntactic,
+        averaged_floors=averaged,
+        retrieval=retrieval,
+    )
 
 
 # --- floors of any scoring of a model: e.g. the means over many prompts (headlab.scaling) -------

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from headlab.heads.attribution import Attributions
-from headlab.heads.baselines import Baselines, baselines, gate
+from headlab.heads.baselines import Baselines, baselines
 from headlab.heads.composition import Composition, composition_scores
 from headlab.heads.effects import Ablations, Mode, ablate_heads
 from headlab.heads.estimate import CHECK, CHECK_SIZE, LAYER_STEPS, estimate_heads
@@ -349,10 +349,19 @@ def evidence(
     base = stage("baselines", lambda: baselines(model, probe, content=content))
     floors = base.floors()
     averaged = base.averaged_floors()
-    report = stage("scores", lambda: gate(analyse(
-        model, probe, content=content, keep=keep, syntactic=syntactic, floors=floors,
-        label_syntactic=label_syntactic, averaged_floors=averaged), floors, label_syntactic,
-        averaged))  # fmt: skip
+    report = stage(
+        "scores",
+        lambda: analyse(
+            model,
+            probe,
+            content=content,
+            keep=keep,
+            syntactic=syntactic,
+            floors=floors,
+            label_syntactic=label_syntactic,
+            averaged_floors=averaged,
+        ),
+    )
     comp = stage("composition", lambda: composition_scores(model))
     causal = bool(model.config.causal)
     rows = loss_rows(probe, causal)

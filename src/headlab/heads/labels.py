@@ -1,4 +1,6 @@
-"""The labelling rule: thresholds, tiers, and the one function that names a head from its scores.
+"""The labelling rule: thresholds, tiers, and the one function that names a head from its scores
+(:func:`decide`); the report, the floors' gate, the evidence, ``compare``, the experiments, the
+page and the static site all take their labels from it.
 
 A type passes when its score reaches its threshold; labels go tier by tier (a named rule, then
 content, then where the head rests: sink, delimiter, diffuse), the type passing by the widest
@@ -9,10 +11,12 @@ A retrieval score (measured only on the needle probe, :mod:`headlab.heads.retrie
 first: a head that copies the needle is named "retrieval" whatever else it does on the haystack.
 
 Papers: Voita et al. 2019 (positional 90%, syntactic 10 points over the offset baseline); Gu et
-al. 2024 (the sink threshold ε = 0.3); Wu et al. 2024 (retrieval heads, 0.1).
+al. 2024 (the sink threshold ε = 0.3); Wu et al. 2024 (retrieval heads exceed 0.1).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 SCORE_TYPES = (
     "previous",
@@ -53,8 +57,12 @@ THRESHOLDS: dict[str, float] = {
     "first_token": 0.5,
     "delimiter": 0.5,
     "diffuse": 0.9,
-    "retrieval": 0.1,  # Wu et al. 2024: a retrieval head scores at least 0.1
+    "retrieval": 0.1,  # Wu et al. 2024: a retrieval head's score exceeds 0.1 (EXCEEDS)
 }
+# the types that must exceed their threshold rather than reach it: Wu et al. 2024 count the
+# heads whose retrieval score is above 0.1 (a score is a multiple of 1 / the needle's length,
+# so exactly 0.1 is common: one token of a ten-token needle)
+EXCEEDS = frozenset({"retrieval"})
 SINK_THRESHOLD = 0.3  # Gu et al. 2024's ε: a head whose mean weight on the first token exceeds it
 
 # Judged before TIERS: on a needle probe, copying the needle is what the head is there for.
@@ -102,29 +110,78 @@ REST_OF_LABEL = {"duplicate-token": "duplicate", "induction": "induction", "rare
                  "content": "content"}  # fmt: skip
 
 
-def label_head(
+def passes(kind: str, score: float, floor: float | None = None) -> bool:
+    """Whether ``score`` of type ``kind`` passes: at or above its threshold (above it, for the
+    :data:`EXCEEDS` types) and at or above ``floor``, where one is given."""
+    bar = THRESHOLDS[kind]
+    over = score > bar if kind in EXCEEDS else score >= bar
+    return over and (floor is None or score >= floor)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A head's label and what it rests on (:func:`decide`)."""
+
+    label: str  # a LABELS value, an OFFSET_LABELS value, or "mixed"
+    # the score type the label rests on; for "mixed", the type nearest to passing (the widest
+    # share, every one of them short), so a mixed head too reports how far it is from a label
+    kind: str
+    plain: str  # the label by thresholds alone (== label without floors)
+    floor: float | None = None  # the floor of ``kind``, where floors were given and hold one
+    margin: float | None = None  # the score of ``kind`` over that floor
+
+    @property
+    def below_floor(self) -> str:
+        """The label that thresholds alone give where the floors took it away, else ""."""
+        return "" if self.plain == self.label else self.plain
+
+
+def _share(kind: str, score: float) -> float:
+    """How far ``score`` is along the way from its threshold to a perfect score."""
+    return (score - THRESHOLDS[kind]) / (1 - THRESHOLDS[kind])
+
+
+def _rule(
+    scores: dict[str, float], offset: int, floors: dict[str, float] | None
+) -> tuple[str, str]:
+    """(label, the type it rests on): tier by tier, the passing type by the widest share."""
+    for tier in (FIRST_TIER, *TIERS):
+        passing = [k for k in tier if k in scores and passes(k, scores[k], (floors or {}).get(k))]
+        if passing:
+            best = max(passing, key=lambda k: _share(k, scores[k]))
+            if best == "positional":
+                return OFFSET_LABELS.get(offset, "positional"), best
+            return LABELS[best], best
+    typed = [k for k in scores if k in THRESHOLDS]
+    return "mixed", max(typed, key=lambda k: _share(k, scores[k]), default="")
+
+
+def decide(
     scores: dict[str, float], offset: int = 0, floors: dict[str, float] | None = None
-) -> str:
+) -> Decision:
     """The label of a head from its scores: tier by tier (:data:`TIERS`), the type that passes
-    its threshold by the widest margin, measured as the share of the way from the threshold
-    to a perfect score, (score − threshold) / (1 − threshold); "mixed" when none passes.
-    A retrieval score (the needle probe's) is judged first (:data:`FIRST_TIER`).
+    (:func:`passes`) by the widest margin, measured as the share of the way from the
+    threshold to a perfect score, (score − threshold) / (1 − threshold); "mixed" when none
+    passes. A retrieval score (the needle probe's) is judged first (:data:`FIRST_TIER`).
     With ``floors`` (type → the random-weights mean + k · sd of its layer, from
     :meth:`headlab.heads.baselines.Baselines.floors`) a type passes only at or above its floor
-    too: no label that random weights earn.
+    too: no label that random weights earn; the decision then carries the floor of the type
+    the label rests on, the score's margin over it, and the label thresholds alone give.
 
     A positional head is named by its offset: −1 previous-token, 0 current-token, +1
     next-token; any other offset is "positional".
     """
-    for tier in (FIRST_TIER, *TIERS):
-        passing = {
-            k: (scores[k] - THRESHOLDS[k]) / (1 - THRESHOLDS[k])
-            for k in tier
-            if k in scores and scores[k] >= max(THRESHOLDS[k], (floors or {}).get(k, 0.0))
-        }
-        if passing:
-            best = max(passing, key=lambda k: passing[k])
-            if best == "positional":
-                return OFFSET_LABELS.get(offset, "positional")
-            return LABELS[best]
-    return "mixed"
+    label, kind = _rule(scores, offset, floors)
+    if floors is None:
+        return Decision(label, kind, label)
+    plain = _rule(scores, offset, None)[0]
+    floor = floors.get(kind) if kind else None
+    margin = None if floor is None else scores[kind] - floor
+    return Decision(label, kind, plain, floor, margin)
+
+
+def label_head(
+    scores: dict[str, float], offset: int = 0, floors: dict[str, float] | None = None
+) -> str:
+    """The label alone of :func:`decide`."""
+    return decide(scores, offset, floors).label

@@ -24,7 +24,8 @@ from headlab.heads.labels import (
     REST_OF_LABEL,
     SINK_THRESHOLD,
     THRESHOLDS,
-    label_head,
+    decide,
+    passes,
 )
 from headlab.heads.scores import averaged_pattern, pattern_scores
 from headlab.heads.targets import Targets, build_targets
@@ -141,7 +142,7 @@ class HeadReport:
                 top = max(labelled or scored, key=lambda s: s.scores[score])
                 value = top.scores[score]
                 best[kind] = {"layer": top.layer, "head": top.head, "score": round(value, 4),
-                              "passes_threshold": value >= THRESHOLDS[score],
+                              "passes_threshold": passes(score, value),
                               "label": top.label, "labelled": bool(labelled)}  # fmt: skip
         return best
 
@@ -219,10 +220,22 @@ def _scored(
         margin, relation = syntactic.get((layer, head), (0.0, ""))
         values["syntactic"] = max(0.0, float(margin))
     ruled = values if label_syntactic else {k: v for k, v in values.items() if k != "syntactic"}
-    label = label_head(ruled, int(offsets[i]), (floors or {}).get(layer))
-    kind = REST_OF_LABEL.get(label)
+    gates = None if floors is None else floors.get(layer, {})
+    d = decide(ruled, int(offsets[i]), gates)
+    kind = REST_OF_LABEL.get(d.label)
     rest = float(rests[kind][i]) if kind in rests else None
-    return HeadScore(layer, head, label, values, int(offsets[i]), rest, relation)
+    return HeadScore(
+        layer,
+        head,
+        d.label,
+        values,
+        int(offsets[i]),
+        rest,
+        relation,
+        floor=d.floor,
+        margin=d.margin,
+        below_floor=d.below_floor,
+    )
 
 
 # --- streaming: layers scored as they run ------------------------------------------------------
@@ -377,7 +390,7 @@ def analyse(
     margin over random weights too, and ``averaged_floors`` each averaged head's label.
     ``retrieval`` (Wu et al.'s scores on the same needle
     probe, :func:`headlab.heads.retrieval.needle_analysis`) joins each head's scores and
-    names the heads that reach 0.1 "retrieval".
+    names the heads that exceed 0.1 "retrieval".
     model: a :class:`headlab.model.Transformer` (load it with :mod:`headlab.zoo`); probe: a
     :class:`headlab.measure.Probe` (build it with :func:`headlab.measure.build_probe`).
     """
@@ -415,7 +428,8 @@ def _report(
     common: dict[str, Any] = dict(probe=probe.name, tokens=list(probe.labels),
                                   ids=probe.tokens[0].tolist(), heads=heads, averaged=averaged,
                                   text=probe.text, n_kv_heads=n_kv_heads,
-                                  start_token=not bool(probe.movable[:, 0].any()))  # fmt: skip
+                                  start_token=not bool(probe.movable[:, 0].any()),
+                                  floors=floors)  # fmt: skip
     if keep is None:
         patterns = torch.stack([torch.stack([s.kept[i] for i in range(h)]) for s in layers])
         avg = torch.stack([s.kept[-1] for s in layers])

@@ -10,7 +10,7 @@ number is NNNNN." put at some depth, and a question at the end asking for the nu
 answers greedily. A head's retrieval score is Wu et al.'s rule: at each generated token, when
 the head's most-attended position lies inside the needle's digits and holds the token just
 generated, the head gains 1/|needle| (|needle|: the digits' tokens). Heads whose score, averaged
-over probes, reaches :data:`headlab.heads.labels.THRESHOLDS` ["retrieval"] (0.1, the paper's
+over probes, exceeds :data:`headlab.heads.labels.THRESHOLDS` ["retrieval"] (0.1, the paper's
 line) are labelled "retrieval" by :func:`headlab.heads.analyse` when it is given the scores.
 
 This module is the one home of the probe and the score: ``headlab heads --probe needle``, the
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from headlab.heads.labels import THRESHOLDS
+from headlab.heads.labels import passes
 from headlab.heads.report import RetrievalScores
 from headlab.measure import Probe, make_probe, special_ids
 from headlab.model import Transformer
@@ -220,5 +220,5 @@ def live_needle(
         "answered": row["correct"],
         "top_heads": heads,
         "heads": scores.numel(),
-        "above_threshold": int((scores >= THRESHOLDS["retrieval"]).sum()),
+        "above_threshold": sum(passes("retrieval", float(x)) for x in scores.flatten()),
     }  # fmt: skip
