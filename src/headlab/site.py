@@ -49,6 +49,7 @@ from headlab.files import (
     write_atomic,
     write_json,
 )
+from headlab.shapes import statement
 
 PACKAGE = Path(headlab.__file__).parent
 PAGE = PACKAGE / "server" / "static"
@@ -66,6 +67,8 @@ GET_ROUTES = (
     "live",
 )
 WORDS_FILE = "words-en.txt.gz"  # wordfreq's English table: line c holds the words at −c centibels
+# the shape statement (headlab.shapes.statement), which offline/shapes.js evaluates
+STATEMENT_FILE = "shape-statement.json"
 
 
 class PatternGraph(nn.Module):
@@ -300,6 +303,7 @@ def fill(out: Path, dist: Path, model: nn.Module, tokenizer: Any) -> list[str]:
         shutil.copy2(dist / name, offline / name)
     shutil.copy2(PACKAGE / "weights" / "tokenizer.json", offline / "tokenizer.json")
     write_json(offline / "config.json", site_config(model, tokenizer))
+    write_json(offline / STATEMENT_FILE, statement.exported())
     write_word_table(offline / WORDS_FILE)
     export_onnx(model, offline / "model.onnx")
     export_random(model, offline)

@@ -56,10 +56,10 @@ def origin(site: Path) -> Iterator[str]:
     server.server_close()
 
 
-def open_site(browser, origin: str) -> object:
-    """A page on the site; every request outside ``origin`` is blocked and recorded in
-    ``page.errors`` with console and page errors."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
+def open_site(browser, origin: str, width: int = 1280) -> object:
+    """A page on the site, ``width`` pixels wide; every request outside ``origin`` is blocked and
+    recorded in ``page.errors`` with console and page errors."""
+    context = browser.new_context(viewport={"width": width, "height": 900}, accept_downloads=True)
     pg = context.new_page()
     pg.errors = []
 
@@ -303,7 +303,8 @@ def test_shapes_widget_equals_headlab_shapes(page) -> None:
     got = page.evaluate(
         """async (bodies) => {
             const { shapesReport } = await import("./static/offline/shapes.js");
-            return bodies.map((b) => shapesReport(b));
+            const statement = await (await fetch("./static/offline/shape-statement.json")).json();
+            return bodies.map((b) => shapesReport(statement, b));
         }""",
         bodies,
     )
@@ -317,6 +318,70 @@ def test_shapes_widget_equals_headlab_shapes(page) -> None:
     assert 100 < valid < len(bodies)  # both kinds were checked
     assert sum(r["valid"] and r["config"]["d_k"] is not None for r in got) > 100
     assert "is not divisible by n_heads=6" in got[0]["problems"][0]
+
+
+# what a section shows while its figures are on their way
+PENDING = ("Loading…", "loads as you scroll to it")
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_every_section_opens_without_an_error_and_6_and_9_show_the_numbers(
+    browser, origin: str, width: int
+) -> None:
+    """Each section of the page scrolled to, at a desktop's width and a phone's: none says
+    "Could not load" or shows an error, and the two tables no test opened before show the
+    traced layer's numbers: §6 every preset's attention parameters, §9 the GQA presets' KV
+    cache at their full context (the site's port once refused the page's ``d_k: null`` there)."""
+    from headlab.shapes import PRESETS
+
+    pg = open_site(browser, origin, width)
+    try:
+        sections = pg.eval_on_selector_all("section[id]", "ss => ss.map((s) => s.id)")
+        assert len(sections) >= 11, sections
+        for sid in sections:
+            section = pg.locator(f"section#{sid}")
+            section.scroll_into_view_if_needed()
+            for stored in section.locator("[data-experiment]").all():  # each loads when near
+                stored.scroll_into_view_if_needed()
+            pg.wait_for_function(
+                """([sid, pending]) => {
+                    const text = document.getElementById(sid).innerText;
+                    return !pending.some((p) => text.includes(p));
+                }""",
+                arg=[sid, list(PENDING)],
+                timeout=60_000,
+            )
+        for sid in sections:
+            shown = pg.eval_on_selector(
+                f"section#{sid}",
+                """(s) => ({ text: s.innerText, errors: [...s.querySelectorAll(
+                    ".error, .problems, [role=alert]")].map((e) => e.textContent) })""",
+            )
+            assert "Could not" not in shown["text"], (width, sid, shown["text"][:2000])
+            assert shown["errors"] == [], (width, sid)
+        params = pg.eval_on_selector_all(
+            "#params-presets tbody tr",
+            "rows => rows.map((r) => [r.dataset.preset, r.cells[4].textContent])",
+        )
+        assert [name for name, _ in params] == list(PRESETS)
+        for name, shown_total in params:
+            assert shown_total == f"{PRESETS[name].report(seq_len=1).params['total']:,}", name
+        kv = pg.eval_on_selector_all(
+            "#kv-table tbody tr", "rows => rows.map((r) => [...r.cells].map((c) => c.textContent))"
+        )
+        gqa = [p for p in PRESETS.values() if p.n_kv_heads and p.n_kv_heads < p.n_heads]
+        assert [row[0] for row in kv] == [p.title for p in gqa]
+        for row, preset in zip(kv, gqa, strict=True):
+            cache = preset.report(dtype="bfloat16").kv_cache  # B = 1, the model's context
+            want = pg.evaluate(
+                """async ([ours, mha]) => { const { fmtBytes } = await import("./static/js/dom.js");
+                    return [fmtBytes(ours), fmtBytes(mha)]; }""",
+                [cache["bytes"], cache["mha_bytes"]],
+            )
+            assert row[2:4] == want, preset.name
+        assert pg.errors == []
+    finally:
+        pg.context.close()
 
 
 def test_from_a_file_it_says_to_serve_the_folder(browser, site: Path) -> None:

@@ -5,7 +5,8 @@
 //   POST /api/heads       the same run, and every head's scores and label computed here (scores.js):
 //                         labels gated by the floors of the same graph with random weights (one
 //                         per baseline seed), or by the thresholds alone with "floors": false
-//   POST /api/shapes      widget 1's report, computed here (shapes.js)
+//   POST /api/shapes      widget 1's report, evaluated here (shapes.js) from the shape statement
+//                         Python's report is evaluated from (shape-statement.json)
 //   POST /api/live/…      refused: live training needs `headlab serve`
 // Everything is read from this site's own folder: no other address is ever asked.
 
@@ -17,6 +18,7 @@ import { loadWordTable, textProbe } from "./words.js";
 const HERE = new URL(".", import.meta.url);  // static/offline/
 const SITE = new URL("../../", HERE);         // the site's root
 const pageFetch = window.fetch.bind(window);
+const STATEMENT_FILE = "shape-statement.json";  // headlab.site.STATEMENT_FILE: the shape statement
 const LIVE_NOTE = "live training needs the headlab server (`headlab serve`): this static site shows the stored run only";
 const NO_WASM = "This page runs the model in your browser and needs WebAssembly, which this browser does not offer. Use a current Chrome, Firefox or Safari, or run `headlab serve`.";
 
@@ -34,12 +36,13 @@ const bytes = (file) => pageFetch(new URL(file, HERE)).then((r) => {
   return r.arrayBuffer();
 });
 const siteConfig = pageFetch(new URL("config.json", HERE)).then((r) => r.json());
+const statement = bytes(STATEMENT_FILE).then((b) => JSON.parse(new TextDecoder().decode(b)));
 const models = new Map([["model", bytes("model.onnx").then((b) => new Uint8Array(b))]]);
 const words = bytes("words-en.txt.gz").then(loadWordTable);
 siteConfig.then((c) => c.rules.baseline_seeds.forEach((seed) =>
   models.set(seed, bytes(`random-${seed}.onnx`).then((b) => new Uint8Array(b)))));
 // a missing file is reported by the request that needs it, not as an unhandled rejection now
-for (const p of [siteConfig, words, models.get("model")]) p.catch(() => {});
+for (const p of [siteConfig, statement, words, models.get("model")]) p.catch(() => {});
 
 // no graph rewrites: a session is made in about half the time (measured in headless Chromium),
 // and each model runs as PyTorch's exporter wrote it
@@ -176,15 +179,11 @@ async function heads(body) {
   });
 }
 
-// widget 1: each size within the server's limits (stored), then the report computed here
+// widget 1: the report evaluated here from the shape statement, which also says what a request
+// may ask (the fields, their limits, which may be null)
 async function shapes(body) {
-  const limits = await (await stored("shapes/limits")).json();
-  for (const [field, [lo, hi]] of Object.entries(limits.sizes)) {
-    const v = body[field];
-    if (v === undefined || (v === null && field === "n_kv_heads")) continue;
-    if (!Number.isInteger(v) || v < lo || v > hi) return reply(422, { detail: `${field}: must be a whole number from ${lo} to ${hi}, got ${JSON.stringify(v)}` });
-  }
-  return reply(200, shapesReport(body));
+  const answer = shapesReport(await statement, body);
+  return answer.error ? reply(422, { detail: answer.error }) : reply(200, answer);
 }
 
 // a GET answer written at build time: api/<route>.json
