@@ -12,7 +12,8 @@ from scipy.stats import spearmanr
 
 from headlab.heads.attribution import attribute_heads
 from headlab.heads.effects import ablate_heads
-from headlab.heads.evidence import evidence, loss_rows, measure_ablations, reported_effect
+from headlab.heads.estimate import exact_where_measured as reported_effect
+from headlab.heads.evidence import evidence, loss_rows, measure_ablations
 
 
 def moved_loss(model, tokens, rows, layer, head, eps):

@@ -13,7 +13,8 @@ from headlab import zoo
 from headlab.heads.attribution import attribute_heads
 from headlab.heads.effects import ablate_heads
 from headlab.heads.estimate import estimate_heads
-from headlab.heads.evidence import loss_rows, measure_ablations, reported_effect
+from headlab.heads.estimate import exact_where_measured as reported_effect
+from headlab.heads.evidence import loss_rows, measure_ablations
 from headlab.measure import build_probe
 
 

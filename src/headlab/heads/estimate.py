@@ -58,6 +58,20 @@ CHECK = 60  # heads of each ranking ablated exactly (SmolLM2: 20 give ρ 0.92 ov
 CHECK_SIZE = 40
 
 
+def exact_where_measured(
+    estimate: Attributions | Ablations, exact: Ablations | None, rows: Tensor
+) -> Tensor:
+    """(S,) layer-major: each head's ablation effect on the mean loss over ``rows`` (B, n − 1)
+    as headlab quotes it: ``exact``'s figure for each head it ablated, ``estimate``'s for the
+    others (NaN for every head when no row is marked)."""
+    out = estimate.loss_effect(rows).clone()
+    if exact is not None and bool(rows.any()):
+        measured = exact.loss_effect(rows)
+        for s, head in enumerate(exact.heads):
+            out[estimate.index(*head)] = measured[s]
+    return out
+
+
 @dataclass(frozen=True)
 class Checked:
     """The estimate of every head's effects, and exact ablation of the heads it ranks first
@@ -78,12 +92,7 @@ class Checked:
     def loss_effect(self, rows: Tensor) -> Tensor:
         """(S,) layer-major: the loss rise over ``rows`` (B, n − 1) with each head ablated,
         exact where it was ablated exactly, estimated elsewhere."""
-        out = self.estimate.loss_effect(rows).clone()
-        if self.exact is not None and bool(rows.any()):
-            measured = self.exact.loss_effect(rows)
-            for s, head in enumerate(self.exact.heads):
-                out[self.index(*head)] = measured[s]
-        return out
+        return exact_where_measured(self.estimate, self.exact, rows)
 
     @property
     def probe_passes(self) -> float:

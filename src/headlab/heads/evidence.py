@@ -38,7 +38,13 @@ from headlab.heads.attribution import Attributions
 from headlab.heads.baselines import Baselines, baselines
 from headlab.heads.composition import Composition, composition_scores
 from headlab.heads.effects import Ablations, Mode, ablate_heads
-from headlab.heads.estimate import CHECK, CHECK_SIZE, LAYER_STEPS, estimate_heads
+from headlab.heads.estimate import (
+    CHECK,
+    CHECK_SIZE,
+    LAYER_STEPS,
+    estimate_heads,
+    exact_where_measured,
+)
 from headlab.heads.labels import BEST_TYPES, THRESHOLDS
 from headlab.heads.report import HeadReport, HeadScore, analyse, unused_seed
 from headlab.heads.targets import build_targets
@@ -96,10 +102,10 @@ class Evidence:
 
     def loss_effect(self, rows: Tensor) -> Tensor:
         """(L·h,): each head's ablation effect on the mean loss over ``rows`` (B, n − 1), exact
-        where measured (:func:`reported_effect`)."""
+        where measured (:func:`headlab.heads.estimate.exact_where_measured`)."""
         if self.ablations is None:
             raise ValueError("no ablation was run: it needs a causal model")
-        return reported_effect(self.ablations, self.exact, rows)
+        return exact_where_measured(self.ablations, self.exact, rows)
 
     def card(self, layer: int, head: int) -> HeadCard:
         return next(c for c in self.cards if (c.score.layer, c.score.head) == (layer, head))
@@ -288,7 +294,8 @@ def measure_ablations(model: Any, probe: Probe, rows: dict[str, Tensor],
     on the scores of ``induction``'s heads: estimated in two stages (:func:`headlab.heads.
     estimate.estimate_heads`, ranked as :func:`_plan` says, ``check`` heads per ranking, and
     ``induction``'s and the heads ``exact`` names ablated exactly), or exact for every head when
-    ``exact`` is True. :func:`reported_effect` reads the two together."""
+    ``exact`` is True. :func:`headlab.heads.estimate.exact_where_measured` reads the two
+    together."""
     plan = _plan(rows, check)
     if exact is True or (exact is None and _exact_is_cheap(model, rows, induction, plan)):
         return ablate_heads(model, probe, mode=mode), None
@@ -296,19 +303,6 @@ def measure_ablations(model: Any, probe: Probe, rows: dict[str, Tensor],
     two = estimate_heads(model, probe, list(rows.values()), induction, mode, exact=picked,
                          **plan)  # fmt: skip
     return two.estimate, two.exact
-
-
-def reported_effect(estimate: Ablations | Attributions, exact: Ablations | None,
-                    rows: Tensor) -> Tensor:  # fmt: skip
-    """(L·h,) layer-major: each head's ablation effect on the mean loss over ``rows``
-    (B, n − 1) as the evidence quotes it: exact where the head was ablated exactly, the
-    estimate elsewhere."""
-    out = estimate.loss_effect(rows).clone()
-    if exact is not None:
-        measured = exact.loss_effect(rows)
-        for s, head in enumerate(exact.heads):
-            out[estimate.index(*head)] = measured[s]
-    return out
 
 
 def evidence(
