@@ -87,10 +87,12 @@ WORKER = textwrap.dedent(
                 os.kill(os.getpid(), signal.SIGKILL)
             real(path, blob)
         F._write_file = write
-    if mode == "die-before-latest":  # SIGKILL after the 2nd checkpoint dir is renamed in place
+    if mode.startswith("die-before"):  # SIGKILL after a checkpoint dir is renamed in place,
+        # before `latest` names it: the 2nd checkpoint's, or the 1st's (no `latest` yet)
+        name = b"step-000007" if mode == "die-before-first-latest" else b"step-000014"
         real_replace = C.write_atomic
         def replace(path, blob):
-            if path.name == "latest" and blob == b"step-000014":
+            if path.name == "latest" and blob == name:
                 os.kill(os.getpid(), signal.SIGKILL)
             real_replace(path, blob)
         C.write_atomic = replace
@@ -394,16 +396,26 @@ def whole_30(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["die-in-save", "die-before-latest"])
-def test_kill_during_a_save_leaves_the_previous_checkpoint(
-    tmp_path: Path, mode: str, whole_30: dict[str, torch.Tensor]
+@pytest.mark.parametrize(
+    ("mode", "kept"),
+    [("die-in-save", 7), ("die-before-latest", 14), ("die-before-first-latest", 7)],
+)
+def test_kill_during_a_save_leaves_the_newest_complete_checkpoint(
+    tmp_path: Path, mode: str, kept: int, whole_30: dict[str, torch.Tensor]
 ) -> None:
+    """Killed while a checkpoint's files are written, the previous one is resumed; killed after
+    its folder is renamed into place but before `latest` names it, that folder is (even the
+    run's first, where there is no `latest` at all: --resume refused and the run began again
+    at step 0), and the resumed run ends with the weights of one never killed."""
     out = tmp_path / "run"
     proc = _run_worker(tmp_path, out, 30, mode)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
+    assert (out / "checkpoints" / "latest").exists() == (mode != "die-before-first-latest")
     ck = load_checkpoint(out)  # loadable and verified
-    assert ck.step == 7
+    assert ck.step == kept
+    with pytest.raises(CheckpointError, match="already holds a run"):
+        train(make_model(), _config(), batches, out_dir=out)  # not begun again over it
     resumed = _run_worker(tmp_path, out, 30, "resume")
     assert resumed.wait() == 0, resumed.stderr.read() if resumed.stderr else ""
     _assert_same(whole_30, _final_weights(out))

@@ -11,8 +11,10 @@ optimizer's hyper-parameters, the training config and the SHA-256 of both tensor
 Atomic: each checkpoint is written whole (:func:`headlab.files.write_folder`: a temporary
 directory, every file fsynced, renamed into place), and only then is ``latest`` replaced
 (:func:`headlab.files.write_atomic`). A process killed at any point leaves ``latest`` naming a
-complete checkpoint. Loading verifies sizes and hashes and parses everything before touching the
-model, so a corrupt or truncated checkpoint is refused, never half-loaded.
+complete checkpoint, or a newer complete folder that ``latest`` does not name yet, which a
+resume takes (:func:`latest_checkpoint`). Loading verifies sizes and hashes and parses
+everything before touching the model, so a corrupt or truncated checkpoint is refused, never
+half-loaded.
 :func:`headlab.training.train.train` writes and resumes them.
 
 Checked by meaning, not by hash alone. The SHA-256s catch corruption (a torn write, a flipped
@@ -86,18 +88,45 @@ def checkpoint_dir(out_dir: Path) -> Path:
 
 
 def latest_checkpoint(out_dir: Path) -> Path | None:
-    """The newest complete checkpoint named by ``checkpoints/latest``, or None if there is none."""
-    pointer = checkpoint_dir(out_dir) / "latest"
+    """The newest complete checkpoint of a run, or None if there is none: the one
+    ``checkpoints/latest`` names, unless a newer ``step-*`` folder verifies
+    (:func:`read_checkpoint`): a save killed after its folder was renamed into place (whole)
+    but before ``latest`` was written, even the run's first, whose work is kept. With no
+    ``latest`` at all, the newest folder (a resume then verifies it, naming the intact ones)."""
+    root = checkpoint_dir(out_dir)
+    named = _named_by_latest(root)
+    after = -1 if named is None else _step(named.name)
+    newer = sorted((p for p in root.glob("step-*") if p.is_dir() and _step(p.name) > after),
+                   key=lambda p: _step(p.name), reverse=True)  # fmt: skip
+    for folder in newer:
+        try:
+            read_checkpoint(folder)
+        except CheckpointError:
+            continue
+        return folder
+    return named if named is not None or not newer else newer[0]
+
+
+def _named_by_latest(root: Path) -> Path | None:
+    """The checkpoint ``root/latest`` names, or None when there is no ``latest``; a
+    CheckpointError when it names no checkpoint."""
+    pointer = root / "latest"
     if not pointer.exists():
         return None
     try:
         name = pointer.read_text(encoding="utf-8", errors="replace").strip()
     except OSError as e:
         raise CheckpointError(f"{pointer} is unreadable ({e.strerror})") from None
-    digits = name[5:]
-    if not name.startswith("step-") or not (digits.isascii() and digits.isdigit()):
+    if _step(name) < 0:
         raise CheckpointError(f"{pointer} is corrupt: it should name a checkpoint, got {name!r}")
-    return checkpoint_dir(out_dir) / name
+    return root / name
+
+
+def _step(name: str) -> int:
+    """The step of a checkpoint's name ``step-000500``; -1 for a name that is not one."""
+    digits = name[5:]
+    ok = name.startswith("step-") and digits.isascii() and digits.isdigit()
+    return int(digits) if ok else -1
 
 
 def save_checkpoint(
