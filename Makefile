@@ -28,7 +28,7 @@ JOBS   ?= 3
 # BROWSER=0 leaves out the browser tests (those marked `browser`), for a machine without Chromium;
 # the run says so at its end. By default `make test` needs Chromium and stops at once without it
 BROWSER ?= 1
-.PHONY: install install-serve test suite test-models lint lock lock-check system docs serve static bench clean
+.PHONY: install install-serve test suite test-models test-gpu lint lock lock-check system docs serve static bench clean
 
 $(UV): tools/uv.txt
 	test -x $(UVDIR)/bin/python || python3.11 -m venv $(UVDIR)
@@ -51,7 +51,13 @@ $(STAMP): $(SERVE_STAMP) locks/dev.txt
 	$(UV_HEADLAB)
 	touch $(STAMP)
 
-install-serve: $(SERVE_STAMP)
+install-# the scores on a CUDA GPU against the CPU (tests/gpu; make test leaves them out), then what
+# analysis costs there against transformers' forward (benchmarks/bench_gpu.py)
+test-gpu: $(STAMP)
+	$(VENV)/bin/pytest -m gpu tests/gpu
+	$(PY) benchmarks/bench_gpu.py
+
+serve: $(SERVE_STAMP)
 
 install: $(STAMP)
 
@@ -93,7 +99,7 @@ test: system web/node_modules/.package-lock.json
 # ~100 subprocesses would otherwise compile (and pytest rewrite) every module again
 suite: docs
 ifeq ($(BROWSER),0)
-	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/pytest -n $(JOBS) -m "not browser"
+	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/pytest -n $(JOBS) -m "not browser and not gpu"
 	@echo "BROWSER=0: the browser tests (marked 'browser') were left out; make test runs them"
 else
 	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/pytest -n $(JOBS)
@@ -104,6 +110,12 @@ endif
 test-models: $(STAMP)
 	$(VENV)/bin/headlab models --fetch gemma3
 	$(VENV)/bin/pytest tests/interop/test_gemma3.py
+
+# the scores on a CUDA GPU against the CPU (tests/gpu; make test leaves them out), then what
+# analysis costs there against transformers' forward (benchmarks/bench_gpu.py)
+test-gpu: $(STAMP)
+	$(VENV)/bin/pytest -m gpu tests/gpu
+	$(PY) benchmarks/bench_gpu.py
 
 serve: $(SERVE_STAMP)
 	$(VENV)/bin/headlab serve --host $(HOST) --port $(PORT)

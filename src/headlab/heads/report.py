@@ -263,7 +263,7 @@ def layer_scorer(
     weights (B, h, n, n) are one layer's patterns on the probe's tokens (B, n) whose
     ``targets`` were built once. Each head and the layer's averaged head are scored with
     :func:`headlab.heads.scores.pattern_scores` (``content``: the content score too, from
-    the same weights), on the CPU in float32, whatever device the layer ran on.
+    the same weights), in float32 on the device the layer ran on.
     :class:`LayerGroups` is the same reduction with layers scored together.
     """
     groups = LayerGroups(targets, keep, content, budget=0)  # a group of one layer
@@ -300,19 +300,19 @@ class LayerGroups:
         self.flat = torch.empty(0)  # (B, size · (h + 1), n, n): the group's heads
 
     def __call__(self, layer: int, weights: Tensor) -> None:
-        w = weights.float().cpu()  # (B, h, n, n)
+        w = weights.float()  # (B, h, n, n), scored where the layer ran
         B, h, n, s = w.shape
         if not self.pending and not self.scored:
             self.size = max(1, self.budget // (B * (h + 1) * n * s * 4))
         shape = (B, self.size * (h + 1), n, s)
         if self.flat.shape != shape:  # the first layer: one buffer, reused by every group
-            self.flat = torch.empty(shape)
+            self.flat = torch.empty(shape, device=w.device)
         flat = self.flat
         at = len(self.pending) * (h + 1)  # the heads, then the averaged head
         flat[:, at : at + h] = w
         flat[:, at + h] = averaged_pattern(w)
         heads = range(-1, h) if self.keep is None else [i for l, i in self.keep if l == layer]
-        kept = {i: flat[0, at + (h if i < 0 else i)].clone() for i in heads}
+        kept = {i: flat[0, at + (h if i < 0 else i)].to("cpu", copy=True) for i in heads}
         self.pending.append((layer, kept))
         if len(self.pending) == self.size:
             self.flush()
@@ -325,6 +325,10 @@ class LayerGroups:
         by_type, offsets, rests = pattern_scores(
             self.flat[:, : len(self.pending) * h1], self.targets, self.content
         )
+        # a few numbers a head: kept on the CPU, wherever the weights were scored
+        by_type = {t: v.cpu() for t, v in by_type.items()}
+        rests = {t: v.cpu() for t, v in rests.items()}
+        offsets = offsets.cpu()
         for k, (layer, kept) in enumerate(self.pending):
             part = slice(k * h1, (k + 1) * h1)
             self.scored[layer] = LayerScores(

@@ -147,14 +147,17 @@ def positional_score(
 
 def _positional(argmax: Tensor, reach: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
     """:func:`positional_score` from each query's argmax key (B, h, n) and the probe's
-    :func:`headlab.heads.targets.positional_reach`; every sequence and head at once."""
-    ok, reachable, eligible = reach  # (B, n, D), (D,), (D,)
+    :func:`headlab.heads.targets.positional_reach`; every sequence and head at once, on the
+    argmax's device."""
+    device = argmax.device
+    ok, reachable, eligible = (t.to(device) for t in reach)  # (B, n, D), (D,), (D,)
     h, n = argmax.shape[1:]
-    rel = argmax - torch.arange(n) + (n - 1)  # (B, h, n): column of the argmax offset
+    rel = argmax - torch.arange(n, device=device) + (n - 1)  # (B, h, n): the offset's column
     valid = ok.gather(2, rel.transpose(1, 2))  # (B, n, h): the argmax offset is counted
-    counts = torch.zeros(h, ok.shape[-1], dtype=torch.long)
-    counts.scatter_add_(1, rel.transpose(0, 1).reshape(h, -1),
-                        valid.permute(2, 0, 1).reshape(h, -1).long())  # fmt: skip
+    counts = torch.zeros(h, ok.shape[-1], dtype=torch.long, device=device)
+    counts.scatter_add_(
+        1, rel.transpose(0, 1).reshape(h, -1), valid.permute(2, 0, 1).reshape(h, -1).long()
+    )
     best = counts.masked_fill(~eligible, -1).argmax(dim=-1)  # (h,)
     score = counts.gather(-1, best[:, None])[:, 0].float() / reachable[best].clamp_min(1).float()
     return score, best - (n - 1)
@@ -213,12 +216,13 @@ def rare_word_score(weights: Tensor, rare: Tensor, rows: Tensor) -> Tensor:
 
 def _rare_word(argmax: Tensor, rare: Tensor, rows: Tensor) -> Tensor:
     """:func:`rare_word_score` from each query's argmax key (B, h, n)."""
+    rare, rows = rare.to(argmax.device), rows.to(argmax.device)
     hit = rare.gather(1, argmax.flatten(1)).view(argmax.shape)  # (B, h, n)
     count = rows.sum(-1)  # (B,)
     per_seq = (hit & rows[:, None]).sum(-1) / count.clamp_min(1)[:, None]  # (B, h)
     valid = count > 0
     if not valid.any():
-        return torch.zeros(argmax.shape[1])
+        return torch.zeros(argmax.shape[1], device=argmax.device)
     return per_seq[valid].double().mean(dim=0).float()
 
 
@@ -257,10 +261,10 @@ def diffuse_score(weights: Tensor, causal: bool) -> Tensor:
 def _diffuse(plogp: Tensor, s: int, causal: bool) -> Tensor:
     """:func:`diffuse_score` from each row's Σ_j A_ij log A_ij (B, h, n), s keys."""
     h, n = plogp.shape[1:]
-    k = visible_keys(n, s, causal).to(plogp.dtype)
+    k = visible_keys(n, s, causal).to(plogp.device, plogp.dtype)
     rows = k >= 2
     norm = -plogp[..., rows] / k[rows].log()  # (B, h, rows)
-    return norm.mean(dim=(0, 2)).float() if rows.any() else torch.zeros(h)
+    return norm.mean(dim=(0, 2)).float() if rows.any() else torch.zeros(h, device=plogp.device)
 
 
 def averaged_pattern(weights: Tensor) -> Tensor:
