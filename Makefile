@@ -51,13 +51,7 @@ $(STAMP): $(SERVE_STAMP) locks/dev.txt
 	$(UV_HEADLAB)
 	touch $(STAMP)
 
-install-# the scores on a CUDA GPU against the CPU (tests/gpu; make test leaves them out), then what
-# analysis costs there against transformers' forward (benchmarks/bench_gpu.py)
-test-gpu: $(STAMP)
-	$(VENV)/bin/pytest -m gpu tests/gpu
-	$(PY) benchmarks/bench_gpu.py
-
-serve: $(SERVE_STAMP)
+install-serve: $(SERVE_STAMP)
 
 install: $(STAMP)
 
