@@ -1,14 +1,11 @@
 """The compiled content score and the grouped scoring of layers: each held to what it replaces.
 
-The content score's compiled loops run on PyTorch's OpenMP threads (headlab.heads.kernels);
+The content score's compiled loops split their heads over Numba's threads (headlab.heads.kernels);
 held to the plain-Python loop of the definition and to the same loops run by the caller alone,
 at every thread count. Layers scored in groups (headlab.heads.report.LayerGroups) are held to
 one layer at a time."""
 
 from __future__ import annotations
-
-import glob
-import os
 
 import numpy as np
 import pytest
@@ -36,21 +33,9 @@ def threads():
     torch.set_num_threads(before)
 
 
-def test_pytorchs_openmp_runtime_is_found_where_it_has_one() -> None:
-    """The parallel path is the one that runs here: PyTorch built with OpenMP on Linux."""
-    if "OpenMP" not in torch.__config__.parallel_info() or not os.path.exists("/proc/self/maps"):
-        pytest.skip("PyTorch has no OpenMP runtime here, or the system lists no mapped libraries")
-    lib = kernels._openmp()
-    assert lib is not None and hasattr(lib, "GOMP_parallel")
-    here = os.path.dirname(torch.__file__)  # PyTorch's own copy, where its wheel bundles one
-    bundled = glob.glob(f"{here}/lib/lib*omp*") + glob.glob(f"{here}.libs/lib*omp*")
-    if bundled:
-        assert os.path.realpath(lib._name) in {os.path.realpath(p) for p in bundled}
-
-
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("count", [1, 2, 3, 8])
-def test_content_on_openmp_threads_equals_the_loop_and_the_caller_alone(
+def test_content_on_numbas_threads_equals_the_loop_and_the_caller_alone(
     causal: bool, count: int, threads, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Heads split across 1, 2, 3 and more threads than heads (5 heads): the same numbers as
@@ -62,7 +47,7 @@ def test_content_on_openmp_threads_equals_the_loop_and_the_caller_alone(
         fixed = torch.rand(B, n, generator=g) < 0.2
         parallel = content_score(A, causal, fixed)
         with monkeypatch.context() as m:
-            m.setattr(kernels, "_openmp", lambda: None)
+            m.setattr(kernels, "_threads", lambda work: 1)
             alone = content_score(A, causal, fixed)
         assert torch.equal(parallel, alone), (B, n)
         want = loop_content(A, causal, fixed)
@@ -80,8 +65,6 @@ def test_content_reads_any_layout_and_dtype() -> None:
 
 
 def test_the_parallel_kernel_refuses_arrays_it_cannot_read(threads) -> None:
-    if kernels._openmp() is None:
-        pytest.skip("no OpenMP runtime: the caller runs the loops itself")
     threads(2)
     A = np.zeros((1, 2, 4, 4), np.float64)  # float64: the kernel reads float32
     sees, size = np.ones((1, 4, 4), np.float32), np.full((1, 4), 4, np.int64)

@@ -167,3 +167,21 @@ def test_the_server_starts_and_answers_without_numba(tmp_path) -> None:
     assert out["blocked"]["status"] == out["normal"]["status"] == 200
     assert not out["blocked"]["numba"] and out["normal"]["numba"]
     assert out["blocked"]["labels"] == out["normal"]["labels"]
+
+
+def test_a_nans_sign_decides_where_the_compiled_argmax_puts_it() -> None:
+    """What kernels.row_stats' docstring says: a NaN with the sign bit clear (torch's nan) is
+    the argmax, as torch.argmax gives; the one x86 arithmetic makes (0/0, sign bit set) falls
+    below every weight, where torch.argmax takes it."""
+    from headlab.heads.kernels import row_stats_parallel
+
+    made = torch.full((3,), float("-inf")).softmax(-1)  # a row of no allowed key, unmasked
+    signed = torch.tensor([-0x400000], dtype=torch.int32).view(torch.float32)  # 0xFFC00000
+    assert made.isnan().all() and signed.isnan().all()
+    assert torch.equal(made[:1].view(torch.int32), signed.view(torch.int32))
+    rows = torch.tensor([[0.1, 0.5, 0.2, 0.2], [0.1, 0.5, 0.2, 0.2]])
+    rows[0, 2] = float("nan")
+    rows[1, 0] = signed[0]
+    argmax, _ = row_stats_parallel(rows.numpy())
+    assert argmax.tolist()[0] == int(rows[0].argmax()) == 2
+    assert argmax.tolist()[1] == 1 and int(rows[1].argmax()) == 0

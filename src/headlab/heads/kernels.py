@@ -1,33 +1,31 @@
-"""Compiled loops for the scores best computed a row at a time: the content score
-(:func:`headlab.heads.content.content_score`), which took a few dozen passes over each layer's
-(B, h, n, n) weights as PyTorch operations, and each row's argmax and entropy (the positional,
-rare-word and diffuse scores of :mod:`headlab.heads.scores`).
+"""Compiled loops that accelerate the scores best computed a row at a time: the content score
+(:func:`headlab.heads.content.content_parts`, a few dozen passes over each layer's (B, h, n, n)
+weights as PyTorch operations) and each row's argmax and entropy (the positional, rare-word and
+diffuse scores of :mod:`headlab.heads.scores`). They compute the PyTorch definitions' numbers
+(tests/unit/test_scores_definition.py) on the CPU in float32, where :mod:`headlab.heads.fast`
+lets them; the definitions run everywhere else.
 
 Numba compiles each loop to vectorised machine code the first time it runs and caches it on
 disk in headlab's cache, every file checked before Numba reads it
 (:mod:`headlab.heads.kernel_cache`): seconds once per install, milliseconds to load after
 that. Rows are worked one at a time, each small enough to stay in the CPU's first-level cache,
 so a layer costs a few passes over its weights, not dozens. The ``*_parallel`` entry points
-split the work across ``torch.get_num_threads()`` threads of PyTorch's own OpenMP team, the
-threads and the budget PyTorch's operations use.
+split the work across ``torch.get_num_threads()`` threads (the budget PyTorch's operations
+use) with Numba's ``prange``, on whatever threading layer Numba has on the system.
 
-Floating-point contract: float32 throughout; sums may be reassociated (``reassoc``), so a
-result differs from a plain loop's by float rounding (the tests hold it to the definition's loop
-in float64 within 1e-6). NaN and infinity keep their IEEE meaning (no ``nnan``/``ninf`` flags).
+Floating-point contract: float32 weights, the content profiles' sums and weights in float64;
+sums may be reassociated (``reassoc``), so a result differs from a plain loop's by float
+rounding (the tests hold it to the definition within 1e-7). NaN and infinity keep their IEEE
+meaning (no ``nnan``/``ninf`` flags).
 """
 
 from __future__ import annotations
-
-import ctypes
-import functools
-import os
-from collections.abc import Callable, Sequence
 
 import numba
 import numpy as np
 import torch
 from llvmlite import ir
-from numba import types
+from numba import prange, types
 from numba.extending import intrinsic
 
 from headlab.heads import kernel_cache
@@ -37,9 +35,9 @@ _FAST = {"reassoc", "contract", "arcp", "nsz"}
 _jit = kernel_cache.cached(
     numba.njit(nogil=True, cache=kernel_cache.CACHING, boundscheck=False, fastmath=_FAST)
 )
-# an OpenMP task: void f(int64 *args), compiled as it is decorated
-_task = kernel_cache.cached(
-    numba.cfunc(types.void(types.CPointer(types.int64)), cache=kernel_cache.CACHING)
+# a loop over shares of the work, one a thread (Numba's prange, on its threading layer)
+_shared = kernel_cache.cached(
+    numba.njit(parallel=True, nogil=True, cache=kernel_cache.CACHING, fastmath=_FAST)
 )
 _f32 = np.float32
 _TINY = np.float32(1e-30)
@@ -164,30 +162,6 @@ def content_parts(A, sees, size, lo, hi, out):
 
 
 @intrinsic
-def _pointer(typingctx, address, like):
-    """The integer ``address`` as a pointer to ``like``'s element type."""
-    sig = types.CPointer(like.dtype)(types.int64, like)
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-
-    return sig, codegen
-
-
-@intrinsic
-def _call_int(typingctx, address):
-    """Call the C function ``int f(void)`` at ``address`` (omp_get_thread_num and the like:
-    passed as an address, so the compiled code holds no address of this process's)."""
-    sig = types.int32(types.int64)
-
-    def codegen(context, builder, signature, args):
-        fn = builder.inttoptr(args[0], ir.FunctionType(ir.IntType(32), []).as_pointer())
-        return builder.call(fn, [])
-
-    return sig, codegen
-
-
-@intrinsic
 def _as_float(typingctx, bits):
     """The float32 whose bits are the int32 ``bits``."""
     sig = types.float32(types.int32)
@@ -233,8 +207,11 @@ def row_stats(A, lo, hi, argmax, plogp):
     the least normal float taken as it (0 · log of it = 0, as clamp_min(tiny) then log gives).
     Non-negative floats order as their bits do as integers, so the maximum is an integer
     reduction the compiler vectorises (a float one it may not reorder); then the first key
-    that holds it. A NaN is larger than any weight: the first NaN's key, as torch.argmax
-    gives."""
+    that holds it. A NaN's bits decide where it falls: one with the sign bit clear (NumPy's
+    and PyTorch's ``nan``) is above every weight, so the first such key is the argmax, as
+    torch.argmax gives; the NaN that x86 arithmetic makes (0/0, a softmax of all −inf: the
+    sign bit set) is below every weight, where torch.argmax would take its key. Attention
+    weights hold no NaN (a row with no key allowed gives zeros, DESIGN.md)."""
     bits = A.view(np.int32)
     for r in range(lo, hi):
         row, b = A[r], bits[r]
@@ -249,108 +226,69 @@ def row_stats(A, lo, hi, argmax, plogp):
                 break
 
 
-# A task's int64 arguments: the addresses of omp_get_thread_num and omp_get_num_threads, then
-# the task's own (see _parallel).
+@_shared
+def _content_shares(A, sees, size, out, shares):
+    """:func:`content_parts` of every head, split into ``shares`` runs of heads, one a thread."""
+    H = A.shape[1]
+    for k in prange(shares):
+        content_parts(A, sees, size, H * k // shares, H * (k + 1) // shares, out)
 
 
-@_task
-def _content_task(args):
-    """One OpenMP thread's share of :func:`content_parts`: the addresses of A, sees, size and
-    out, then B, H, n."""
-    a = numba.carray(args, 9)
-    B, H, n = a[6], a[7], a[8]
-    A = numba.carray(_pointer(a[2], np.empty(0, _f32)), (B, H, n, n))  # type: ignore[call-arg]
-    sees = numba.carray(_pointer(a[3], np.empty(0, _f32)), (B, n, n))
-    size = numba.carray(_pointer(a[4], np.empty(0, np.int64)), (B, n))
-    out = numba.carray(_pointer(a[5], np.empty(0, np.float64)), (H, 2))
-    thread, threads = _call_int(a[0]), _call_int(a[1])
-    content_parts(A, sees, size, H * thread // threads, H * (thread + 1) // threads, out)
+@_shared
+def _row_shares(rows, argmax, plogp, shares):
+    """:func:`row_stats` of every row, split into ``shares`` runs of rows, one a thread."""
+    R = rows.shape[0]
+    for k in prange(shares):
+        row_stats(rows, R * k // shares, R * (k + 1) // shares, argmax, plogp)
 
 
-@_task
-def _rows_task(args):
-    """One OpenMP thread's share of :func:`row_stats`: the addresses of A, argmax and plogp,
-    then R, n."""
-    a = numba.carray(args, 7)
-    R, n = a[5], a[6]
-    A = numba.carray(_pointer(a[2], np.empty(0, _f32)), (R, n))  # type: ignore[call-arg]
-    argmax = numba.carray(_pointer(a[3], np.empty(0, np.int64)), R)
-    plogp = numba.carray(_pointer(a[4], np.empty(0, _f32)), R)
-    thread, threads = _call_int(a[0]), _call_int(a[1])
-    row_stats(A, R * thread // threads, R * (thread + 1) // threads, argmax, plogp)
+def _threads(work: int) -> int:
+    """The threads to split ``work`` units over: PyTorch's count (the budget its operations
+    use), at most one a unit and at most Numba's pool; that many are set for Numba's next
+    parallel loop on this thread."""
+    threads = max(1, min(torch.get_num_threads(), work, numba.config.NUMBA_NUM_THREADS))
+    if threads > 1:
+        numba.set_num_threads(threads)
+    return threads
 
 
-@functools.cache
-def _openmp() -> ctypes.CDLL | None:
-    """The OpenMP runtime PyTorch loaded (found among this process's mapped libraries), or
-    None: none is loaded, or this system does not list them (/proc/self/maps is Linux's)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if line.count("/")}
-    except OSError:
-        return None
-    names = ("libgomp", "libomp", "libiomp5")
-    torch_dir = os.path.dirname(os.path.dirname(torch.__file__))  # site-packages, or the like
-    ours = (os.path.join(torch_dir, "torch") + os.sep, os.path.join(torch_dir, "torch.libs"))
-    # PyTorch's own runtime first (torch/lib, or torch.libs in a repaired wheel), where another
-    # package has loaded a second one
-    for path in sorted(paths, key=lambda p: (not p.startswith(ours), p)):
-        if os.path.basename(path).startswith(names):
-            lib = ctypes.CDLL(path)  # already loaded: the same library, not a second copy
-            if hasattr(lib, "GOMP_parallel"):
-                lib.GOMP_parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint,
-                                              ctypes.c_uint]  # fmt: skip
-                lib.GOMP_parallel.restype = None
-                return lib
-    return None
-
-
-def _parallel(
-    task: object, alone: Callable[[], None], work: int, arrays: Sequence[tuple[np.ndarray, type]],
-    sizes: list[int],
-) -> None:  # fmt: skip
-    """Run ``task`` (a cfunc above) on ``torch.get_num_threads()`` threads of PyTorch's OpenMP
-    team, at most one per unit of ``work``; ``alone()`` where there is no team or one thread
-    would do. ``arrays`` (each C-contiguous, of its dtype, alive until this returns) go to the
-    task as addresses, then ``sizes``."""
+def _check(arrays: list[tuple[np.ndarray, type]]) -> None:
+    """A kernel reads C-contiguous arrays of the dtypes it was compiled for: refuse others."""
     for x, dtype in arrays:
         if not x.flags.c_contiguous or x.dtype != dtype:
-            raise ValueError(f"a kernel's array is {x.dtype}, strides {x.strides}: it reads "
-                             f"C-contiguous {np.dtype(dtype)}")  # fmt: skip
-    threads = max(1, min(torch.get_num_threads(), work))
-    lib = _openmp()
-    if lib is None or threads == 1:
-        alone()
-        return
-    number = ctypes.cast(lib.omp_get_thread_num, ctypes.c_void_p).value
-    count = ctypes.cast(lib.omp_get_num_threads, ctypes.c_void_p).value
-    args = np.array([number, count, *(x.ctypes.data for x, _ in arrays), *sizes], np.int64)
-    lib.GOMP_parallel(task.address, args.ctypes.data, threads, 0)  # type: ignore[attr-defined]
+            raise ValueError(
+                f"a kernel's array is {x.dtype}, strides {x.strides}: it reads "
+                f"C-contiguous {np.dtype(dtype)}"
+            )
 
 
 def content_parts_parallel(
     A: np.ndarray, sees: np.ndarray, size: np.ndarray, out: np.ndarray
 ) -> None:
-    """:func:`content_parts` over every head, on PyTorch's threads (at most one a head)."""
-    B, H, n, _ = A.shape
-    arrays = [(A, _f32), (sees, _f32), (size, np.int64), (out, np.float64)]
-    _parallel(_content_task, lambda: content_parts(A, sees, size, 0, H, out), H, arrays,
-              [B, H, n])  # fmt: skip
+    """:func:`content_parts` over every head, on PyTorch's thread count (at most one a head)."""
+    _check([(A, _f32), (sees, _f32), (size, np.int64), (out, np.float64)])
+    H = A.shape[1]
+    threads = _threads(H)
+    if threads == 1:
+        content_parts(A, sees, size, 0, H, out)
+    else:
+        _content_shares(A, sees, size, out, threads)
     kernel_cache.record()  # a first call may compile and save
 
 
 def row_stats_parallel(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`row_stats` of every row of A (…, n) float32 (weights ≥ 0) on PyTorch's threads
-    → argmax (…,) int64 and Σ A log A (…,) float32."""
+    """:func:`row_stats` of every row of A (…, n) float32 (weights ≥ 0) on PyTorch's thread
+    count → argmax (…,) int64 and Σ A log A (…,) float32."""
     if A.shape[-1] == 0:
         raise ValueError("row_stats: rows of no keys have no argmax")
     rows = A.reshape(-1, A.shape[-1])
-    R, n = rows.shape
+    _check([(rows, _f32)])
+    R = rows.shape[0]
     argmax, plogp = np.empty(R, np.int64), np.empty(R, _f32)
-    _parallel(_rows_task, lambda: row_stats(rows, 0, R, argmax, plogp), R // 64 + 1,
-              [(rows, _f32), (argmax, np.int64), (plogp, _f32)], [R, n])  # fmt: skip
+    threads = _threads(R // 64 + 1)
+    if threads == 1:
+        row_stats(rows, 0, R, argmax, plogp)
+    else:
+        _row_shares(rows, argmax, plogp, threads)
     kernel_cache.record()
     return argmax.reshape(A.shape[:-1]), plogp.reshape(A.shape[:-1])
-
-
-kernel_cache.record()  # the cfuncs above compiled (or loaded) as they were decorated
