@@ -246,7 +246,8 @@ def _threads(work: int) -> int:
     """The threads to split ``work`` units over: PyTorch's count (the budget its operations
     use), at most one a unit and at most Numba's pool; that many are set for Numba's next
     parallel loop on this thread."""
-    threads = max(1, min(torch.get_num_threads(), work, numba.config.NUMBA_NUM_THREADS))
+    pool = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # set at run time
+    threads = max(1, min(torch.get_num_threads(), work, pool))
     if threads > 1:
         numba.set_num_threads(threads)
     return threads
