@@ -103,9 +103,11 @@ def contenders(
     if model.config.causal and ablations:
         rows = loss_rows(probe, True)
         fns["ablation, attribution estimate"] = lambda: measure_ablations(
-            model, probe, rows, [], exact=False, check=0)  # fmt: skip
+            model, probe, rows, [], exact=False, check=0
+        )
         fns["ablation, estimate + exact check"] = lambda: measure_ablations(
-            model, probe, rows, [], exact=False)  # fmt: skip
+            model, probe, rows, [], exact=False
+        )
         fns["ablation, exact, every head"] = lambda: ablate_heads(model, probe)
         slow = {"ablation, estimate + exact check", "ablation, exact, every head"}
     return fns, slow, probe.n
@@ -121,8 +123,9 @@ def _hf_forward(hf: Any, x: torch.Tensor) -> object:
         return hf(x, output_attentions=True)
 
 
-def measure(fns: dict[str, Callable[[], object]], slow: set[str], rounds: int,
-            slow_rounds: int) -> dict[str, float]:  # fmt: skip
+def measure(
+    fns: dict[str, Callable[[], object]], slow: set[str], rounds: int, slow_rounds: int
+) -> dict[str, float]:
     """Median seconds of each call, interleaved round by round after one warm-up each (the
     slow ones, seconds long, warm up in the fast ones' first round)."""
     if slow_rounds == 0:  # the slow ones left out
@@ -143,14 +146,22 @@ def measure(fns: dict[str, Callable[[], object]], slow: set[str], rounds: int,
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["default", "minilm", "smollm2", "gemma3"],
-                        help="each one skipped, saying so, where it is not here")  # fmt: skip
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=["default", "minilm", "smollm2", "gemma3"],
+        help="each one skipped, saying so, where it is not here",
+    )
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--rounds", type=count(), default=7)
     parser.add_argument("--slow-rounds", type=count(0), default=2, help="rounds of the ablations")
-    parser.add_argument("--lengths", nargs="*", type=int, default=[],
-                        help="also time analyse on random tokens of these lengths, repeated 4 "
-                             "times (no ablations)")  # fmt: skip
+    parser.add_argument(
+        "--lengths",
+        nargs="*",
+        type=int,
+        default=[],
+        help="also time analyse on random tokens of these lengths, repeated 4 times (no ablations)",
+    )
     parser.add_argument("--json", default=path_for("analysis"), help="where the results go")
     args = parser.parse_args()
     results: dict[str, Any] = {}
@@ -176,8 +187,7 @@ def main() -> int:
                 rows.append([name, n, threads, what, f"{t * 1e3:.1f}", f"{t / base:.2f}"])
             ratios = {k: v / base for k, v in medians.items()}
             key = f"{name}/{threads}" if length is None else f"{name}@{n}/{threads}"
-            results[key] = {"tokens": n, "against": against,
-                                            "median_s": medians, "ratio": ratios}  # fmt: skip
+            results[key] = {"tokens": n, "against": against, "median_s": medians, "ratio": ratios}
     end = [round(v, 2) for v in os.getloadavg()]
     print(f"load average (1, 5, 15 min): {loads} at the start, {end} at the end")
     columns = ["model", "tokens", "threads", "what", "median ms", "× forward"]

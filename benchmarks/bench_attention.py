@@ -98,7 +98,10 @@ def report(rounds: int) -> list[dict[str, object]]:
             fused = med["headlab fused"]
             rows.append(
                 {
-                    "B": B, "n": n, "d_model": d, "h": h,
+                    "B": B,
+                    "n": n,
+                    "d_model": d,
+                    "h": h,
                     "mode": "fwd+bwd" if backward else "inference",
                     "ms": {k: round(v * 1e3, 3) for k, v in med.items()},
                     "fused / nn.MultiheadAttention": fused / med["nn.MultiheadAttention"],
@@ -108,7 +111,7 @@ def report(rounds: int) -> list[dict[str, object]]:
                     "matmul GFLOP/s": roof / 1e9,
                     "fused share of matmul rate": (flops / fused) / roof,
                 }
-            )  # fmt: skip
+            )
     return rows
 
 
@@ -138,18 +141,32 @@ def main() -> None:
     save(args.json, COLUMNS, [_cells(r) for r in rows], rows, threads=torch.get_num_threads())
 
 
-COLUMNS = ["(B, n, d_model, h)", "mode", "fused ms", "/ nn.MultiheadAttention",
-           "/ plain SDPA module", "explicit / fused", "GFLOP/s", "matmul GFLOP/s",
-           "share"]  # fmt: skip
+COLUMNS = [
+    "(B, n, d_model, h)",
+    "mode",
+    "fused ms",
+    "/ nn.MultiheadAttention",
+    "/ plain SDPA module",
+    "explicit / fused",
+    "GFLOP/s",
+    "matmul GFLOP/s",
+    "share",
+]
 
 
 def _cells(r: dict) -> list[str]:
     """A row of the documentation's table (a ratio below 1.0: headlab's fused path is faster)."""
-    return [f"({r['B']}, {r['n']}, {r['d_model']}, {r['h']})", r["mode"],
-            f"{r['ms']['headlab fused']:.1f}", f"{r['fused / nn.MultiheadAttention']:.2f}",
-            f"{r['fused / plain SDPA']:.2f}", f"{r['explicit / fused']:.2f}",
-            f"{r['fused GFLOP/s']:.0f}", f"{r['matmul GFLOP/s']:.0f}",
-            f"{r['fused share of matmul rate']:.0%}"]  # fmt: skip
+    return [
+        f"({r['B']}, {r['n']}, {r['d_model']}, {r['h']})",
+        r["mode"],
+        f"{r['ms']['headlab fused']:.1f}",
+        f"{r['fused / nn.MultiheadAttention']:.2f}",
+        f"{r['fused / plain SDPA']:.2f}",
+        f"{r['explicit / fused']:.2f}",
+        f"{r['fused GFLOP/s']:.0f}",
+        f"{r['matmul GFLOP/s']:.0f}",
+        f"{r['fused share of matmul rate']:.0%}",
+    ]
 
 
 if __name__ == "__main__":

@@ -53,12 +53,25 @@ COMMANDS: dict[str, list[str]] = {
     f'python -c "{META_MM}"': [sys.executable, "-c", META_MM],
     "headlab --help": [*HEADLAB, "--help"],
     "headlab models": [*HEADLAB, "models"],
-    "headlab shapes --d-model 512 --heads 8": [*HEADLAB, "shapes", "--d-model", "512",
-                                               "--heads", "8"],
-    "headlab shapes --d-model 512 --heads 8 --trace": [*HEADLAB, "shapes", "--d-model", "512",
-                                                       "--heads", "8", "--trace"],
+    "headlab shapes --d-model 512 --heads 8": [
+        *HEADLAB,
+        "shapes",
+        "--d-model",
+        "512",
+        "--heads",
+        "8",
+    ],
+    "headlab shapes --d-model 512 --heads 8 --trace": [
+        *HEADLAB,
+        "shapes",
+        "--d-model",
+        "512",
+        "--heads",
+        "8",
+        "--trace",
+    ],
     "headlab heads --model default": [*HEADLAB, "heads", "--model", "default"],
-}  # fmt: skip
+}
 
 
 def run_once(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
@@ -77,8 +90,11 @@ def run_once(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
 def measure(rounds: int) -> dict[str, dict[str, list[float]]]:
     """Every command's wall and CPU seconds per round, after one untimed warm-up round."""
     src = str(ROOT / "src")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get(
-        "PYTHONPATH")])), "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])),
+        "HF_HUB_OFFLINE": "1",
+    }
     times: dict[str, dict[str, list[float]]] = {n: {"wall": [], "cpu": []} for n in COMMANDS}
     for cmd in COMMANDS.values():
         run_once(cmd, env)
@@ -108,8 +124,15 @@ def summarise(times: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, f
 
 def table(figures: dict[str, dict[str, float]]) -> dict[str, list]:
     """The docs' table: each command's median, spread and ratio to the torch import."""
-    rows = [[f"`{name}`", f"{f['median_s']:.3f}", f"{f['min_s']:.3f}–{f['max_s']:.3f}",
-             f"{f['ratio_to_torch_import']:.2f}"] for name, f in figures.items()]  # fmt: skip
+    rows = [
+        [
+            f"`{name}`",
+            f"{f['median_s']:.3f}",
+            f"{f['min_s']:.3f}–{f['max_s']:.3f}",
+            f"{f['ratio_to_torch_import']:.2f}",
+        ]
+        for name, f in figures.items()
+    ]
     return {"columns": ["command", "median (s)", "range (s)", "× torch import"], "rows": rows}
 
 
@@ -131,20 +154,32 @@ def main() -> None:
     figures = summarise(measure(args.rounds))
     load_end = tuple(round(x, 2) for x in os.getloadavg())
     info, ran_on = machine(), versions()
-    print(f"cold start, {args.rounds} interleaved rounds; {info['cores']} cores, Python "
-          f"{ran_on['python']}, torch {ran_on['torch']}, lock {ran_on['lock']}")  # fmt: skip
+    print(
+        f"cold start, {args.rounds} interleaved rounds; {info['cores']} cores, Python "
+        f"{ran_on['python']}, torch {ran_on['torch']}, lock {ran_on['lock']}"
+    )
     print(f"load average (1, 5, 15 min): start {load_start}, end {load_end}")
     w = max(map(len, figures))
     print(f"{'command':<{w}} {'median s':>9} {'min s':>7} {'max s':>7} {'cpu s':>7} {'× torch':>8}")
     for name, f in figures.items():
-        print(f"{name:<{w}} {f['median_s']:>9.3f} {f['min_s']:>7.3f} {f['max_s']:>7.3f} "
-              f"{f['cpu_median_s']:>7.3f} {f['ratio_to_torch_import']:>8.2f}")  # fmt: skip
+        print(
+            f"{name:<{w}} {f['median_s']:>9.3f} {f['min_s']:>7.3f} {f['max_s']:>7.3f} "
+            f"{f['cpu_median_s']:>7.3f} {f['ratio_to_torch_import']:>8.2f}"
+        )
     load = {"start": list(load_start), "end": list(load_end)}
-    write_json(args.json, {"command": command(), "date": datetime.date.today().isoformat(),
-                           "machine": {**info, "load_average": load}, "versions": ran_on,
-                           "rounds": args.rounds,
-                           "reference": REFERENCE, "commands": figures,
-                           "table": table(figures)})  # fmt: skip
+    write_json(
+        args.json,
+        {
+            "command": command(),
+            "date": datetime.date.today().isoformat(),
+            "machine": {**info, "load_average": load},
+            "versions": ran_on,
+            "rounds": args.rounds,
+            "reference": REFERENCE,
+            "commands": figures,
+            "table": table(figures),
+        },
+    )
     print(f"written to {args.json}")
 
 

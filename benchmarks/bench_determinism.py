@@ -63,18 +63,26 @@ def main() -> None:
             hashes[name].add(digest)
     base = statistics.median(times["1 thread"])
     ref = next(iter(hashes["1 thread"]))
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, "
-          f"{args.steps} steps, medians of {args.rounds} interleaved rounds")  # fmt: skip
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, "
+        f"{args.steps} steps, medians of {args.rounds} interleaved rounds"
+    )
     rows = []
     for name in settings:
         same = hashes[name] == {ref}
-        weights = (f"{'bit-identical to 1 thread' if same else 'differ from 1 thread'}"
-                   f"{'' if len(hashes[name]) == 1 else ' (and between rounds!)'}")  # fmt: skip
+        weights = (
+            f"{'bit-identical to 1 thread' if same else 'differ from 1 thread'}"
+            f"{'' if len(hashes[name]) == 1 else ' (and between rounds!)'}"
+        )
         median = statistics.median(times[name])
         print(f"{name:38s} {median:7.2f} s  × {median / base:.2f}  weights {weights}")
         rows.append([name, f"{median:.2f}", f"{median / base:.2f}", weights])
-    columns = ["setting", f"median s ({args.steps} steps, {args.rounds} rounds)", "× 1 thread",
-               "final weights"]  # fmt: skip
+    columns = [
+        "setting",
+        f"median s ({args.steps} steps, {args.rounds} rounds)",
+        "× 1 thread",
+        "final weights",
+    ]
     save(args.json, columns, rows, {k: sorted(v) for k, v in times.items()})
 
 

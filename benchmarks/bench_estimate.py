@@ -61,16 +61,32 @@ def forward_seconds(model: Any, tokens: torch.Tensor, rounds: int) -> float:
     return statistics.median(times[1:])
 
 
-def row(name: str, what: str, exact: torch.Tensor, est: torch.Tensor, seconds: float,
-        forward: float, exact_s: float, at: Any) -> dict[str, Any]:  # fmt: skip
+def row(
+    name: str,
+    what: str,
+    exact: torch.Tensor,
+    est: torch.Tensor,
+    seconds: float,
+    forward: float,
+    exact_s: float,
+    at: Any,
+) -> dict[str, Any]:
     """One method's agreement with exact ablation and its cost."""
     checked = getattr(at, "exact", None)
-    return {"model": name, "method": what, "steps": getattr(at, "steps", None),
-            "rho_all": agreement(exact, est), "rho_top20": agreement(exact, est, 20),
-            "top5": overlap(exact, est), "seconds": seconds, "forward_s": forward,
-            "exact_all_s": exact_s, "vs_exact": seconds / exact_s,
-            "probe_passes": at.probe_passes,
-            "checked": 0 if checked is None else len(checked.heads)}  # fmt: skip
+    return {
+        "model": name,
+        "method": what,
+        "steps": getattr(at, "steps", None),
+        "rho_all": agreement(exact, est),
+        "rho_top20": agreement(exact, est, 20),
+        "top5": overlap(exact, est),
+        "seconds": seconds,
+        "forward_s": forward,
+        "exact_all_s": exact_s,
+        "vs_exact": seconds / exact_s,
+        "probe_passes": at.probe_passes,
+        "checked": 0 if checked is None else len(checked.heads),
+    }
 
 
 def timed(run: Any) -> tuple[Any, float]:
@@ -79,8 +95,14 @@ def timed(run: Any) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
-def measure(name: str, steps: list[int], layer_steps: list[int], checks: list[int],
-            plain_checks: list[int], rounds: int) -> list[dict[str, Any]]:  # fmt: skip
+def measure(
+    name: str,
+    steps: list[int],
+    layer_steps: list[int],
+    checks: list[int],
+    plain_checks: list[int],
+    rounds: int,
+) -> list[dict[str, Any]]:
     """One row for exact ablation of every head, one per k on each head's own path
     (``steps``), per k on each layer's path (``layer_steps``) and per number of heads the
     two-stage estimate checks exactly (``checks``; ``plain_checks`` with plain attribution
@@ -93,10 +115,20 @@ def measure(name: str, steps: list[int], layer_steps: list[int], checks: list[in
     exact_run, exact_s = timed(lambda: ablate_heads(model, probe))
     exact = exact_run.loss_effect(rows)
     out = [row(name, "exact", exact, exact, exact_s, forward, exact_s, exact_run)]
-    runs = [(f"estimate, {k} step(s) per head", lambda k=k: attribute_heads(
-        model, probe, [rows], steps=k)) for k in steps]  # fmt: skip
-    runs += [(f"estimate, {k} step(s) per layer", lambda k=k: attribute_heads(
-        model, probe, [rows], steps=k, per="layer")) for k in layer_steps]  # fmt: skip
+    runs = [
+        (
+            f"estimate, {k} step(s) per head",
+            lambda k=k: attribute_heads(model, probe, [rows], steps=k),
+        )
+        for k in steps
+    ]
+    runs += [
+        (
+            f"estimate, {k} step(s) per layer",
+            lambda k=k: attribute_heads(model, probe, [rows], steps=k, per="layer"),
+        )
+        for k in layer_steps
+    ]
     runs += [
         (
             f"estimate per layer ({LAYER_STEPS} steps) + exact check of {c}",
@@ -105,17 +137,22 @@ def measure(name: str, steps: list[int], layer_steps: list[int], checks: list[in
         for c in checks
     ]
     both = [rows, loss_rows(probe, True)["copy"]]  # every token, and a later copy's tokens
-    runs += [(f"plain estimate + exact check of {c} by size, every token and later copy",
-              lambda c=c: estimate_heads(model, probe, both, check=c, steps=1, rank=both,
-                                         by="size")) for c in plain_checks]  # fmt: skip
+    runs += [
+        (
+            f"plain estimate + exact check of {c} by size, every token and later copy",
+            lambda c=c: estimate_heads(model, probe, both, check=c, steps=1, rank=both, by="size"),
+        )
+        for c in plain_checks
+    ]
     for what, run in runs:
         at, seconds = timed(run)
         out.append(row(name, what, exact, at.loss_effect(rows), seconds, forward, exact_s, at))
     return out + in_evidence(name, model, probe, exact, forward)
 
 
-def in_evidence(name: str, model: Any, probe: Any, exact: torch.Tensor,
-                forward: float) -> list[dict[str, Any]]:  # fmt: skip
+def in_evidence(
+    name: str, model: Any, probe: Any, exact: torch.Tensor, forward: float
+) -> list[dict[str, Any]]:
     """The evidence's ablation stage (headlab.heads.evidence.measure_ablations) both ways, with
     every quantity the evidence asks about (the loss over each row set of ``loss_rows``, the
     scores of the heads ``analyse`` labels induction): exact ablation of every head, then the
@@ -123,15 +160,35 @@ def in_evidence(name: str, model: Any, probe: Any, exact: torch.Tensor,
     rows = loss_rows(probe, True)
     report = analyse(model, probe, content=False)
     induction = [(s.layer, s.head) for s in report.heads if s.label == "induction"]
-    (every, _), every_s = timed(lambda: measure_ablations(model, probe, rows, induction,
-                                                          exact=True))  # fmt: skip
-    (est, checked), two_s = timed(lambda: measure_ablations(model, probe, rows, induction,
-                                                               exact=None))  # fmt: skip
+    (every, _), every_s = timed(
+        lambda: measure_ablations(model, probe, rows, induction, exact=True)
+    )
+    (est, checked), two_s = timed(
+        lambda: measure_ablations(model, probe, rows, induction, exact=None)
+    )
     two = Checked(est, checked) if est.method == "attribution" else every
-    return [row(name, "evidence's ablations, every head exact", exact,
-                every.loss_effect(rows["any"]), every_s, forward, every_s, every),
-            row(name, "evidence's ablations, as its default chooses", exact,
-                two.loss_effect(rows["any"]), two_s, forward, every_s, two)]  # fmt: skip
+    return [
+        row(
+            name,
+            "evidence's ablations, every head exact",
+            exact,
+            every.loss_effect(rows["any"]),
+            every_s,
+            forward,
+            every_s,
+            every,
+        ),
+        row(
+            name,
+            "evidence's ablations, as its default chooses",
+            exact,
+            two.loss_effect(rows["any"]),
+            two_s,
+            forward,
+            every_s,
+            two,
+        ),
+    ]
 
 
 def main() -> int:
@@ -150,9 +207,16 @@ def main() -> int:
         default=[CHECK],
         help="heads the two-stage estimate ablates exactly",
     )
-    parser.add_argument("--plain-check", nargs="*", type=int, default=[], help=(
-        "heads the two-stage estimate ablates exactly, ranked by plain attribution patching "
-        "by size on every token and a later copy"))  # fmt: skip
+    parser.add_argument(
+        "--plain-check",
+        nargs="*",
+        type=int,
+        default=[],
+        help=(
+            "heads the two-stage estimate ablates exactly, ranked by plain attribution patching "
+            "by size on every token and a later copy"
+        ),
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=count(), default=7, help="rounds of the forward")
     parser.add_argument("--json", default=path_for("estimate"), help="where the results go")
@@ -162,23 +226,43 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     for name in args.models:
         try:
-            results += measure(name, args.steps, args.layer_steps, args.check, args.plain_check,
-                               args.rounds)  # fmt: skip
+            results += measure(
+                name, args.steps, args.layer_steps, args.check, args.plain_check, args.rounds
+            )
         except (ImportError, zoo.ModelNotAvailable) as exc:
             print(f"skipped {name}: not available here ({exc})")
     rows = []
     for r in results:
-        rows.append([r["model"], r["method"], f"{r['rho_all']:.2f}", f"{r['rho_top20']:.2f}",
-                     r["top5"], f"{r['seconds']:.2f}", f"{r['seconds'] / r['forward_s']:.1f}",
-                     f"{r['seconds'] / r['exact_all_s']:.2f}", f"{r['probe_passes']:.1f}",
-                     r["checked"]])  # fmt: skip
+        rows.append(
+            [
+                r["model"],
+                r["method"],
+                f"{r['rho_all']:.2f}",
+                f"{r['rho_top20']:.2f}",
+                r["top5"],
+                f"{r['seconds']:.2f}",
+                f"{r['seconds'] / r['forward_s']:.1f}",
+                f"{r['seconds'] / r['exact_all_s']:.2f}",
+                f"{r['probe_passes']:.1f}",
+                r["checked"],
+            ]
+        )
         print("  ".join(str(v) for v in rows[-1]), flush=True)
     end = [round(v, 2) for v in os.getloadavg()]
     print(f"load average (1, 5, 15 min): {start} at the start, {end} at the end")
-    columns = ["model", "what", "ρ all heads", "ρ top 20", "top-5 shared", "seconds",
-               "× one forward", "× exact, every head", "probe passes", "heads exact"]  # fmt: skip
-    save(args.json, columns, rows, {"rows": results, "load_average": {"start": start,
-                                                                      "end": end}})  # fmt: skip
+    columns = [
+        "model",
+        "what",
+        "ρ all heads",
+        "ρ top 20",
+        "top-5 shared",
+        "seconds",
+        "× one forward",
+        "× exact, every head",
+        "probe passes",
+        "heads exact",
+    ]
+    save(args.json, columns, rows, {"rows": results, "load_average": {"start": start, "end": end}})
     return 0
 
 

@@ -108,13 +108,23 @@ def main(argv: list[str] | None = None) -> int:
         times = measure(name, args.rounds)
         med = {k: statistics.median(v) for k, v in times.items()}
         results[name] = {"seconds": times, "median": med}
-        rows.append([name, f"{med['ungated']:.2f} s",
-                     *(f"{med[k] / med['ungated']:.2f}×" for k in CONTENDERS[1:])])  # fmt: skip
+        rows.append(
+            [
+                name,
+                f"{med['ungated']:.2f} s",
+                *(f"{med[k] / med['ungated']:.2f}×" for k in CONTENDERS[1:]),
+            ]
+        )
         print(name, {k: round(v, 3) for k, v in med.items()}, file=sys.stderr)
     load_after = os.getloadavg()[0]
     columns = ["model", "ungated (median)", *(f"{k} / ungated" for k in CONTENDERS[1:])]
-    extra = {"skipped": skipped, "rounds": args.rounds, "threads": torch.get_num_threads(),
-             "load_before": round(load_before, 2), "load_after": round(load_after, 2)}  # fmt: skip
+    extra = {
+        "skipped": skipped,
+        "rounds": args.rounds,
+        "threads": torch.get_num_threads(),
+        "load_before": round(load_before, 2),
+        "load_after": round(load_after, 2),
+    }
     save(args.json, columns, rows, {**results, **extra})
     return 0
 

@@ -70,8 +70,12 @@ def cached_loads(repeats: int, threads: int) -> dict[str, dict[str, float]]:
     process that fills the page cache)."""
     runs = []
     for k in range(repeats + 1):
-        done = subprocess.run([sys.executable, "-c", LOAD_SCRIPT.format(threads=threads)],
-                              capture_output=True, text=True, check=True)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", LOAD_SCRIPT.format(threads=threads)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         if k:
             runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     return {
@@ -84,8 +88,10 @@ def cached_loads(repeats: int, threads: int) -> dict[str, dict[str, float]]:
 
 
 def print_loads(loads: dict[str, dict[str, float]], repeats: int, load: list[tuple]) -> None:
-    print(f"cached load, medians of {repeats} fresh processes; load average (1, 5, 15 min) "
-          f"{load[0]} at the start, {load[1]} at the end")  # fmt: skip
+    print(
+        f"cached load, medians of {repeats} fresh processes; load average (1, 5, 15 min) "
+        f"{load[0]} at the start, {load[1]} at the end"
+    )
     for step, f in loads.items():
         print(f"  {step:36s} {f['wall_s']:6.2f} s wall {f['cpu_s']:6.2f} s CPU")
 
@@ -141,18 +147,25 @@ def main() -> int:
     names = ("transformers eager forward, output_attentions", "headlab forward, 72 heads traced")
     medians = measure(dict(zip(names, (theirs, ours), strict=True)), args.rounds)
     ref, (logits, trace) = theirs(), ours()
-    weights = max(relative_error(trace[f"blocks.{l}.attn.weights"], a)
-                  for l, a in enumerate(ref.attentions))  # type: ignore[attr-defined]  # fmt: skip
+    weights = max(
+        relative_error(trace[f"blocks.{l}.attn.weights"], a) for l, a in enumerate(ref.attentions)
+    )  # type: ignore[attr-defined]
     print(f"Gemma 3 270M, {x.shape[1]} tokens, {args.rounds} rounds, {args.threads} thread(s)")
     for name, t in medians.items():
         print(f"  {name:48s} {t * 1e3:8.1f} ms (median)")
     print(f"  headlab / transformers forward = {medians[names[1]] / medians[names[0]]:.2f}")
-    print(f"  largest relative difference: logits {relative_error(logits, ref.logits):.1e}, "  # type: ignore[attr-defined]
-          f"attention weights {weights:.1e}")  # fmt: skip
-    print(f"cached load (zoo.load), median of {args.loads} fresh processes: "
-          f"{loads['wall_s']:.2f} s wall, {loads['cpu_s']:.2f} s CPU")  # fmt: skip
-    print(f"transformers' GGUF load in this run: {hf_load:.1f} s "
-          f"({hf_load / loads['wall_s']:.0f}× headlab's cached load)")  # fmt: skip
+    print(
+        f"  largest relative difference: logits {relative_error(logits, ref.logits):.1e}, "  # type: ignore[attr-defined]
+        f"attention weights {weights:.1e}"
+    )
+    print(
+        f"cached load (zoo.load), median of {args.loads} fresh processes: "
+        f"{loads['wall_s']:.2f} s wall, {loads['cpu_s']:.2f} s CPU"
+    )
+    print(
+        f"transformers' GGUF load in this run: {hf_load:.1f} s "
+        f"({hf_load / loads['wall_s']:.0f}× headlab's cached load)"
+    )
     return 0
 
 

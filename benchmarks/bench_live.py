@@ -72,11 +72,16 @@ def one_run(asked: int | str, seed: int, cap: float) -> dict[str, Any]:
     # steps over the whole time, setup included)
     last = max(walls, default=0)
     rate = last / walls[last] if last else seen["step"] / total
-    return {"threads": threads.count, "load": load, "capped": result is None,
-            "steps": seen["step"], "total_seconds": round(total, 2),
-            "steps_per_second": round(rate, 2),
-            "phase_seconds": None if end is None else round(walls[end], 2),
-            "window": phase.get("window") if phase.get("found") else None}  # fmt: skip
+    return {
+        "threads": threads.count,
+        "load": load,
+        "capped": result is None,
+        "steps": seen["step"],
+        "total_seconds": round(total, 2),
+        "steps_per_second": round(rate, 2),
+        "phase_seconds": None if end is None else round(walls[end], 2),
+        "window": phase.get("window") if phase.get("found") else None,
+    }
 
 
 def condition(name: str, rounds: int, seed: int, cap: float) -> dict[str, Any]:
@@ -96,21 +101,29 @@ def condition(name: str, rounds: int, seed: int, cap: float) -> dict[str, Any]:
             loop.kill()
             loop.wait()
     medians = {s: _medians(rs) for s, rs in runs.items()}
-    return {"when": datetime.datetime.now().isoformat(timespec="seconds"),
-            "seed": seed, "rounds": rounds, "cap_seconds": cap,
-            "busy_process": BUSY_LOOP if loop is not None else None,
-            "loads_seen": [run["load"] for rs in runs.values() for run in rs],
-            "runs": runs, "median": medians}  # fmt: skip
+    return {
+        "when": datetime.datetime.now().isoformat(timespec="seconds"),
+        "seed": seed,
+        "rounds": rounds,
+        "cap_seconds": cap,
+        "busy_process": BUSY_LOOP if loop is not None else None,
+        "loads_seen": [run["load"] for rs in runs.values() for run in rs],
+        "runs": runs,
+        "median": medians,
+    }
 
 
 def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     phase = [r["phase_seconds"] for r in runs if r["phase_seconds"] is not None]
     rate = [r["steps_per_second"] for r in runs if r["steps_per_second"]]
-    return {"total_seconds": round(statistics.median(r["total_seconds"] for r in runs), 2),
-            "phase_seconds": round(statistics.median(phase), 2) if phase else None,
-            "steps_per_second": round(statistics.median(rate), 2) if rate else None,
-            "threads": sorted({r["threads"] for r in runs}),
-            "capped": sum(r["capped"] for r in runs), "rounds": len(runs)}  # fmt: skip
+    return {
+        "total_seconds": round(statistics.median(r["total_seconds"] for r in runs), 2),
+        "phase_seconds": round(statistics.median(phase), 2) if phase else None,
+        "steps_per_second": round(statistics.median(rate), 2) if rate else None,
+        "threads": sorted({r["threads"] for r in runs}),
+        "capped": sum(r["capped"] for r in runs),
+        "rounds": len(runs),
+    }
 
 
 def ratios(results: dict[str, Any]) -> None:
@@ -149,10 +162,21 @@ def rows(results: dict[str, Any]) -> list[list[str]]:
         load = statistics.median(v for v in cond["loads_seen"] if v is not None)
         for setting, m in cond["median"].items():
             phase = "—" if m["phase_seconds"] is None else f"{m['phase_seconds']:.1f}"
-            out.append([name, setting, ",".join(map(str, m["threads"])), f"{load:.2f}", phase,
-                        _x(m["phase_seconds_ratio"]), f"{m['total_seconds']:.1f}",
-                        _x(m["total_seconds_ratio"]), _x(m["steps_per_second"]),
-                        _x(m["slowdown"]), f"{m['capped']}/{m['rounds']}"])  # fmt: skip
+            out.append(
+                [
+                    name,
+                    setting,
+                    ",".join(map(str, m["threads"])),
+                    f"{load:.2f}",
+                    phase,
+                    _x(m["phase_seconds_ratio"]),
+                    f"{m['total_seconds']:.1f}",
+                    _x(m["total_seconds_ratio"]),
+                    _x(m["steps_per_second"]),
+                    _x(m["slowdown"]),
+                    f"{m['capped']}/{m['rounds']}",
+                ]
+            )
     return out
 
 
@@ -182,9 +206,10 @@ def main() -> None:
         "benchmark": "live run threads (benchmarks/bench_live.py)",
         "machine": machine(platform=platform.platform()),
         "versions": versions(),
-        "conditions": {k: v for k, v in old.get("conditions", {}).items()
-                       if k not in args.conditions},
-    }  # fmt: skip
+        "conditions": {
+            k: v for k, v in old.get("conditions", {}).items() if k not in args.conditions
+        },
+    }
     t0 = time.perf_counter()
     for name in args.conditions:
         results["conditions"][name] = condition(name, args.rounds, args.seed, args.cap)

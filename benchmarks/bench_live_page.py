@@ -29,8 +29,14 @@ from pathlib import Path
 from record import count
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 HEADLAB = Path(sys.executable).with_name("headlab")
 
 
@@ -52,8 +58,11 @@ def start_server() -> tuple[str, subprocess.Popen[bytes]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([str(HEADLAB), "serve", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [str(HEADLAB), "serve", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
@@ -68,8 +77,9 @@ def start_server() -> tuple[str, subprocess.Popen[bytes]]:
 def without_browser(url: str, seed: int) -> float:
     """Seconds to the window's end of one run streamed here, no browser."""
     body = json.dumps({"seed": seed, "n_layers": 2, "n_heads": 4}).encode()
-    request = urllib.request.Request(url + "/api/live/induction", body,
-                                     {"content-type": "application/json"})  # fmt: skip
+    request = urllib.request.Request(
+        url + "/api/live/induction", body, {"content-type": "application/json"}
+    )
     event, seconds = "", None
     with urllib.request.urlopen(request, timeout=600) as stream:
         for raw in stream:
@@ -123,9 +133,12 @@ def main(argv: list[str] | None = None) -> int:
                 rows["page"].append(page_s)
                 rows["chromium"].append(cpu)
                 rows["stream"].append(stream_s)
-                print(f"round {r}: with the page drawing {page_s:.1f} s (Chromium {cpu:.1f} s "
-                      f"of CPU); streamed, no browser {stream_s:.1f} s; load average "
-                      f"{os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+                print(
+                    f"round {r}: with the page drawing {page_s:.1f} s (Chromium {cpu:.1f} s "
+                    f"of CPU); streamed, no browser {stream_s:.1f} s; load average "
+                    f"{os.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
             browser.close()
     finally:
         server.terminate()

@@ -52,8 +52,10 @@ def recipe(changes: list[str]) -> ind.InductionConfig:
     for change in changes:
         name, sep, value = change.partition("=")
         if not sep or name not in kinds:
-            raise SystemExit(f"--set takes name=value with a field of the live recipe "
-                             f"({', '.join(kinds)}), got {change!r}")  # fmt: skip
+            raise SystemExit(
+                f"--set takes name=value with a field of the live recipe "
+                f"({', '.join(kinds)}), got {change!r}"
+            )
         try:
             updates[name] = kinds[name](value)
         except ValueError:
@@ -110,18 +112,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--reference", action="store_true", help="also run the planning recipe")
     parser.add_argument("--control", action="store_true", help="also run the 1-layer model")
-    parser.add_argument("--set", nargs="+", default=[], metavar="NAME=VALUE",
-                        help="change fields of the live recipe for this run")  # fmt: skip
+    parser.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="NAME=VALUE",
+        help="change fields of the live recipe for this run",
+    )
     parser.add_argument("--json", help="write the measurements to this file")
     args = parser.parse_args(argv)
     live = recipe(args.set)
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs,"
-          f" load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
-    print(f"live recipe{' (changed: ' + ' '.join(args.set) + ')' if args.set else ''}: "
-          f"{asdict(live)}")  # fmt: skip
-    print("recipe     seed  L     window  to window end   (CPU)  ind/ideal  prev feeders    "
-          "circuit load")  # fmt: skip
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs,"
+        f" load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    print(
+        f"live recipe{' (changed: ' + ' '.join(args.set) + ')' if args.set else ''}: {asdict(live)}"
+    )
+    print(
+        "recipe     seed  L     window  to window end   (CPU)  ind/ideal  prev feeders    "
+        "circuit load"
+    )
     rows: dict[str, list[dict[str, Any]]] = {"live": [], "control": [], "planning": []}
     for seed in args.seeds:
         rows["live"].append(one(live, 2, seed))
@@ -143,18 +155,24 @@ def summarise(rows: dict[str, list[dict[str, Any]]]) -> None:
     live = [r["seconds"] for r in rows["live"] if r["seconds"] is not None]
     formed = sum(r["circuit"] for r in rows["live"])
     median = f"median {statistics.median(live):.1f} s" if live else "no window"
-    print(f"live: circuit formed in {formed} of {len(rows['live'])} seeds; {median} to the end "
-          "of the phase-change window")  # fmt: skip
+    print(
+        f"live: circuit formed in {formed} of {len(rows['live'])} seeds; {median} to the end "
+        "of the phase-change window"
+    )
     if rows["control"]:
-        print(f"1-layer control: induction head in {sum(r['circuit'] for r in rows['control'])}"
-              f" of {len(rows['control'])} seeds")  # fmt: skip
+        print(
+            f"1-layer control: induction head in {sum(r['circuit'] for r in rows['control'])}"
+            f" of {len(rows['control'])} seeds"
+        )
     ref = [r["seconds"] for r in rows["planning"] if r["seconds"] is not None]
     if live and ref:
         ratio = statistics.median(live) / statistics.median(ref)
         idle = ratio * statistics.median(PLANNING_IDLE_SECONDS)
-        print(f"live / planning recipe, same run: {ratio:.2f} (medians); the planning recipe took"
-              f" {statistics.median(PLANNING_IDLE_SECONDS):.1f} s on an idle machine, so the live"
-              f" one ≈ {idle:.1f} s there")  # fmt: skip
+        print(
+            f"live / planning recipe, same run: {ratio:.2f} (medians); the planning recipe took"
+            f" {statistics.median(PLANNING_IDLE_SECONDS):.1f} s on an idle machine, so the live"
+            f" one ≈ {idle:.1f} s there"
+        )
 
 
 if __name__ == "__main__":

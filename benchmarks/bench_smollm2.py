@@ -112,8 +112,12 @@ def cached_loads(repeats: int, threads: int) -> dict[str, float]:
     """Medians over fresh processes: load seconds, resident memory before, after, after a pass."""
     runs = []
     for _ in range(repeats):
-        done = subprocess.run([sys.executable, "-c", LOAD_SCRIPT.format(threads=threads)],
-                              capture_output=True, text=True, check=True)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", LOAD_SCRIPT.format(threads=threads)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
 
@@ -162,22 +166,34 @@ def main() -> int:
     ratio = medians["headlab forward, 270 heads traced"] / base
     print(f"traced forward / HF eager forward = {ratio:.2f} (target ≤ 1.2)")
     loads = cached_loads(args.loads, args.threads)
-    print(f"cached load, median of {args.loads} fresh processes: {loads['load_s']:.2f} s "
-          f"(target < 2 s); transformers' GGUF load in this run: {hf_load:.1f} s")  # fmt: skip
-    print(f"resident memory: {loads['rss_before_mb']:.0f} MB before, "
-          f"{loads['rss_after_load_mb']:.0f} MB after the load (weights mapped from the file), "
-          f"{loads['rss_after_forward_mb']:.0f} MB after a first forward")  # fmt: skip
+    print(
+        f"cached load, median of {args.loads} fresh processes: {loads['load_s']:.2f} s "
+        f"(target < 2 s); transformers' GGUF load in this run: {hf_load:.1f} s"
+    )
+    print(
+        f"resident memory: {loads['rss_before_mb']:.0f} MB before, "
+        f"{loads['rss_after_load_mb']:.0f} MB after the load (weights mapped from the file), "
+        f"{loads['rss_after_forward_mb']:.0f} MB after a first forward"
+    )
     if args.first_load:
         print(f"first use into an empty cache (download + convert + save): {first_load():.1f} s")
     first, second = copying()
-    print(f"30 random tokens, 4 sequences: {first:.2f} nats on the first copy, {second:.2f} on "
-          "the repeat")  # fmt: skip
+    print(
+        f"30 random tokens, 4 sequences: {first:.2f} nats on the first copy, {second:.2f} on "
+        "the repeat"
+    )
     rows = [[name, f"{t * 1e3:.1f}", f"{t / base:.2f}"] for name, t in medians.items()]
-    rows += [["cached load, fresh process (s)", f"{loads['load_s']:.2f}", ""],
-             ["transformers' GGUF load (s)", f"{hf_load:.1f}", ""]]  # fmt: skip
+    rows += [
+        ["cached load, fresh process (s)", f"{loads['load_s']:.2f}", ""],
+        ["transformers' GGUF load (s)", f"{hf_load:.1f}", ""],
+    ]
     columns = ["SmolLM2-135M, 64 tokens", f"median ms ({args.rounds} rounds)", "× HF forward"]
-    results = {"median_s": medians, "hf_load_s": hf_load, **loads,
-               "copy_losses": {"first": first, "repeat": second}}  # fmt: skip
+    results = {
+        "median_s": medians,
+        "hf_load_s": hf_load,
+        **loads,
+        "copy_losses": {"first": first, "repeat": second},
+    }
     save(args.json, columns, rows, results, threads=args.threads)
     return 0
 

@@ -68,8 +68,9 @@ def served_origin() -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(create_app(preload=("default",)), port=port,
-                                       log_level="warning"))  # fmt: skip
+    srv = uvicorn.Server(
+        uvicorn.Config(create_app(preload=("default",)), port=port, log_level="warning")
+    )
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     while not srv.started:
@@ -110,8 +111,13 @@ def site_size(site: Path) -> dict[str, int]:
     files = [p for p in site.rglob("*") if p.is_file()]
     part: Callable[[str], int] = lambda pattern: sum(p.stat().st_size for p in site.rglob(pattern))  # noqa: E731
     total = sum(p.stat().st_size for p in files)
-    sizes = {"total": total, "files": len(files), "runtime": part("ort*"), "models": part("*.onnx"),
-             "word_table": part("words-*")}  # fmt: skip
+    sizes = {
+        "total": total,
+        "files": len(files),
+        "runtime": part("ort*"),
+        "models": part("*.onnx"),
+        "word_table": part("words-*"),
+    }
     sizes["rest"] = total - sizes["runtime"] - sizes["models"] - sizes["word_table"]
     return sizes
 
@@ -151,8 +157,9 @@ def main() -> None:
         load_before = machine()["load_average"]
         runs = measure(site, args.rounds)
     median = {k: statistics.median(r["seconds"] for r in v) for k, v in runs.items()}
-    marks = {m: statistics.median(r["marks"].get(m, float("nan")) for r in runs["static"])
-             for m in MARKS}  # fmt: skip
+    marks = {
+        m: statistics.median(r["marks"].get(m, float("nan")) for r in runs["static"]) for m in MARKS
+    }
     rows = [
         ["site size (MB)", f"{sizes['total'] / 1e6:.1f}"],
         ["of it: runtime (onnxruntime-web WASM)", f"{sizes['runtime'] / 1e6:.1f}"],
@@ -164,10 +171,16 @@ def main() -> None:
         *([f"page mark {m} (s, median)", f"{v:.2f}"] for m, v in marks.items()),
     ]
     ratio = median["static"] / median["served"]
-    results = {"size_mb": round(sizes["total"] / 1e6, 1), "ratio": round(ratio, 2),
-               "seconds": {k: round(v, 2) for k, v in median.items()}, "sizes": sizes,
-               "median_marks": marks, "runs": runs, "rounds": args.rounds,
-               "load_before": load_before}  # fmt: skip
+    results = {
+        "size_mb": round(sizes["total"] / 1e6, 1),
+        "ratio": round(ratio, 2),
+        "seconds": {k: round(v, 2) for k, v in median.items()},
+        "sizes": sizes,
+        "median_marks": marks,
+        "runs": runs,
+        "rounds": args.rounds,
+        "load_before": load_before,
+    }
     save(args.json, ["what", "value"], rows, results, load_after=machine()["load_average"])
     for row in rows:
         print(f"{row[0]:<48} {row[1]}")

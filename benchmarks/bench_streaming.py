@@ -95,8 +95,12 @@ def child(path: str, n: int) -> dict:
     t0 = time.perf_counter()
     analysis(probe)
     seconds = time.perf_counter() - t0
-    return {"path": path, "n": probe.n, "seconds": seconds,
-            "peak_extra_bytes": _status("VmHWM") - before}  # fmt: skip
+    return {
+        "path": path,
+        "n": probe.n,
+        "seconds": seconds,
+        "peak_extra_bytes": _status("VmHWM") - before,
+    }
 
 
 def available_bytes() -> int:
@@ -122,9 +126,15 @@ def measure(n: int, paths: list[str], repeats: int, threads: int) -> dict[str, d
     for _ in range(repeats):
         for p in paths:
             runs[p].append(run_child(p, n, threads))
-    return {p: {"path": p, "n": rs[0]["n"], "seconds": statistics.median(r["seconds"] for r in rs),
-                "peak_extra_bytes": max(r["peak_extra_bytes"] for r in rs)}
-            for p, rs in runs.items()}  # fmt: skip
+    return {
+        p: {
+            "path": p,
+            "n": rs[0]["n"],
+            "seconds": statistics.median(r["seconds"] for r in rs),
+            "peak_extra_bytes": max(r["peak_extra_bytes"] for r in rs),
+        }
+        for p, rs in runs.items()
+    }
 
 
 def main() -> int:
@@ -133,9 +143,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=count(), default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--json", default=path_for("streaming"), help="where the results go")
-    parser.add_argument("--max-fraction", type=float, default=0.5,
-                        help="skip keep-everything when its estimate exceeds this share of the "
-                             "available memory")  # fmt: skip
+    parser.add_argument(
+        "--max-fraction",
+        type=float,
+        default=0.5,
+        help="skip keep-everything when its estimate exceeds this share of the available memory",
+    )
     parser.add_argument("--child", choices=PATHS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -143,9 +156,11 @@ def main() -> int:
         print(json.dumps(child(args.child, args.n[0])))
         return 0
     c = SMOLLM2_SHAPE
-    print(f"SmolLM2-135M's shape, random weights: {c.n_layers} layers × {c.n_heads} heads "
-          f"({c.n_kv_heads} K/V), d_model {c.d_model}; {args.threads} thread(s), median of "
-          f"{args.repeats}; memory = peak RSS (VmHWM) − RSS before, per process")  # fmt: skip
+    print(
+        f"SmolLM2-135M's shape, random weights: {c.n_layers} layers × {c.n_heads} heads "
+        f"({c.n_kv_heads} K/V), d_model {c.d_model}; {args.threads} thread(s), median of "
+        f"{args.repeats}; memory = peak RSS (VmHWM) − RSS before, per process"
+    )
     header = f"{'n':>6} {'path':>16} {'time s':>8} {'peak extra MiB':>15} {'one layer MiB':>14}"
     print(header)
     rows = []
@@ -154,22 +169,41 @@ def main() -> int:
         paths = list(PATHS)
         if 1.5 * c.n_layers * layer > available_bytes() * args.max_fraction:
             paths.remove("keep-everything")
-            print(f"{n:>6} {'keep-everything':>16}  skipped: needs about "
-                  f"{1.5 * c.n_layers * layer / (1 << 30):.1f} GiB")  # fmt: skip
+            print(
+                f"{n:>6} {'keep-everything':>16}  skipped: needs about "
+                f"{1.5 * c.n_layers * layer / (1 << 30):.1f} GiB"
+            )
         result = measure(n, paths, args.repeats, args.threads)
         for r in result.values():
             rows.append(r)
-            print(f"{r['n']:>6} {r['path']:>16} {r['seconds']:>8.2f} "
-                  f"{r['peak_extra_bytes'] / MIB:>15.0f} {layer / MIB:>14.0f}")  # fmt: skip
+            print(
+                f"{r['n']:>6} {r['path']:>16} {r['seconds']:>8.2f} "
+                f"{r['peak_extra_bytes'] / MIB:>15.0f} {layer / MIB:>14.0f}"
+            )
         if len(result) == 2:
             s, k = result["streaming"], result["keep-everything"]
-            print(f"{'':>6} keep-everything / streaming: memory "
-                  f"{k['peak_extra_bytes'] / s['peak_extra_bytes']:.1f}×, "
-                  f"time {k['seconds'] / s['seconds']:.2f}×")  # fmt: skip
-    cells = [[r["n"], r["path"], f"{r['seconds']:.1f}", f"{r['peak_extra_bytes'] / MIB:,.0f}",
-              f"{2 * c.n_heads * r['n'] ** 2 * 4 / MIB:,.0f}"] for r in rows]  # fmt: skip
-    columns = ["n", "path", f"time s (median of {args.repeats})", "peak extra MiB",
-               "one layer's (2, h, n, n) float32, MiB"]  # fmt: skip
+            print(
+                f"{'':>6} keep-everything / streaming: memory "
+                f"{k['peak_extra_bytes'] / s['peak_extra_bytes']:.1f}×, "
+                f"time {k['seconds'] / s['seconds']:.2f}×"
+            )
+    cells = [
+        [
+            r["n"],
+            r["path"],
+            f"{r['seconds']:.1f}",
+            f"{r['peak_extra_bytes'] / MIB:,.0f}",
+            f"{2 * c.n_heads * r['n'] ** 2 * 4 / MIB:,.0f}",
+        ]
+        for r in rows
+    ]
+    columns = [
+        "n",
+        "path",
+        f"time s (median of {args.repeats})",
+        "peak extra MiB",
+        "one layer's (2, h, n, n) float32, MiB",
+    ]
     save(args.json, columns, cells, rows, threads=args.threads)
     return 0
 

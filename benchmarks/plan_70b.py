@@ -208,8 +208,12 @@ def main() -> int:
         print(f"  {key:28s} {value:,.2f}")
     rows = [[key.replace("_", " "), f"{value:,.2f}"] for key, value in p.items()]
     columns = [f"Llama-3-70B's shape, {N_TOKENS} tokens, per prompt", "figure"]
-    results = {"measured": measured, "peak_bytes_per_weight": peak, "plan": p,
-               "assumed": {"gpu_tflops": args.gpu_tflops, "link_gbs": args.link_gbs}}  # fmt: skip
+    results = {
+        "measured": measured,
+        "peak_bytes_per_weight": peak,
+        "plan": p,
+        "assumed": {"gpu_tflops": args.gpu_tflops, "link_gbs": args.link_gbs},
+    }
     save(args.json, columns, rows, results, threads=args.threads)
     return 0
 

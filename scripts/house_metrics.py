@@ -31,8 +31,10 @@ def main(checkout: Path) -> None:
         if any(call in p.read_text() for call in ("import_module(", "__import__("))
     ]
     largest = max(sizes, key=sizes.__getitem__)
-    print(f"modules: {len(sizes)}, lines: {sum(sizes.values())}, largest: {largest} "
-          f"({sizes[largest]})")  # fmt: skip
+    print(
+        f"modules: {len(sizes)}, lines: {sum(sizes.values())}, largest: {largest} "
+        f"({sizes[largest]})"
+    )
     print("modules over 500 lines:", {k: v for k, v in sizes.items() if v > 500} or "none")
     print("functions over 60 lines:", long_functions or "none")
     print("modules importing by string:", by_string or "none")

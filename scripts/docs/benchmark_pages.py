@@ -38,8 +38,12 @@ def section(name: str, data: dict[str, Any]) -> list[str]:
     if "table" in data:
         return [*lines, figures.render(f"bench/{name}#table"), ""]
     when = f", {data['date']}" if data.get("date") else ""
-    return [*lines, f"*`benchmarks/results/{name}.json`: `{data.get('command', '?')}`{when}; "
-            f"it holds no `table` to show. {figures.ran_on(data)}.*", ""]  # fmt: skip
+    return [
+        *lines,
+        f"*`benchmarks/results/{name}.json`: `{data.get('command', '?')}`{when}; "
+        f"it holds no `table` to show. {figures.ran_on(data)}.*",
+        "",
+    ]
 
 
 def not_measured(script: Path) -> str:
@@ -53,8 +57,10 @@ def not_measured(script: Path) -> str:
 
 def benchmarks_section() -> str:
     """Markdown: a section per benchmark script, then any results file without a script."""
-    files = {p.stem: json.loads(p.read_text(encoding="utf-8"))
-             for p in sorted((BENCH / "results").glob("*.json"))}  # fmt: skip
+    files = {
+        p.stem: json.loads(p.read_text(encoding="utf-8"))
+        for p in sorted((BENCH / "results").glob("*.json"))
+    }
     lines: list[str] = []
     claimed: set[str] = set()
     for script in sorted(BENCH.glob("*.py")):

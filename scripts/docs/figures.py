@@ -170,8 +170,9 @@ def value(ref: str, fmt: str | None) -> str:
     """One number (or word) from a results file, formatted: ``,`` thousands, ``%`` a share."""
     source, _, path = ref.partition("#")
     data = load(source)
-    x = lookup(data["output"] if source.startswith("data/") and path[:7] != "output." else data,
-               path)  # fmt: skip
+    x = lookup(
+        data["output"] if source.startswith("data/") and path[:7] != "output." else data, path
+    )
     if fmt == "len":  # how many: seeds, heads
         return str(len(x))
     try:

@@ -92,8 +92,15 @@ def _type(schema: dict[str, Any]) -> str:
 
 
 def _bounds(schema: dict[str, Any]) -> str:
-    words = {"minimum": "≥", "maximum": "≤", "exclusiveMinimum": ">", "exclusiveMaximum": "<",
-             "minLength": "length ≥", "maxLength": "length ≤", "maxItems": "items ≤"}  # fmt: skip
+    words = {
+        "minimum": "≥",
+        "maximum": "≤",
+        "exclusiveMinimum": ">",
+        "exclusiveMaximum": "<",
+        "minLength": "length ≥",
+        "maxLength": "length ≤",
+        "maxItems": "items ≤",
+    }
     found = [f"{w} {schema[k]}" for k, w in words.items() if k in schema]
     for alt in schema.get("anyOf", []):
         found += [f"{w} {alt[k]}" for k, w in words.items() if k in alt]
@@ -132,8 +139,11 @@ def _operation(path: str, method: str, op: dict[str, Any]) -> list[str]:
     params = op.get("parameters", [])
     if params:
         lines += ["| parameter | in | type | required |", "|---|---|---|---|"]
-        lines += [f"| `{p['name']}` | {p['in']} | {_type(p.get('schema', {}))} | "
-                  f"{'yes' if p.get('required') else ''} |" for p in params]  # fmt: skip
+        lines += [
+            f"| `{p['name']}` | {p['in']} | {_type(p.get('schema', {}))} | "
+            f"{'yes' if p.get('required') else ''} |"
+            for p in params
+        ]
         lines.append("")
     if _body(op):
         lines += [f"Body: {_body(op)}.", ""]

@@ -47,8 +47,15 @@ def run(markdown: str, timeout: float = 600) -> list[Example]:
     pairs = examples(markdown)
     script = "\n".join(f"{code}\nprint({SEPARATOR!r})" for code, _ in pairs)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=timeout, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=timeout,
+        check=False,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"the examples failed:\n{done.stderr[-3000:]}")
     outputs = done.stdout.split(SEPARATOR + "\n")

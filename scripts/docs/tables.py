@@ -44,19 +44,25 @@ def induction_seeds(d: dict[str, Any]) -> str:
         return ", ".join(f"{h} ({p:.2f})" for h, p in named)
 
     rows = [
-        row("phase change: steepest fall of the in-context gain, step (window)",
-            lambda s: f"{s['phase_change_step']} ({s['window'][0]}–{s['window'][1]})"),
+        row(
+            "phase change: steepest fall of the in-context gain, step (window)",
+            lambda s: f"{s['phase_change_step']} ({s['window'][0]}–{s['window'][1]})",
+        ),
         row("training seconds to the window's end", lambda s: f"{s['phase_change_seconds']:.1f}"),
         row("induction heads (score ≥ 0.5)", lambda s: ", ".join(s["induction_heads"])),
         row("best induction score at the end", lambda s: f"{s['final_induction_score']:.2f}"),
         row("layer-0 previous-token heads", lambda s: ", ".join(s["prev_token_heads"]) or "—"),
         row("feeders (their previous-token score)", feeders),
         row("gain removed by ablating the feeders", lambda s: pct(s["ablate_feeders_effect"])),
-        row("gain removed by ablating the other layer-0 heads",
-            lambda s: pct(s["ablate_others_effect"])),
-        row("1-layer control: best induction score",
-            lambda s: f"{s['control_max_induction_score']:.2f}"),
-    ]  # fmt: skip
+        row(
+            "gain removed by ablating the other layer-0 heads",
+            lambda s: pct(s["ablate_others_effect"]),
+        ),
+        row(
+            "1-layer control: best induction score",
+            lambda s: f"{s['control_max_induction_score']:.2f}",
+        ),
+    ]
     return table([""] + [f"seed {s['seed']}" for s in seeds], rows)
 
 
@@ -64,9 +70,11 @@ def one_vs_many_accuracy(d: dict[str, Any]) -> str:
     kinds = ("heads", "one", "wide")
     c = d["config"]
     by = {(s["model"], s["depth"]): s for s in d["summary"]}
-    names = {"heads": f"{c['n_heads']} heads (d_k {c['d_model'] // c['n_heads']})",
-             "one": f"1 head (d_k {c['d_model']})",
-             "wide": f"1 head (d_k {c['d_model'] * c['wide_factor']})"}  # fmt: skip
+    names = {
+        "heads": f"{c['n_heads']} heads (d_k {c['d_model'] // c['n_heads']})",
+        "one": f"1 head (d_k {c['d_model']})",
+        "wide": f"1 head (d_k {c['d_model'] * c['wide_factor']})",
+    }
     conditions = ("plain", "attractor", "phrase", "clause", "preposed")
     rows = [
         [f"{depth}, {cond}"] + [pm(by[(k, depth)][cond]) for k in kinds]
@@ -102,8 +110,16 @@ def prune_summary(d: dict[str, Any]) -> str:
     def times(x: float) -> str:
         return f"×{x:.2f}"
 
-    rows = [[s["model"], s["heads"], two(s, "prunable_1%"), two(s, "prunable_5%"),
-             two(s, "half_pruned_rel", times)] for s in d["summary"]]  # fmt: skip
+    rows = [
+        [
+            s["model"],
+            s["heads"],
+            two(s, "prunable_1%"),
+            two(s, "prunable_5%"),
+            two(s, "half_pruned_rel", times),
+        ]
+        for s in d["summary"]
+    ]
     columns = ["model", "heads", "prunable within 1% loss", "within 5%", "loss with half gone"]
     return table(columns, rows) + "\n\nEach cell: in importance order / in random order."
 
@@ -123,21 +139,34 @@ def gqa_decode(d: dict[str, Any]) -> str:
     contexts = d["config"]["contexts"]
     kvs = sorted({r["n_kv_heads"] for r in d["decode"]}, reverse=True)[1:]
     at = {(r["context"], r["n_kv_heads"]): r["ratio_vs_mha"] for r in d["decode"]}
-    rows = [[f"h_kv {k}" + (" (MQA)" if k == 1 else "")] + [f"×{at[(c, k)]:.2f}" for c in contexts]
-            for k in kvs]  # fmt: skip
+    rows = [
+        [f"h_kv {k}" + (" (MQA)" if k == 1 else "")] + [f"×{at[(c, k)]:.2f}" for c in contexts]
+        for k in kvs
+    ]
     return table(["context"] + [str(c) for c in contexts], rows)
 
 
 def gqa_kv_cache(d: dict[str, Any]) -> str:
-    rows = [[r["n_kv_heads"], r["s"], f"{r['measured']:,}", f"{r['calculator']:,}",
-             f"{r['formula']:,}", f"÷{r['shrink_vs_mha']:.0f}"] for r in d["kv_cache"]]  # fmt: skip
+    rows = [
+        [
+            r["n_kv_heads"],
+            r["s"],
+            f"{r['measured']:,}",
+            f"{r['calculator']:,}",
+            f"{r['formula']:,}",
+            f"÷{r['shrink_vs_mha']:.0f}",
+        ]
+        for r in d["kv_cache"]
+    ]
     return table(["h_kv", "s", "held by the caches", "shape calculator", "formula", "vs MHA"], rows)
 
 
 def gqa_quality(d: dict[str, Any]) -> str:
     q = d["quality"]
-    rows = [[r["n_kv_heads"], pm(r["converted"]), pm(r["uptrained"]), pm(r["scratch"])]
-            for r in q["by_kv"]]  # fmt: skip
+    rows = [
+        [r["n_kv_heads"], pm(r["converted"]), pm(r["uptrained"]), pm(r["scratch"])]
+        for r in q["by_kv"]
+    ]
     rows.append([f"{d['config']['n_heads']} (MHA)", "", "", pm(q["mha"])])
     return table(["h_kv", "right after pooling", "after 5% uptraining", "from scratch"], rows)
 
@@ -148,9 +177,16 @@ def gqa_smollm2(d: dict[str, Any]) -> str:
         return "*SmolLM2 was not fetched when this run was made.*"
     speed = {r["context"]: r for r in lm["decode"] if "ratio_vs_9" in r}
     cache_ = {(r["context"], r["n_kv_heads"]): r["measured"] for r in lm["kv_cache"]}
-    rows = [[c, f"×{speed[c]['ratio_vs_9']:.2f}", f"{speed[c]['tokens_per_s']:.2f}",
-             f"{cache_[(c, 3)] / 2**20:,.0f} MiB", f"{cache_[(c, 9)] / 2**20:,.0f} MiB"]
-            for c in lm["config"]["contexts"]]  # fmt: skip
+    rows = [
+        [
+            c,
+            f"×{speed[c]['ratio_vs_9']:.2f}",
+            f"{speed[c]['tokens_per_s']:.2f}",
+            f"{cache_[(c, 3)] / 2**20:,.0f} MiB",
+            f"{cache_[(c, 9)] / 2**20:,.0f} MiB",
+        ]
+        for c in lm["config"]["contexts"]
+    ]
     columns = ["context", "tokens/s, 3 K/V heads ÷ 9", "tokens/s (3)", "cache (3)", "cache (9)"]
     return table(columns, rows)
 
@@ -170,10 +206,18 @@ def verdicts(d: dict[str, Any]) -> str:
 
 # --- head tables: the ``--json`` answers of headlab heads and headlab syntax (docs/data) ----------
 
-SHORT = {"previous-token": "**prev**", "next-token": "**next**", "duplicate-token": "**dup**",
-         "current-token": "self", "delimiter": "**delim**", "induction": "**ind**",
-         "positional": "**pos**", "rare-word": "**rare**", "syntactic": "**syn**",
-         "mixed": "·"}  # fmt: skip
+SHORT = {
+    "previous-token": "**prev**",
+    "next-token": "**next**",
+    "duplicate-token": "**dup**",
+    "current-token": "self",
+    "delimiter": "**delim**",
+    "induction": "**ind**",
+    "positional": "**pos**",
+    "rare-word": "**rare**",
+    "syntactic": "**syn**",
+    "mixed": "·",
+}
 
 
 def heads_grid(out: dict[str, Any]) -> str:
@@ -187,9 +231,17 @@ def heads_grid(out: dict[str, Any]) -> str:
     return table(["layer"] + [str(h) for h in range(per_layer)] + ["avg"], rows) + f"\n\n{note}"
 
 
-SCORE_COLUMNS = {"previous": "prev", "self": "self", "positional": "pos", "duplicate": "dup",
-                 "induction": "ind", "content": "cont", "first_token": "sink",
-                 "delimiter": "delim", "diffuse": "diff"}  # fmt: skip
+SCORE_COLUMNS = {
+    "previous": "prev",
+    "self": "self",
+    "positional": "pos",
+    "duplicate": "dup",
+    "induction": "ind",
+    "content": "cont",
+    "first_token": "sink",
+    "delimiter": "delim",
+    "diffuse": "diff",
+}
 
 
 def heads_scores(out: dict[str, Any]) -> str:
@@ -207,8 +259,16 @@ def heads_scores(out: dict[str, Any]) -> str:
 
 def heads_best(out: dict[str, Any]) -> str:
     """The best head of each type the page offers, and whether it carries that label."""
-    rows = [[kind, f"{b['layer']}.{b['head']}", f"{b['score']:.2f}", b["label"],
-             "yes" if b["labelled"] else "no"] for kind, b in out["best"].items()]  # fmt: skip
+    rows = [
+        [
+            kind,
+            f"{b['layer']}.{b['head']}",
+            f"{b['score']:.2f}",
+            b["label"],
+            "yes" if b["labelled"] else "no",
+        ]
+        for kind, b in out["best"].items()
+    ]
     return table(["type", "best head", "score", "its label", "labelled that type"], rows)
 
 
@@ -217,8 +277,10 @@ def heads_counts(out: dict[str, Any]) -> str:
     by: dict[str, list[str]] = {}
     for h in out["heads"]:
         by.setdefault(h["label"], []).append(f"{h['layer']}.{h['head']}")
-    rows = [[label, len(names), ", ".join(names) if len(names) <= 12 else "…"]
-            for label, names in sorted(by.items(), key=lambda kv: -len(kv[1]))]  # fmt: skip
+    rows = [
+        [label, len(names), ", ".join(names) if len(names) <= 12 else "…"]
+        for label, names in sorted(by.items(), key=lambda kv: -len(kv[1]))
+    ]
     return table(["label", "heads", "which"], rows)
 
 
@@ -226,19 +288,27 @@ def heads_sinks(out: dict[str, Any]) -> str:
     """Each layer's share of sink heads, ten layers to a row."""
     s = out["sinks"]
     shares = [f"{x['share']:.0%}" for x in s["layers"]]
-    rows = [[f"{i}–{min(i + 9, len(shares) - 1)}", *shares[i : i + 10]]
-            for i in range(0, len(shares), 10)]  # fmt: skip
+    rows = [
+        [f"{i}–{min(i + 9, len(shares) - 1)}", *shares[i : i + 10]]
+        for i in range(0, len(shares), 10)
+    ]
     width = min(10, len(shares))
-    note = (f"Share of each layer's heads with more than {s['threshold']} of their attention on the"
-            " first token (Gu et al. 2024's sink measure).")  # fmt: skip
+    note = (
+        f"Share of each layer's heads with more than {s['threshold']} of their attention on the"
+        " first token (Gu et al. 2024's sink measure)."
+    )
     rows = [r + [""] * (width + 1 - len(r)) for r in rows]
     return table(["layers", *(f"+{i}" for i in range(width))], rows) + f"\n\n{note}"
 
 
 # Clark et al. 2019, Table 1 (BERT-base, layer-head 1-based, and its fixed-offset baseline).
-CLARK_2019 = {"dobj": ("8-10", 86.8, 40.0), "det": ("8-11", 94.3, 51.7),
-              "pobj": ("9-6", 76.3, 34.6), "poss": ("7-6", 80.5, 47.7),
-              "auxpass": ("4-10", 94.1, 82.5)}  # fmt: skip
+CLARK_2019 = {
+    "dobj": ("8-10", 86.8, 40.0),
+    "det": ("8-11", 94.3, 51.7),
+    "pobj": ("9-6", 76.3, 34.6),
+    "poss": ("7-6", 80.5, 47.7),
+    "auxpass": ("4-10", 94.1, 82.5),
+}
 
 
 def syntax_relations(out: dict[str, Any]) -> str:
@@ -247,12 +317,30 @@ def syntax_relations(out: dict[str, Any]) -> str:
     rows = []
     for r in sorted(out["relations"], key=lambda r: -r["count"]):
         bert = CLARK_2019.get(r["relation"], ("", "", ""))
-        rows.append([f"`{r['relation']}`", r["count"], f"{r['layer']}.{r['head']}",
-                     f"{100 * r['accuracy']:.1f}%", f"{100 * r['baseline_accuracy']:.1f}%",
-                     r["direction"], bert[0], bert[1] and f"{bert[1]}%",
-                     bert[2] and f"{bert[2]}%"])  # fmt: skip
-    columns = ["relation", "arcs", "head", "accuracy", "offset baseline", "direction",
-               "BERT-base head", "BERT-base", "its baseline"]  # fmt: skip
+        rows.append(
+            [
+                f"`{r['relation']}`",
+                r["count"],
+                f"{r['layer']}.{r['head']}",
+                f"{100 * r['accuracy']:.1f}%",
+                f"{100 * r['baseline_accuracy']:.1f}%",
+                r["direction"],
+                bert[0],
+                bert[1] and f"{bert[1]}%",
+                bert[2] and f"{bert[2]}%",
+            ]
+        )
+    columns = [
+        "relation",
+        "arcs",
+        "head",
+        "accuracy",
+        "offset baseline",
+        "direction",
+        "BERT-base head",
+        "BERT-base",
+        "its baseline",
+    ]
     note = (
         "headlab's heads are named layer.head from 0; the BERT-base columns are Clark et al. "
         "2019's Table 1, numbered layer-head from 1 as in the paper, measured by the same rule."
@@ -284,20 +372,35 @@ def sinks_perplexity(d: dict[str, Any]) -> str:
         sinks = sorted({s for _, s in by if s > 0})
         for i, w in enumerate(sorted({w for w, _ in by})):
             first = [f"{m['model']} ({m['context']})", m["tokens"], f"{m['full_cache']['ppl']:.1f}"]
-            rows.append([*(first if i == 0 else ["", "", ""]), w, f"{by[(w, 0)]:.1f}",
-                         *(f"{by[(w, s)]:.1f}" for s in sinks)])  # fmt: skip
-    columns = ["model (context)", "tokens", "full cache", "window", "alone (s = 0)",
-               *(f"s = {s}" for s in sinks)]  # fmt: skip
+            rows.append(
+                [
+                    *(first if i == 0 else ["", "", ""]),
+                    w,
+                    f"{by[(w, 0)]:.1f}",
+                    *(f"{by[(w, s)]:.1f}" for s in sinks),
+                ]
+            )
+    columns = [
+        "model (context)",
+        "tokens",
+        "full cache",
+        "window",
+        "alone (s = 0)",
+        *(f"s = {s}" for s in sinks),
+    ]
     return table(columns, rows)
 
 
 def retrieval_masking(d: dict[str, Any]) -> str:
     """Retrieval accuracy with the top-k retrieval heads masked against k random heads."""
     m = d["masking"]
-    rows = [[k["k"], f"{k['top']:.2f}", ", ".join(f"{r:.2f}" for r in k["random"])]
-            for k in m["by_k"]]  # fmt: skip
-    note = (f"Unmasked: {m['none']:.2f}, on {m['probes']} probes of "
-            f"{', '.join(map(str, m['lengths']))} tokens.")  # fmt: skip
+    rows = [
+        [k["k"], f"{k['top']:.2f}", ", ".join(f"{r:.2f}" for r in k["random"])] for k in m["by_k"]
+    ]
+    note = (
+        f"Unmasked: {m['none']:.2f}, on {m['probes']} probes of "
+        f"{', '.join(map(str, m['lengths']))} tokens."
+    )
     return table(["k", "top-k masked", "k random heads masked (each draw)"], rows) + f"\n\n{note}"
 
 
@@ -324,7 +427,12 @@ EXPERIMENT_TABLES: dict[str, Table] = {
     "retrieval#masking": retrieval_masking,
     "retrieval#top_heads": retrieval_top_heads,
 }
-DATA_TABLES = {"grid": heads_grid, "scores": heads_scores, "best": heads_best,
-               "counts": heads_counts, "sinks": heads_sinks,
-               "relations": syntax_relations}  # fmt: skip
+DATA_TABLES = {
+    "grid": heads_grid,
+    "scores": heads_scores,
+    "best": heads_best,
+    "counts": heads_counts,
+    "sinks": heads_sinks,
+    "relations": syntax_relations,
+}
 BENCH_TABLES = {"table": bench_table}

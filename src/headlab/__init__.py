@@ -58,10 +58,15 @@ def __getattr__(name: str) -> Any:
     from headlab.trace import Trace
 
     core: dict[str, Any] = {
-        "KVCache": KVCache, "MultiHeadAttention": MultiHeadAttention, "Trace": Trace,
-        "attention": attention, "causal_allowed": causal_allowed, "merge_heads": merge_heads,
-        "repeat_kv": repeat_kv, "split_heads": split_heads,
-    }  # fmt: skip
+        "KVCache": KVCache,
+        "MultiHeadAttention": MultiHeadAttention,
+        "Trace": Trace,
+        "attention": attention,
+        "causal_allowed": causal_allowed,
+        "merge_heads": merge_heads,
+        "repeat_kv": repeat_kv,
+        "split_heads": split_heads,
+    }
     globals().update(core)
     return core[name]
 

@@ -379,8 +379,9 @@ class MultiHeadAttention(nn.Module):
         if g > 1 and trace.wants("k_rep"):  # only to show the repeated keys' shape
             trace.record("k_rep", repeat_kv(k, g)).record("v_rep", repeat_kv(v, g))
         dropout = self.dropout if self.training else 0.0
-        return attention(q, k, v, mask, self.scale, softcap=self.softcap, dropout=dropout,
-                         trace=trace)  # fmt: skip
+        return attention(
+            q, k, v, mask, self.scale, softcap=self.softcap, dropout=dropout, trace=trace
+        )
 
     def _fused(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool

@@ -87,7 +87,7 @@ def file_kind(mode: int) -> str:
         (stat.S_ISFIFO, "a FIFO"),
         (stat.S_ISSOCK, "a socket"),
     )
-    for test, kind in kinds:  # fmt: skip
+    for test, kind in kinds:
         if test(mode):
             return kind
     return "a device"

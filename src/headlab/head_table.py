@@ -62,8 +62,9 @@ class HeadTable:
         kinds = list(self.heads[0].scores) if self.heads else []
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(["layer", "head", "label", "offset", *kinds, "floor", "margin",
-                         "below_floor"])  # fmt: skip
+        writer.writerow(
+            ["layer", "head", "label", "offset", *kinds, "floor", "margin", "below_floor"]
+        )
         for s in [*self.heads, *self.averaged]:
             scores = [repr(s.scores[k]) for k in kinds]
             gated = ["" if v is None else repr(v) for v in (s.floor, s.margin)]

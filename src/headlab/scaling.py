@@ -201,11 +201,14 @@ class PromptSums:
         """Each score's mean: type → (L, h) for the heads, type → (L, 1) for averaged heads."""
         means = {k: (v / self.counts[k]).float() for k, v in self.sums.items()}
         L, h_all = self.n_layers, self.n_layers * self.n_heads
-        return ({k: v[:h_all].view(L, -1) for k, v in means.items()},
-                {k: v[h_all:].view(L, 1) for k, v in means.items()})  # fmt: skip
+        return (
+            {k: v[:h_all].view(L, -1) for k, v in means.items()},
+            {k: v[h_all:].view(L, 1) for k, v in means.items()},
+        )
 
-    def table(self, floors: Floors | None = None, averaged_floors: Floors | None = None
-              ) -> HeadTable:  # fmt: skip
+    def table(
+        self, floors: Floors | None = None, averaged_floors: Floors | None = None
+    ) -> HeadTable:
         """The mean of each score, each head labelled from its means and its most common
         offset (0 when none fell within ±:data:`OFFSET_WINDOW`); with ``floors`` (and the
         averaged heads' ``averaged_floors``, :func:`headlab.heads.baselines.floors_from`) each
@@ -434,8 +437,7 @@ def heads_over_prompts(
         model, tokenizer = zoo.load(model_name, **load)
         probes = prompt_probes(tokenizer, lines, model.config.max_len, str(prompts_path))
         mine = list(enumerate(probes))[ranks.rank :: ranks.world]
-        table = prompt_table(model, mine, ranks, content=content, floors=floors,
-                             progress=progress)  # fmt: skip
+        table = prompt_table(model, mine, ranks, content=content, floors=floors, progress=progress)
     return table, ranks
 
 
@@ -460,8 +462,7 @@ def prompt_table(
 
     def pass_over(m: Any) -> PromptSums:
         start, total = done_passes[0] * len(mine), passes * len(mine)
-        step = None if progress is None else (
-            lambda done, _: progress(start + done, total, ranks))  # fmt: skip
+        step = None if progress is None else (lambda done, _: progress(start + done, total, ranks))
         sums = all_reduce(score_prompts(m, mine, content=content, progress=step), ranks)
         done_passes[0] += 1
         return sums

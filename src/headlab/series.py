@@ -193,8 +193,9 @@ class Series:
     def changed(self) -> list[tuple[int, int]]:
         """The heads whose label is not the same at every checkpoint."""
         columns = zip(*self.labels(), strict=True)
-        return [head for head, labels in zip(self.heads, columns, strict=True)
-                if len(set(labels)) > 1]  # fmt: skip
+        return [
+            head for head, labels in zip(self.heads, columns, strict=True) if len(set(labels)) > 1
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the checkpoints, and per head its label and scores at each of them."""
@@ -202,13 +203,19 @@ class Series:
         for i, (layer, head) in enumerate(self.heads):
             per = [r.heads[i] for r in self.reports]
             kinds = sorted({k for s in per for k in s.scores})
-            scores = {k: [round(s.scores[k], 4) if k in s.scores else None for s in per]
-                      for k in kinds}  # fmt: skip
-            heads.append({"layer": layer, "head": head, "labels": [s.label for s in per],
-                          "scores": scores})  # fmt: skip
+            scores = {
+                k: [round(s.scores[k], 4) if k in s.scores else None for s in per] for k in kinds
+            }
+            heads.append(
+                {"layer": layer, "head": head, "labels": [s.label for s in per], "scores": scores}
+            )
         changed = [f"{l}.{h}" for l, h in self.changed()]
-        return {"checkpoints": list(self.names), "probe": self.probe, "heads": heads,
-                "changed": changed}  # fmt: skip
+        return {
+            "checkpoints": list(self.names),
+            "probe": self.probe,
+            "heads": heads,
+            "changed": changed,
+        }
 
     def figure(self, out: Path, kind: str = "induction", name: str = "series.png") -> str | None:
         """A heads × checkpoints heatmap of score ``kind``, each cell marked with the head's
@@ -243,13 +250,24 @@ class Series:
         for row in range(values.shape[0]):
             for col in range(values.shape[1]):
                 light = not values[row, col] >= 0.5  # NaN (not measured) too
-                ax.text(col, row, labels[col][row], ha="center", va="center", fontsize=7,
-                        color="white" if light else "black")  # fmt: skip
-        ax.set_xticks(range(len(self.names)), [_short(n) for n in self.names], rotation=30,
-                      ha="right")  # fmt: skip
+                ax.text(
+                    col,
+                    row,
+                    labels[col][row],
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if light else "black",
+                )
+        ax.set_xticks(
+            range(len(self.names)), [_short(n) for n in self.names], rotation=30, ha="right"
+        )
         ax.set_yticks(range(len(self.heads)), [f"{l}.{h}" for l, h in self.heads], fontsize=7)
-        ax.set(xlabel="checkpoint", ylabel="head (layer.head)",
-               title=f"{kind} score and label of every head, {self.probe} probe")  # fmt: skip
+        ax.set(
+            xlabel="checkpoint",
+            ylabel="head (layer.head)",
+            title=f"{kind} score and label of every head, {self.probe} probe",
+        )
         fig.colorbar(image, ax=ax, label=f"{kind} score")
         return fig
 

@@ -148,8 +148,10 @@ class View:
     def __repr__(self) -> str:
         lines = [f"headlab view of {len(self.parts)} part{'s' * (len(self.parts) != 1)}:"]
         lines += [f"  {_summary(part)}" for part in self.parts]
-        lines.append("  drawn in a notebook (Jupyter, VS Code); view.save('view.html') writes a "
-                     "page that opens in a browser")  # fmt: skip
+        lines.append(
+            "  drawn in a notebook (Jupyter, VS Code); view.save('view.html') writes a "
+            "page that opens in a browser"
+        )
         return "\n".join(lines)
 
     def to_html(self) -> str:
@@ -188,20 +190,28 @@ def _summary(part: dict[str, Any]) -> str:
     report = part["report"]
     if part["kind"] == "shapes":
         c = report["config"]
-        return (f"shapes of one {c.get('kind', '')} layer: d_model {c['d_model']}, "
-                f"{c['n_heads']} heads, batch {c['batch']}, {c['seq_len']} tokens")  # fmt: skip
+        return (
+            f"shapes of one {c.get('kind', '')} layer: d_model {c['d_model']}, "
+            f"{c['n_heads']} heads, batch {c['batch']}, {c['seq_len']} tokens"
+        )
     labels: dict[str, int] = {}
     for head in report["heads"]:
         labels[head["label"]] = labels.get(head["label"], 0) + 1
     counted = ", ".join(f"{label} {n}" for label, n in sorted(labels.items(), key=lambda x: -x[1]))
-    drawn = "grid and head view" if part["grid"] and part["detail"] else (
-        "grid" if part["grid"] else "head view")  # fmt: skip
-    gated = {True: " (each above its random-weights floor)",
-             False: " (by thresholds alone, unchecked against chance)"}.get(
-        report.get("labels_gated"), "")  # fmt: skip
-    return (f"{drawn} of {report['model'] or 'a model'}, {report['probe']} probe, "
-            f"{len(report['tokens'])} tokens, {report['n_layers']} layers × {report['n_heads']} "
-            f"heads; labels{gated}: {counted}")  # fmt: skip
+    drawn = (
+        "grid and head view"
+        if part["grid"] and part["detail"]
+        else ("grid" if part["grid"] else "head view")
+    )
+    gated = {
+        True: " (each above its random-weights floor)",
+        False: " (by thresholds alone, unchecked against chance)",
+    }.get(report.get("labels_gated"), "")
+    return (
+        f"{drawn} of {report['model'] or 'a model'}, {report['probe']} probe, "
+        f"{len(report['tokens'])} tokens, {report['n_layers']} layers × {report['n_heads']} "
+        f"heads; labels{gated}: {counted}"
+    )
 
 
 def write_html(path: str | os.PathLike[str], text: str) -> Path:
@@ -297,15 +307,19 @@ def series_view(series: Any, kind: str = "induction") -> FigureView:
     head = "".join(f"<th>{html.escape(n)}</th>" for n in series.names)
     rows = []
     for i, (layer, h) in enumerate(series.heads):
-        cells = "".join(f"<td>{html.escape(labels[c][i])} {values[c, i]:.2f}</td>"
-                        for c in range(len(series.names)))  # fmt: skip
+        cells = "".join(
+            f"<td>{html.escape(labels[c][i])} {values[c, i]:.2f}</td>"
+            for c in range(len(series.names))
+        )
         mark = "changed" if (layer, h) in changed else ""
         rows.append(f"<tr><th>{layer}.{h}</th>{cells}<td>{mark}</td></tr>")
     png = base64.b64encode(series.png(kind)).decode("ascii")
     alt = f"{kind} score and label of every head at every checkpoint"
-    body = (f"<table><caption>{html.escape(kind)} score and label, {html.escape(series.probe)} "
-            f"probe</caption><tr><th>head</th>{head}<th></th></tr>{''.join(rows)}</table>"
-            f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{png}">')  # fmt: skip
+    body = (
+        f"<table><caption>{html.escape(kind)} score and label, {html.escape(series.probe)} "
+        f"probe</caption><tr><th>head</th>{head}<th></th></tr>{''.join(rows)}</table>"
+        f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{png}">'
+    )
     return FigureView(body=body)
 
 
@@ -405,20 +419,28 @@ def circuit_view(circuit: Any, model: str = "") -> Html:
         (x1, y1), (x2, y2) = where[tuple(e["from"])], where[tuple(e["to"])]
         share = max(0.0, e["k_composition"] - d["k_floor"]) / max(top - d["k_floor"], 1e-9)
         dash = "" if e["drawn"] else ' stroke-dasharray="4 3"'
-        parts.append(f'<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="#555" '
-                     f'stroke-width="{1 + 5 * share:.1f}"{dash}><title>{e["from"]} → {e["to"]}: '
-                     f'K {e["k_composition"]:.3f}</title></line>')  # fmt: skip
+        parts.append(
+            f'<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="#555" '
+            f'stroke-width="{1 + 5 * share:.1f}"{dash}><title>{e["from"]} → {e["to"]}: '
+            f"K {e['k_composition']:.3f}</title></line>"
+        )
     for head, label in nodes:
         x, y = where[head]
         fill = "#4c78a8" if label == "previous-token" else "#e45756"
-        parts.append(f'<circle cx="{x}" cy="{y}" r="13" fill="{fill}"><title>{label}</title>'
-                     f'</circle><text x="{x}" y="{y + 4}" text-anchor="middle" fill="white" '
-                     f'font-size="11">{head[0]}.{head[1]}</text>')  # fmt: skip
-    caption = html.escape(f"{model + ': ' if model else ''}previous-token (blue) → induction "
-                          f"(red); K-composition floor {d['k_floor']:.3f}; solid: confirmed "
-                          f"by {d['ablation']} ablation")  # fmt: skip
-    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'role="img" aria-label="{caption}">{"".join(parts)}</svg>')  # fmt: skip
+        parts.append(
+            f'<circle cx="{x}" cy="{y}" r="13" fill="{fill}"><title>{label}</title>'
+            f'</circle><text x="{x}" y="{y + 4}" text-anchor="middle" fill="white" '
+            f'font-size="11">{head[0]}.{head[1]}</text>'
+        )
+    caption = html.escape(
+        f"{model + ': ' if model else ''}previous-token (blue) → induction "
+        f"(red); K-composition floor {d['k_floor']:.3f}; solid: confirmed "
+        f"by {d['ablation']} ablation"
+    )
+    svg = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'role="img" aria-label="{caption}">{"".join(parts)}</svg>'
+    )
     return Html(f'<figure class="headlab-circuit">{svg}<figcaption>{caption}</figcaption></figure>')
 
 
@@ -426,8 +448,11 @@ def evidence_view(evidence: Any) -> Html:
     """Every head's label and the sentence that backs it (:func:`headlab.heads.evidence.
     evidence`, or its ``to_dict()``), as a table."""
     d = evidence.to_dict() if hasattr(evidence, "to_dict") else dict(evidence)
-    rows = "".join(f"<tr><td>{h['layer']}.{h['head']}</td><td>{html.escape(h['label'])}</td>"
-                   f"<td>{html.escape(h['evidence'])}</td></tr>" for h in d["heads"])  # fmt: skip
+    rows = "".join(
+        f"<tr><td>{h['layer']}.{h['head']}</td><td>{html.escape(h['label'])}</td>"
+        f"<td>{html.escape(h['evidence'])}</td></tr>"
+        for h in d["heads"]
+    )
     return Html(
         '<table class="headlab-evidence"><thead><tr><th>head</th><th>label</th>'
         f"<th>what backs it</th></tr></thead><tbody>{rows}</tbody></table>"

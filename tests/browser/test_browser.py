@@ -350,8 +350,13 @@ def test_experiment_sections_draw_shipped_results_and_name_missing_ones(
         {"h": h, "d_k": 16 // h, "params": 1000, "val_loss": spread([3.0 + h / 100, 3.1 + h / 100])}
         for h in (1, 4, 16)
     ]
-    results = {"experiment": "head_count", "quick": True, "seeds": [0, 1], "summary": summary,
-               "best_h": 1}  # fmt: skip
+    results = {
+        "experiment": "head_count",
+        "quick": True,
+        "seeds": [0, 1],
+        "summary": summary,
+        "best_h": 1,
+    }
     (tmp_path / "head_count.json").write_text(json.dumps(results))
     monkeypatch.setattr(experiments_route, "RESULTS", tmp_path)
     context = browser.new_context(viewport={"width": 1280, "height": 900})
@@ -414,8 +419,10 @@ def test_smollm2_grid_groups_heads_by_their_kv_head(page) -> None:
     with torch.inference_mode():
         model(torch.tensor([tok.encode("one two three four")]), trace=trace)
     keys, repeated = trace["blocks.0.attn.k"], trace["blocks.0.attn.k_rep"]
-    owner = [next(g for g in range(c.n_kv_heads) if torch.equal(repeated[:, i], keys[:, g]))
-             for i in range(c.n_heads)]  # fmt: skip
+    owner = [
+        next(g for g in range(c.n_kv_heads) if torch.equal(repeated[:, i], keys[:, g]))
+        for i in range(c.n_heads)
+    ]
 
     page.reload()  # the model list now offers it
     page.select_option("#heads-model", "smollm2")

@@ -404,8 +404,12 @@ def test_head_widget_draws_the_two_column_view(learner) -> None:
 def offline_page(browser, url: str):
     """A page that records every request but the file itself and any script error."""
     context, pg = watched_page(browser)
-    pg.on("request", lambda r: r.url in (url,) or r.url.startswith("data:")
-          or pg.errors.append(f"request: {r.url}"))  # fmt: skip
+    pg.on(
+        "request",
+        lambda r: (
+            r.url in (url,) or r.url.startswith("data:") or pg.errors.append(f"request: {r.url}")
+        ),
+    )
     pg.goto(url)
     return context, pg
 
@@ -610,8 +614,15 @@ def test_colour_scales_are_colour_blind_safe(learner) -> None:
 
 # --- point 3: the story first ---------------------------------------------------------------
 
-LIVE = ("shapes-widget", "cost-compare", "params-table", "heads-widget", "live-train-widget",
-        "kv-compare", "label-summary")  # fmt: skip
+LIVE = (
+    "shapes-widget",
+    "cost-compare",
+    "params-table",
+    "heads-widget",
+    "live-train-widget",
+    "kv-compare",
+    "label-summary",
+)
 
 
 def test_each_section_opens_with_one_claim_then_its_figure(learner) -> None:

@@ -94,8 +94,10 @@ def test_train_draws_the_phase_change_and_the_circuit_and_ends_with_the_librarys
     assert "may still move" not in phase.inner_text() and "(final)" in phase.inner_text()
     status = page.locator("#live-status")
     expect(status).to_contain_text("finished", timeout=60_000)
-    said = re.search(r"finished: (\d+) steps in (\d+\.\d) s on (\d+) torch threads? \((.+?)\)\.",
-                     status.inner_text())  # fmt: skip
+    said = re.search(
+        r"finished: (\d+) steps in (\d+\.\d) s on (\d+) torch threads? \((.+?)\)\.",
+        status.inner_text(),
+    )
     assert said, status.inner_text()
     threads = int(said[3])
     assert int(said[1]) == ind.LIVE.steps and float(said[2]) > 0
@@ -108,9 +110,9 @@ def test_train_draws_the_phase_change_and_the_circuit_and_ends_with_the_librarys
         assert heat.get_attribute("data-n") == str(n)
         assert heat.locator("rect[data-i]").count() == n * n
         assert heat.locator(".hv-map").count() == 0
-    strokes = page.locator("#live-losses svg g[data-series] polyline, "
-                           "#live-scores svg g[data-series] polyline").evaluate_all(
-        "ls => ls.map(l => getComputedStyle(l).stroke)")  # fmt: skip
+    strokes = page.locator(
+        "#live-losses svg g[data-series] polyline, #live-scores svg g[data-series] polyline"
+    ).evaluate_all("ls => ls.map(l => getComputedStyle(l).stroke)")
     assert len(strokes) >= 3 + 8 + 1 and len(set(strokes)) == len(strokes), strokes
     shown = json.loads(page.get_attribute("#live-verdict", "data-final"))
 

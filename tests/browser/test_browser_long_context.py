@@ -97,6 +97,9 @@ def test_axe_finds_nothing_serious_in_the_long_context_sections(reader) -> None:
 
     results = Axe().run(reader).response
     assert results["passes"], "axe ran no checks"
-    bad = [f"{v['impact']} {v['id']}: {[n['target'] for n in v['nodes'][:3]]}"
-           for v in results["violations"] if v["impact"] in ("serious", "critical")]  # fmt: skip
+    bad = [
+        f"{v['impact']} {v['id']}: {[n['target'] for n in v['nodes'][:3]]}"
+        for v in results["violations"]
+        if v["impact"] in ("serious", "critical")
+    ]
     assert bad == []

@@ -169,9 +169,16 @@ def test_a_bad_head_count_is_named_in_words(reader, typed: str) -> None:
 def test_the_servers_refusal_is_put_in_words(reader) -> None:
     """Should the server still refuse a size (its limits changed since the page loaded), the
     page names the field in its own words, not pydantic's."""
-    body = {"detail": "d_model: Input should be less than or equal to 64",
-            "errors": [{"type": "less_than_equal", "loc": ["body", "d_model"],
-                        "msg": "Input should be less than or equal to 64"}]}  # fmt: skip
+    body = {
+        "detail": "d_model: Input should be less than or equal to 64",
+        "errors": [
+            {
+                "type": "less_than_equal",
+                "loc": ["body", "d_model"],
+                "msg": "Input should be less than or equal to 64",
+            }
+        ],
+    }
     reader.route("**/api/shapes", lambda route: route.fulfill(status=422, json=body))
     try:
         reader.fill("#shapes-d_model", "640")
@@ -602,8 +609,10 @@ def test_labels_do_not_depend_on_a_syntactic_pick(browser, server: str, width: i
     ruled = heads_answer(pg, lambda: pg.check("#heads-syntax-labels"))
     assert bodies[-1].get("syntax_labels") is True and ruled["syntax_labels"] is True
     shown = grid_labels(pg)
-    assert shown == {f"{r['layer']}.{r['head']}": f"{r['layer']}.{r['head']} {r['label']}"
-                     for r in ruled["heads"]}  # fmt: skip
+    assert shown == {
+        f"{r['layer']}.{r['head']}": f"{r['layer']}.{r['head']} {r['label']}"
+        for r in ruled["heads"]
+    }
     expect(pg.locator("#heads-status")).to_contain_text("take the syntactic score into")
     heads_answer(pg, lambda: pg.uncheck("#heads-syntax-labels"))
     assert grid_labels(pg) == before

@@ -194,8 +194,10 @@ def options(pairs: dict[str, st.SearchStrategy], most: int = 99) -> st.SearchStr
     chosen = st.lists(st.sampled_from(sorted(pairs)), unique=True, max_size=min(most, len(pairs)))
 
     def build(names: list[str]) -> st.SearchStrategy[list[str]]:
-        flat = [st.tuples(st.just(n), v) if v is not None else st.tuples(st.just(n))
-                for n, v in ((n, pairs[n]) for n in names)]  # fmt: skip
+        flat = [
+            st.tuples(st.just(n), v) if v is not None else st.tuples(st.just(n))
+            for n, v in ((n, pairs[n]) for n in names)
+        ]
         stray = st.lists(st.sampled_from(["--nope", "extra", "-x", "--", "--seed"]), max_size=1)
         return st.tuples(st.tuples(*flat), stray).map(
             lambda t: [tok for group in t[0] for tok in group] + list(t[1])
@@ -241,8 +243,15 @@ def files(tmp_path_factory) -> dict[str, str]:
     (tmp / "deep.jsonl").write_text("[" * 100_000 + "\n")
     with open(tmp / "huge.txt", "wb") as f:
         f.truncate(2**26)  # sparse 64 MiB, no line end (a broken bound: no OOM)
-    names = ("text.txt", "prompts.txt", "prompts.jsonl", "binary.bin", "empty.txt",
-             "deep.jsonl", "huge.txt")  # fmt: skip
+    names = (
+        "text.txt",
+        "prompts.txt",
+        "prompts.jsonl",
+        "binary.bin",
+        "empty.txt",
+        "deep.jsonl",
+        "huge.txt",
+    )
     paths = {name: str(tmp / name) for name in names}
     special = {kind: str(path) for kind, path in _nodes(tmp / "nodes").items()}
     proc = {"proc": "/proc/self/mem"} if Path("/proc/self/mem").exists() else {}
@@ -254,9 +263,15 @@ def _targets(tmp: Path) -> list[str]:
     issues found failing."""
     nodes = _nodes(tmp, ".json")
     (tmp / "old.json").write_text("{}")
-    return [str(tmp / "fine.json"), str(tmp / "old.json"), *map(str, nodes.values()),
-            str(tmp / "none" / "x.json"), "/proc/headlab-x.json", "/sys/headlab-x.json",
-            str(tmp / ("n" * 300 + ".json"))]  # fmt: skip
+    return [
+        str(tmp / "fine.json"),
+        str(tmp / "old.json"),
+        *map(str, nodes.values()),
+        str(tmp / "none" / "x.json"),
+        "/proc/headlab-x.json",
+        "/sys/headlab-x.json",
+        str(tmp / ("n" * 300 + ".json")),
+    ]
 
 
 # --device-map, --max-memory and --offload-folder are left out: they convert the model into a
@@ -326,8 +341,9 @@ def test_every_file_writer_refuses_every_bad_target_before_any_work(files, targe
                 continue
             refused("heads", "--html", target, "--probe", "nope")  # the probe would fail later
             refused("heads", "--prompts", files["prompts.txt"], "--out", target, "--model", "nope")
-            assert "unknown model" not in refused("heads", "--prompts", files["prompts.txt"],
-                                                  "--out", target)  # fmt: skip
+            assert "unknown model" not in refused(
+                "heads", "--prompts", files["prompts.txt"], "--out", target
+            )
 
 
 @fuzz(20)

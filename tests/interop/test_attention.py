@@ -307,9 +307,21 @@ def test_trace_records_every_stage_and_only_what_is_asked():
     y, w = mine(x, causal=True, trace=full.scope("attn"), return_weights=True)
     names = [name.removeprefix("attn.") for name in full]
     assert names == [
-        "x", "q_proj", "k_proj", "v_proj", "q", "k", "v", "k_rep", "v_rep", "scores",
-        "weights", "head_out", "merged", "out",
-    ]  # fmt: skip
+        "x",
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "q",
+        "k",
+        "v",
+        "k_rep",
+        "v_rep",
+        "scores",
+        "weights",
+        "head_out",
+        "merged",
+        "out",
+    ]
     assert torch.equal(full["attn.weights"], w) and torch.equal(full["attn.out"], y)
     # the recorded logits, softmaxed under the causal mask, are the recorded weights
     masked = full["attn.scores"].masked_fill(~torch.ones(5, 5).tril().bool(), float("-inf"))

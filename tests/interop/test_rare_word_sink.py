@@ -44,8 +44,11 @@ def loop_rare_word(patterns: torch.Tensor, probe) -> list[float]:
     index = probe.word_index[0].tolist()
     rare_word = [w >= 0 and zipf[w] == lowest for w in index]
     targets = [j for j, r in enumerate(rare_word) if r and j > 0]
-    rows = [i for i, w in enumerate(index) if w >= 0 and not rare_word[i]
-            and any(j <= i for j in targets)]  # fmt: skip
+    rows = [
+        i
+        for i, w in enumerate(index)
+        if w >= 0 and not rare_word[i] and any(j <= i for j in targets)
+    ]
     out = []
     for A in patterns.flatten(0, 1):  # (n, n) per head, layer-major
         hits = [int(A[i].argmax()) in targets for i in rows]

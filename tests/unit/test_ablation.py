@@ -128,8 +128,9 @@ def test_strided_curve_measures_every_kth_removal_and_the_last() -> None:
     strided = pruning_curve(loss_fn, batches, order, 2, 4, every=3)
     assert strided.counts == [0, 3, 6, 8]
     assert strided.losses == pytest.approx([full.losses[k] for k in (0, 3, 6, 8)], rel=1e-12)
-    hand = PruningCurve(order=[(0, i) for i in range(6)], losses=[1.0, 1.005, 1.02, 1.03],
-                        removed=[0, 2, 4, 6])  # fmt: skip
+    hand = PruningCurve(
+        order=[(0, i) for i in range(6)], losses=[1.0, 1.005, 1.02, 1.03], removed=[0, 2, 4, 6]
+    )
     assert hand.prunable(0.01) == 2 and hand.prunable(0.025) == 4 and hand.prunable(0.1) == 6
     assert hand.loss_after(0.5) == 1.005  # 3 heads: counts 2 and 4 tie, the earlier is taken
 

@@ -21,7 +21,7 @@ def moved_loss(model, tokens, rows, layer, head, eps):
     over the probe (negative: away from it), by one plain forward."""
     dk = model.config.d_k
 
-    def move(module, args):  # fmt: skip
+    def move(module, args):
         x = args[0].clone()
         part = x[..., head * dk : (head + 1) * dk]
         x[..., head * dk : (head + 1) * dk] = part + eps * (part.mean(dim=(0, 1)) - part)
@@ -33,8 +33,9 @@ def moved_loss(model, tokens, rows, layer, head, eps):
             logits = model(tokens)[:, :-1].double()
     finally:
         handle.remove()
-    loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:],
-                                             reduction="none")  # fmt: skip
+    loss = torch.nn.functional.cross_entropy(
+        logits.transpose(1, 2), tokens[:, 1:], reduction="none"
+    )
     return loss[rows].mean()
 
 
@@ -46,9 +47,16 @@ def test_the_first_order_term_is_the_slope_of_the_real_loss(default, repeat):
     at = attribute_heads(model, repeat, [rows], path=(0.0,))
     est = at.loss_effect(rows)
     eps = 1e-2
-    slope = torch.tensor([float(moved_loss(model, repeat.tokens, rows, l, i, eps)
-                                - moved_loss(model, repeat.tokens, rows, l, i, -eps)) / (2 * eps)
-                          for l, i in at.heads])  # fmt: skip
+    slope = torch.tensor(
+        [
+            float(
+                moved_loss(model, repeat.tokens, rows, l, i, eps)
+                - moved_loss(model, repeat.tokens, rows, l, i, -eps)
+            )
+            / (2 * eps)
+            for l, i in at.heads
+        ]
+    )
     assert torch.allclose(est, slope.float(), rtol=2e-2, atol=2e-3), (est, slope)
 
 
@@ -92,8 +100,9 @@ def test_cards_say_the_estimate_is_first_order_and_quote_the_exact_figure(defaul
             alone = ablate_heads(model, repeat, [head])  # the oracle: this head alone
             rows = loss_rows(repeat, True)
             kind = a["rows"]
-            want = float(alone.loss_effect(rows["copy" if card.score.label == "induction"
-                                                else kind])[0])  # fmt: skip
+            want = float(
+                alone.loss_effect(rows["copy" if card.score.label == "induction" else kind])[0]
+            )
             found = re.search(r"exact: ([-+]?\d+\.\d+)\)", text)
             if found and "nats" in text:
                 assert float(found.group(1)) == pytest.approx(want, abs=0.006)
@@ -144,8 +153,9 @@ def head_slopes(model, tokens, rows, at: dict[tuple[int, int], float] | None = N
     try:
         with torch.enable_grad():
             logits = model(tokens)[:, :-1].double()
-            loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:],
-                                                     reduction="none")  # fmt: skip
+            loss = torch.nn.functional.cross_entropy(
+                logits.transpose(1, 2), tokens[:, 1:], reduction="none"
+            )
             (grad,) = torch.autograd.grad(loss[rows].mean(), eps)
     finally:
         for handle in hooks:
@@ -166,8 +176,9 @@ def one_at_a_time(model, tokens, rows):
         finally:
             for handle in handles:
                 handle.remove()
-        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:],
-                                                 reduction="none")  # fmt: skip
+        loss = torch.nn.functional.cross_entropy(
+            logits.transpose(1, 2), tokens[:, 1:], reduction="none"
+        )
         return float(loss[rows].mean())
 
     def ablate(i):
@@ -202,8 +213,13 @@ def test_two_steps_average_the_slopes_at_the_clean_run_and_half_way(default, rep
     rows = loss_rows(repeat, True)["any"]
     est = attribute_heads(model, repeat, [rows], steps=2).loss_effect(rows)
     at_zero = head_slopes(model, repeat.tokens, rows)
-    halfway = torch.stack([head_slopes(model, repeat.tokens, rows, {(l, i): 0.5})[l * h + i]
-                           for l in range(L) for i in range(h)])  # fmt: skip
+    halfway = torch.stack(
+        [
+            head_slopes(model, repeat.tokens, rows, {(l, i): 0.5})[l * h + i]
+            for l in range(L)
+            for i in range(h)
+        ]
+    )
     assert torch.allclose(est, ((at_zero + halfway) / 2).float(), atol=1e-5)
 
 
@@ -215,12 +231,12 @@ def test_the_path_estimate_ranks_the_default_models_heads_as_exact_ablation(defa
     model, _ = default
     rows = loss_rows(repeat, True)["any"]
     exact = one_at_a_time(model, repeat.tokens, rows)
-    assert torch.allclose(exact, ablate_heads(model, repeat).loss_effect(rows).double(),
-                          atol=1e-4)  # fmt: skip
+    assert torch.allclose(exact, ablate_heads(model, repeat).loss_effect(rows).double(), atol=1e-4)
     plain = attribute_heads(model, repeat, [rows]).loss_effect(rows)
     assert agreement(exact, plain.double())[0] < 0.9  # what the path is for
-    rho, overlap = agreement(exact, attribute_heads(model, repeat, [rows], steps=4)
-                             .loss_effect(rows).double())  # fmt: skip
+    rho, overlap = agreement(
+        exact, attribute_heads(model, repeat, [rows], steps=4).loss_effect(rows).double()
+    )
     assert rho >= 0.9 and overlap >= 4, (rho, overlap)
 
 

@@ -29,9 +29,14 @@ def test_two_steps_per_layer_average_the_slopes_at_the_clean_run_and_the_layers_
     rows = loss_rows(repeat, True)["any"]
     est = attribute_heads(model, repeat, [rows], steps=2, per="layer").loss_effect(rows)
     at_zero = head_slopes(model, repeat.tokens, rows)
-    halfway = torch.cat([head_slopes(model, repeat.tokens, rows,
-                                     {(l, i): 0.5 for i in range(h)})[l * h : (l + 1) * h]
-                         for l in range(L)])  # fmt: skip
+    halfway = torch.cat(
+        [
+            head_slopes(model, repeat.tokens, rows, {(l, i): 0.5 for i in range(h)})[
+                l * h : (l + 1) * h
+            ]
+            for l in range(L)
+        ]
+    )
     assert torch.allclose(est, ((at_zero + halfway) / 2).float(), atol=1e-5)
 
 
@@ -125,5 +130,6 @@ def test_ranked_by_size_the_plain_estimates_largest_effects_of_either_sign_are_c
     exact = one_at_a_time(model, repeat.tokens, rows["any"])
     reported = two.loss_effect(rows["any"]).double()
     for head in want:
-        assert float(reported[two.index(*head)]) == pytest.approx(float(exact[two.index(*head)]),
-                                                                  abs=1e-4)  # fmt: skip
+        assert float(reported[two.index(*head)]) == pytest.approx(
+            float(exact[two.index(*head)]), abs=1e-4
+        )

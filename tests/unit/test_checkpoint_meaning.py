@@ -35,8 +35,14 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     a resume takes 4 more optimizer steps (an edit that changes them shows, or raises)."""
     out = tmp_path_factory.mktemp("run")
     token = StopToken()
-    train(make_model(0), _config(steps=14), batches, out_dir=out, reporter=_StopAt(token, 10),
-          stop=token)  # fmt: skip
+    train(
+        make_model(0),
+        _config(steps=14),
+        batches,
+        out_dir=out,
+        reporter=_StopAt(token, 10),
+        stop=token,
+    )
     assert latest_checkpoint(out).name == "step-000010"
     return out
 

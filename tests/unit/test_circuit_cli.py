@@ -45,14 +45,17 @@ def test_circuit_text_names_every_edge(built):
     assert "0.0 → 1.0: K-composition" in text and "(drawn)" in text
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["circuit", "--ablation", "resample"], "valid modes are mean, zero"),
-    (["heads", "--evidence", "--ablation", "half"], "valid modes are mean, zero"),
-    (["heads", "--evidence", "--prompts", "p.txt"], "leave it out with --prompts"),
-    (["heads", "--exact", "all"], "add --evidence"),
-    (["heads", "--evidence", "--exact", "1-2"], "--exact takes all or LAYER.HEAD"),
-    (["heads", "--evidence", "--exact", "0.9"], "layers 0..1 and heads 0..7"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["circuit", "--ablation", "resample"], "valid modes are mean, zero"),
+        (["heads", "--evidence", "--ablation", "half"], "valid modes are mean, zero"),
+        (["heads", "--evidence", "--prompts", "p.txt"], "leave it out with --prompts"),
+        (["heads", "--exact", "all"], "add --evidence"),
+        (["heads", "--evidence", "--exact", "1-2"], "--exact takes all or LAYER.HEAD"),
+        (["heads", "--evidence", "--exact", "0.9"], "layers 0..1 and heads 0..7"),
+    ],
+)
 def test_bad_evidence_options_exit_2_with_one_line(args, message):
     result = runner.invoke(app, args)
     assert result.exit_code == 2
@@ -65,7 +68,8 @@ def test_heads_evidence_json_carries_every_card(built):
     d = json.loads(result.stdout)
     cards = d["evidence"]["heads"]
     assert [(c["layer"], c["head"], c["label"]) for c in cards] == [
-        (h["layer"], h["head"], h["label"]) for h in d["heads"]]  # fmt: skip
+        (h["layer"], h["head"], h["label"]) for h in d["heads"]
+    ]
     for card in cards:
         assert card["evidence"] and {"baselines", "ablation", "compositions"} <= set(card)
     assert d["evidence"]["ablation"]["forwards"] == 3
@@ -112,11 +116,16 @@ def test_heads_evidence_says_how_its_ablation_effects_were_measured(built, exact
 
 
 def test_the_circuit_view_draws_each_node_and_edge():
-    d = {"previous": [{"head": [0, 2], "score": 0.9}],
-         "induction": [{"head": [1, 1], "score": 0.8}, {"head": [2, 0], "score": 0.7}],
-         "edges": [{"from": [0, 2], "to": [1, 1], "k_composition": 0.3, "drawn": True},
-                   {"from": [0, 2], "to": [2, 0], "k_composition": 0.12, "drawn": False}],
-         "k_floor": 0.1, "ablation": "mean"}  # fmt: skip
+    d = {
+        "previous": [{"head": [0, 2], "score": 0.9}],
+        "induction": [{"head": [1, 1], "score": 0.8}, {"head": [2, 0], "score": 0.7}],
+        "edges": [
+            {"from": [0, 2], "to": [1, 1], "k_composition": 0.3, "drawn": True},
+            {"from": [0, 2], "to": [2, 0], "k_composition": 0.12, "drawn": False},
+        ],
+        "k_floor": 0.1,
+        "ablation": "mean",
+    }
     html = circuit_view(d, model="m<1>")._repr_html_()
     assert html.count("<circle") == 3 and html.count("<line") == 2
     assert html.count("stroke-dasharray") == 1  # the edge ablation did not confirm

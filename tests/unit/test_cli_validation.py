@@ -61,8 +61,9 @@ def _out_cases(tmp: Path) -> dict[str, tuple[str, str]]:
     return cases
 
 
-@pytest.mark.parametrize("command", [["train", "induction", "--quick"],
-                                     ["experiment", "induction", "--quick"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "command", [["train", "induction", "--quick"], ["experiment", "induction", "--quick"]]
+)
 def test_a_bad_out_is_refused_before_any_work(work, tmp_path, command) -> None:
     """Issue 18, item 2: each of these made `train` fail in mkdir with a traceback, and
     `experiment` train for 22 s and then lose its results."""
@@ -99,8 +100,9 @@ def _special_outs(tmp: Path) -> dict[str, tuple[str, str]]:
     return cases
 
 
-@pytest.mark.parametrize("command", [["train", "induction", "--quick"],
-                                     ["experiment", "induction", "--quick"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "command", [["train", "induction", "--quick"], ["experiment", "induction", "--quick"]]
+)
 def test_an_out_that_is_or_holds_a_device_or_fifo_is_refused_before_any_work(
     work, tmp_path, command
 ) -> None:
@@ -140,8 +142,9 @@ def test_a_good_out_reaches_the_work(work, tmp_path) -> None:
 def test_an_integer_out_of_range_is_refused_with_its_range(work, tmp_path, args) -> None:
     """Issue 18, item 3: seeds of 2**64 gave `Overflow when unpacking long long` tracebacks,
     and `--seeds 10**30` started. Every integer option now has a range, checked first."""
-    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path)] if args[0] in
-                                ("train", "experiment") else args)  # fmt: skip
+    result = CliRunner().invoke(
+        app, [*args, "--out", str(tmp_path)] if args[0] in ("train", "experiment") else args
+    )
     text = " ".join(result.output.split())
     assert result.exit_code == 2 and "Traceback" not in text
     option = next(a for a in args if a.startswith("--"))
@@ -159,8 +162,9 @@ def test_the_largest_seed_is_accepted_and_works_in_the_library(work, tmp_path) -
     from headlab.ablation import random_order
     from headlab.training.train import TrainConfig, train
 
-    ok = CliRunner().invoke(app, ["train", "induction", "--seed", str(SEED_MAX),
-                                  "--out", str(tmp_path)])  # fmt: skip
+    ok = CliRunner().invoke(
+        app, ["train", "induction", "--seed", str(SEED_MAX), "--out", str(tmp_path)]
+    )
     assert ok.exit_code == 0 and work == [("train", SEED_MAX)]
     result = train(make_model(0), _config(steps=3, seed=SEED_MAX), batches)
     assert result.step == 3

@@ -96,8 +96,20 @@ def test_shapes_trace_imports_torch_and_nothing_else_heavy():
 def test_shapes_trace_never_imports_torch_dynamo_or_sympy():
     """On meta, PyTorch computes products and softmax in Python, whose first calls import
     torch._dynamo and sympy (each about as long as torch itself); the trace runs without them."""
-    names, proc = imported("shapes", "--d-model", "512", "--heads", "8", "--kv-heads", "2",
-                           "--cache-len", "3", "--dtype", "bf16", "--trace")  # fmt: skip
+    names, proc = imported(
+        "shapes",
+        "--d-model",
+        "512",
+        "--heads",
+        "8",
+        "--kv-heads",
+        "2",
+        "--cache-len",
+        "3",
+        "--dtype",
+        "bf16",
+        "--trace",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "verdict: GQA, h=8, h_kv=2, d_k=64" in proc.stdout
     assert "torch" in names  # the log shows torch's own modules, so it would show these

@@ -28,8 +28,9 @@ def explicit_matrices(model: Transformer) -> tuple[list[list[torch.Tensor]], ...
         gain = sd[p + "norm_attn.weight"] if c.norm == "pre" else torch.ones(c.d_model)
         centre = c.norm == "pre" and c.norm_kind == "layernorm"
 
-        def reading(name: str, i: int, p: str = p, gain: torch.Tensor = gain,
-                    centre: bool = centre) -> torch.Tensor:  # fmt: skip
+        def reading(
+            name: str, i: int, p: str = p, gain: torch.Tensor = gain, centre: bool = centre
+        ) -> torch.Tensor:
             w = sd[p + f"attn.{name}.weight"][i * dk : (i + 1) * dk].T * gain[:, None]
             return w - w.mean(0, keepdim=True) if centre else w  # (d, d_k)
 
@@ -62,9 +63,11 @@ def check_against_formula(model: Transformer) -> None:
                     if a >= b:
                         assert got["k"][a, i, b, j] == 0.0
                         continue
-                    want = {"q": tl_score(OV[a][i], QK[b][j]),
-                            "k": tl_score(OV[a][i], QK[b][j].T),
-                            "v": tl_score(OV[a][i], OV[b][j])}  # fmt: skip
+                    want = {
+                        "q": tl_score(OV[a][i], QK[b][j]),
+                        "k": tl_score(OV[a][i], QK[b][j].T),
+                        "v": tl_score(OV[a][i], OV[b][j]),
+                    }
                     for mode, value in want.items():
                         assert float(got[mode][a, i, b, j]) == pytest.approx(value, abs=1e-5)
 
@@ -94,8 +97,17 @@ def test_composition_scores_equal_the_formula_on_random_models(name):
 def test_group_scores_equal_the_formula():
     """K- and V-group scores of a GQA model: ‖W_OV^a W_K^g‖ / (‖W_OV^a‖ ‖W_K^g‖)."""
     torch.manual_seed(4)
-    model = Transformer(ModelConfig(vocab_size=20, n_layers=2, max_len=16, d_model=32,
-                                    n_heads=4, n_kv_heads=2, norm_kind="rmsnorm"))  # fmt: skip
+    model = Transformer(
+        ModelConfig(
+            vocab_size=20,
+            n_layers=2,
+            max_len=16,
+            d_model=32,
+            n_heads=4,
+            n_kv_heads=2,
+            norm_kind="rmsnorm",
+        )
+    )
     OV, _ = explicit_matrices(model)
     got = composition_scores(model).scores
     sd = {k: v.double() for k, v in model.state_dict().items()}
@@ -104,10 +116,12 @@ def test_group_scores_equal_the_formula():
         wk = sd["blocks.1.attn.W_K.weight"][g * 8 : (g + 1) * 8].T * gain
         wv = sd["blocks.1.attn.W_V.weight"][g * 8 : (g + 1) * 8].T * gain
         for i in range(4):
-            assert float(got["k_group"][0, i, 1, g]) == pytest.approx(tl_score(OV[0][i], wk),
-                                                                        abs=1e-5)  # fmt: skip
-            assert float(got["v_group"][0, i, 1, g]) == pytest.approx(tl_score(OV[0][i], wv),
-                                                                        abs=1e-5)  # fmt: skip
+            assert float(got["k_group"][0, i, 1, g]) == pytest.approx(
+                tl_score(OV[0][i], wk), abs=1e-5
+            )
+            assert float(got["v_group"][0, i, 1, g]) == pytest.approx(
+                tl_score(OV[0][i], wv), abs=1e-5
+            )
 
 
 def test_random_baseline_matches_explicit_random_matrices():
@@ -164,8 +178,7 @@ def test_scores_are_kept_for_the_same_weights_and_recomputed_when_they_change(ch
     monkeypatch.setattr(composition, "_KEPT", type(composition._KEPT)())  # none kept yet
     computed = []
     real = composition._composition_scores
-    monkeypatch.setattr(composition, "_composition_scores",
-                        lambda m: computed.append(1) or real(m))  # fmt: skip
+    monkeypatch.setattr(composition, "_composition_scores", lambda m: computed.append(1) or real(m))
     first = composition_scores(model)
     again, twin = composition_scores(model), composition_scores(copy.deepcopy(model))
     assert len(computed) == 1
@@ -202,8 +215,7 @@ def test_scores_too_large_to_keep_are_computed_each_time(monkeypatch):
     model = Transformer(ModelConfig(vocab_size=20, n_layers=3, max_len=16, **CONFIGS["post-norm"]))
     computed = []
     real = composition._composition_scores
-    monkeypatch.setattr(composition, "_composition_scores",
-                        lambda m: computed.append(1) or real(m))  # fmt: skip
+    monkeypatch.setattr(composition, "_composition_scores", lambda m: computed.append(1) or real(m))
     composition_scores(model)
     check_against_formula(model)
     assert len(computed) == 2 and len(composition._KEPT) == 0

@@ -131,8 +131,11 @@ def copies_head(tokens: torch.Tensor, causal: bool) -> torch.Tensor:
     A = torch.zeros(B, 1, n, n)
     for b in range(B):
         for i in range(n):
-            js = [j for j in range(1, n) if j != i and tokens[b, j] == tokens[b, i]
-                  and (not causal or j < i)] or [0]  # fmt: skip
+            js = [
+                j
+                for j in range(1, n)
+                if j != i and tokens[b, j] == tokens[b, i] and (not causal or j < i)
+            ] or [0]
             A[b, 0, i, js] = 1 / len(js)
     return A
 

@@ -350,6 +350,8 @@ def test_quick_training_run_end_to_end(quick_runs):
 def test_a_rerun_in_the_same_environment_is_bit_identical(quick_runs):
     """What the card calls bit for bit: the same machine, torch build and recipe give the same
     weights file, whatever thread count the caller had (the recipe sets one thread itself)."""
-    digests = [hashlib.sha256((out / "model/model.safetensors").read_bytes()).digest()
-               for out in quick_runs]  # fmt: skip
+    digests = [
+        hashlib.sha256((out / "model/model.safetensors").read_bytes()).digest()
+        for out in quick_runs
+    ]
     assert digests[0] == digests[1]

@@ -272,8 +272,9 @@ def test_a_stored_answer_is_what_its_command_prints(name: str) -> None:
     stored = json.loads((DOCS / "data" / f"{name}.json").read_text(encoding="utf-8"))
     argv = [sys.executable, "-m", "headlab.cli", *stored["command"].split()[1:]]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    now = json.loads(subprocess.run(argv, capture_output=True, text=True, env=env,
-                                    check=True).stdout)  # fmt: skip
+    now = json.loads(
+        subprocess.run(argv, capture_output=True, text=True, env=env, check=True).stdout
+    )
     old = stored["output"]
     assert now["tokens"] == old["tokens"]
     for a, b in zip(now["heads"], old["heads"], strict=True):

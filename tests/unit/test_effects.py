@@ -28,8 +28,9 @@ def mean_outputs(model, tokens) -> list[torch.Tensor]:
     trace = Trace()
     with torch.no_grad():
         model(tokens, trace=trace)
-    return [trace[f"blocks.{l}.attn.head_out"].mean(dim=(0, 2))
-            for l in range(model.config.n_layers)]  # fmt: skip
+    return [
+        trace[f"blocks.{l}.attn.head_out"].mean(dim=(0, 2)) for l in range(model.config.n_layers)
+    ]
 
 
 def reference(model, tokens, layer, head, mode, means):
@@ -39,7 +40,7 @@ def reference(model, tokens, layer, head, mode, means):
     handle = None
     if mode == "mean":
 
-        def fill(module, args):  # fmt: skip
+        def fill(module, args):
             merged = args[0].clone()
             merged[..., head * dk : (head + 1) * dk] = means[layer][head]
             return (merged,)
@@ -53,8 +54,9 @@ def reference(model, tokens, layer, head, mode, means):
     finally:
         if handle is not None:
             handle.remove()
-    scores = torch.stack([induction_score(trace[f"blocks.{l}.attn.weights"], tokens[:, :-1])
-                          for l in range(L)])  # fmt: skip
+    scores = torch.stack(
+        [induction_score(trace[f"blocks.{l}.attn.weights"], tokens[:, :-1]) for l in range(L)]
+    )
     return losses, scores
 
 
@@ -148,8 +150,9 @@ def test_an_ablation_leaves_other_threads_forwards_alone(default, repeat):
         ablated[0, 0] = 1.0
         with _mean_fill(model.blocks[0], ablated, means[0], tokens.shape[0]):
             elsewhere = _forward_in_thread(model, other)
-            here = model(tokens, head_mask=full_mask(model.config.n_layers,
-                                                     model.config.n_heads, [(0, 0)]))  # fmt: skip
+            here = model(
+                tokens, head_mask=full_mask(model.config.n_layers, model.config.n_heads, [(0, 0)])
+            )
     assert torch.equal(elsewhere, clean)
     want, _ = reference(model, tokens, 0, 0, "mean", means)
     got = torch.nn.functional.cross_entropy(

@@ -45,8 +45,10 @@ def test_induction_cards_quote_the_later_copy_loss(cards):
         d = card.to_dict()
         rise = d["ablation"]["later_copy"]
         assert "a later copy's tokens" in d["evidence"]
-        assert numbers(d["evidence"])[-2:] == [round(rise["loss_rise"], 2),
-                                               round(rise["layer_median"], 2)]  # fmt: skip
+        assert numbers(d["evidence"])[-2:] == [
+            round(rise["loss_rise"], 2),
+            round(rise["layer_median"], 2),
+        ]
         assert rise["loss_rise"] > 3 * rise["layer_median"] > 0
 
 
@@ -67,8 +69,9 @@ def test_the_default_models_induction_circuit(default):
     floor, and its ablation takes each induction score below half."""
     model, tokenizer = default
     c = model.config
-    circuit = induction_circuit(model, build_probe("random-repeat", tokenizer, c.max_len,
-                                                   c.vocab_size))  # fmt: skip
+    circuit = induction_circuit(
+        model, build_probe("random-repeat", tokenizer, c.max_len, c.vocab_size)
+    )
     assert [p["head"] for p in circuit.previous] == [[0, 0]]
     assert len(circuit.induction) >= 3
     assert len(circuit.drawn) == len(circuit.induction)

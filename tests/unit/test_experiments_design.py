@@ -35,8 +35,13 @@ def _parse(task: AgreementTask, row: list[int]) -> dict:
     subject = next(n for j, n in nouns if names[j - 2] not in ("near", "that"))
     adverb = names[slot - 1]
     assert adverb.startswith("ADV")
-    return {"subject": subject, "adverb": adverb, "verb": names[slot + 1], "nouns": nouns,
-            "slot": slot}  # fmt: skip
+    return {
+        "subject": subject,
+        "adverb": adverb,
+        "verb": names[slot + 1],
+        "nouns": nouns,
+        "slot": slot,
+    }
 
 
 def test_verb_agrees_with_subject_and_takes_stem_from_previous_token() -> None:
@@ -123,8 +128,15 @@ def test_pooled_weights_are_group_means() -> None:
 @pytest.mark.parametrize("positional", ["rotary", "learned"])
 def test_expanded_kv_heads_compute_the_same_function_and_pool_back(positional) -> None:
     torch.manual_seed(2)
-    config = ModelConfig(vocab_size=30, d_model=24, n_layers=2, n_heads=6, n_kv_heads=2,
-                         max_len=40, positional=positional)  # fmt: skip
+    config = ModelConfig(
+        vocab_size=30,
+        d_model=24,
+        n_layers=2,
+        n_heads=6,
+        n_kv_heads=2,
+        max_len=40,
+        positional=positional,
+    )
     model = Transformer(config).eval()
     wide = gqa.expand_kv_heads(model, 6)
     assert wide.config.n_kv_heads == 6

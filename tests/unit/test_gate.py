@@ -54,15 +54,15 @@ def type_labels(heads: list[dict]) -> set[str]:
 def test_plain_heads_json_gives_a_random_model_no_type_labels(checkpoints, seed, probe) -> None:
     """`headlab heads --json` with no option: every head of a random model "mixed", each head
     saying which label its threshold alone gave and the floor took away."""
-    result = runner.invoke(app, ["heads", "--model", checkpoints[seed], "--probe", probe,
-                                 "--json"])  # fmt: skip
+    result = runner.invoke(app, ["heads", "--model", checkpoints[seed], "--probe", probe, "--json"])
     assert result.exit_code == 0, result.output
     body = json.loads(result.stdout)
     assert type_labels(body["heads"] + body["averaged"]) == set()
     assert body["labels_gated"] is True
     # thresholds alone label some of these heads (the defect the floors remove)
-    plain = runner.invoke(app, ["heads", "--model", checkpoints[seed], "--probe", probe,
-                                "--json", "--no-floors"])  # fmt: skip
+    plain = runner.invoke(
+        app, ["heads", "--model", checkpoints[seed], "--probe", probe, "--json", "--no-floors"]
+    )
     ungated = json.loads(plain.stdout)
     assert ungated["labels_gated"] is False and ungated["floors"] is None
     lost = {h["below_floor"] for h in body["heads"]} - {None}
@@ -113,10 +113,13 @@ def test_the_page_gives_a_random_model_no_type_labels(default, client, seed, mon
     assert r.json()["labels_gated"] is False and type_labels(r.json()["heads"])
 
 
-@pytest.mark.parametrize(("body", "needle"), [
-    ({"floors": "no"}, "floors"),
-    ({"floors": False, "evidence": True}, "floors"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"floors": "no"}, "floors"),
+        ({"floors": False, "evidence": True}, "floors"),
+    ],
+)
 def test_bad_floors_requests_get_a_422_naming_the_field(client, body, needle) -> None:
     r = client.post("/api/heads", json={"model": "default", **body})
     assert r.status_code == 422 and needle in r.text

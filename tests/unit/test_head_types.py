@@ -171,8 +171,11 @@ def loop_induction(A: np.ndarray, tokens: np.ndarray) -> float:
     """The token after an earlier copy, except keys holding the query's own token."""
     vals = []
     for i in range(len(tokens)):
-        after = [j for j in range(len(tokens))
-                 if after_earlier_copy(tokens, i, j) and tokens[j] != tokens[i]]  # fmt: skip
+        after = [
+            j
+            for j in range(len(tokens))
+            if after_earlier_copy(tokens, i, j) and tokens[j] != tokens[i]
+        ]
         if after:
             vals.append(sum(A[i, j] for j in after))
     return float(np.mean(vals)) if vals else 0.0
@@ -194,8 +197,9 @@ def test_where_possible_scores_match_plain_loops(seed, causal):
     B, h = A.shape[:2]
 
     def expect(fn):
-        return [np.mean([fn(A[b, k].numpy(), tokens[b].numpy()) for b in range(B)])
-                for k in range(h)]  # fmt: skip
+        return [
+            np.mean([fn(A[b, k].numpy(), tokens[b].numpy()) for b in range(B)]) for k in range(h)
+        ]
 
     for shift in (-1, 0, 1):
         if causal and shift == 1:
@@ -220,8 +224,10 @@ def test_induction_equals_prefix_matching_on_distinct_repeated_tokens():
     tokens, _ = repeated_random_tokens(torch.arange(50), 7, 3, 2, g, prefix=(99,))
     logits = torch.randn(2, 3, 22, 22, generator=g)
     A = logits.masked_fill(~torch.ones(22, 22, dtype=torch.bool).tril(), float("-inf")).softmax(-1)
-    want = [np.mean([loop_prefix_matching(A[b, k].numpy(), tokens[b].numpy()) for b in range(2)])
-            for k in range(3)]  # fmt: skip
+    want = [
+        np.mean([loop_prefix_matching(A[b, k].numpy(), tokens[b].numpy()) for b in range(2)])
+        for k in range(3)
+    ]
     assert induction_score(A, tokens).tolist() == pytest.approx(want, abs=1e-6)
 
 
@@ -282,8 +288,18 @@ def test_rare_word_targets_and_score_by_hand():
 def test_token_words_by_hand():
     text = "The keeper's dog, tired."
     # a byte-level BPE split with a start token; offsets as such a tokenizer reports them
-    offsets = [(0, 0), (0, 3), (3, 7), (7, 10), (10, 12), (12, 16), (16, 17), (17, 19), (19, 23),
-               (23, 24)]  # fmt: skip
+    offsets = [
+        (0, 0),
+        (0, 3),
+        (3, 7),
+        (7, 10),
+        (10, 12),
+        (12, 16),
+        (16, 17),
+        (17, 19),
+        (19, 23),
+        (23, 24),
+    ]
     special = [True] + [False] * 9
     index, words = token_words(text, offsets, special)
     assert words == ["The", "keeper's", "dog", ",", "tired", "."]

@@ -228,8 +228,11 @@ def test_a_probe_given_with_a_text_is_refused(tmp_path, no_work):
     refuses the same request (issue 24)."""
     (tmp_path / "t.txt").write_text("hi hi")
     (tmp_path / "p.txt").write_text("hi hi\n")
-    for given in (["--text", "hi hi"], ["--text-file", str(tmp_path / "t.txt")],
-                  ["--prompts", str(tmp_path / "p.txt")]):  # fmt: skip
+    for given in (
+        ["--text", "hi hi"],
+        ["--text-file", str(tmp_path / "t.txt")],
+        ["--prompts", str(tmp_path / "p.txt")],
+    ):
         for probe in ("random-repeat", "repeat"):
             one_line_refusal(run("heads", "--probe", probe, *given), "takes no text")
 

@@ -101,16 +101,22 @@ def _logistic(x: float) -> float:
 
 def _curve(step: int, gain: float, induction: float) -> dict:
     """An evaluation record: losses and a 2-layer model's scores (best head 1.0)."""
-    return {"step": step, "first_copy_loss": 4.0, "repeated_loss": 4.0 - gain,
-            "induction": [[0.05] * 4, [induction, 0.05, 0.05, 0.05]]}  # fmt: skip
+    return {
+        "step": step,
+        "first_copy_loss": 4.0,
+        "repeated_loss": 4.0 - gain,
+        "induction": [[0.05] * 4, [induction, 0.05, 0.05, 0.05]],
+    }
 
 
 def test_phase_change_rule_on_a_known_curve() -> None:
     steps = list(range(0, 2001, 50))
     ceiling = 0.45
     # gain and induction score rise along a logistic centred on step 800 with width 60
-    evals = [_curve(s, 3.5 * _logistic((s - 800) / 60), 0.05 + 0.37 * _logistic((s - 800) / 60))
-             for s in steps]  # fmt: skip
+    evals = [
+        _curve(s, 3.5 * _logistic((s - 800) / 60), 0.05 + 0.37 * _logistic((s - 800) / 60))
+        for s in steps
+    ]
     phase = ind.find_phase_change(evals, ceiling)
     assert abs(phase["step"] - 800) <= 50
     assert phase["window"][0] < 800 < phase["window"][1]
@@ -199,8 +205,10 @@ def test_the_incremental_detector_equals_the_batch_rule_on_every_prefix_of_the_s
     assert len({tuple(a["window"]) for a in answers if a["window"]}) > 1
     assert [a["found"] for a in answers].index(True) < len(answers) - 1
     steps = list(range(0, 2001, 50))
-    curve = [_curve(s, 3.5 * _logistic((s - 800) / 60), 0.05 + 0.37 * _logistic((s - 800) / 60))
-             for s in steps]  # fmt: skip
+    curve = [
+        _curve(s, 3.5 * _logistic((s - 800) / 60), 0.05 + 0.37 * _logistic((s - 800) / 60))
+        for s in steps
+    ]
     _check_every_prefix(curve, 0.45)
     ties = [_curve(s, 1.0 if s >= 500 else 0.0, 0.4) for s in steps]  # equal slopes: the first
     _check_every_prefix(ties, 0.45)
@@ -208,12 +216,18 @@ def test_the_incremental_detector_equals_the_batch_rule_on_every_prefix_of_the_s
 
 def test_shapley_values_of_a_known_game_by_hand() -> None:
     # heads 0 and 1 are both needed (ablating either removes everything); head 2 is idle
-    effects = {frozenset(s): (1.0 if {0, 1} & set(s) else 0.0)
-               for r in range(4) for s in itertools.combinations(range(3), r)}  # fmt: skip
+    effects = {
+        frozenset(s): (1.0 if {0, 1} & set(s) else 0.0)
+        for r in range(4)
+        for s in itertools.combinations(range(3), r)
+    }
     # v({0}) = v({1}) = v({0,1}) = 1: by symmetry each gets 1/2, the idle head 0
     assert ab.shapley(effects, 3) == pytest.approx([0.5, 0.5, 0.0])
-    additive = {frozenset(s): sum((0.6, 0.3, 0.1)[i] for i in s)
-                for r in range(4) for s in itertools.combinations(range(3), r)}  # fmt: skip
+    additive = {
+        frozenset(s): sum((0.6, 0.3, 0.1)[i] for i in s)
+        for r in range(4)
+        for s in itertools.combinations(range(3), r)
+    }
     assert ab.shapley(additive, 3) == pytest.approx([0.6, 0.3, 0.1])  # additive: own effect
 
 
@@ -364,8 +378,11 @@ def _check_joint_ablations() -> None:
     later = is_copy[:, 1:] & is_copy[:, :-1]
     clean = float(_zero_heads_in_w_o(model, [], data.copies.tokens)[later].mean())
     # an untrained model has no gain to lose: give it a span of 1 nat so effects are losses
-    final = {"repeated_loss": clean, "first_copy_loss": clean + 1.0,
-             "prev_token": [[0.0] * 4, [0.0] * 4]}  # fmt: skip
+    final = {
+        "repeated_loss": clean,
+        "first_copy_loss": clean + 1.0,
+        "prev_token": [[0.0] * 4, [0.0] * 4],
+    }
     study = ab.ablation_study(model, data, final)
     for name, effect in study["layer0_subsets"].items():
         heads = [int(x.split(".")[1]) for x in name.split("+")]
@@ -395,8 +412,15 @@ def test_quick_run_one_layer_control_fails(quick) -> None:
 def test_quick_run_writes_results_and_figures(quick) -> None:
     results, out = quick
     on_disk = json.loads((out / "results.json").read_text())
-    for key in ("phase_change_step", "induction_heads", "final_induction_score",
-                "control_max_induction_score", "ablation", "wall_seconds", "history"):  # fmt: skip
+    for key in (
+        "phase_change_step",
+        "induction_heads",
+        "final_induction_score",
+        "control_max_induction_score",
+        "ablation",
+        "wall_seconds",
+        "history",
+    ):
         assert key in on_disk
     assert on_disk["induction_heads"] == results["induction_heads"]
     evals = [r for r in on_disk["history"] if r["kind"] == "eval"]
@@ -464,28 +488,51 @@ def test_cli_prints_the_live_progress_events(capsys: pytest.CaptureFixture[str])
 
 def test_events_serialise_to_the_json_the_page_reads() -> None:
     """The SSE data of each event: the names and fields live-train.js and the tests read."""
-    record = {"step": 50, "kind": "eval", "first_copy_loss": 4.0, "repeated_loss": 3.0,
-              "induction": [[0.1, 0.3]], "prev_token": [[0.6, 0.2]], "wall": 1.5}  # fmt: skip
+    record = {
+        "step": 50,
+        "kind": "eval",
+        "first_copy_loss": 4.0,
+        "repeated_loss": 3.0,
+        "induction": [[0.1, 0.3]],
+        "prev_token": [[0.6, 0.2]],
+        "wall": 1.5,
+    }
     phase = {"step": None, "window": None, "found": False}
     shown = {"induction": {"head": "0.1", "weights": [[1.0]]}}
     assert watch.Evaluation(record, phase, shown).to_dict() == {
-        "event": "eval", **record, "patterns": shown, "phase_change": phase}  # fmt: skip
+        "event": "eval",
+        **record,
+        "patterns": shown,
+        "phase_change": phase,
+    }
     assert "patterns" not in watch.Evaluation(record, phase).to_dict()
     assert watch.Start(700, [1, 2], 0.4).to_dict() == {
-        "event": "start", "total": 700, "tokens": [1, 2], "ceiling": 0.4}  # fmt: skip
+        "event": "start",
+        "total": 700,
+        "tokens": [1, 2],
+        "ceiling": 0.4,
+    }
     assert watch.Step(10, 3.5).to_dict() == {"event": "step", "step": 10, "loss": 3.5}
     assert watch.Done("ab").to_dict() == {"event": "done", "run_id": "ab"}
     assert watch.Cancelled("ab", "cancelled").to_dict() == {
-        "event": "stopped", "run_id": "ab", "reason": "cancelled"}  # fmt: skip
-    assert watch.Failed("ab", "E: x").to_dict() == {"event": "error", "run_id": "ab",
-                                                    "detail": "E: x"}  # fmt: skip
+        "event": "stopped",
+        "run_id": "ab",
+        "reason": "cancelled",
+    }
+    assert watch.Failed("ab", "E: x").to_dict() == {
+        "event": "error",
+        "run_id": "ab",
+        "detail": "E: x",
+    }
     verdict = {"n_layers": 1, "verdict": {"text": "No."}, "final": {}}
     assert watch.Verdict(verdict).to_dict() == {"event": "verdict", **verdict}
     for event in (watch.Start(1, [], 0.0), watch.Evaluation(record, phase), watch.Done("a")):
         assert event.to_dict()["event"] == event.name
     ev = watch.Evaluation(record, phase)
     assert (ev.best_induction, ev.best_prev_token) == (
-        watch.BestHead("0.1", 0.3), watch.BestHead("0.0", 0.6))  # fmt: skip
+        watch.BestHead("0.1", 0.3),
+        watch.BestHead("0.0", 0.6),
+    )
 
 
 def test_live_events_carry_the_patterns_and_the_history_keeps_only_scores() -> None:
@@ -508,8 +555,10 @@ def test_live_events_carry_the_patterns_and_the_history_keeps_only_scores() -> N
     evals = [e.to_dict() for e in events if isinstance(e, watch.Evaluation)]
     history = [x for x in r["history"] if x["kind"] == "eval"]
     assert [e["step"] for e in evals] == [x["step"] for x in history]
-    assert [{k: v for k, v in e.items() if k not in ("event", "patterns", "phase_change")}
-            for e in evals] == history  # fmt: skip
+    assert [
+        {k: v for k, v in e.items() if k not in ("event", "patterns", "phase_change")}
+        for e in evals
+    ] == history
     for i, e in enumerate(evals):
         assert e["phase_change"] == _batch_rule(history[: i + 1], r["induction_ceiling"])
     assert all("patterns" not in x for x in r["history"])

@@ -12,8 +12,16 @@ from headlab.shapes.layout import attention_layout, layout_lines
 
 
 def config(**kw) -> ModelConfig:
-    base = dict(vocab_size=32, d_model=24, n_layers=4, n_heads=6, max_len=16, norm="none",
-                attn_only=True, positional="rotary")  # fmt: skip
+    base = dict(
+        vocab_size=32,
+        d_model=24,
+        n_layers=4,
+        n_heads=6,
+        max_len=16,
+        norm="none",
+        attn_only=True,
+        positional="rotary",
+    )
     return ModelConfig(**{**base, **kw})
 
 
@@ -45,8 +53,15 @@ def test_without_a_window_every_layer_is_global_and_mha_says_nothing():
 
 
 def test_the_lines_say_the_sharing_and_the_layers():
-    gemma_like = config(d_model=32, n_heads=4, n_kv_heads=1, n_layers=6, sliding_window=512,
-                        max_len=1024, local_layers=(0, 1, 2, 3, 4))  # fmt: skip
+    gemma_like = config(
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=1,
+        n_layers=6,
+        sliding_window=512,
+        max_len=1024,
+        local_layers=(0, 1, 2, 3, 4),
+    )
     lines = layout_lines(attention_layout(gemma_like))
     assert lines[0] == (
         "multi-query attention: 4 query heads per K/V head (K/V head 0 ← query heads 0, 1, 2, 3)"
@@ -103,8 +118,9 @@ def test_heads_cli_says_the_layout_and_json_carries_it(tmp_path):
     assert (body["window"], body["kv_group"]) == (3, [0, 0, 0, 1, 1, 1])
     # the offline file carries the same layout for its grid
     page = tmp_path / "heads.html"
-    done = subprocess.run([*base, "--html", str(page)], env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [*base, "--html", str(page)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert '"layer_kinds":["local","global","local"]' in page.read_text()  # compact JSON
 

@@ -98,8 +98,13 @@ def by_hand(model, mine, averaged: bool = False) -> dict[int, dict[str, float]]:
         random_model = B.random_model(model, s)
         reports = [analyse(random_model, p, keep=()) for _, p in mine]
         rows = [r.averaged if averaged else r.heads for r in reports]
-        per_model.append([{k: np.mean([r[j].scores[k] for r in rows]) for k in rows[0][j].scores}
-                          | {"layer": rows[0][j].layer} for j in range(len(rows[0]))])  # fmt: skip
+        per_model.append(
+            [
+                {k: np.mean([r[j].scores[k] for r in rows]) for k in rows[0][j].scores}
+                | {"layer": rows[0][j].layer}
+                for j in range(len(rows[0]))
+            ]
+        )
     out: dict[int, dict[str, float]] = {}
     for layer in range(model.config.n_layers):
         heads = [h for m in per_model for h in m if h["layer"] == layer]
@@ -124,8 +129,9 @@ def test_the_floors_equal_an_independent_computation(default) -> None:
             assert table.floors[layer][kind] == pytest.approx(value, abs=1e-5), (layer, kind)
     for s in table.heads:
         if s.floor is not None:
-            kind = next(k for k, v in want[s.layer].items()
-                        if v == pytest.approx(s.floor, abs=1e-5))  # fmt: skip
+            kind = next(
+                k for k, v in want[s.layer].items() if v == pytest.approx(s.floor, abs=1e-5)
+            )
             assert s.margin == pytest.approx(s.scores[kind] - s.floor, abs=1e-6)
         ruled = {k: v for k, v in s.scores.items() if k in THRESHOLDS}
         assert s.label == label_head(ruled, s.offset, want[s.layer]), (s.layer, s.head)

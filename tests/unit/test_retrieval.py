@@ -113,10 +113,22 @@ def test_probe_holds_the_needle_where_it_says(default: tuple) -> None:
 def test_experiment_retrieval_quick_json(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     done = subprocess.run(
-        [sys.executable, "-m", "headlab.cli", "experiment", "retrieval", "--quick", "--json",
-         "--out", str(tmp_path / "run")],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "headlab.cli",
+            "experiment",
+            "retrieval",
+            "--quick",
+            "--json",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     res = json.loads(done.stdout)
     top = {(t["layer"], t["head"]) for t in res["top_heads"]}
@@ -166,8 +178,9 @@ def test_needle_analysis_scores_equal_a_loop_on_smollm2() -> None:
     needles = r.needle_probes(tokenizer, model.config.max_len, seed=0)
     generated, stored = r.answer(model, needles, record="weights")
     loop = torch.tensor(loop_scores(stored, generated, needles)).mean(0)  # (L, h)
-    got = torch.tensor([[scores[(l, i)] for i in range(loop.shape[1])]
-                        for l in range(loop.shape[0])])  # fmt: skip
+    got = torch.tensor(
+        [[scores[(l, i)] for i in range(loop.shape[1])] for l in range(loop.shape[0])]
+    )
     torch.testing.assert_close(got, loop)
     assert [row["generated"] for row in rows] == generated.tolist()
     assert loop.max() >= THRESHOLDS["retrieval"]  # the model has retrieval heads to find
@@ -178,8 +191,13 @@ def test_cli_needle_probe(tmp_path: Path) -> None:
     needle whether the model answered; an unknown probe exits 2 naming the valid ones."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     cmd = [sys.executable, "-m", "headlab.cli", "heads", "--model", "default", "--json"]
-    done = subprocess.run([*cmd, "--probe", "needle", "--no-content"], capture_output=True,
-                          text=True, env=env, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [*cmd, "--probe", "needle", "--no-content"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     res = json.loads(done.stdout)
     assert res["probe"] == "needle" and len(res["needles"]) == len(r.DEPTHS)
@@ -188,8 +206,9 @@ def test_cli_needle_probe(tmp_path: Path) -> None:
         assert (head["label"] == "retrieval") == passes
     for needle in res["needles"]:
         assert needle["correct"] == (needle["generated"] == needle["answer"])
-    bad = subprocess.run([*cmd, "--probe", "needles"], capture_output=True, text=True, env=env,
-                         timeout=120)  # fmt: skip
+    bad = subprocess.run(
+        [*cmd, "--probe", "needles"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert bad.returncode == 2 and "valid probes: repeat, random-repeat, text, needle" in bad.stderr
     assert "Traceback" not in bad.stderr
 
@@ -212,17 +231,26 @@ def test_a_probe_has_one_start_token_at_the_front(default: tuple) -> None:
 
 @pytest.mark.parametrize(
     ("args", "words"),
-    [(["retrieval", "--quick", "--model", "nope"], "'nope' has no retrieval config; valid: "
-      "smollm2, gemma3"),
-     (["sinks", "--quick", "--model", "gemma3"], "--model is for the retrieval experiment")],
-)  # fmt: skip
+    [
+        (
+            ["retrieval", "--quick", "--model", "nope"],
+            "'nope' has no retrieval config; valid: smollm2, gemma3",
+        ),
+        (["sinks", "--quick", "--model", "gemma3"], "--model is for the retrieval experiment"),
+    ],
+)
 def test_experiment_model_option_refuses_what_it_cannot_run(args: list[str], words: str) -> None:
     """`headlab experiment retrieval --model M` takes the models with a retrieval config; a bad
     name, or --model on another experiment, is one line and exit 2, before any model loads
     and before the command says it is running anything."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run([sys.executable, "-m", "headlab.cli", "experiment", *args],
-                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "headlab.cli", "experiment", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 2 and words in " ".join(done.stderr.split()), done.stderr
     assert "Traceback" not in done.stderr and "running" not in done.stderr + done.stdout
 
@@ -235,10 +263,24 @@ def test_experiment_retrieval_quick_on_gemma3(tmp_path: Path) -> None:
     require(gemma3.is_fetched(), "Gemma 3 is not fetched (`headlab models --fetch gemma3`)")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     done = subprocess.run(
-        [sys.executable, "-m", "headlab.cli", "experiment", "retrieval", "--quick", "--json",
-         "--model", "gemma3", "--out", str(tmp_path / "run")],
-        capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "headlab.cli",
+            "experiment",
+            "retrieval",
+            "--quick",
+            "--json",
+            "--model",
+            "gemma3",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     res = json.loads(done.stdout)
     config = zoo.model_config("gemma3")  # the loaded model's config, read without its 1 GB
@@ -256,7 +298,8 @@ def test_shipped_gemma3_run_agrees_with_itself() -> None:
 
     res = json.loads(results_path("retrieval-gemma3").read_text())
     assert res["model"] == "gemma3" and res["config"] == json.loads(
-        json.dumps(experiment.asdict(experiment.GEMMA3)))  # fmt: skip
+        json.dumps(experiment.asdict(experiment.GEMMA3))
+    )
     assert res["command"] == "headlab experiment retrieval --ship --model gemma3"
     flat = [x for row in res["scores"] for x in row]
     assert res["heads"] == len(flat)

@@ -167,8 +167,15 @@ def plain_mean(prompts: list[str]) -> list[dict]:
         mean = {k: sum(h.scores[k] for h in heads) / len(heads) for k in heads[0].scores}
         offsets = [h.offset for h in heads]
         offset = max(sorted(set(offsets)), key=offsets.count)
-        rows.append({"layer": heads[0].layer, "head": heads[0].head, "scores": mean,
-                     "offset": offset, "label": label_head(mean, offset)})  # fmt: skip
+        rows.append(
+            {
+                "layer": heads[0].layer,
+                "head": heads[0].head,
+                "scores": mean,
+                "offset": offset,
+                "label": label_head(mean, offset),
+            }
+        )
     return rows
 
 
@@ -176,8 +183,11 @@ def assert_same_table(got: list[dict], want: list[dict], tol: float) -> None:
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         assert (g["layer"], g["head"], g["label"], g["offset"]) == (
-            w["layer"], w["head"], w["label"], w["offset"],
-        )  # fmt: skip
+            w["layer"],
+            w["head"],
+            w["label"],
+            w["offset"],
+        )
         assert g["scores"] == pytest.approx(w["scores"], abs=tol)
 
 
@@ -185,14 +195,16 @@ def assert_same_table(got: list[dict], want: list[dict], tol: float) -> None:
 def test_prompts_mean_equals_a_plain_loop_and_writes_json_and_csv(tmp_path):
     """--no-floors: the plain loop's means, labelled by thresholds alone."""
     prompts = write_prompts(tmp_path / "p.jsonl", PROMPTS, jsonl=True)
-    result = run("heads", "--prompts", str(prompts), "--out", str(tmp_path / "t.json"),
-                 "--no-floors")  # fmt: skip
+    result = run(
+        "heads", "--prompts", str(prompts), "--out", str(tmp_path / "t.json"), "--no-floors"
+    )
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "t.json").read_text())
     assert data["prompts"] == 5 and data["model"] == "default"
     assert_same_table(data["heads"], plain_mean(PROMPTS), tol=1e-9)
-    result = run("heads", "--prompts", str(prompts), "--out", str(tmp_path / "t.csv"),
-                 "--no-floors")  # fmt: skip
+    result = run(
+        "heads", "--prompts", str(prompts), "--out", str(tmp_path / "t.csv"), "--no-floors"
+    )
     assert result.exit_code == 0, result.output
     lines = (tmp_path / "t.csv").read_text().splitlines()
     assert lines[0].startswith("layer,head,label,offset,previous")
@@ -245,13 +257,32 @@ def test_two_torchrun_ranks_give_the_one_process_table(tmp_path):
     prompts = write_prompts(tmp_path / "p.txt", PROMPTS)
     one = tmp_path / "one.json"
     single = [sys.executable, "-m", "headlab.cli", "heads", "--prompts", str(prompts)]
-    subprocess.run([*single, "--out", str(one)], env=cli_env(), check=True, timeout=300,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        [*single, "--out", str(one)], env=cli_env(), check=True, timeout=300, capture_output=True
+    )
     two = tmp_path / "two.json"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-                "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                "--master-port", str(free_port()), "-m", "headlab.cli", "heads",
-                "--prompts", str(prompts), "--out", str(two), "--dist-timeout", "60"]  # fmt: skip
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "headlab.cli",
+        "heads",
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(two),
+        "--dist-timeout",
+        "60",
+    ]
     done = subprocess.run(torchrun, env=cli_env(), timeout=300, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     a, b = json.loads(one.read_text()), json.loads(two.read_text())
@@ -267,10 +298,25 @@ def test_two_torchrun_ranks_give_the_one_process_table(tmp_path):
 def test_ranks_that_cannot_reach_each_other_exit_2_and_write_nothing(tmp_path):
     prompts = write_prompts(tmp_path / "p.txt", PROMPTS[:2])
     out = tmp_path / "t.json"
-    env = cli_env(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                  MASTER_PORT=str(free_port()))  # nobody listens there  # fmt: skip
-    cmd = [sys.executable, "-m", "headlab.cli", "heads", "--prompts", str(prompts),
-           "--out", str(out), "--dist-timeout", "2"]  # fmt: skip
+    env = cli_env(
+        RANK="1",
+        LOCAL_RANK="1",
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+    )  # nobody listens there
+    cmd = [
+        sys.executable,
+        "-m",
+        "headlab.cli",
+        "heads",
+        "--prompts",
+        str(prompts),
+        "--out",
+        str(out),
+        "--dist-timeout",
+        "2",
+    ]
     done = subprocess.run(cmd, env=env, timeout=120, capture_output=True, text=True)
     assert done.returncode == 2, done.stderr
     assert "rank 1 of 2 could not reach the other ranks at 127.0.0.1" in done.stderr

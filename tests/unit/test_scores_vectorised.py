@@ -307,8 +307,14 @@ def random_case(B: int, h: int, n: int, causal: bool, seed: int):
     return weights, targets
 
 
-CASES = [(1, 4, 9, True, 0), (2, 5, 17, False, 1), (3, 3, 30, True, 2), (1, 12, 64, False, 3),
-         (2, 7, 40, True, 4), (1, 2, 2, True, 5)]  # fmt: skip
+CASES = [
+    (1, 4, 9, True, 0),
+    (2, 5, 17, False, 1),
+    (3, 3, 30, True, 2),
+    (1, 12, 64, False, 3),
+    (2, 7, 40, True, 4),
+    (1, 2, 2, True, 5),
+]
 
 
 @pytest.mark.parametrize(("B", "h", "n", "causal", "seed"), CASES)
@@ -342,8 +348,9 @@ def test_a_type_with_no_row_anywhere_scores_zero():
     masses = stacked_masses(A, targets_of(tokens, True).stack)
     assert torch.equal(masses["induction"], torch.zeros(3))
     assert torch.equal(masses["duplicate"], torch.zeros(3))
-    assert torch.allclose(masses["rest:induction"], reference_mass(A[..., :1],
-                          torch.ones(2, 10, 1)), atol=1e-6)  # fmt: skip
+    assert torch.allclose(
+        masses["rest:induction"], reference_mass(A[..., :1], torch.ones(2, 10, 1)), atol=1e-6
+    )
 
 
 def test_double_precision_weights_are_scored_too():

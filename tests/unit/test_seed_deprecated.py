@@ -76,10 +76,15 @@ def test_a_seed_warns_naming_the_function_and_changes_nothing(default, repeat, t
             assert all(torch.equal(seeded[k], plain[k]) for k in plain), name
 
 
-@pytest.mark.parametrize("args", [
-    ["heads"], ["heads", "--evidence"], ["heads", "--seed", "3", "--probe", "random-repeat"],
-    ["circuit", "--seed", "2"],
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["heads"],
+        ["heads", "--evidence"],
+        ["heads", "--seed", "3", "--probe", "random-repeat"],
+        ["circuit", "--seed", "2"],
+    ],
+)
 def test_the_command_line_passes_no_seed_the_library_would_ignore(args, default, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
@@ -93,8 +98,20 @@ def test_the_random_repeat_probe_still_follows_the_seed():
     runner = CliRunner()
     got = {}
     for seed in (3, 3, 4):
-        result = runner.invoke(app, ["heads", "--model", "default", "--probe", "random-repeat",
-                                     "--seed", str(seed), "--json", "--no-floors"])  # fmt: skip
+        result = runner.invoke(
+            app,
+            [
+                "heads",
+                "--model",
+                "default",
+                "--probe",
+                "random-repeat",
+                "--seed",
+                str(seed),
+                "--json",
+                "--no-floors",
+            ],
+        )
         assert result.exit_code == 0, result.output
         got.setdefault(seed, []).append(json.loads(result.stdout)["ids"])
     assert got[3][0] == got[3][1] and got[3][0] != got[4][0]

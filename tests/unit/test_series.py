@@ -33,20 +33,35 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("induction-run")
     cfg = LIVE
     task = RepeatTask(cfg.vocab_size, cfg.seq_len, cfg.min_span, cfg.max_span)
-    config = replace(train_config(cfg, 0), steps=300, checkpoint_every=100, keep_checkpoints=3,
-                     eval_every=100, log_every=100)  # fmt: skip
+    config = replace(
+        train_config(cfg, 0),
+        steps=300,
+        checkpoint_every=100,
+        keep_checkpoints=3,
+        eval_every=100,
+        log_every=100,
+    )
     data = held_out(cfg, 0)
     with one_thread():
-        result = train(make_model(cfg, 2, seed=0), config, lambda g: task.batch(cfg.batch_size, g),
-                       evaluate=lambda m, step: metrics(m, data)[0], out_dir=out)  # fmt: skip
+        result = train(
+            make_model(cfg, 2, seed=0),
+            config,
+            lambda g: task.batch(cfg.batch_size, g),
+            evaluate=lambda m, step: metrics(m, data)[0],
+            out_dir=out,
+        )
     evals = {r["step"]: r for r in result.records("eval")}
     return out, evals, data.ceiling
 
 
 def induction_heads(record: dict, ceiling: float) -> set[tuple[int, int]]:
     """The experiment's rule: an induction score of at least half the ideal head's."""
-    return {(l, h) for l, layer in enumerate(record["induction"]) for h, v in enumerate(layer)
-            if v >= 0.5 * ceiling}  # fmt: skip
+    return {
+        (l, h)
+        for l, layer in enumerate(record["induction"])
+        for h, v in enumerate(layer)
+        if v >= 0.5 * ceiling
+    }
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +74,16 @@ def compared(run):
 def test_induction_heads_appear_between_two_checkpoints(run, compared):
     _, evals, ceiling = run
     assert [n.rsplit("@", 1)[1] for n in compared.names] == [
-        "step-000100", "step-000200", "step-000300"]  # fmt: skip
+        "step-000100",
+        "step-000200",
+        "step-000300",
+    ]
     before, after = induction_heads(evals[200], ceiling), induction_heads(evals[300], ceiling)
     assert not before and after  # the experiment's own measurement: formed in between
     labels = compared.labels()
-    found = [{compared.heads[i] for i, label in enumerate(row) if label == "induction"}
-             for row in labels]  # fmt: skip
+    found = [
+        {compared.heads[i] for i, label in enumerate(row) if label == "induction"} for row in labels
+    ]
     assert found[0] == found[1] == set() and found[2] == after
     assert after <= set(compared.changed())
     scores = compared.scores("induction")  # (C, L, h)
@@ -78,9 +97,25 @@ def test_the_cli_prints_the_series_as_json_and_draws_the_figure(run, compared, t
     steps = [str(out / "checkpoints" / s) for s in ("step-000100", "step-000300")]
     png = tmp_path / "series.png"
     env = os.environ | {"PYTHONPATH": str(SRC)}
-    done = subprocess.run([sys.executable, "-m", "headlab.cli", "compare", "--model", steps[0],
-                           "--model", steps[1], "--json", "--png", str(png)], capture_output=True,
-                          text=True, env=env, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "headlab.cli",
+            "compare",
+            "--model",
+            steps[0],
+            "--model",
+            steps[1],
+            "--json",
+            "--png",
+            str(png),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     body = json.loads(done.stdout)
     assert body["checkpoints"] == steps and body["probe"] == "random-repeat"
@@ -133,6 +168,7 @@ def test_different_architectures_and_short_series_are_refused(run, tmp_path):
     result = CliRunner().invoke(app, ["compare", "--model", step, "--model", str(other)])
     assert result.exit_code == 2 and "one architecture" in result.stderr
     assert "Traceback" not in result.output
-    result = CliRunner().invoke(app, ["compare", "--model", step, "--model", step,
-                                      "--probe", "repeat"])  # fmt: skip
+    result = CliRunner().invoke(
+        app, ["compare", "--model", step, "--model", step, "--probe", "repeat"]
+    )
     assert result.exit_code == 2 and "has no tokenizer" in result.stderr

@@ -157,8 +157,13 @@ def test_a_real_chunked_upload_over_the_limit_is_413() -> None:
     with running(create_app(preload=()), sock) as (host, port):
         conn = http.client.HTTPConnection(host, port, timeout=30)
         body = (b"x" * 8192 for _ in range(MAX_BODY_BYTES // 8192 + 2))
-        conn.request("POST", "/api/shapes", body=body, encode_chunked=True,
-                     headers={"content-type": "application/json"})  # fmt: skip
+        conn.request(
+            "POST",
+            "/api/shapes",
+            body=body,
+            encode_chunked=True,
+            headers={"content-type": "application/json"},
+        )
         r = conn.getresponse()
         assert r.status == 413 and _secure(dict(r.getheaders()))
         assert re.search(rb"larger than \d+ bytes", r.read())
@@ -264,8 +269,11 @@ def test_serve_answers_one_host_header_of_its_own_and_head_like_get(monkeypatch)
     result, seen = _serve_cli(monkeypatch, "--port", "0", ask=ask)
     assert result.exit_code == 0, result.output
     asked = seen["asked"]
-    for refused, needle in (("two", b"2 Host headers"), ("testserver", b"'testserver'"),
-                            ("none", b"without a Host header")):  # fmt: skip
+    for refused, needle in (
+        ("two", b"2 Host headers"),
+        ("testserver", b"'testserver'"),
+        ("none", b"without a Host header"),
+    ):
         status, headers, body = asked[refused]
         assert status == 400 and _secure(headers), refused
         assert headers["content-type"] == "application/json" and needle in body, body
@@ -303,11 +311,18 @@ def served(tmp_path_factory) -> Iterator[tuple[int, int]]:
     import headlab
 
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = {**os.environ, "PYTHONPATH": str(Path(headlab.__file__).parents[1]),
-           "HEADLAB_CLIENT_TIMEOUT": str(CLIENT_TIMEOUT)}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(headlab.__file__).parents[1]),
+        "HEADLAB_CLIENT_TIMEOUT": str(CLIENT_TIMEOUT),
+    }
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-c", SERVE_WITH_FILE_LIMIT],
-                                env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SERVE_WITH_FILE_LIMIT],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline, port = time.monotonic() + 120, None
         while port is None or _answer("127.0.0.1", port, _get(port))[0] != 200:
@@ -356,8 +371,10 @@ def test_half_sent_idle_and_trickling_clients_are_closed_within_the_timeout(serv
 
     pid, port = served
     before = _open_files(pid)
-    head = (f"POST /api/shapes HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{").encode()  # fmt: skip
+    head = (
+        f"POST /api/shapes HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+    ).encode()
     kinds: dict[socket.socket, str] = {}
     try:
         for kind in ("body",) * 50 + ("idle",) * 50 + ("trickle",) * 10:
@@ -459,8 +476,13 @@ def test_make_serve_installs_what_serving_needs_and_make_test_the_development_se
     root = Path(__file__).resolve().parents[2]
 
     def plan(target: str) -> str:
-        done = subprocess.run([make, "-n", target, f"VENV={tmp_path / 'venv'}"], cwd=root,
-                              capture_output=True, text=True, check=True)  # fmt: skip
+        done = subprocess.run(
+            [make, "-n", target, f"VENV={tmp_path / 'venv'}"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return done.stdout
 
     serve, test = plan("serve"), plan("test")

@@ -376,9 +376,19 @@ def test_heads_and_attention_carry_the_models_layout() -> None:
 
     from headlab.model import ModelConfig, Transformer
 
-    config = ModelConfig(vocab_size=64, d_model=16, n_layers=3, n_heads=4, n_kv_heads=2,
-                         max_len=24, norm="none", attn_only=True, positional="rotary",
-                         sliding_window=3, local_layers=(0, 2))  # fmt: skip
+    config = ModelConfig(
+        vocab_size=64,
+        d_model=16,
+        n_layers=3,
+        n_heads=4,
+        n_kv_heads=2,
+        max_len=24,
+        norm="none",
+        attn_only=True,
+        positional="rotary",
+        sliding_window=3,
+        local_layers=(0, 2),
+    )
     torch.manual_seed(0)
     model = Transformer(config).eval()
     with TestClient(create_app(preload=())) as c:
@@ -462,10 +472,17 @@ def test_models_lists_the_zoo(client: TestClient) -> None:
     assert set(sizes) <= {m["name"] for m in rows if m["available"]}
     if any(m["name"] == "default" and m["available"] for m in rows):
         c = zoo.load("default")[0].config
-        assert sizes["default"] == {"d_model": c.d_model, "n_heads": c.n_heads,
-                                    "n_kv_heads": c.n_kv_heads, "n_layers": c.n_layers,
-                                    "context": c.max_len, "bias": c.bias, "d_k": None,
-                                    "window": None, "local_layers": []}  # fmt: skip
+        assert sizes["default"] == {
+            "d_model": c.d_model,
+            "n_heads": c.n_heads,
+            "n_kv_heads": c.n_kv_heads,
+            "n_layers": c.n_layers,
+            "context": c.max_len,
+            "bias": c.bias,
+            "d_k": None,
+            "window": None,
+            "local_layers": [],
+        }
 
 
 def test_model_sizes_carry_a_head_width_and_windows_and_the_calculator_takes_them(
@@ -478,9 +495,20 @@ def test_model_sizes_carry_a_head_width_and_windows_and_the_calculator_takes_the
     from headlab.model import ModelConfig, Transformer
     from headlab.server.store import _sizes
 
-    c = ModelConfig(vocab_size=32, d_model=640, n_layers=6, n_heads=4, n_kv_heads=1,
-                    head_dim=256, bias=False, max_len=1024, sliding_window=512,
-                    local_layers=(0, 1, 2, 3, 4), positional="rotary", attn_only=True)  # fmt: skip
+    c = ModelConfig(
+        vocab_size=32,
+        d_model=640,
+        n_layers=6,
+        n_heads=4,
+        n_kv_heads=1,
+        head_dim=256,
+        bias=False,
+        max_len=1024,
+        sliding_window=512,
+        local_layers=(0, 1, 2, 3, 4),
+        positional="rotary",
+        attn_only=True,
+    )
     z = _sizes(SimpleNamespace(model_config=lambda name: c), "gemma-like")
     assert z is not None and (z["d_k"], z["window"], z["local_layers"]) == (
         256,
@@ -673,11 +701,17 @@ def test_a_chunked_body_over_the_limit_is_413(client: TestClient) -> None:
             yield b"x" * 4096
         yield b'"}'
 
-    r = client.post("/api/shapes", content=chunks(MAX_BODY_BYTES + 8192),
-                    headers={"content-type": "application/json"})  # fmt: skip
+    r = client.post(
+        "/api/shapes",
+        content=chunks(MAX_BODY_BYTES + 8192),
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 413 and str(MAX_BODY_BYTES) in r.json()["detail"]
-    small = client.post("/api/shapes", content=iter([b'{"d_model"', b": 64}"]),
-                        headers={"content-type": "application/json"})  # fmt: skip
+    small = client.post(
+        "/api/shapes",
+        content=iter([b'{"d_model"', b": 64}"]),
+        headers={"content-type": "application/json"},
+    )
     assert small.status_code == 200 and small.json()["config"]["d_model"] == 64
 
 

@@ -56,11 +56,14 @@ def test_exact_heads_come_back_beside_the_estimate(client: TestClient) -> None:
     assert got["ablation"]["method"] == "attribution" and "exact" in got["heads"][0]["ablation"]
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    ({"exact": True}, 'add "evidence": true'),
-    ({"evidence": True, "exact": [[0, 9]]}, "layers 0..1 and heads 0..7"),
-    ({"evidence": True, "exact": "some"}, "exact"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"exact": True}, 'add "evidence": true'),
+        ({"evidence": True, "exact": [[0, 9]]}, "layers 0..1 and heads 0..7"),
+        ({"evidence": True, "exact": "some"}, "exact"),
+    ],
+)
 def test_a_bad_exact_is_a_422_naming_the_field(client: TestClient, body, message) -> None:
     r = client.post("/api/heads", json={"model": "default", **body})
     detail = r.json()["detail"]

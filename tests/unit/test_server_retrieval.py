@@ -52,9 +52,14 @@ def test_the_needle_answer_is_the_probe_scored_directly(client: TestClient) -> N
 
 @pytest.mark.parametrize(
     ("payload", "field"),
-    [({"depth": 1.5}, "depth"), ({"seed": "1"}, "seed"), ({"seed": -1}, "seed"),
-     ({"model": "../x"}, "model"), ({"depths": 0.5}, "depths")],
-)  # fmt: skip
+    [
+        ({"depth": 1.5}, "depth"),
+        ({"seed": "1"}, "seed"),
+        ({"seed": -1}, "seed"),
+        ({"model": "../x"}, "model"),
+        ({"depths": 0.5}, "depths"),
+    ],
+)
 def test_bad_needle_requests_name_the_field(client: TestClient, payload: dict, field: str) -> None:
     got = client.post("/api/retrieval/needle", json=payload)
     assert got.status_code == 422
@@ -83,9 +88,23 @@ def test_heads_takes_the_needle_probe_as_the_cli_does(client: TestClient) -> Non
     assert got.status_code == 200, got.text
     body = got.json()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    done = subprocess.run([sys.executable, "-m", "headlab.cli", "heads", "--model", "default",
-                           "--probe", "needle", "--json"], capture_output=True, text=True,
-                          env=env, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "headlab.cli",
+            "heads",
+            "--model",
+            "default",
+            "--probe",
+            "needle",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     cli = json.loads(done.stdout)
     assert body["probe"] == cli["probe"] == "needle"
@@ -118,11 +137,13 @@ def test_the_probe_list_offers_the_needle_to_the_head_viewer(client: TestClient)
 
 @pytest.mark.parametrize(
     ("endpoint", "payload", "words"),
-    [("/api/heads", {"probe": "needles"}, ["repeat", "random-repeat", "text", "needle"]),
-     ("/api/attention", {"probe": "needle"}, ["repeat", "random-repeat", "text"]),
-     ("/api/heads", {"probe": "needle", "text": "hi"}, ["takes no text"]),
-     ("/api/heads", {"probe": "needle", "evidence": True}, ["evidence", "masking"])],
-)  # fmt: skip
+    [
+        ("/api/heads", {"probe": "needles"}, ["repeat", "random-repeat", "text", "needle"]),
+        ("/api/attention", {"probe": "needle"}, ["repeat", "random-repeat", "text"]),
+        ("/api/heads", {"probe": "needle", "text": "hi"}, ["takes no text"]),
+        ("/api/heads", {"probe": "needle", "evidence": True}, ["evidence", "masking"]),
+    ],
+)
 def test_bad_probe_names_get_a_422_listing_the_valid_ones(
     client: TestClient, endpoint: str, payload: dict, words: list[str]
 ) -> None:

@@ -43,8 +43,13 @@ def test_weights_survive_the_uint16_encoding_to_four_decimals() -> None:
 def test_bundle_orders_modules_after_their_imports_and_leaves_no_module_syntax() -> None:
     order = S._module_order("standalone")
     assert order[-1] == "standalone"
-    for before, after in [("dom", "figures"), ("colour", "figures"), ("figures", "headview"),
-                          ("layer-diagram", "standalone"), ("dom", "layer-diagram")]:  # fmt: skip
+    for before, after in [
+        ("dom", "figures"),
+        ("colour", "figures"),
+        ("figures", "headview"),
+        ("layer-diagram", "standalone"),
+        ("dom", "layer-diagram"),
+    ]:
         assert order.index(before) < order.index(after)
     assert "api" in order  # via shapes-widget; it only defines functions, nothing runs
     text = S.bundle()

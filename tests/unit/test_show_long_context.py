@@ -17,9 +17,11 @@ def test_retrieval_and_sinks_views_render_in_a_notebook() -> None:
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("from headlab.show import retrieval_view, sinks_view"),
-                nbformat.v4.new_code_cell("retrieval_view()"),
-                nbformat.v4.new_code_cell("sinks_view()")]  # fmt: skip
+    nb.cells = [
+        nbformat.v4.new_code_cell("from headlab.show import retrieval_view, sinks_view"),
+        nbformat.v4.new_code_cell("retrieval_view()"),
+        nbformat.v4.new_code_cell("sinks_view()"),
+    ]
     nbclient.NotebookClient(nb, timeout=300, kernel_name="python3").execute()
     for cell, name in zip(nb.cells[1:], ("retrieval", "sinks"), strict=True):
         shown = [o for o in cell.outputs if o.get("output_type") == "execute_result"]

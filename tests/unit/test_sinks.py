@@ -22,8 +22,16 @@ ROOT = Path(__file__).resolve().parents[2]
 def tiny(**overrides: object) -> Transformer:
     """A random rotary GQA model with MLPs, in float64 so that comparisons are tight."""
     torch.manual_seed(0)
-    fields: dict = dict(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                        max_len=16, positional="rotary", init_std=0.3)  # fmt: skip
+    fields: dict = dict(
+        vocab_size=40,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        max_len=16,
+        positional="rotary",
+        init_std=0.3,
+    )
     fields.update(overrides)
     return Transformer(ModelConfig(**fields)).double().eval()
 
@@ -150,14 +158,29 @@ def test_sink_cache_refuses_what_it_cannot_do() -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run([sys.executable, "-m", "headlab.cli", *args], capture_output=True,
-                          text=True, env=env, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "headlab.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def test_generate_cli_streams_past_the_default_models_context() -> None:
     """The default model's context is 64 tokens; with --window it writes 100 past a long prompt."""
-    done = _cli("generate", "--prompt", "To be, or not to be: " * 8, "--max-new-tokens", "100",
-                "--window", "32", "--sinks", "4", "--json")  # fmt: skip
+    done = _cli(
+        "generate",
+        "--prompt",
+        "To be, or not to be: " * 8,
+        "--max-new-tokens",
+        "100",
+        "--window",
+        "32",
+        "--sinks",
+        "4",
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     import json
 

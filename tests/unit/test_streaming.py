@@ -22,8 +22,16 @@ from headlab.model import ModelConfig, Transformer
 
 def random_model(causal: bool) -> Transformer:
     """3 layers of 4 query heads sharing 2 key/value heads, rotary, with large random weights."""
-    cfg = ModelConfig(vocab_size=50, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2,
-                      positional="rotary", causal=causal, max_len=64)  # fmt: skip
+    cfg = ModelConfig(
+        vocab_size=50,
+        d_model=32,
+        n_layers=3,
+        n_heads=4,
+        n_kv_heads=2,
+        positional="rotary",
+        causal=causal,
+        max_len=64,
+    )
     model = Transformer(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():

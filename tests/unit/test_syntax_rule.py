@@ -55,8 +55,7 @@ def test_both_directions_equal_clarks_predictor(seed):
     each direction equals Clark et al.'s code ported literally."""
     sents = random_sentences(seed)
     gen = torch.Generator().manual_seed(seed)
-    maps = [torch.rand(1, 3, len(s.words), len(s.words), generator=gen).softmax(-1)
-            for s in sents]  # fmt: skip
+    maps = [torch.rand(1, 3, len(s.words), len(s.words), generator=gen).softmax(-1) for s in sents]
     accuracy, _, _ = score_arcs([both_predictions(m) for m in maps], sents)
     for head in range(3):
         for direction, mode in enumerate(("normal", "transpose")):
@@ -111,8 +110,9 @@ def test_words_without_a_token_of_their_own_are_left_out():
     text = "I cannot go home."
     words = ["I", "can", "not", "go", "home", "."]
     spans = [(0, 1), (2, 5), (5, 8), (9, 11), (12, 16), (16, 17)]
-    s = Sentence(text, words, spans, [3, 3, 3, -1, 3, 3], ["nsubj", "aux", "neg", "ROOT",
-                                                            "advmod", "punct"])  # fmt: skip
+    s = Sentence(
+        text, words, spans, [3, 3, 3, -1, 3, 3], ["nsubj", "aux", "neg", "ROOT", "advmod", "punct"]
+    )
     model = Transformer(ModelConfig(vocab_size=8, d_model=16, n_layers=1, n_heads=2, max_len=8))
     report = syntax.analyse_syntax(model, WordTokenizer(["I", "cannot", "go", "home", "."]), [s])
     assert report.counts == {"nsubj": 1, "aux": 1, "advmod": 1}

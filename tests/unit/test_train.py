@@ -226,8 +226,13 @@ def test_metrics_file_and_log_reporter(tmp_path: Path) -> None:
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert records == result.history
     assert [(r["kind"], r["step"]) for r in records] == [
-        ("eval", 0), ("train", 5), ("eval", 6), ("train", 10), ("train", 12), ("eval", 12),
-    ]  # fmt: skip
+        ("eval", 0),
+        ("train", 5),
+        ("eval", 6),
+        ("train", 10),
+        ("train", 12),
+        ("eval", 12),
+    ]
     text = stream.getvalue()
     assert "step 5/12" in text and "steps/s" in text and "eta" in text and "step 12/12" in text
 
@@ -321,8 +326,9 @@ def test_a_stop_token_ends_the_run_after_the_step_and_resume_finishes_it(tmp_pat
     train(whole, _config(), batches, out_dir=tmp_path / "whole")
     token = StopToken()
     cut = _StopAt(token, 10)
-    result = train(make_model(0), _config(), batches, out_dir=tmp_path / "cut", reporter=cut,
-                   stop=token)  # fmt: skip
+    result = train(
+        make_model(0), _config(), batches, out_dir=tmp_path / "cut", reporter=cut, stop=token
+    )
     assert (result.step, result.stopped, result.interrupted) == (10, "cancelled", False)
     assert latest_checkpoint(tmp_path / "cut").name == "step-000010"
     resumed = make_model(5)
@@ -493,8 +499,9 @@ def test_resume_refuses_another_runs_settings(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=r"steps: 14 in the checkpoint, 30 now"):
         train(make_model(0), _config(steps=30), batches, out_dir=tmp_path, resume=True)
     # bookkeeping may change: evaluating more often does not alter the weights
-    done = train(make_model(0), _config(steps=14, eval_every=3), batches, out_dir=tmp_path,
-                 resume=True)  # fmt: skip
+    done = train(
+        make_model(0), _config(steps=14, eval_every=3), batches, out_dir=tmp_path, resume=True
+    )
     assert done.step == 14 and not done.interrupted
 
 

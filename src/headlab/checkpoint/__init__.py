@@ -96,8 +96,11 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     root = checkpoint_dir(out_dir)
     named = _named_by_latest(root)
     after = -1 if named is None else _step(named.name)
-    newer = sorted((p for p in root.glob("step-*") if p.is_dir() and _step(p.name) > after),
-                   key=lambda p: _step(p.name), reverse=True)  # fmt: skip
+    newer = sorted(
+        (p for p in root.glob("step-*") if p.is_dir() and _step(p.name) > after),
+        key=lambda p: _step(p.name),
+        reverse=True,
+    )
     for folder in newer:
         try:
             read_checkpoint(folder)

@@ -80,15 +80,21 @@ def print_circuit(model: str, d: dict[str, Any]) -> None:
     prev = ", ".join(f"{_head(p['head'])} ({p['score']:.2f})" for p in d["previous"]) or "none"
     ind = ", ".join(f"{_head(p['head'])} ({p['score']:.2f})" for p in d["induction"]) or "none"
     console.print(f"{model}: previous-token heads {prev}; induction heads {ind}", highlight=False)
-    console.print(f"K-composition floor (random matrices): {d['k_floor']:.3f}; feeders "
-                  f"ablated by their {d['ablation']}", highlight=False)  # fmt: skip
+    console.print(
+        f"K-composition floor (random matrices): {d['k_floor']:.3f}; feeders "
+        f"ablated by their {d['ablation']}",
+        highlight=False,
+    )
     for e in d["edges"]:
         s = e.get("induction_score")
         ablated = f"{s['clean']:.2f} → {s['ablated']:.2f}" if s else "not measured"
         mark = "drawn" if e["drawn"] else "not drawn"
-        console.print(f"  {_head(e['from'])} → {_head(e['to'])}: K-composition "
-                      f"{e['k_composition']:.3f}, induction score with the feeder ablated "
-                      f"{ablated} ({mark})", highlight=False)  # fmt: skip
+        console.print(
+            f"  {_head(e['from'])} → {_head(e['to'])}: K-composition "
+            f"{e['k_composition']:.3f}, induction score with the feeder ablated "
+            f"{ablated} ({mark})",
+            highlight=False,
+        )
     if not d["edges"]:
         console.print("  no previous-token head precedes an induction head: no edge")
     console.print(f"{d['forwards']} forward passes; {_timings(d['seconds'])}", highlight=False)
@@ -99,9 +105,11 @@ def print_evidence(d: dict[str, Any]) -> None:
     to_dict`), then what the evidence cost."""
     for h in d["heads"]:
         console.print(f"{h['layer']}.{h['head']} {h['label']}: {h['evidence']}", highlight=False)
-    console.print(f"baselines: random weights and shuffled tokens, seeds {d['baseline_seeds']}, "
-                  f"labels ≥ mean + {d['k']:g} sd; {ablation_cost(d)}; {_timings(d['seconds'])}",
-                  highlight=False)  # fmt: skip
+    console.print(
+        f"baselines: random weights and shuffled tokens, seeds {d['baseline_seeds']}, "
+        f"labels ≥ mean + {d['k']:g} sd; {ablation_cost(d)}; {_timings(d['seconds'])}",
+        highlight=False,
+    )
 
 
 def _timings(seconds: dict[str, float]) -> str:
@@ -119,14 +127,18 @@ def ablation_cost(d: dict[str, Any]) -> str:
 
     def passes(p: dict[str, Any]) -> str:
         back = f" and {p['backwards']} backward" if p.get("backwards") else ""
-        return (f"{p['forwards']} forward{back} passes ({p['model_passes']} whole-model "
-                "forward equivalents)")  # fmt: skip
+        return (
+            f"{p['forwards']} forward{back} passes ({p['model_passes']} whole-model "
+            "forward equivalents)"
+        )
 
     if a["method"] == "exact":
         return f"{a['heads']} heads ablated exactly ({a['mode']}) in {passes(a)}"
     path = "" if a["steps"] == 1 else f", {a['steps']} points along each {a['per']}'s path"
-    said = (f"{a['heads']} heads' ablation effects ({a['mode']}) estimated by attribution "
-            f"patching{path} from {passes(a)}")  # fmt: skip
+    said = (
+        f"{a['heads']} heads' ablation effects ({a['mode']}) estimated by attribution "
+        f"patching{path} from {passes(a)}"
+    )
     if not exact:
         return said
     return f"{said}, then {exact['heads']} of them ablated exactly in {passes(exact)}"
@@ -146,17 +158,34 @@ def check_exact(exact: Any, L: int, h: int) -> None:
     """Exit 2 when --exact names a head the model does not have."""
     for pair in exact if isinstance(exact, list) else []:
         if len(pair) != 2 or not (0 <= pair[0] < L and 0 <= pair[1] < h):
-            raise fail(f"--exact {'.'.join(map(str, pair))}: this model has layers "
-                       f"0..{L - 1} and heads 0..{h - 1}")  # fmt: skip
+            raise fail(
+                f"--exact {'.'.join(map(str, pair))}: this model has layers "
+                f"0..{L - 1} and heads 0..{h - 1}"
+            )
 
 
-def run_evidence(m: Any, p: Any, mode: Any, content: bool, keep: Any, margins: Any,
-                 ruled: bool, exact: Any = None) -> Any:  # fmt: skip
+def run_evidence(
+    m: Any,
+    p: Any,
+    mode: Any,
+    content: bool,
+    keep: Any,
+    margins: Any,
+    ruled: bool,
+    exact: Any = None,
+) -> Any:
     """:func:`headlab.heads.evidence.evidence` with a progress bar, a step per stage."""
     from headlab.heads.evidence import STAGES, evidence
 
     with progress_bar() as bar:
-        return evidence(m, p, mode, content=content, keep=keep, syntactic=margins,
-                        label_syntactic=ruled, exact=exact,
-                        progress=lambda stage: bar(STAGES.index(stage), len(STAGES),
-                                                   "evidence"))  # fmt: skip
+        return evidence(
+            m,
+            p,
+            mode,
+            content=content,
+            keep=keep,
+            syntactic=margins,
+            label_syntactic=ruled,
+            exact=exact,
+            progress=lambda stage: bar(STAGES.index(stage), len(STAGES), "evidence"),
+        )

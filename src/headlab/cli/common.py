@@ -43,8 +43,12 @@ def progress_bar() -> Iterator[Callable[[int, int, str], None]]:
     process that never calls it draws nothing) and cleared at the end; on a terminal only."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TimeElapsedColumn
 
-    columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())  # fmt: skip
+    columns = (
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
     bar = Progress(*columns, console=err_console, transient=True)
     tasks: list[TaskID] = []
 
@@ -73,8 +77,12 @@ def fetch_with_progress(name: str) -> None:
 
     from headlab import zoo
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())  # fmt: skip
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
     damage = zoo.cache_damage(name)
     if damage is not None:  # said before the fetch that converts it again
         err_console.print(f"{damage}; converting it again", highlight=False, soft_wrap=True)

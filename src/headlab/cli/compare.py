@@ -56,9 +56,13 @@ def compare_command(
 
 
 def _series(
-    models: list[str], probe: str, text: str | None, tokenizer: str | None, seed: int,
+    models: list[str],
+    probe: str,
+    text: str | None,
+    tokenizer: str | None,
+    seed: int,
     content: bool,
-) -> Any:  # fmt: skip
+) -> Any:
     """The series of ``models`` analysed on one probe (exit 2 with a sentence on bad input)."""
     from headlab import series, zoo
 
@@ -80,11 +84,19 @@ def _print_table(series: Any, score: str) -> None:
     from rich.table import Table
 
     values, labels, changed = series.scores(score).flatten(1), series.labels(), series.changed()
-    table = Table("head", *series.names, "changed", title=f"{score} score and label, "
-                  f"{series.probe} probe", box=None, padding=(0, 1, 0, 0))  # fmt: skip
+    table = Table(
+        "head",
+        *series.names,
+        "changed",
+        title=f"{score} score and label, {series.probe} probe",
+        box=None,
+        padding=(0, 1, 0, 0),
+    )
     for i, (layer, head) in enumerate(series.heads):
         cells = [f"{labels[c][i]} {values[c, i]:.2f}" for c in range(len(series.names))]
         table.add_row(f"{layer}.{head}", *cells, "yes" if (layer, head) in changed else "")
     console.print(table)
-    console.print(f"{len(changed)} of {len(series.heads)} heads change label along the series",
-                  highlight=False)  # fmt: skip
+    console.print(
+        f"{len(changed)} of {len(series.heads)} heads change label along the series",
+        highlight=False,
+    )

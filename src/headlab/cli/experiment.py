@@ -90,8 +90,9 @@ def _check_model(experiment: Any, model: str) -> None:
     from headlab.experiments.registry import check_model
 
     if "model" not in experiment.options:
-        raise fail(f"--model is for the retrieval experiment; {experiment.name} runs its own "
-                   "models")  # fmt: skip
+        raise fail(
+            f"--model is for the retrieval experiment; {experiment.name} runs its own models"
+        )
     try:
         check_model(experiment, model)
     except ValueError as exc:
@@ -172,8 +173,7 @@ def _verify_seeds(name: str, not_a_rerun: bool, threads: int | None) -> tuple[in
             "--verify reruns the shipped induction run: `headlab experiment induction --verify`"
         )
     if threads not in (None, 1):
-        raise fail("--verify reruns the shipped run on one thread, as it was made; "
-                   "drop --threads")  # fmt: skip
+        raise fail("--verify reruns the shipped run on one thread, as it was made; drop --threads")
     return _shipped_seeds(name)
 
 
@@ -216,8 +216,11 @@ def _print_event(event: Any) -> None:
         )
     elif isinstance(event, PhaseChange):
         lo, hi = event.phase_change["window"]
-        err_console.print(f"phase change detected at step {event.step}: window {lo}–{hi}",
-                          highlight=False, soft_wrap=True)  # fmt: skip
+        err_console.print(
+            f"phase change detected at step {event.step}: window {lo}–{hi}",
+            highlight=False,
+            soft_wrap=True,
+        )
     elif isinstance(event, Verdict):
         err_console.print(
             f"{event.n_layers} layer(s): {event.text}",

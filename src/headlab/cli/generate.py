@@ -48,14 +48,16 @@ def generate(
 
     ensure_fetched(model)
     try:
-        result, report = _continue(model, prompt, max_new_tokens, temperature, top_k, seed,
-                                   show_heads, stream)  # fmt: skip
+        result, report = _continue(
+            model, prompt, max_new_tokens, temperature, top_k, seed, show_heads, stream
+        )
     except ValueError as exc:
         raise fail(str(exc)) from None
     if as_json:
         heads = {"heads": report.to_dict()} if report is not None else {}
-        typer.echo(json.dumps({"model": model, **result.to_dict(), **stream, **heads},
-                              ensure_ascii=False))  # fmt: skip
+        typer.echo(
+            json.dumps({"model": model, **result.to_dict(), **stream, **heads}, ensure_ascii=False)
+        )
         return
     console.print(f"[dim]{prompt}[/][bold]{result.text}[/]", highlight=False, markup=True)
     if report is not None:
@@ -93,8 +95,7 @@ def _continue(
     from headlab.generation import generate_text
 
     m, tokenizer = zoo.load(model)
-    result = generate_text(m, tokenizer, prompt, max_new_tokens, temperature, top_k, seed,
-                           **stream)  # fmt: skip
+    result = generate_text(m, tokenizer, prompt, max_new_tokens, temperature, top_k, seed, **stream)
     if not show_heads:
         return result, None
     from headlab.heads import analyse

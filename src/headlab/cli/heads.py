@@ -91,9 +91,16 @@ FLOORS_HELP = (
     "layer's random-weights floor (the same architecture with random weights, mean + 3 sd); "
     "--no-floors: thresholds alone, labels unchecked against chance (faster the first time)."
 )
-HtmlOut = Annotated[str | None, typer.Option("--html", help=(
-    "Also write the interactive head view and grid to one HTML file (opens from "
-    "file://, no server, no network)."))]  # fmt: skip
+HtmlOut = Annotated[
+    str | None,
+    typer.Option(
+        "--html",
+        help=(
+            "Also write the interactive head view and grid to one HTML file (opens from "
+            "file://, no server, no network)."
+        ),
+    ),
+]
 
 
 def heads(
@@ -147,14 +154,28 @@ def heads(
     load = _load_options(device, dtype, device_map, max_memory, offload_folder)
     if prompts is not None:
         where = Path(out) if out is not None else None
-        _heads_over_prompts(model, Path(prompts), where, content, load, dist_timeout, as_json,
-                            floors)  # fmt: skip
+        _heads_over_prompts(
+            model, Path(prompts), where, content, load, dist_timeout, as_json, floors
+        )
     else:
         text = _read_text_file(text_file) if text_file is not None else text
         html = Path(html_out) if html_out is not None else None
         rule = "labels" if syntax_labels else "scores" if syntax else ""
-        _heads_on_probe(model, text, probe or "repeat", show, seed, content, load, as_json,
-                        rule, html, mode, picked, floors)  # fmt: skip
+        _heads_on_probe(
+            model,
+            text,
+            probe or "repeat",
+            show,
+            seed,
+            content,
+            load,
+            as_json,
+            rule,
+            html,
+            mode,
+            picked,
+            floors,
+        )
 
 
 def _check_evidence(
@@ -162,8 +183,9 @@ def _check_evidence(
 ) -> Any:
     """--evidence's ablation mode (None without it) and --exact's heads, or exit 2 saying why."""
     if evidence and not floors:
-        raise fail("--evidence checks every label against its random-weights floor; leave out "
-                   "--no-floors")  # fmt: skip
+        raise fail(
+            "--evidence checks every label against its random-weights floor; leave out --no-floors"
+        )
     if evidence and prompts is not None:
         raise fail("--evidence backs the labels of one probe; leave it out with --prompts")
     if exact is not None and not evidence:
@@ -201,8 +223,10 @@ def _check_probe(
     given = "--text" if text is not None else "--text-file" if text_file is not None else None
     given = given or ("--prompts" if prompts is not None else None)
     if probe is not None and probe != "text" and given is not None:
-        raise fail(f"probe {probe!r} takes no text; leave out --probe to score {given}, or "
-                   f"leave out {given} to run the {probe} probe")  # fmt: skip
+        raise fail(
+            f"probe {probe!r} takes no text; leave out --probe to score {given}, or "
+            f"leave out {given} to run the {probe} probe"
+        )
     from headlab.measure import PROBES
 
     if probe is not None and probe not in (*PROBES, "needle"):
@@ -256,8 +280,12 @@ def _load_options(
     if device_map is None and max_memory is None and offload is None:
         return {**kinds, "device": dev}
     budget = _parse_max_memory(max_memory) if max_memory is not None else None
-    return {**kinds, "device_map": device_map or "auto", "max_memory": budget,
-            "offload_folder": offload}  # fmt: skip
+    return {
+        **kinds,
+        "device_map": device_map or "auto",
+        "max_memory": budget,
+        "offload_folder": offload,
+    }
 
 
 def _parse_max_memory(spec: str) -> dict:
@@ -308,12 +336,16 @@ def _heads_on_probe(
         m, tokenizer = zoo.load(model, **load)
         L, h = m.config.n_layers, m.config.n_heads
         if target is not None and not (0 <= target[0] < L and -1 <= target[1] < h):
-            raise fail(f"--show {show}: this model has layers 0..{L - 1} and heads 0..{h - 1}; "
-                       "L.avg draws layer L's averaged head")  # fmt: skip
+            raise fail(
+                f"--show {show}: this model has layers 0..{L - 1} and heads 0..{h - 1}; "
+                "L.avg draws layer L's averaged head"
+            )
         p, retrieval, needles = _probe(m, tokenizer, text, probe, seed)
         if needles and evidence is not None:
-            raise fail("--evidence backs the pattern probes' labels; the needle probe's are "
-                       "tested by masking: `headlab experiment retrieval`")  # fmt: skip
+            raise fail(
+                "--evidence backs the pattern probes' labels; the needle probe's are "
+                "tested by masking: `headlab experiment retrieval`"
+            )
         # the patterns of the other heads go, unless the HTML file draws them all
         keep = None if html is not None else {target} if target is not None else ()
         margins = _syntax_margins(m, tokenizer, model) if syntax else None
@@ -344,8 +376,10 @@ def _problem(exc: ValueError, evidence: str | None) -> str:
     from headlab.heads.baselines import FloorsDoNotFit
 
     if isinstance(exc, FloorsDoNotFit) and evidence is not None:
-        return (f"{exc.sizes()}: --evidence needs them; leave it out and add --no-floors to "
-                "label without them")  # fmt: skip
+        return (
+            f"{exc.sizes()}: --evidence needs them; leave it out and add --no-floors to "
+            "label without them"
+        )
     return str(exc)
 
 
@@ -363,8 +397,16 @@ def _probe(m: Any, tokenizer: Any, text: str | None, probe: str, seed: int) -> A
     return build_probe(name, tokenizer, m.config.max_len, m.config.vocab_size, text, seed), None, []
 
 
-def _analyse(m: Any, p: Any, content: bool, keep: Any, margins: Any, label_syntax: bool,
-             floors: bool = True, retrieval: Any = None) -> Any:  # fmt: skip
+def _analyse(
+    m: Any,
+    p: Any,
+    content: bool,
+    keep: Any,
+    margins: Any,
+    label_syntax: bool,
+    floors: bool = True,
+    retrieval: Any = None,
+) -> Any:
     """:func:`headlab.heads.baselines.label_heads` with a progress bar, a step per layer (of
     the random models too, the first time their floors are computed)."""
     from headlab.heads.baselines import label_heads
@@ -372,9 +414,17 @@ def _analyse(m: Any, p: Any, content: bool, keep: Any, margins: Any, label_synta
     what = f"{p.n} tokens, layer" + (" (3 random models' first, for the floors)" if floors else "")
     with progress_bar() as bar:
         bar(0, m.config.n_layers, what)
-        return label_heads(m, p, content=content, keep=keep, syntactic=margins,
-                           label_syntactic=label_syntax, floors=floors, retrieval=retrieval,
-                           progress=lambda done, total: bar(done, total, what))  # fmt: skip
+        return label_heads(
+            m,
+            p,
+            content=content,
+            keep=keep,
+            syntactic=margins,
+            label_syntactic=label_syntax,
+            floors=floors,
+            retrieval=retrieval,
+            progress=lambda done, total: bar(done, total, what),
+        )
 
 
 def _print_probe_report(report: Any, model: str, as_json: bool, extra: dict | None = None) -> None:
@@ -450,12 +500,22 @@ def _heads_over_prompts(
             def advance(done: int, total: int, ranks: scaling.Ranks) -> None:
                 if ranks.rank == 0:
                     what = " (then 3 random models' for the floors)" if floors else ""
-                    bar(done, total, (f"prompts (rank 0 of {ranks.world})" if ranks.world > 1
-                                      else "prompts") + what)  # fmt: skip
+                    bar(
+                        done,
+                        total,
+                        (f"prompts (rank 0 of {ranks.world})" if ranks.world > 1 else "prompts")
+                        + what,
+                    )
 
-            table, ranks = scaling.heads_over_prompts(model, prompts, content=content, load=load,
-                                                      timeout_s=timeout, progress=advance,
-                                                      floors=floors)  # fmt: skip
+            table, ranks = scaling.heads_over_prompts(
+                model,
+                prompts,
+                content=content,
+                load=load,
+                timeout_s=timeout,
+                progress=advance,
+                floors=floors,
+            )
     except ValueError as exc:
         raise fail(str(exc)) from None
     if ranks.rank == 0:

@@ -36,9 +36,11 @@ def serve(
     import os
 
     # the limits are settings the server reads from the environment when it is imported
-    for name, value in (("HEADLAB_MAX_TOKENS", max_tokens),
-                        ("HEADLAB_MAX_TEXT_CHARS", max_text_chars),
-                        ("HEADLAB_LIVE_THREADS", live_threads)):  # fmt: skip
+    for name, value in (
+        ("HEADLAB_MAX_TOKENS", max_tokens),
+        ("HEADLAB_MAX_TEXT_CHARS", max_text_chars),
+        ("HEADLAB_LIVE_THREADS", live_threads),
+    ):
         if value is not None:
             os.environ[name] = str(value)
     try:

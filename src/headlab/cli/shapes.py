@@ -106,8 +106,14 @@ def _print_report(r: Any, title: str) -> None:
     table = Table("stage", "symbolic", "concrete", "elements", "memory", "FLOPs", title=title)
     for st in r.stages:
         shape = "×".join(map(str, st.shape))
-        table.add_row(st.label, st.symbolic, shape, f"{st.elements:,}", format_bytes(st.bytes),
-                      f"{st.flops:,}" if st.flops else "")  # fmt: skip
+        table.add_row(
+            st.label,
+            st.symbolic,
+            shape,
+            f"{st.elements:,}",
+            format_bytes(st.bytes),
+            f"{st.flops:,}" if st.flops else "",
+        )
     params = Table("parameter", "symbolic", "concrete", "count")
     for pt in r.param_tensors:
         params.add_row(pt.name, pt.symbolic, "×".join(map(str, pt.shape)), f"{pt.count:,}")

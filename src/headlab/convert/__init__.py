@@ -51,7 +51,19 @@ from headlab.convert.shards import CheckpointState, checkpoint_config, convert_c
 from headlab.convert.weights import converted_tensors, fill, from_hf
 
 __all__ = [
-    "DEVICE_MAPS", "NO_SPLIT", "SUPPORTED", "CheckpointState", "bert_config", "checkpoint_config",
-    "convert_checkpoint", "converted_tensors", "device_placement", "dispatch", "fill", "from_hf",
-    "gpt2_config", "hf_config", "llama_config",
-]  # fmt: skip
+    "DEVICE_MAPS",
+    "NO_SPLIT",
+    "SUPPORTED",
+    "CheckpointState",
+    "bert_config",
+    "checkpoint_config",
+    "convert_checkpoint",
+    "converted_tensors",
+    "device_placement",
+    "dispatch",
+    "fill",
+    "from_hf",
+    "gpt2_config",
+    "hf_config",
+    "llama_config",
+]

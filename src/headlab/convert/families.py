@@ -105,22 +105,33 @@ def opt_config(c: Any) -> ModelConfig:
     (``word_embed_proj_dim``, OPT-350m), post-LN blocks, LayerNorms without gains or biases,
     and a removed final LayerNorm, none of which headlab computes."""
     if c.word_embed_proj_dim != c.hidden_size:
-        raise ValueError("OPT with word_embed_proj_dim unlike hidden_size (a projection around "
-                         "the embedding, as in OPT-350m) does not convert")  # fmt: skip
+        raise ValueError(
+            "OPT with word_embed_proj_dim unlike hidden_size (a projection around "
+            "the embedding, as in OPT-350m) does not convert"
+        )
     if not c.do_layer_norm_before or getattr(c, "_remove_final_layer_norm", False):
-        raise ValueError("OPT with post-LN blocks or no final LayerNorm does not convert; only "
-                         "do_layer_norm_before=True with the final LayerNorm")  # fmt: skip
+        raise ValueError(
+            "OPT with post-LN blocks or no final LayerNorm does not convert; only "
+            "do_layer_norm_before=True with the final LayerNorm"
+        )
     if not (c.enable_bias and c.layer_norm_elementwise_affine):
         raise ValueError("OPT without biases or LayerNorm gains does not convert")
     if c.activation_function not in _GPT2_ACT:
         raise ValueError(f"OPT activation {c.activation_function!r} is not supported")
     return ModelConfig(
-        vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
-        n_heads=c.num_attention_heads, d_ff=c.ffn_dim, max_len=c.max_position_embeddings,
-        positional="learned", norm="pre", norm_eps=1e-5, causal=True,
+        vocab_size=c.vocab_size,
+        d_model=c.hidden_size,
+        n_layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads,
+        d_ff=c.ffn_dim,
+        max_len=c.max_position_embeddings,
+        positional="learned",
+        norm="pre",
+        norm_eps=1e-5,
+        causal=True,
         activation=_GPT2_ACT[c.activation_function],  # type: ignore[arg-type]
         tie_embeddings=bool(c.tie_word_embeddings),
-    )  # fmt: skip
+    )
 
 
 def bert_config(c: Any) -> ModelConfig:
@@ -171,15 +182,27 @@ def llama_config(c: Any, family: str = "Llama", mlp_bias: bool | None = None) ->
     head_dim = _head_dim(c)
     d_k = head_dim or c.hidden_size // c.num_attention_heads
     return ModelConfig(
-        vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
-        n_heads=c.num_attention_heads, n_kv_heads=c.num_key_value_heads, head_dim=head_dim,
-        d_ff=c.intermediate_size, max_len=c.max_position_embeddings, positional="rotary",
-        rope_theta=theta, rotary_dim=None if fraction == 1.0 else int(d_k * fraction),
-        norm="pre", norm_kind="rmsnorm", causal=True,
+        vocab_size=c.vocab_size,
+        d_model=c.hidden_size,
+        n_layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads,
+        n_kv_heads=c.num_key_value_heads,
+        head_dim=head_dim,
+        d_ff=c.intermediate_size,
+        max_len=c.max_position_embeddings,
+        positional="rotary",
+        rope_theta=theta,
+        rotary_dim=None if fraction == 1.0 else int(d_k * fraction),
+        norm="pre",
+        norm_kind="rmsnorm",
+        causal=True,
         norm_eps=getattr(c, "rms_norm_eps", 1e-5),  # OLMo has none (its builder sets its own)
-        activation="silu", mlp="gated", bias=bias, mlp_bias=bias if mlp_bias is None else mlp_bias,
+        activation="silu",
+        mlp="gated",
+        bias=bias,
+        mlp_bias=bias if mlp_bias is None else mlp_bias,
         tie_embeddings=bool(c.tie_word_embeddings),
-    )  # fmt: skip
+    )
 
 
 def qwen2_config(c: Any) -> ModelConfig:
@@ -215,8 +238,10 @@ def olmo_config(c: Any) -> ModelConfig:
     zeros; all four attention projections biased together with ``attention_bias``. Clamping
     the projections (``clip_qkv``) is refused: headlab does not compute it."""
     if getattr(c, "clip_qkv", None) is not None:
-        raise ValueError(f"OLMo with clip_qkv={c.clip_qkv} (queries, keys and values clamped) "
-                         "does not convert; only clip_qkv=None")  # fmt: skip
+        raise ValueError(
+            f"OLMo with clip_qkv={c.clip_qkv} (queries, keys and values clamped) "
+            "does not convert; only clip_qkv=None"
+        )
     base = llama_config(c, "OLMo", mlp_bias=False)
     return replace(base, norm_kind="layernorm", norm_eps=1e-5)
 
@@ -243,13 +268,27 @@ def gemma_config(c: Any) -> ModelConfig:
     theta, _ = _rope(c, "Gemma")
     act = _gelu(c, "Gemma")
     return ModelConfig(
-        vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
-        n_heads=c.num_attention_heads, n_kv_heads=c.num_key_value_heads, head_dim=_head_dim(c),
-        d_ff=c.intermediate_size, max_len=c.max_position_embeddings, positional="rotary",
-        rope_theta=theta, norm="pre", norm_kind="rmsnorm", norm_eps=c.rms_norm_eps, causal=True,
-        activation=act, mlp="gated", bias=c.attention_bias, mlp_bias=False,
-        tie_embeddings=bool(c.tie_word_embeddings), embed_scale=float(c.hidden_size) ** 0.5,
-    )  # fmt: skip
+        vocab_size=c.vocab_size,
+        d_model=c.hidden_size,
+        n_layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads,
+        n_kv_heads=c.num_key_value_heads,
+        head_dim=_head_dim(c),
+        d_ff=c.intermediate_size,
+        max_len=c.max_position_embeddings,
+        positional="rotary",
+        rope_theta=theta,
+        norm="pre",
+        norm_kind="rmsnorm",
+        norm_eps=c.rms_norm_eps,
+        causal=True,
+        activation=act,
+        mlp="gated",
+        bias=c.attention_bias,
+        mlp_bias=False,
+        tie_embeddings=bool(c.tie_word_embeddings),
+        embed_scale=float(c.hidden_size) ** 0.5,
+    )
 
 
 def _gelu(c: Any, family: str) -> Any:
@@ -273,17 +312,32 @@ def _gemma_config(c: Any, family: str, theta: float) -> ModelConfig:
     act = _gelu(c, family)
     local = _local_layers(c)
     return ModelConfig(
-        vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
-        n_heads=c.num_attention_heads, n_kv_heads=c.num_key_value_heads, head_dim=_head_dim(c),
-        d_ff=c.intermediate_size, max_len=c.max_position_embeddings, positional="rotary",
-        rope_theta=theta, norm="sandwich", norm_kind="rmsnorm", norm_eps=c.rms_norm_eps,
-        causal=True, activation=act, mlp="gated",
-        bias=c.attention_bias, mlp_bias=False, tie_embeddings=bool(c.tie_word_embeddings),
-        sliding_window=c.sliding_window if local else None, local_layers=local,
+        vocab_size=c.vocab_size,
+        d_model=c.hidden_size,
+        n_layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads,
+        n_kv_heads=c.num_key_value_heads,
+        head_dim=_head_dim(c),
+        d_ff=c.intermediate_size,
+        max_len=c.max_position_embeddings,
+        positional="rotary",
+        rope_theta=theta,
+        norm="sandwich",
+        norm_kind="rmsnorm",
+        norm_eps=c.rms_norm_eps,
+        causal=True,
+        activation=act,
+        mlp="gated",
+        bias=c.attention_bias,
+        mlp_bias=False,
+        tie_embeddings=bool(c.tie_word_embeddings),
+        sliding_window=c.sliding_window if local else None,
+        local_layers=local,
         attn_scale=float(c.query_pre_attn_scalar) ** -0.5,
-        attn_softcap=c.attn_logit_softcapping, logit_softcap=c.final_logit_softcapping,
+        attn_softcap=c.attn_logit_softcapping,
+        logit_softcap=c.final_logit_softcapping,
         embed_scale=float(c.hidden_size) ** 0.5,
-    )  # fmt: skip
+    )
 
 
 def gemma3_config(c: Any) -> ModelConfig:
@@ -306,21 +360,41 @@ def gpt_neox_config(c: Any) -> ModelConfig:
         raise ValueError(f"GPT-NeoX activation {c.hidden_act!r} is not supported")
     d_k = c.hidden_size // c.num_attention_heads
     return ModelConfig(
-        vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
-        n_heads=c.num_attention_heads, d_ff=c.intermediate_size,
-        max_len=c.max_position_embeddings, positional="rotary", rope_theta=theta,
-        rotary_dim=None if fraction == 1.0 else int(d_k * fraction), norm="pre",
-        norm_eps=c.layer_norm_eps, causal=True, activation=_GPT2_ACT[c.hidden_act],  # type: ignore[arg-type]
-        bias=c.attention_bias, mlp_bias=True,
-        tie_embeddings=bool(c.tie_word_embeddings), parallel_residual=c.use_parallel_residual,
-    )  # fmt: skip
+        vocab_size=c.vocab_size,
+        d_model=c.hidden_size,
+        n_layers=c.num_hidden_layers,
+        n_heads=c.num_attention_heads,
+        d_ff=c.intermediate_size,
+        max_len=c.max_position_embeddings,
+        positional="rotary",
+        rope_theta=theta,
+        rotary_dim=None if fraction == 1.0 else int(d_k * fraction),
+        norm="pre",
+        norm_eps=c.layer_norm_eps,
+        causal=True,
+        activation=_GPT2_ACT[c.hidden_act],  # type: ignore[arg-type]
+        bias=c.attention_bias,
+        mlp_bias=True,
+        tie_embeddings=bool(c.tie_word_embeddings),
+        parallel_residual=c.use_parallel_residual,
+    )
 
 
 _BUILDERS = {
-    "bert": bert_config, "roberta": roberta_config, "xlm-roberta": roberta_config,
-    "gpt2": gpt2_config, "opt": opt_config, "llama": llama_config, "qwen2": qwen2_config,
-    "qwen3": qwen3_config, "mistral": mistral_config, "olmo": olmo_config, "gemma": gemma_config,
-    "gemma2": gemma2_config, "gemma3_text": gemma3_config, "gpt_neox": gpt_neox_config,
+    "bert": bert_config,
+    "roberta": roberta_config,
+    "xlm-roberta": roberta_config,
+    "gpt2": gpt2_config,
+    "opt": opt_config,
+    "llama": llama_config,
+    "qwen2": qwen2_config,
+    "qwen3": qwen3_config,
+    "mistral": mistral_config,
+    "olmo": olmo_config,
+    "gemma": gemma_config,
+    "gemma2": gemma2_config,
+    "gemma3_text": gemma3_config,
+    "gpt_neox": gpt_neox_config,
     "phi3": phi3_config,
-}  # fmt: skip
+}
 SUPPORTED = tuple(_BUILDERS)  # the model_type of every family headlab converts

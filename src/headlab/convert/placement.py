@@ -101,8 +101,10 @@ def device_placement(
     if isinstance(device_map, dict):
         return device_map
     if device_map not in DEVICE_MAPS:
-        raise ValueError(f"unknown device_map {device_map!r}; valid: {', '.join(DEVICE_MAPS)} "
-                         "or a dict of module name → device")  # fmt: skip
+        raise ValueError(
+            f"unknown device_map {device_map!r}; valid: {', '.join(DEVICE_MAPS)} "
+            "or a dict of module name → device"
+        )
     sizes = compute_module_sizes(model)
     units = [n for n in sizes if n.count(".") == 1 and n.startswith("blocks.")]
     units += [n for n, _ in model.named_children() if n != "blocks"]

@@ -43,13 +43,22 @@ def converted_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str
     HF state ``state`` (names as in its checkpoint; a lazy mapping reads only what is asked).
     Block l's weights come together, in block order: a writer can flush layer by layer."""
     families = {
-        "bert": _bert_tensors, "roberta": _bert_tensors, "xlm-roberta": _bert_tensors,
-        "gpt2": _gpt2_tensors, "opt": _opt_tensors, "llama": _llama_tensors,
-        "qwen2": _llama_tensors, "qwen3": _llama_tensors, "mistral": _llama_tensors,
+        "bert": _bert_tensors,
+        "roberta": _bert_tensors,
+        "xlm-roberta": _bert_tensors,
+        "gpt2": _gpt2_tensors,
+        "opt": _opt_tensors,
+        "llama": _llama_tensors,
+        "qwen2": _llama_tensors,
+        "qwen3": _llama_tensors,
+        "mistral": _llama_tensors,
         "olmo": _llama_tensors,
-        "gemma": _gemma_tensors, "gemma2": _gemma_tensors,
-        "gemma3_text": _gemma_tensors, "gpt_neox": _gpt_neox_tensors, "phi3": _phi3_tensors,
-    }  # fmt: skip
+        "gemma": _gemma_tensors,
+        "gemma2": _gemma_tensors,
+        "gemma3_text": _gemma_tensors,
+        "gpt_neox": _gpt_neox_tensors,
+        "phi3": _phi3_tensors,
+    }
     hf_config(c)  # refuses an unsupported family or variant with its reason
     return families[c.model_type](c, state)
 
@@ -246,9 +255,11 @@ def _gemma_tensors(c: Any, state: Mapping[str, Tensor]) -> Iterator[tuple[str, T
     s = _strip(state, ("model.",))
     yield "embed.weight", s["embed_tokens.weight"]
     norms: tuple[tuple[str, str], ...] = (
-        ("norm_attn", "input_layernorm"), ("norm_attn_out", "post_attention_layernorm"),
-        ("norm_mlp", "pre_feedforward_layernorm"), ("norm_mlp_out", "post_feedforward_layernorm"),
-    )  # fmt: skip
+        ("norm_attn", "input_layernorm"),
+        ("norm_attn_out", "post_attention_layernorm"),
+        ("norm_mlp", "pre_feedforward_layernorm"),
+        ("norm_mlp_out", "post_feedforward_layernorm"),
+    )
     if c.model_type == "gemma":  # Gemma 1: a norm before each sub-layer only
         norms = (("norm_attn", "input_layernorm"), ("norm_mlp", "post_attention_layernorm"))
     for l in range(c.num_hidden_layers):

@@ -51,8 +51,27 @@ from headlab.default_model.data import (
 from headlab.default_model.recipe import BOS, QUICK, RECIPE, VALIDATION_WORK, DefaultRecipe
 
 __all__ = [
-    "BOS", "CARD_TEMPLATE", "QUICK", "RECIPE", "VALIDATION_WORK", "DefaultRecipe", "EvalSet",
-    "Prepared", "build_tokenizer", "copy_batches", "encode_works", "export", "head_tables",
-    "heads_summary", "load_seconds", "measure", "model_card", "ordinary_ids", "phases",
-    "pool_loss", "prepare", "sha256", "train_recipe",
-]  # fmt: skip
+    "BOS",
+    "CARD_TEMPLATE",
+    "QUICK",
+    "RECIPE",
+    "VALIDATION_WORK",
+    "DefaultRecipe",
+    "EvalSet",
+    "Prepared",
+    "build_tokenizer",
+    "copy_batches",
+    "encode_works",
+    "export",
+    "head_tables",
+    "heads_summary",
+    "load_seconds",
+    "measure",
+    "model_card",
+    "ordinary_ids",
+    "phases",
+    "pool_loss",
+    "prepare",
+    "sha256",
+    "train_recipe",
+]

@@ -64,9 +64,16 @@ class GqaConfig:
 
 FULL = GqaConfig()
 QUICK = GqaConfig(
-    d_model=128, n_layers=2, batch=2, contexts=(256, 1024), decode_tokens=8, repeats=3,
-    q_d_model=32, q_steps=200, eval_batches=4,
-)  # fmt: skip
+    d_model=128,
+    n_layers=2,
+    batch=2,
+    contexts=(256, 1024),
+    decode_tokens=8,
+    repeats=3,
+    q_d_model=32,
+    q_steps=200,
+    eval_batches=4,
+)
 
 
 def kv_variants(n_heads: int) -> list[int]:
@@ -137,8 +144,14 @@ def measure_decode(cfg: GqaConfig) -> dict[str, Any]:
                     kv_rows.append({"n_kv_heads": k, "s": s, **cache_bytes(cfg, k, s, caches)})
         tps = {k: cfg.batch * cfg.decode_tokens / statistics.median(times[k]) for k in variants}
         for k in variants:
-            rows.append({"context": context, "n_kv_heads": k, "tokens_per_s": tps[k],
-                         "ratio_vs_mha": tps[k] / tps[cfg.n_heads]})  # fmt: skip
+            rows.append(
+                {
+                    "context": context,
+                    "n_kv_heads": k,
+                    "tokens_per_s": tps[k],
+                    "ratio_vs_mha": tps[k] / tps[cfg.n_heads],
+                }
+            )
     mha = next(r["measured"] for r in kv_rows if r["n_kv_heads"] == cfg.n_heads)
     for r in kv_rows:
         r["shrink_vs_mha"] = mha / r["measured"]
@@ -211,8 +224,15 @@ def smollm2_decode(cfg: LmDecodeConfig = SMOLLM2) -> dict[str, Any] | None:
         for k, m in variants.items():
             tps = cfg.batch * cfg.decode_tokens / statistics.median(times[k])
             rows.append({"context": context, "n_kv_heads": k, "tokens_per_s": tps})
-            kv_rows.append({"context": context, "n_kv_heads": k, "s": s, "measured": held[k],
-                            **lm_cache_bytes(m, cfg.batch, s)})  # fmt: skip
+            kv_rows.append(
+                {
+                    "context": context,
+                    "n_kv_heads": k,
+                    "s": s,
+                    "measured": held[k],
+                    **lm_cache_bytes(m, cfg.batch, s),
+                }
+            )
         rows[-2]["ratio_vs_9"] = rows[-2]["tokens_per_s"] / rows[-1]["tokens_per_s"]
     return {"config": asdict(cfg), "decode": rows, "kv_cache": kv_rows, "same_tokens": same}
 
@@ -287,9 +307,14 @@ def expand_kv_heads(model: Transformer, n_kv_heads: int) -> Transformer:
 def _quality_model(cfg: GqaConfig, n_kv_heads: int) -> Transformer:
     task = AgreementTask()
     config = ModelConfig(
-        vocab_size=task.vocab_size, d_model=cfg.q_d_model, n_layers=2, n_heads=cfg.n_heads,
-        n_kv_heads=n_kv_heads, max_len=task.seq_len, attn_only=True,
-    )  # fmt: skip
+        vocab_size=task.vocab_size,
+        d_model=cfg.q_d_model,
+        n_layers=2,
+        n_heads=cfg.n_heads,
+        n_kv_heads=n_kv_heads,
+        max_len=task.seq_len,
+        attn_only=True,
+    )
     return Transformer(config)
 
 
@@ -302,8 +327,13 @@ def quality_seed(cfg: GqaConfig, seed: int) -> dict[str, Any]:
     def batches(g: torch.Generator) -> Any:
         return sentence_pair(task.sample(cfg.q_batch, g, "train"))
 
-    train_cfg = TrainConfig(steps=cfg.q_steps, lr=cfg.q_lr, seed=seed, eval_every=0,
-                            warmup_steps=max(1, cfg.q_steps // 20))  # fmt: skip
+    train_cfg = TrainConfig(
+        steps=cfg.q_steps,
+        lr=cfg.q_lr,
+        seed=seed,
+        eval_every=0,
+        warmup_steps=max(1, cfg.q_steps // 20),
+    )
     up_steps = max(1, round(0.05 * cfg.q_steps))
     up_cfg = replace(train_cfg, steps=up_steps, warmup_steps=max(1, up_steps // 10))
     torch.manual_seed(seed)
@@ -341,11 +371,16 @@ def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None 
         "uptrain_steps": max(1, round(0.05 * cfg.q_steps)),
         "mha": spread([r["mha"] for r in per_seed]),
         "by_kv": [
-            {"n_kv_heads": k, **{part: spread([r["by_kv"][k][part] for r in per_seed])
-                                 for part in ("converted", "uptrained", "scratch")}}
+            {
+                "n_kv_heads": k,
+                **{
+                    part: spread([r["by_kv"][k][part] for r in per_seed])
+                    for part in ("converted", "uptrained", "scratch")
+                },
+            }
             for k in kv_variants(cfg.n_heads)[1:]
         ],
-    }  # fmt: skip
+    }
     results = {
         "experiment": "gqa",
         "quick": quick,
@@ -417,8 +452,12 @@ def _figures(results: dict, out: Path | None) -> list[str | None]:
     fig, ax = plt.subplots(figsize=(6, 4))
     for k in sorted({r["n_kv_heads"] for r in results["decode"]}, reverse=True):
         rows = [r for r in results["decode"] if r["n_kv_heads"] == k]
-        ax.plot([r["context"] for r in rows], [r["ratio_vs_mha"] for r in rows], "o-",
-                label=f"h_kv = {k}")  # fmt: skip
+        ax.plot(
+            [r["context"] for r in rows],
+            [r["ratio_vs_mha"] for r in rows],
+            "o-",
+            label=f"h_kv = {k}",
+        )
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context length (cached positions)")
     ax.set_ylabel("decode tokens/s ÷ MHA (same run, medians)")
@@ -430,8 +469,13 @@ def _figures(results: dict, out: Path | None) -> list[str | None]:
     labels = [f"h_kv={r['n_kv_heads']}" for r in q["by_kv"]]
     for i, part in enumerate(("converted", "uptrained", "scratch")):
         xs = [j + (i - 1) * 0.25 for j in range(len(labels))]
-        ax.bar(xs, [r[part]["mean"] for r in q["by_kv"]], 0.25,
-               yerr=[r[part]["std"] for r in q["by_kv"]], label=part)  # fmt: skip
+        ax.bar(
+            xs,
+            [r[part]["mean"] for r in q["by_kv"]],
+            0.25,
+            yerr=[r[part]["std"] for r in q["by_kv"]],
+            label=part,
+        )
     ax.axhline(q["mha"]["mean"], color="k", linestyle="--", label="MHA")
     ax.set_xticks(range(len(labels)), labels)
     ax.set_ylabel("validation loss")

@@ -74,8 +74,9 @@ def held_out_loss(model: nn.Module, samples: list[dict[str, Tensor]]) -> dict[st
     for sample in samples:
         inputs, targets = sentence_pair(sample)
         logits = model(inputs)  # (B, n, V)
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100,
-                               reduction="sum")  # fmt: skip
+        loss = F.cross_entropy(
+            logits.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum"
+        )
         total, count = total + float(loss), count + int((targets != -100).sum())
         at_slot = logits[torch.arange(len(inputs)), sample["slot"]]  # (B, V)
         verb_loss += float(F.cross_entropy(at_slot, sample["target"], reduction="sum"))
@@ -97,11 +98,18 @@ def train_one(h: int, seed: int, cfg: HeadCountConfig) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(20_000 + seed)
     val = [task.sample(cfg.batch, gen, "test") for _ in range(cfg.eval_batches)]
     torch.manual_seed(seed)
-    config = ModelConfig(vocab_size=task.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
-                         n_heads=h, max_len=task.seq_len, attn_only=True)  # fmt: skip
+    config = ModelConfig(
+        vocab_size=task.vocab_size,
+        d_model=cfg.d_model,
+        n_layers=cfg.n_layers,
+        n_heads=h,
+        max_len=task.seq_len,
+        attn_only=True,
+    )
     model = Transformer(config)
-    train_cfg = TrainConfig(steps=cfg.steps, lr=cfg.lr, seed=seed, eval_every=0,
-                            warmup_steps=max(1, cfg.steps // 20))  # fmt: skip
+    train_cfg = TrainConfig(
+        steps=cfg.steps, lr=cfg.lr, seed=seed, eval_every=0, warmup_steps=max(1, cfg.steps // 20)
+    )
     result = fit(model, train_cfg, lambda g: sentence_pair(task.sample(cfg.batch, g, "train")))
     return {
         "h": h,

@@ -211,8 +211,9 @@ def metrics(model: Transformer, data: HeldOut) -> tuple[dict[str, Any], list[Ten
     the probe's forward they were scored on, (B, h, n, n) per layer (a watched run draws its
     patterns from them: no second forward)."""
     trace = Trace(only=("weights",))
-    first, repeated = copy_losses(token_losses(model, data.copies.tokens, trace=trace),
-                                  data.copies.source)  # fmt: skip
+    first, repeated = copy_losses(
+        token_losses(model, data.copies.tokens, trace=trace), data.copies.source
+    )
     weights = trace.layers("attn.weights")  # (B, h, n, n) each
     held = token_losses(model, data.icl)  # (B', n)
     return {
@@ -259,8 +260,9 @@ def train_model(
 
     watch = None
     if listener is not None:
-        watch = Watch(measure, listener, data.inputs[0].tolist(), data.ceiling, reporter,
-                      weights_view)  # fmt: skip
+        watch = Watch(
+            measure, listener, data.inputs[0].tolist(), data.ceiling, reporter, weights_view
+        )
     result = train(
         model,
         train_config(cfg, seed),
@@ -304,14 +306,21 @@ def verdict(r: dict[str, Any]) -> dict[str, Any]:
     """Did the circuit form? A sentence and the facts behind it, from a :func:`study` result."""
     share = r["final_induction_score"] / r["induction_ceiling"]
     if not r["phase_change"]["found"]:
-        why = (" A one-layer model cannot: no earlier layer tells a head which token came"
-               " before (Elhage et al. 2021).") if r["n_layers"] == 1 else ""  # fmt: skip
+        why = (
+            (
+                " A one-layer model cannot: no earlier layer tells a head which token came"
+                " before (Elhage et al. 2021)."
+            )
+            if r["n_layers"] == 1
+            else ""
+        )
         text = f"No induction head formed: the best head reached {share:.0%} of an ideal one."
         return {"circuit": False, "induction_share": share, "text": text + why}
     head = max(r["induction_heads"], key=lambda n: _score(r["final"], n, "induction"))
     feeders = r.get("feeder_heads") or [{"head": "none", "prev_token_score": 0.0}]
-    named = ", ".join(f"{f['head']} (previous-token score {f['prev_token_score']:.2f})"
-                      for f in feeders)  # fmt: skip
+    named = ", ".join(
+        f"{f['head']} (previous-token score {f['prev_token_score']:.2f})" for f in feeders
+    )
     text = (
         f"Induction head {head} formed at steps {r['phase_change']['window'][0]}–"
         f"{r['phase_change']['window'][1]} and reaches {share:.0%} of an ideal head's score. "
@@ -320,8 +329,13 @@ def verdict(r: dict[str, Any]) -> dict[str, Any]:
         f"{r['ablate_others_effect']:.0%}."
     )
     prev = max(f["prev_token_score"] for f in feeders)
-    return {"circuit": True, "induction_head": head, "induction_share": share,
-            "feeder_prev_token": prev, "text": text}  # fmt: skip
+    return {
+        "circuit": True,
+        "induction_head": head,
+        "induction_share": share,
+        "feeder_prev_token": prev,
+        "text": text,
+    }
 
 
 def _score(final: dict[str, Any], name: str, kind: str = "prev_token") -> float:
@@ -348,8 +362,9 @@ def study(
     trained model). ``listener`` receives the run's events (module docstring), then the
     :class:`~headlab.training.watch.Verdict`; a ``stop`` that ends the run early gives None."""
     data = held_out(cfg, seed) if data is None else data
-    model, result = train_model(cfg, n_layers, seed, data, reporter, listener=listener, stop=stop,
-                                weights_view=weights_view)  # fmt: skip
+    model, result = train_model(
+        cfg, n_layers, seed, data, reporter, listener=listener, stop=stop, weights_view=weights_view
+    )
     if stop is not None and stop.reason is not None:
         return None
     evals = result.records("eval")
@@ -449,9 +464,18 @@ def run(
 
 
 def _summary(r: dict[str, Any]) -> dict[str, Any]:
-    keep = ("seed", "phase_change_step", "phase_change_seconds", "induction_heads",
-            "prev_token_heads", "final_induction_score", "control_max_induction_score",
-            "ablate_feeders_effect", "ablate_others_effect", "train_seconds")  # fmt: skip
+    keep = (
+        "seed",
+        "phase_change_step",
+        "phase_change_seconds",
+        "induction_heads",
+        "prev_token_heads",
+        "final_induction_score",
+        "control_max_induction_score",
+        "ablate_feeders_effect",
+        "ablate_others_effect",
+        "train_seconds",
+    )
     return {k: r[k] for k in keep} | {
         "found": r["phase_change"]["found"],
         "window": r["phase_change"]["window"],

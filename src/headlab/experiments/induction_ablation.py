@@ -91,8 +91,11 @@ def choose_feeders(effects: dict[frozenset[int], float], h: int) -> frozenset[in
     ties go to the largest difference; all of layer 0 when no smaller set qualifies."""
     every = frozenset(range(h))
     for size in range(1, h):
-        fits = [s for s, e in effects.items() if len(s) == size and e >= MOST
-                and effects[every - s] <= LITTLE]  # fmt: skip
+        fits = [
+            s
+            for s, e in effects.items()
+            if len(s) == size and e >= MOST and effects[every - s] <= LITTLE
+        ]
         if fits:
             return max(fits, key=lambda s: effects[s] - effects[every - s])
     return every
@@ -120,10 +123,14 @@ def ablation_study(model: Transformer, data: HeldOut, final: dict[str, Any]) -> 
     feeders = choose_feeders(effects, h)
     others = frozenset(range(h)) - feeders
     out["feeder_heads"] = [
-        {"head": f"0.{i}", "effect": out["ablation_effect"][f"0.{i}"], "shapley": values[i],
-         "prev_token_score": float(final["prev_token"][0][i])}
+        {
+            "head": f"0.{i}",
+            "effect": out["ablation_effect"][f"0.{i}"],
+            "shapley": values[i],
+            "prev_token_score": float(final["prev_token"][0][i]),
+        }
         for i in sorted(feeders, key=lambda i: -values[i])
-    ]  # fmt: skip
+    ]
     out["layer0_shapley"] = {f"0.{i}": v for i, v in enumerate(values)}
     out["layer0_subsets"] = {_names(s): e for s, e in effects.items() if s}
     out["ablate_feeders_effect"], out["ablate_others_effect"] = effects[feeders], effects[others]

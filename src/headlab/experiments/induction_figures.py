@@ -34,8 +34,12 @@ def _loss_figure(r: dict[str, Any], out: Path) -> str | None:
     ax.plot([x["step"] for x in train_recs], [x["loss"] for x in train_recs], label="train loss")
     for key, style in (("first_copy_loss", "--"), ("repeated_loss", "-")):
         ax.plot([x["step"] for x in evals], [x[key] for x in evals], style, label=f"2-layer {key}")
-    ax.plot([x["step"] for x in control], [x["repeated_loss"] for x in control], ":",
-            label="1-layer repeated_loss")  # fmt: skip
+    ax.plot(
+        [x["step"] for x in control],
+        [x["repeated_loss"] for x in control],
+        ":",
+        label="1-layer repeated_loss",
+    )
     _shade(ax, r)
     ax.set(xlabel="step", ylabel="loss (nats)", title="Repeated-token loss and the phase change")
     ax.legend(fontsize=8)
@@ -53,8 +57,12 @@ def _scores_figure(r: dict[str, Any], out: Path) -> str | None:
     feeders = [f["head"] for f in r["feeder_heads"]][:3]
     for name, style in zip(feeders, ["k--", "k:", "k-."][: len(feeders)], strict=True):
         layer, head = parse_head(name)
-        ax.plot(steps, [x["prev_token"][layer][head] for x in evals], style,
-                label=f"{name} previous-token")  # fmt: skip
+        ax.plot(
+            steps,
+            [x["prev_token"][layer][head] for x in evals],
+            style,
+            label=f"{name} previous-token",
+        )
     ax.axhline(r["induction_ceiling"], color="grey", lw=0.8, label="ideal induction head")
     _shade(ax, r)
     ax.set(xlabel="step", ylabel="score", title="Induction score of each head over training")

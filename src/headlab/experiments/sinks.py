@@ -169,8 +169,13 @@ def _figure(results: dict, out: Path | None) -> str | None:
         ax, share = axes[0][col], axes[1][col]
         for i, w in enumerate(sorted({r["window"] for r in m["runs"]})):
             rows = [r for r in m["runs"] if r["window"] == w]
-            ax.plot([r["sinks"] for r in rows], [r["ppl"] for r in rows], "o-", color=f"C{i}",
-                    label=f"window {w}")  # fmt: skip
+            ax.plot(
+                [r["sinks"] for r in rows],
+                [r["ppl"] for r in rows],
+                "o-",
+                color=f"C{i}",
+                label=f"window {w}",
+            )
         ax.axhline(m["full_cache"]["ppl"], color="k", ls="--", label="full cache")
         ax.set_yscale("log")
         ax.set_xticks(sorted({r["sinks"] for r in m["runs"]}))

@@ -116,11 +116,18 @@ class Attributions:
         raise KeyError("no estimate for these rows: pass them to attribute_heads(rows=…)")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "mode": self.mode, "heads": len(self.heads),
-                "forwards": self.forwards, "backwards": self.backwards, "steps": self.steps,
-                "per": self.per, "model_passes": round(self.model_passes, 2),
-                "probe_passes": round(self.probe_passes, 2),
-                "seconds": round(self.seconds, 2)}  # fmt: skip
+        return {
+            "method": self.method,
+            "mode": self.mode,
+            "heads": len(self.heads),
+            "forwards": self.forwards,
+            "backwards": self.backwards,
+            "steps": self.steps,
+            "per": self.per,
+            "model_passes": round(self.model_passes, 2),
+            "probe_passes": round(self.probe_passes, 2),
+            "seconds": round(self.seconds, 2),
+        }
 
 
 @dataclass
@@ -160,8 +167,10 @@ def _forward(model: Any, tokens: Tensor, layers: set[int], alpha: float, mode: s
     # the graph starts at the embedding: no parameter needs a gradient
     start = this_thread(lambda m, i, out: out.detach().requires_grad_())
     hooks = [model.embed.register_forward_hook(start)]
-    hooks += [b.attn.W_O.register_forward_pre_hook(this_thread(_mover(run, l, h, alpha, mode)))
-              for l, b in enumerate(model.blocks)]  # fmt: skip
+    hooks += [
+        b.attn.W_O.register_forward_pre_hook(this_thread(_mover(run, l, h, alpha, mode)))
+        for l, b in enumerate(model.blocks)
+    ]
     try:
         trace = Trace(only=("weights",), detach=False, reduce=keep)
         hidden = model.hidden_states(tokens, trace=trace)  # (B, n, d)
@@ -192,8 +201,11 @@ def _first_order(metric: Tensor, run: _Run, layers: int) -> Tensor:
     grads = torch.autograd.grad(metric, run.moved[:layers], retain_graph=True, allow_unused=True)
     rows = []
     for delta, g in zip(run.deltas, grads, strict=False):
-        rows.append(torch.zeros(delta.shape[2]) if g is None else torch.einsum(
-            "bnhk,bnhk->h", delta, g.float().unflatten(-1, delta.shape[2:])).cpu())  # fmt: skip
+        rows.append(
+            torch.zeros(delta.shape[2])
+            if g is None
+            else torch.einsum("bnhk,bnhk->h", delta, g.float().unflatten(-1, delta.shape[2:])).cpu()
+        )
     return torch.stack(rows) if rows else torch.zeros(0, run.deltas[0].shape[2])
 
 
@@ -247,28 +259,46 @@ def attribute_heads(
     for k, (l, i) in enumerate(induction_heads):
         induction[:, l, i] = (clean[l, i] + changes[k].flatten()).clamp(0.0, 1.0)
     every = [(l, i) for l in range(L) for i in range(h)]
-    return Attributions(mode, every, list(zip(marked, effects, strict=True)), clean, induction,
-                        forwards, backwards, time.perf_counter() - start, steps, passes,
-                        per, probe_passes)  # fmt: skip
+    return Attributions(
+        mode,
+        every,
+        list(zip(marked, effects, strict=True)),
+        clean,
+        induction,
+        forwards,
+        backwards,
+        time.perf_counter() - start,
+        steps,
+        passes,
+        per,
+        probe_passes,
+    )
 
 
-def _check_arguments(model: Any, mode: str, path: Sequence[float], steps: int,
-                     per: str) -> None:  # fmt: skip
+def _check_arguments(model: Any, mode: str, path: Sequence[float], steps: int, per: str) -> None:
     """One line saying what is wrong with :func:`attribute_heads`'s arguments, and what is valid."""
     if mode not in MODES:
         raise ValueError(f"ablation mode {mode!r}: valid modes are {', '.join(MODES)}")
     if steps < 1 or (steps > 1 and tuple(path) != PATH):
-        raise ValueError(f"steps must be a whole number ≥ 1 (got {steps}), and more than one "
-                         "only with the plain path (0.0,)")  # fmt: skip
+        raise ValueError(
+            f"steps must be a whole number ≥ 1 (got {steps}), and more than one "
+            "only with the plain path (0.0,)"
+        )
     if per not in PER:
         raise ValueError(f"per {per!r}: a path per 'head' or per 'layer'")
     if not model.config.causal:
         raise ValueError("ablation evidence measures next-token loss: it needs a causal model")
 
 
-def _joint_path(model: Any, tokens: Tensor, marked: Sequence[Tensor],
-                induction_heads: Sequence[tuple[int, int]], target: Tensor,
-                path: Sequence[float], mode: str) -> tuple[Tensor, Tensor]:  # fmt: skip
+def _joint_path(
+    model: Any,
+    tokens: Tensor,
+    marked: Sequence[Tensor],
+    induction_heads: Sequence[tuple[int, int]],
+    target: Tensor,
+    path: Sequence[float],
+    mode: str,
+) -> tuple[Tensor, Tensor]:
     """The first-order terms averaged over the points of ``path`` (every head moved a share α
     together): ``(loss effects (M, L·h), induction changes (I, L, h))``."""
     L, h = model.config.n_layers, model.config.n_heads
@@ -280,8 +310,9 @@ def _joint_path(model: Any, tokens: Tensor, marked: Sequence[Tensor],
             metric = run.losses[r.to(run.losses.device)].mean()
             effects[k] += _first_order(metric, run, L).flatten() / len(path)
         for k, (l, i) in enumerate(induction_heads):
-            score = mass_where_possible(run.weights[l][:, i : i + 1].float(),
-                                        target.to(tokens.device))[0]  # fmt: skip
+            score = mass_where_possible(
+                run.weights[l][:, i : i + 1].float(), target.to(tokens.device)
+            )[0]
             changes[k, :l] += _first_order(score, run, l) / len(path)
     return effects, changes
 
@@ -299,9 +330,15 @@ class _Paths:
     probe_passes: float = 0.0  # the same with each copy of the probe counted
 
 
-def own_paths(model: Any, tokens: Tensor, marked: Sequence[Tensor],
-              induction_heads: Sequence[tuple[int, int]], target: Tensor, mode: str,
-              steps: int) -> _Paths:  # fmt: skip
+def own_paths(
+    model: Any,
+    tokens: Tensor,
+    marked: Sequence[Tensor],
+    induction_heads: Sequence[tuple[int, int]],
+    target: Tensor,
+    mode: str,
+    steps: int,
+) -> _Paths:
     """Σ_{j=1}^{steps−1} Δa_s · ∂m/∂a_s at a_s + (j / steps) Δa_s, every other head clean:
     integrated gradients along each head's own path to its ablated value (Sundararajan et al.
     2017; Marks et al. 2024 use them for circuit nodes), the left Riemann sum's points beyond
@@ -321,9 +358,15 @@ def own_paths(model: Any, tokens: Tensor, marked: Sequence[Tensor],
     return _paths(model, tokens, marked, induction_heads, target, mode, shares)
 
 
-def layer_paths(model: Any, tokens: Tensor, marked: Sequence[Tensor],
-                induction_heads: Sequence[tuple[int, int]], target: Tensor, mode: str,
-                steps: int) -> _Paths:  # fmt: skip
+def layer_paths(
+    model: Any,
+    tokens: Tensor,
+    marked: Sequence[Tensor],
+    induction_heads: Sequence[tuple[int, int]],
+    target: Tensor,
+    mode: str,
+    steps: int,
+) -> _Paths:
     """Σ_{j=1}^{steps−1} Δa_s · ∂m/∂a_s with every head of s's layer moved the share j / steps
     toward its ablated value together and every other layer clean: integrated gradients along
     one path per layer (Marks et al. 2024 integrate a layer's nodes together), the points
@@ -336,9 +379,15 @@ def layer_paths(model: Any, tokens: Tensor, marked: Sequence[Tensor],
     return _paths(model, tokens, marked, induction_heads, target, mode, shares)
 
 
-def _paths(model: Any, tokens: Tensor, marked: Sequence[Tensor],
-           induction_heads: Sequence[tuple[int, int]], target: Tensor, mode: str,
-           shares: list[Tensor]) -> _Paths:  # fmt: skip
+def _paths(
+    model: Any,
+    tokens: Tensor,
+    marked: Sequence[Tensor],
+    induction_heads: Sequence[tuple[int, int]],
+    target: Tensor,
+    mode: str,
+    shares: list[Tensor],
+) -> _Paths:
     """For every layer, each (C, h) matrix of ``shares`` run as C copies of the probe moved
     that far (:func:`_copies`), each head's terms summed over the copies that move it."""
     L, h = model.config.n_layers, model.config.n_heads
@@ -347,8 +396,9 @@ def _paths(model: Any, tokens: Tensor, marked: Sequence[Tensor],
     out = _Paths(torch.zeros(len(marked), L, h), torch.zeros(len(induction_heads), L, h), 0, 0, 0)
     for layer in range(L):
         for share in shares:
-            terms = _copies(model, clean, layer, share, marked, induction_heads,
-                            (tokens, target), mode)  # fmt: skip
+            terms = _copies(
+                model, clean, layer, share, marked, induction_heads, (tokens, target), mode
+            )
             moves = (share > 0).float()  # only a moved head's term is on its path
             for k, t in enumerate(terms[: len(marked)]):
                 out.loss[k, layer] += (t * moves).sum(0)
@@ -362,9 +412,16 @@ def _paths(model: Any, tokens: Tensor, marked: Sequence[Tensor],
     return out
 
 
-def _copies(model: Any, clean: Any, layer: int, share: Tensor,
-            marked: Sequence[Tensor], induction_heads: Sequence[tuple[int, int]],
-            probe: tuple[Tensor, Tensor], mode: str) -> list[Tensor]:  # fmt: skip
+def _copies(
+    model: Any,
+    clean: Any,
+    layer: int,
+    share: Tensor,
+    marked: Sequence[Tensor],
+    induction_heads: Sequence[tuple[int, int]],
+    probe: tuple[Tensor, Tensor],
+    mode: str,
+) -> list[Tensor]:
     """One partial forward of C copies of the probe from ``layer`` on, copy c with each head i
     of ``layer`` moved the share ``share[c, i]`` ((C, h)) toward its ablated value, and per
     metric the term Δa · ∂m/∂a of every head of ``layer`` in every copy → one (C, h) tensor

@@ -159,10 +159,12 @@ def random_weight_runs(
     (S, L, 1)). ``progress(done, S · L)`` is called after each layer of each."""
     L, runs = model.config.n_layers, []
     for i, s in enumerate(seeds):
-        step = None if progress is None else (
-            lambda done, _, i=i: progress(i * L + done, len(seeds) * L))  # fmt: skip
-        runs.append(analyse(random_model(model, s), probe, content=content, keep=(),
-                            progress=step))  # fmt: skip
+        step = (
+            None
+            if progress is None
+            else (lambda done, _, i=i: progress(i * L + done, len(seeds) * L))
+        )
+        runs.append(analyse(random_model(model, s), probe, content=content, keep=(), progress=step))
     heads, averaged = ([score_tensor(r, avg) for r in runs] for avg in (False, True))
     return (
         {k: torch.stack([r[k] for r in heads]) for k in heads[0]},
@@ -177,9 +179,14 @@ def shuffled_probe(probe: Probe, seed: int) -> Probe:
     tokens = probe.tokens.gather(1, order)  # (B, n)
     words = None if probe.word_index is None else probe.word_index.gather(1, order)
     labels = [probe.labels[j] for j in order[0].tolist()]
-    return replace(probe, tokens=tokens, labels=labels, word_index=words,
-                   delimiters=probe.delimiters.gather(1, order),
-                   source=earlier_occurrence(tokens))  # fmt: skip
+    return replace(
+        probe,
+        tokens=tokens,
+        labels=labels,
+        word_index=words,
+        delimiters=probe.delimiters.gather(1, order),
+        source=earlier_occurrence(tokens),
+    )
 
 
 def shuffled_scores(
@@ -187,8 +194,10 @@ def shuffled_scores(
 ) -> dict[str, Tensor]:
     """Every score of the trained ``model`` on ``probe`` shuffled once per seed: type →
     (S, L, h)."""
-    runs = [score_tensor(analyse(model, shuffled_probe(probe, s), content=content, keep=()))
-            for s in seeds]  # fmt: skip
+    runs = [
+        score_tensor(analyse(model, shuffled_probe(probe, s), content=content, keep=()))
+        for s in seeds
+    ]
     return {k: torch.stack([r[k] for r in runs]) for k in runs[0]}
 
 
@@ -221,8 +230,13 @@ class Baselines:
         out = {}
         for t, v in self.random.items():
             mean, sd = float(v[0, layer]), float(v[1, layer])
-            entry: dict[str, Any] = {"random": {"mean": round(mean, 4), "sd": round(sd, 4),
-                                                "floor": round(mean + self.k * sd, 4)}}  # fmt: skip
+            entry: dict[str, Any] = {
+                "random": {
+                    "mean": round(mean, 4),
+                    "sd": round(sd, 4),
+                    "floor": round(mean + self.k * sd, 4),
+                }
+            }
             if t in self.shuffled:
                 s = self.shuffled[t][:, layer, head]
                 entry["shuffled"] = {"mean": round(float(s[0]), 4), "sd": round(float(s[1]), 4)}
@@ -275,8 +289,15 @@ _LOCK = threading.Lock()
 # the code that makes a score (and so a floor), hashed into every floor's key: a cached floor
 # from other code is not used. Whole rooms, so that no module that computes a score (the
 # compiled loops of heads/kernels.py, the switch that picks them) can be left out
-SCORING_CODE = ("heads/*.py", "model/*.py", "attention.py", "measure.py", "trace.py",
-                "devices.py", "numbers.py")  # fmt: skip
+SCORING_CODE = (
+    "heads/*.py",
+    "model/*.py",
+    "attention.py",
+    "measure.py",
+    "trace.py",
+    "devices.py",
+    "numbers.py",
+)
 FLOORS_FORMAT = 2  # 2: each entry holds its key and the SHA-256 of its content
 
 
@@ -325,8 +346,21 @@ def floors_key(model: Any, probe: Probe, seeds: tuple[int, ...], content: bool) 
     content score runs, and the scoring code (:func:`_code_digest`)."""
     weight = model.embed.weight
     h = hashlib.sha256(_code_digest())
-    h.update(repr((model.config, tuple(seeds), content, str(weight.dtype), weight.device.type,
-                   probe.name, probe.text, list(probe.labels), probe.words)).encode())  # fmt: skip
+    h.update(
+        repr(
+            (
+                model.config,
+                tuple(seeds),
+                content,
+                str(weight.dtype),
+                weight.device.type,
+                probe.name,
+                probe.text,
+                list(probe.labels),
+                probe.words,
+            )
+        ).encode()
+    )
     for t in (probe.tokens, probe.delimiters, probe.movable, probe.source, probe.word_index):
         if t is not None:
             h.update(repr(tuple(t.shape)).encode() + t.cpu().numpy().tobytes())
@@ -387,9 +421,14 @@ def _checked(stored: Any, key: str, layers: int) -> Spreads | None:
 def _write_cached(key: str, spreads: Spreads) -> None:
     """Store the spreads under ``key`` with the key and the SHA-256 of the content; a cache
     that cannot be written is only skipped (the floors are recomputed next time)."""
-    body = json.loads(json_text({part: {k: v.tolist() for k, v in d.items()}
-                                 for part, d in zip(("random", "averaged"), spreads,
-                                                    strict=True)}))  # fmt: skip
+    body = json.loads(
+        json_text(
+            {
+                part: {k: v.tolist() for k, v in d.items()}
+                for part, d in zip(("random", "averaged"), spreads, strict=True)
+            }
+        )
+    )
     stored = {"format": FLOORS_FORMAT, "key": key, "sha256": _entry_digest(key, body), **body}
     try:
         floors_cache_dir().mkdir(parents=True, exist_ok=True)
@@ -460,9 +499,16 @@ def label_heads(
     unused_seed(seed, "label_heads")
     L = model.config.n_layers
     if not floors:
-        return analyse(model, probe, content=content, keep=keep, progress=progress,
-                       syntactic=syntactic, label_syntactic=label_syntactic,
-                       retrieval=retrieval)  # fmt: skip
+        return analyse(
+            model,
+            probe,
+            content=content,
+            keep=keep,
+            progress=progress,
+            syntactic=syntactic,
+            label_syntactic=label_syntactic,
+            retrieval=retrieval,
+        )
     counted: list[int] = [0]
 
     def base_step(done: int, total: int) -> None:
@@ -472,8 +518,9 @@ def label_heads(
 
     spreads = random_spreads(model, probe, BASELINE_SEEDS, content, base_step)
     gates, averaged = (floors_of(d) for d in spreads)
-    step = None if progress is None else (lambda done, _: progress(counted[0] + done,
-                                                                   counted[0] + L))  # fmt: skip
+    step = (
+        None if progress is None else (lambda done, _: progress(counted[0] + done, counted[0] + L))
+    )
     return analyse(
         model,
         probe,

@@ -55,15 +55,23 @@ class Circuit:
         return [e for e in self.edges if e["drawn"]]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"previous": self.previous, "induction": self.induction, "edges": self.edges,
-                "k_floor": round(self.k_floor, 4), "ablation": self.mode,
-                "forwards": self.forwards,
-                "seconds": {k: round(v, 2) for k, v in self.seconds.items()}}  # fmt: skip
+        return {
+            "previous": self.previous,
+            "induction": self.induction,
+            "edges": self.edges,
+            "k_floor": round(self.k_floor, 4),
+            "ablation": self.mode,
+            "forwards": self.forwards,
+            "seconds": {k: round(v, 2) for k, v in self.seconds.items()},
+        }
 
 
 def _nodes(report: HeadReport, label: str, score: str) -> list[dict[str, Any]]:
-    return [{"head": [s.layer, s.head], "score": round(s.scores[score], 4)}
-            for s in report.heads if s.label == label]  # fmt: skip
+    return [
+        {"head": [s.layer, s.head], "score": round(s.scores[score], 4)}
+        for s in report.heads
+        if s.label == label
+    ]
 
 
 def circuit_edges(
@@ -85,9 +93,14 @@ def circuit_edges(
                 continue
             k = float(comp.scores["k"][a, h1, b, h2])
             kg = float(comp.scores["k_group"][a, h1, b, h2 // group_of])
-            edge: dict[str, Any] = {"from": [a, h1], "to": [b, h2], "k_composition": round(k, 4),
-                                    "k_group": round(kg, 4), "above_baseline": k >= floor,
-                                    "group_above_baseline": kg >= group_floor}  # fmt: skip
+            edge: dict[str, Any] = {
+                "from": [a, h1],
+                "to": [b, h2],
+                "k_composition": round(k, 4),
+                "k_group": round(kg, 4),
+                "above_baseline": k >= floor,
+                "group_above_baseline": kg >= group_floor,
+            }
             confirmed = False
             if ablations is not None:
                 before = float(ablations.clean_induction[b, h2])

@@ -177,8 +177,14 @@ class Composition:
             a, i, b, j = (int(x) for x in torch.unravel_index(torch.tensor(index), s.shape))
             if value <= 0:
                 break
-            out.append({"from": [a, i], "to": [b, j], "score": round(value, 4),
-                        "above_baseline": value >= self.floor(mode)})  # fmt: skip
+            out.append(
+                {
+                    "from": [a, i],
+                    "to": [b, j],
+                    "score": round(value, 4),
+                    "above_baseline": value >= self.floor(mode),
+                }
+            )
         return out
 
     def to_dict(self, n: int = 10) -> dict[str, Any]:
@@ -218,10 +224,13 @@ def _random_baseline(
         return torch.randn(draws, *shape, generator=g)
 
     left = left_factor(rand(d, d_k), rand(d_k, d))
-    rights = {"q": right_factor(rand(d, d_k), rand(d, d_k)),
-              "k": right_factor(rand(d, d_k), rand(d, d_k)),
-              "v": right_factor(rand(d, d_k), rand(d, d_k)),
-              "k_group": rand(d, d_k), "v_group": rand(d, d_k)}  # fmt: skip
+    rights = {
+        "q": right_factor(rand(d, d_k), rand(d, d_k)),
+        "k": right_factor(rand(d, d_k), rand(d, d_k)),
+        "v": right_factor(rand(d, d_k), rand(d, d_k)),
+        "k_group": rand(d, d_k),
+        "v_group": rand(d, d_k),
+    }
     out = {}
     for mode, right in rights.items():
         product = torch.bmm(left, right).flatten(1).norm(dim=1)  # draw i with draw i

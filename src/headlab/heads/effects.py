@@ -80,11 +80,15 @@ class Ablations:
         return self.losses[:, rows].mean(dim=-1) - clean
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "mode": self.mode, "heads": len(self.heads),
-                "forwards": self.forwards,
-                "model_passes": round(self.model_passes, 2),
-                "probe_passes": round(self.probe_passes, 2),
-                "seconds": round(self.seconds, 2)}  # fmt: skip
+        return {
+            "method": self.method,
+            "mode": self.mode,
+            "heads": len(self.heads),
+            "forwards": self.forwards,
+            "model_passes": round(self.model_passes, 2),
+            "probe_passes": round(self.probe_passes, 2),
+            "seconds": round(self.seconds, 2),
+        }
 
 
 def _losses(model: Any, hidden: Tensor, targets: Tensor) -> Tensor:
@@ -170,9 +174,14 @@ def _mean_fill(block: Any, ablated: Tensor, means: Tensor, B: int) -> Iterator[N
 
 
 def _from_layer(
-    model: Any, clean: _Clean, layer: int, heads: list[int], mode: str, tokens: Tensor,
+    model: Any,
+    clean: _Clean,
+    layer: int,
+    heads: list[int],
+    mode: str,
+    tokens: Tensor,
     target: Tensor,
-) -> tuple[Tensor, Tensor]:  # fmt: skip
+) -> tuple[Tensor, Tensor]:
     """Ablate each of ``heads`` of ``layer`` in its own copy of the probe and run the blocks
     from ``layer`` on: ``(losses (S, B, n − 1), induction (S, L, h))``."""
     L, h = model.config.n_layers, model.config.n_heads
@@ -239,6 +248,15 @@ def ablate_heads(
             forwards, passes = forwards + 1, passes + (L - layer) / L
             copies += len(mine[part : part + chunk]) * (L - layer) / L
     empty = torch.zeros(0, *clean.losses.shape), torch.zeros(0, L, h)
-    return Ablations(mode, heads, clean.losses, torch.cat(losses) if losses else empty[0],
-                     clean.induction, torch.cat(induction) if induction else empty[1],
-                     forwards, passes, time.perf_counter() - start, copies)  # fmt: skip
+    return Ablations(
+        mode,
+        heads,
+        clean.losses,
+        torch.cat(losses) if losses else empty[0],
+        clean.induction,
+        torch.cat(induction) if induction else empty[1],
+        forwards,
+        passes,
+        time.perf_counter() - start,
+        copies,
+    )

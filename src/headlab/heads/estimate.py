@@ -112,8 +112,9 @@ class Checked:
         }
 
 
-def first_ranked(estimate: Attributions, rows: Sequence[Tensor], check: int,
-                 by: str = "rise") -> set[tuple[int, int]]:  # fmt: skip
+def first_ranked(
+    estimate: Attributions, rows: Sequence[Tensor], check: int, by: str = "rise"
+) -> set[tuple[int, int]]:
     """The ``check`` heads with the largest estimated loss rise over each of ``rows`` (``by``
     "rise"), or the largest in size, a fall too ("size")."""
     out: set[tuple[int, int]] = set()
@@ -146,22 +147,29 @@ def estimate_heads(
     set of ``rank``, of ``induction_heads`` and of ``exact``. ``steps=1``: plain attribution
     patching ranks. Other arguments as for :func:`attribute_heads`."""
     if check < 0:
-        raise ValueError(f"check must be a whole number ≥ 0 (got {check}): the heads per row "
-                         "set ablated exactly")  # fmt: skip
+        raise ValueError(
+            f"check must be a whole number ≥ 0 (got {check}): the heads per row set ablated exactly"
+        )
     if by not in ("rise", "size"):
         raise ValueError(f"by {by!r}: rank by the estimated loss 'rise' or by its 'size'")
     rank = list(rows) if rank is None else list(rank)
-    path = attribute_heads(model, probe, rank, (), mode, steps=steps,
-                           per="layer" if steps > 1 else "head")  # fmt: skip
+    path = attribute_heads(
+        model, probe, rank, (), mode, steps=steps, per="layer" if steps > 1 else "head"
+    )
     rest = [r for r in rows if not any(torch.equal(r.cpu(), q.cpu()) for q in rank)]
     estimate = path
     if rest or induction_heads:
         plain = attribute_heads(model, probe, rest, induction_heads, mode)
-        estimate = replace(plain, row_sets=path.row_sets + plain.row_sets, steps=path.steps,
-                           per=path.per, forwards=path.forwards + plain.forwards,
-                           backwards=path.backwards + plain.backwards,
-                           seconds=path.seconds + plain.seconds,
-                           model_passes=path.model_passes + plain.model_passes,
-                           probe_passes=path.probe_passes + plain.probe_passes)  # fmt: skip
+        estimate = replace(
+            plain,
+            row_sets=path.row_sets + plain.row_sets,
+            steps=path.steps,
+            per=path.per,
+            forwards=path.forwards + plain.forwards,
+            backwards=path.backwards + plain.backwards,
+            seconds=path.seconds + plain.seconds,
+            model_passes=path.model_passes + plain.model_passes,
+            probe_passes=path.probe_passes + plain.probe_passes,
+        )
     picked = first_ranked(path, rank, check, by) | set(induction_heads) | set(exact)
     return Checked(estimate, ablate_heads(model, probe, sorted(picked), mode) if picked else None)

@@ -66,8 +66,12 @@ PHRASES = {
     "diffuse": "normalised entropy of its rows",
 }
 # the score a label rests on (positional offsets −1, 0, +1 are named for what they do)
-SCORE_OF_LABEL = {**BEST_TYPES, "next-token": "next", "delimiter": "delimiter",
-                  "diffuse": "diffuse"}  # fmt: skip
+SCORE_OF_LABEL = {
+    **BEST_TYPES,
+    "next-token": "next",
+    "delimiter": "delimiter",
+    "diffuse": "diffuse",
+}
 ROWS_OF_LABEL = {"induction": "induction", "duplicate-token": "duplicate", "rare-word": "rare"}
 INDUCTION_DROP = 0.5  # a feeder: ablating it takes an induction score below half its value
 STAGES = ("baselines", "scores", "composition", "ablation")  # what evidence() runs, in order
@@ -84,8 +88,13 @@ class HeadCard:
     sentence: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.score.to_dict(), "baselines": self.baselines, "ablation": self.ablation,
-                "compositions": self.compositions, "evidence": self.sentence}  # fmt: skip
+        return {
+            **self.score.to_dict(),
+            "baselines": self.baselines,
+            "ablation": self.ablation,
+            "compositions": self.compositions,
+            "evidence": self.sentence,
+        }
 
 
 @dataclass(frozen=True)
@@ -131,16 +140,25 @@ def loss_rows(probe: Probe, causal: bool) -> dict[str, Tensor]:
     n = probe.n
     choice = torch.ones(probe.tokens.shape[0], n - 1, dtype=torch.bool)
     choice[:, 0] = not causal
-    rows = {"any": choice, "induction": t.induction_rows[:, :-1],
-            "duplicate": t.duplicate_rows[:, :-1],
-            "copy": copy_targets(probe.source)[1]}  # fmt: skip
+    rows = {
+        "any": choice,
+        "induction": t.induction_rows[:, :-1],
+        "duplicate": t.duplicate_rows[:, :-1],
+        "copy": copy_targets(probe.source)[1],
+    }
     if t.rare is not None:
         rows["rare"] = t.rare[1][:, :-1]
     return rows
 
 
-def _ablation(a: Ablations | Attributions, rows: dict[str, Tensor], label: str, layer: int,
-              head: int, induction_heads: list[tuple[int, int]]) -> dict[str, Any]:  # fmt: skip
+def _ablation(
+    a: Ablations | Attributions,
+    rows: dict[str, Tensor],
+    label: str,
+    layer: int,
+    head: int,
+    induction_heads: list[tuple[int, int]],
+) -> dict[str, Any]:
     """One head's ablation effects, each beside the median of its layer's heads; ``method``
     says whether they are exact or a first-order estimate (:mod:`headlab.heads.attribution`)."""
     s = a.index(layer, head)
@@ -150,9 +168,14 @@ def _ablation(a: Ablations | Attributions, rows: dict[str, Tensor], label: str, 
         effect = a.loss_effect(where)
         layer_effects = [float(effect[i]) for i, (l, _) in enumerate(a.heads) if l == layer]
         value = float(effect[s])
-        out[name] = None if value != value else {
-            "loss_rise": round(value, 4),
-            "layer_median": round(statistics.median(layer_effects), 4)}  # fmt: skip
+        out[name] = (
+            None
+            if value != value
+            else {
+                "loss_rise": round(value, 4),
+                "layer_median": round(statistics.median(layer_effects), 4),
+            }
+        )
     drops = []
     for l, i in induction_heads:
         before, after = float(a.clean_induction[l, i]), float(a.induction[s, l, i])
@@ -162,13 +185,21 @@ def _ablation(a: Ablations | Attributions, rows: dict[str, Tensor], label: str, 
     return out
 
 
-def _exact(a: Ablations, rows: dict[str, Tensor], label: str, layer: int, head: int,
-           induction_heads: list[tuple[int, int]]) -> dict[str, Any]:  # fmt: skip
+def _exact(
+    a: Ablations,
+    rows: dict[str, Tensor],
+    label: str,
+    layer: int,
+    head: int,
+    induction_heads: list[tuple[int, int]],
+) -> dict[str, Any]:
     """The exact figures of one head ablated exactly beside the estimate: loss rises and the
     induction scores it leaves (no layer median: only the heads asked for were ablated)."""
     full = _ablation(a, rows, label, layer, head, induction_heads)
-    rises = {k: None if full[k] is None else full[k]["loss_rise"]
-             for k in ("later_copy", "where_it_acts")}  # fmt: skip
+    rises = {
+        k: None if full[k] is None else full[k]["loss_rise"]
+        for k in ("later_copy", "where_it_acts")
+    }
     return {**rises, "induction_scores": full["induction_scores"]}
 
 
@@ -181,42 +212,60 @@ def _compositions(c: Composition, layer: int, head: int, n: int = 3) -> dict[str
             for v, idx in zip(*values.flatten().topk(min(n, values.numel())), strict=True):
                 if float(v) > 0:
                     other = list(divmod(int(idx), values.shape[1]))
-                    out[side].append({"mode": mode, "head": other, "score": round(float(v), 4),
-                                      "above_baseline": float(v) >= c.floor(mode)})  # fmt: skip
+                    out[side].append(
+                        {
+                            "mode": mode,
+                            "head": other,
+                            "score": round(float(v), 4),
+                            "above_baseline": float(v) >= c.floor(mode),
+                        }
+                    )
     for side in out:
         out[side] = sorted(out[side], key=lambda d: -d["score"])[:n]
     return out
 
 
-def _rise(effect: dict[str, Any] | None, where: str, estimated: bool = False,
-          exact: float | None = None) -> str:  # fmt: skip
+def _rise(
+    effect: dict[str, Any] | None, where: str, estimated: bool = False, exact: float | None = None
+) -> str:
     """ "raises the loss on … by 0.59 nats (median head of its layer: 0.05)"; an estimate
     says so, with the exact figure when the head was also ablated exactly."""
     if effect is None:
         return ""
     value, median = effect["loss_rise"], effect["layer_median"]
     verb = "raises" if value >= 0 else "lowers"
-    how = "" if not estimated else " (a first-order estimate" + (
-        ")" if exact is None else f"; exact: {exact:+.2f})")  # fmt: skip
-    return (f"ablating it {verb} the loss on {where} by {abs(value):.2f} nats{how} (the median "
-            f"head of its layer: {median:+.2f})")  # fmt: skip
+    how = (
+        ""
+        if not estimated
+        else " (a first-order estimate" + (")" if exact is None else f"; exact: {exact:+.2f})")
+    )
+    return (
+        f"ablating it {verb} the loss on {where} by {abs(value):.2f} nats{how} (the median "
+        f"head of its layer: {median:+.2f})"
+    )
 
 
 def _closest(score: HeadScore, floors: dict[str, float]) -> str:
     """For a head no type passes: the type closest to passing, against what it must reach."""
-    gaps = {k: v - max(THRESHOLDS[k], floors.get(k, 0.0))
-            for k, v in score.scores.items() if k in THRESHOLDS}  # fmt: skip
+    gaps = {
+        k: v - max(THRESHOLDS[k], floors.get(k, 0.0))
+        for k, v in score.scores.items()
+        if k in THRESHOLDS
+    }
     if not gaps:
         return "no score was measured"
     k = max(gaps, key=lambda t: gaps[t])
     need = max(THRESHOLDS[k], floors.get(k, 0.0))
     why = "its threshold" if need == THRESHOLDS[k] else "the random-weights floor"
-    return (f"no type passes both its threshold and its margin over random weights; closest: "
-            f"{k} {score.scores[k]:.2f} against {why} {need:.2f}")  # fmt: skip
+    return (
+        f"no type passes both its threshold and its margin over random weights; closest: "
+        f"{k} {score.scores[k]:.2f} against {why} {need:.2f}"
+    )
 
 
-def sentence(score: HeadScore, base: dict[str, Any], ablation: dict[str, Any],
-             floors: dict[str, float]) -> str:  # fmt: skip
+def sentence(
+    score: HeadScore, base: dict[str, Any], ablation: dict[str, Any], floors: dict[str, float]
+) -> str:
     """The plain sentence of what backs a head's label, with the measured numbers: "0.99 of
     its attention on the previous token, 0.06 with random weights; ablating it drops head 1.3's
     induction score from 0.58 to 0.00"."""
@@ -241,16 +290,25 @@ def _effect(score: HeadScore, ablation: dict[str, Any]) -> str:
     if fed:
         d = fed[0]
         sure = [e["to"] for e in exact.get("induction_scores", []) if e["head"] == d["head"]]
-        how = "" if not estimated else " (a first-order estimate" + (
-            f"; exact: {sure[0]:.2f})" if sure else ")")  # fmt: skip
-        return (f"ablating it drops head {d['head'][0]}.{d['head'][1]}'s induction score from "
-                f"{d['from']:.2f} to {d['to']:.2f}{how}")  # fmt: skip
+        how = (
+            ""
+            if not estimated
+            else " (a first-order estimate" + (f"; exact: {sure[0]:.2f})" if sure else ")")
+        )
+        return (
+            f"ablating it drops head {d['head'][0]}.{d['head'][1]}'s induction score from "
+            f"{d['from']:.2f} to {d['to']:.2f}{how}"
+        )
     if score.label == "induction":
-        return _rise(ablation.get("later_copy"), "a later copy's tokens", estimated,
-                     exact.get("later_copy"))  # fmt: skip
-    where = {"any": "every token", "induction": "tokens seen before",
-             "duplicate": "tokens with another copy",
-             "rare": "tokens that see the rarest word"}[ablation["rows"]]  # fmt: skip
+        return _rise(
+            ablation.get("later_copy"), "a later copy's tokens", estimated, exact.get("later_copy")
+        )
+    where = {
+        "any": "every token",
+        "induction": "tokens seen before",
+        "duplicate": "tokens with another copy",
+        "rare": "tokens that see the rarest word",
+    }[ablation["rows"]]
     return _rise(ablation.get("where_it_acts"), where, estimated, exact.get("where_it_acts"))
 
 
@@ -265,14 +323,23 @@ def _plan(rows: dict[str, Tensor], check: int | None) -> dict[str, Any]:
     and on the later copy, :data:`CHECK_SIZE` heads of each ablated exactly; elsewhere, the
     layer path by the rise on every token, :data:`CHECK` heads ablated exactly."""
     if bool(rows["copy"].any()):
-        return {"rank": [rows["any"], rows["copy"]], "steps": 1, "by": "size",
-                "check": CHECK_SIZE if check is None else check}  # fmt: skip
-    return {"rank": [rows["any"]], "steps": LAYER_STEPS, "by": "rise",
-            "check": CHECK if check is None else check}  # fmt: skip
+        return {
+            "rank": [rows["any"], rows["copy"]],
+            "steps": 1,
+            "by": "size",
+            "check": CHECK_SIZE if check is None else check,
+        }
+    return {
+        "rank": [rows["any"]],
+        "steps": LAYER_STEPS,
+        "by": "rise",
+        "check": CHECK if check is None else check,
+    }
 
 
-def _exact_is_cheap(model: Any, rows: dict[str, Tensor], induction: list[Any],
-                    plan: dict[str, Any]) -> bool:  # fmt: skip
+def _exact_is_cheap(
+    model: Any, rows: dict[str, Tensor], induction: list[Any], plan: dict[str, Any]
+) -> bool:
     """Whether ablating every head exactly costs no more probe passes (forwards of the probe,
     each copy counted, a backward as two) than the two-stage estimate of ``plan``: true of
     small models. The estimate: the plain terms (a forward, a backward per quantity), the layer
@@ -287,9 +354,15 @@ def _exact_is_cheap(model: Any, rows: dict[str, Tensor], induction: list[Any],
     return exact <= 1 + 2 * metrics + path + checked * depth / L
 
 
-def measure_ablations(model: Any, probe: Probe, rows: dict[str, Tensor],
-                      induction: list[tuple[int, int]], mode: Mode = "mean", exact: Exact = (),
-                      check: int | None = None) -> tuple[Any, Ablations | None]:  # fmt: skip
+def measure_ablations(
+    model: Any,
+    probe: Probe,
+    rows: dict[str, Tensor],
+    induction: list[tuple[int, int]],
+    mode: Mode = "mean",
+    exact: Exact = (),
+    check: int | None = None,
+) -> tuple[Any, Ablations | None]:
     """Every head's ablation effects on the loss over each of ``rows`` (:func:`loss_rows`) and
     on the scores of ``induction``'s heads: estimated in two stages (:func:`headlab.heads.
     estimate.estimate_heads`, ranked as :func:`_plan` says, ``check`` heads per ranking, and
@@ -300,8 +373,7 @@ def measure_ablations(model: Any, probe: Probe, rows: dict[str, Tensor],
     if exact is True or (exact is None and _exact_is_cheap(model, rows, induction, plan)):
         return ablate_heads(model, probe, mode=mode), None
     picked = set() if exact is False or exact is None else set(exact)
-    two = estimate_heads(model, probe, list(rows.values()), induction, mode, exact=picked,
-                         **plan)  # fmt: skip
+    two = estimate_heads(model, probe, list(rows.values()), induction, mode, exact=picked, **plan)
     return two.estimate, two.exact
 
 
@@ -360,15 +432,26 @@ def evidence(
     causal = bool(model.config.causal)
     rows = loss_rows(probe, causal)
     induction = [(s.layer, s.head) for s in report.heads if s.label == "induction"]
-    ablations, checked = stage("ablation", lambda: measure_ablations(
-        model, probe, rows, induction, mode, exact, check)) if causal else (None, None)  # fmt: skip
+    ablations, checked = (
+        stage(
+            "ablation", lambda: measure_ablations(model, probe, rows, induction, mode, exact, check)
+        )
+        if causal
+        else (None, None)
+    )
     cards = []
     for s in report.heads:
         b = base.of_head(s.layer, s.head)
-        a = {} if ablations is None else _ablation(ablations, rows, s.label, s.layer, s.head,
-                                                   induction)  # fmt: skip
+        a = (
+            {}
+            if ablations is None
+            else _ablation(ablations, rows, s.label, s.layer, s.head, induction)
+        )
         if checked is not None and (s.layer, s.head) in checked.heads:
             a["exact"] = _exact(checked, rows, s.label, s.layer, s.head, induction)
-        cards.append(HeadCard(s, b, a, _compositions(comp, s.layer, s.head),
-                              sentence(s, b, a, floors[s.layer])))  # fmt: skip
+        cards.append(
+            HeadCard(
+                s, b, a, _compositions(comp, s.layer, s.head), sentence(s, b, a, floors[s.layer])
+            )
+        )
     return Evidence(report, base, comp, ablations, cards, times, checked)

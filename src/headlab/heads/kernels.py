@@ -154,8 +154,9 @@ def content_parts(A, sees, size, lo, hi, out):
                 t = w[b, i]
                 if t > 0:
                     row, s, scale = A[b, h, i], sees[b, i], _f32(size[b, i])
-                    u_key, u_off = _unexplained(row, s, t, scale, key, off, n - 1 - i, n, q_key,
-                                                q_off)  # fmt: skip
+                    u_key, u_off = _unexplained(
+                        row, s, t, scale, key, off, n - 1 - i, n, q_key, q_off
+                    )
                     by_key += t * u_key
                     by_offset += t * u_off
         out[h, 0], out[h, 1] = by_key, by_offset
@@ -193,10 +194,16 @@ def _log(bits):
     return x + (y + _f32(-2.12194440e-4) * f + _f32(-0.5) * z) + _f32(0.693359375) * f
 
 
-_LOG_POLY = (np.float32(-1.1514610310e-1), np.float32(1.1676998740e-1),
-             np.float32(-1.2420140846e-1), np.float32(1.4249322787e-1),
-             np.float32(-1.6668057665e-1), np.float32(2.0000714765e-1),
-             np.float32(-2.4999993993e-1), np.float32(3.3333331174e-1))  # fmt: skip
+_LOG_POLY = (
+    np.float32(-1.1514610310e-1),
+    np.float32(1.1676998740e-1),
+    np.float32(-1.2420140846e-1),
+    np.float32(1.4249322787e-1),
+    np.float32(-1.6668057665e-1),
+    np.float32(2.0000714765e-1),
+    np.float32(-2.4999993993e-1),
+    np.float32(3.3333331174e-1),
+)
 _LEAST_NORMAL = np.int32(0x00800000)  # the bits of the least normal float32
 
 

@@ -81,16 +81,19 @@ def heads_legend(report: Scored) -> str:
     rows = [*report.heads, *report.averaged]
     kinds = [k for k in SCORE_TYPES if any(k in s.scores for s in rows)]
     scores = [" ".join(filter(None, (SHORT[k], LABELS[k], MEANS.get(k)))) for k in kinds]
-    return " · ".join([
-        "columns: L layer, H head (both from 0; avg: the layer's averaged head)",
-        *scores,
-        "δ the positional score's offset (−1: the token before)",
-        "rest where the head rests off the rows its label scores",
-        "a score in bold passes its label's threshold (docs/heads.md)",
-        "labels also need their layer's random-weights floor (mean + 3 sd); (X below chance "
-        "floor): the label the threshold alone gives" if getattr(report, "floors", None)
-        else "labels by thresholds alone, unchecked against chance (no random-weights floors)",
-    ])  # fmt: skip
+    return " · ".join(
+        [
+            "columns: L layer, H head (both from 0; avg: the layer's averaged head)",
+            *scores,
+            "δ the positional score's offset (−1: the token before)",
+            "rest where the head rests off the rows its label scores",
+            "a score in bold passes its label's threshold (docs/heads.md)",
+            "labels also need their layer's random-weights floor (mean + 3 sd); (X below chance "
+            "floor): the label the threshold alone gives"
+            if getattr(report, "floors", None)
+            else "labels by thresholds alone, unchecked against chance (no random-weights floors)",
+        ]
+    )
 
 
 def _short(value: float) -> str:
@@ -104,8 +107,10 @@ def sink_lines(report: HeadReport) -> list[str]:
     out = []
     for r in report.sinks:
         heads = ", ".join(f"{r['layer']}.{h}" for h in r["heads"]) or "none"
-        out.append(f"layer {r['layer']}: {r['share']:.0%} of heads put more than "
-                   f"{SINK_THRESHOLD} of their attention on the first token ({heads})")  # fmt: skip
+        out.append(
+            f"layer {r['layer']}: {r['share']:.0%} of heads put more than "
+            f"{SINK_THRESHOLD} of their attention on the first token ({heads})"
+        )
     if not report.start_token:
         out.append(f"no start token: {report.sink_position['note']}")
     return out

@@ -55,15 +55,20 @@ class NeedleProbe:
 
 
 def build_needle(
-    tokenizer: Any, hay: list[int], length: int, depth: float, seed: int,
+    tokenizer: Any,
+    hay: list[int],
+    length: int,
+    depth: float,
+    seed: int,
     question: str = QUESTION,
-) -> NeedleProbe:  # fmt: skip
+) -> NeedleProbe:
     """A probe of exactly ``length`` tokens: haystack from a seeded offset, the needle after
     ``depth`` of it, the question last. Raises ValueError when the length leaves no haystack."""
     rng = random.Random(f"{length}-{depth}-{seed}")
     number = str(rng.randrange(10 ** (DIGITS - 1), 10**DIGITS))
-    pre, fact, post, cue = (pieces(tokenizer, t) for t in (NEEDLE[0], " " + number, NEEDLE[1],
-                                                            question))  # fmt: skip
+    pre, fact, post, cue = (
+        pieces(tokenizer, t) for t in (NEEDLE[0], " " + number, NEEDLE[1], question)
+    )
     start_token = tokenizer.encode("")  # what the tokenizer puts first (Gemma's <bos>), or []
     room = length - len(start_token) - len(pre) - len(fact) - len(post) - len(cue)
     if room < 1:
@@ -100,9 +105,11 @@ def groups(probes: list[NeedleProbe]) -> list[list[NeedleProbe]]:
 
 @torch.inference_mode()
 def answer(
-    model: Transformer, probes: list[NeedleProbe], head_mask: Tensor | None = None,
+    model: Transformer,
+    probes: list[NeedleProbe],
+    head_mask: Tensor | None = None,
     record: str | None = "top",
-) -> tuple[Tensor, list[Tensor]]:  # fmt: skip
+) -> tuple[Tensor, list[Tensor]]:
     """Greedy answers (B, a) to probes of one length and answer length, with ``head_mask``
     (n_layers, h); and, for each answer token, the attention row of the query that produced
     it: each head's most-attended position (L, B, h) with ``record="top"``, the whole row
@@ -159,9 +166,14 @@ def score_needles(model: Transformer, probes: list[NeedleProbe]) -> list[dict[st
         generated, tops = answer(model, batch)
         scores = retrieval_scores(tops, generated, batch)  # (B, L, h)
         for p, g, sc in zip(batch, generated, scores, strict=True):
-            rows[index[id(p)]] = {"length": p.length, "depth": p.depth, "seed": p.seed,
-                                  "correct": bool(torch.equal(g, p.answer)), "generated": g,
-                                  "scores": sc}  # fmt: skip
+            rows[index[id(p)]] = {
+                "length": p.length,
+                "depth": p.depth,
+                "seed": p.seed,
+                "correct": bool(torch.equal(g, p.answer)),
+                "generated": g,
+                "scores": sc,
+            }
     return [rows[i] for i in range(len(probes))]
 
 
@@ -209,11 +221,16 @@ def live_needle(
     scores = row["scores"]  # (L, h)
     h = scores.shape[1]
     order = scores.flatten().argsort(descending=True, stable=True)[:top].tolist()
-    heads = [{"layer": i // h, "head": i % h, "score": round(float(scores.flatten()[i]), 4)}
-             for i in order if scores.flatten()[i] > 0]  # fmt: skip
+    heads = [
+        {"layer": i // h, "head": i % h, "score": round(float(scores.flatten()[i]), 4)}
+        for i in order
+        if scores.flatten()[i] > 0
+    ]
     lo, hi = needle.span
     return {
-        "length": length, "depth": depth, "seed": seed,
+        "length": length,
+        "depth": depth,
+        "seed": seed,
         "needle": tokenizer.decode(needle.ids[lo:hi].tolist()).strip(),
         "question": question.strip(),
         "generated": tokenizer.decode(row["generated"].tolist()).strip(),
@@ -221,4 +238,4 @@ def live_needle(
         "top_heads": heads,
         "heads": scores.numel(),
         "above_threshold": sum(passes("retrieval", float(x)) for x in scores.flatten()),
-    }  # fmt: skip
+    }

@@ -110,8 +110,11 @@ class Sentence:
 
     def arcs(self) -> list[tuple[int, int, str]]:
         """(dependent, head, relation) for every word but the root and punctuation."""
-        return [(d, g, r) for d, (g, r) in enumerate(zip(self.heads, self.relations, strict=True))
-                if g >= 0 and r not in SKIPPED]  # fmt: skip
+        return [
+            (d, g, r)
+            for d, (g, r) in enumerate(zip(self.heads, self.relations, strict=True))
+            if g >= 0 and r not in SKIPPED
+        ]
 
 
 def parse_sentences(nlp: Any, text: str) -> list[Sentence]:
@@ -123,13 +126,15 @@ def parse_sentences(nlp: Any, text: str) -> list[Sentence]:
             continue
         start = words[0].idx
         index = {t.i: k for k, t in enumerate(words)}
-        out.append(Sentence(
-            text=sent.text.strip(),
-            words=[t.text for t in words],
-            spans=[(t.idx - start, t.idx - start + len(t.text)) for t in words],
-            heads=[-1 if t.head.i == t.i else index.get(t.head.i, -1) for t in words],
-            relations=[t.dep_ for t in words],
-        ))  # fmt: skip
+        out.append(
+            Sentence(
+                text=sent.text.strip(),
+                words=[t.text for t in words],
+                spans=[(t.idx - start, t.idx - start + len(t.text)) for t in words],
+                heads=[-1 if t.head.i == t.i else index.get(t.head.i, -1) for t in words],
+                relations=[t.dep_ for t in words],
+            )
+        )
     return out
 
 
@@ -205,11 +210,18 @@ class SyntaxReport:
                 continue
             direction, layer, head = (int(i) for i in torch.unravel_index(acc.argmax(), acc.shape))
             offset, base = self.baselines[rel]
-            rows.append({"relation": rel, "layer": layer, "head": head,
-                         "accuracy": round(float(acc.max()), 4),
-                         "direction": list(DIRECTIONS)[direction],
-                         "baseline_offset": offset, "baseline_accuracy": round(base, 4),
-                         "count": self.counts[rel]})  # fmt: skip
+            rows.append(
+                {
+                    "relation": rel,
+                    "layer": layer,
+                    "head": head,
+                    "accuracy": round(float(acc.max()), 4),
+                    "direction": list(DIRECTIONS)[direction],
+                    "baseline_offset": offset,
+                    "baseline_accuracy": round(base, 4),
+                    "count": self.counts[rel],
+                }
+            )
         return sorted(rows, key=lambda r: -r["count"])
 
     def margins(self) -> dict[tuple[int, int], tuple[float, str]]:
@@ -221,16 +233,25 @@ class SyntaxReport:
             if self.counts[rel] < MIN_ARCS:
                 continue
             margin = acc.amax(0) - self.baselines[rel][1]  # (L, h)
-            for (layer, head), value in zip(torch.cartesian_prod(
-                    torch.arange(margin.shape[0]), torch.arange(margin.shape[1])).tolist(),
-                    margin.flatten().tolist(), strict=True):  # fmt: skip
+            for (layer, head), value in zip(
+                torch.cartesian_prod(
+                    torch.arange(margin.shape[0]), torch.arange(margin.shape[1])
+                ).tolist(),
+                margin.flatten().tolist(),
+                strict=True,
+            ):
                 if (layer, head) not in out or value > out[(layer, head)][0]:
                     out[(layer, head)] = (value, rel)
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"model": self.model, "sentences": self.sentences, "words": self.words,
-               "relations": self.best(), "directions": dict(DIRECTIONS)}  # fmt: skip
+        out = {
+            "model": self.model,
+            "sentences": self.sentences,
+            "words": self.words,
+            "relations": self.best(),
+            "directions": dict(DIRECTIONS),
+        }
         if self.note or not out["relations"]:
             out["note"] = self.note or "no relation has enough arcs to compare heads"
         return out
@@ -242,8 +263,9 @@ def _sentence_tokens(tokenizer: Any, s: Sentence, max_len: int) -> tuple[list[in
     if not ids or len(ids) > max_len:
         return [], []
     specials = special_ids(tokenizer)
-    index, _ = token_words(s.text, tokenizer.offsets(s.text), [i in specials for i in ids],
-                           spans=s.spans)  # fmt: skip
+    index, _ = token_words(
+        s.text, tokenizer.offsets(s.text), [i in specials for i in ids], spans=s.spans
+    )
     return ids, index
 
 
@@ -303,8 +325,10 @@ def analyse_syntax(
             s, _, index = runs[k]
             predicted[k] = both_predictions(word_attention(weights[:, b], index, len(s.words)))
     kept = [s for s, _, _ in runs]
-    present = [torch.isin(torch.arange(len(s.words)), torch.tensor(index, dtype=torch.long))
-               for s, _, index in runs]  # fmt: skip
+    present = [
+        torch.isin(torch.arange(len(s.words)), torch.tensor(index, dtype=torch.long))
+        for s, _, index in runs
+    ]
     accuracy, counts, baselines = score_arcs(predicted, kept, present)
     skipped = len(sentences) - len(kept)
     note = f"{skipped} sentence(s) longer than the model's context were skipped" if skipped else ""
@@ -326,15 +350,16 @@ def text_view(nlp: Any, tokenizer: Any, text: str, patterns: Tensor) -> dict[str
     spans = [(t.idx, t.idx + len(t.text)) for t in tokens]
     ids = tokenizer.encode(text)
     specials = special_ids(tokenizer)
-    word_index, _ = token_words(text, tokenizer.offsets(text), [i in specials for i in ids],
-                                spans=spans)  # fmt: skip
+    word_index, _ = token_words(
+        text, tokenizer.offsets(text), [i in specials for i in ids], spans=spans
+    )
     links = predictions(word_attention(patterns, word_index, len(tokens)))  # (L, h, W)
     arcs = [
         {"dependent": index[t.i], "head": index[t.head.i], "relation": t.dep_}
         for t in tokens
         if t.head.i != t.i and t.dep_ not in SKIPPED and t.head.i in index
     ]
-    return {"words": [t.text for t in tokens], "arcs": arcs, "links": links.tolist()}  # fmt: skip
+    return {"words": [t.text for t in tokens], "arcs": arcs, "links": links.tolist()}
 
 
 def evaluation_text() -> str:

@@ -54,7 +54,19 @@ from headlab.model.sampling import generation_problems, pick_tokens
 from headlab.model.transformer import SkipInit, Transformer
 
 __all__ = [
-    "MLP", "Activation", "Block", "MlpKind", "ModelConfig", "NormKind", "NormPlace", "Positional",
-    "RMSNorm", "Rotary", "SkipInit", "Transformer", "generation_problems", "make_norm",
+    "MLP",
+    "Activation",
+    "Block",
+    "MlpKind",
+    "ModelConfig",
+    "NormKind",
+    "NormPlace",
+    "Positional",
+    "RMSNorm",
+    "Rotary",
+    "SkipInit",
+    "Transformer",
+    "generation_problems",
+    "make_norm",
     "pick_tokens",
-]  # fmt: skip
+]

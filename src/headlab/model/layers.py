@@ -109,10 +109,17 @@ class Block(nn.Module):
         self.local = layer in config.local_layers
         self.norm_attn = make_norm(config)
         self.attn = MultiHeadAttention(
-            config.d_model, config.n_heads, config.n_kv_heads, config.bias, config.dropout,
-            d_k=config.head_dim, out_bias=config.attn_out_bias, scale=config.attn_scale,
-            softcap=config.attn_softcap, window=config.sliding_window if self.local else None,
-        )  # fmt: skip
+            config.d_model,
+            config.n_heads,
+            config.n_kv_heads,
+            config.bias,
+            config.dropout,
+            d_k=config.head_dim,
+            out_bias=config.attn_out_bias,
+            scale=config.attn_scale,
+            softcap=config.attn_softcap,
+            window=config.sliding_window if self.local else None,
+        )
         if config.qk_norm:
             self.attn.q_norm = make_norm(config, config.d_k)
             self.attn.k_norm = make_norm(config, config.d_k)

@@ -31,12 +31,14 @@ def generation_problems(
         room = config.max_len - n
         out.append(
             f"the prompt is {n} tokens and the model's context is {config.max_len}, so "
-            + (f"at most {room} new tokens fit, not {max_new_tokens}" if room > 0
-               else "there is no room for new tokens; shorten the prompt")
-        )  # fmt: skip
+            + (
+                f"at most {room} new tokens fit, not {max_new_tokens}"
+                if room > 0
+                else "there is no room for new tokens; shorten the prompt"
+            )
+        )
     if not bounded and not 1 <= kept <= config.max_len:
-        out.append(f"sinks + window must be 1..{config.max_len} (the model's context), "
-                   f"got {kept}")  # fmt: skip
+        out.append(f"sinks + window must be 1..{config.max_len} (the model's context), got {kept}")
     if temperature < 0:
         out.append(f"temperature must be 0 (greedy) or more, got {temperature}")
     if top_k is not None and top_k < 1:

@@ -181,13 +181,16 @@ class Transformer(nn.Module):
         """Hidden states (B, n, d_model) of a chunk that overflows a sink cache: what fits in
         one pass, then one token at a time (each token's window differs)."""
         if trace.enabled:
-            raise ValueError("a chunk that overflows a sink cache runs token by token; "
-                             "trace it in pieces that fit, or without the cache")  # fmt: skip
+            raise ValueError(
+                "a chunk that overflows a sink cache runs token by token; "
+                "trace it in pieces that fit, or without the cache"
+            )
         fit = max(cache[0].capacity - cache[0].length, 0)
         pieces = [tokens[:, :fit]] if fit else []
         pieces += list(tokens[:, fit:].split(1, dim=1))
-        return torch.cat([self.hidden_states(p, head_mask=head_mask, cache=cache) for p in pieces],
-                         dim=1)  # fmt: skip
+        return torch.cat(
+            [self.hidden_states(p, head_mask=head_mask, cache=cache) for p in pieces], dim=1
+        )
 
     def _check_tokens(
         self, tokens: Tensor, offset: int = 0, limit: int | None = None
@@ -255,8 +258,10 @@ class Transformer(nn.Module):
         way (past its trained context, as the full-cache baseline of a streaming test does);
         learned position embeddings cannot be moved to a new slot, so they are refused."""
         if self.config.positional == "learned":
-            raise ValueError("a sink cache moves keys to new positions, which learned position "
-                             "embeddings cannot follow; use a rotary model")  # fmt: skip
+            raise ValueError(
+                "a sink cache moves keys to new positions, which learned position "
+                "embeddings cannot follow; use a rotary model"
+            )
         return [
             SinkCache(
                 batch,
@@ -321,8 +326,9 @@ class Transformer(nn.Module):
         """
         n = tokens.shape[-1]
         kept = (window or 0) + sinks
-        problems = generation_problems(n, self.config, max_new_tokens, temperature, top_k,
-                                       bounded=window is None, kept=kept)  # fmt: skip
+        problems = generation_problems(
+            n, self.config, max_new_tokens, temperature, top_k, bounded=window is None, kept=kept
+        )
         if problems:
             raise ValueError("; ".join(problems))
         B, n = self._check_tokens(tokens, limit=None if window is None else n)

@@ -67,9 +67,11 @@ def bind(host: str, port: int) -> socket.socket:
     numeric = NAME_ADDRESSES.get(bare, bare)
     try:  # a numeric host: getaddrinfo only parses it (AI_NUMERICHOST), never asks a resolver
         family, kind, proto, _, address = socket.getaddrinfo(
-            numeric, port, type=socket.SOCK_STREAM,
+            numeric,
+            port,
+            type=socket.SOCK_STREAM,
             flags=socket.AI_PASSIVE | socket.AI_NUMERICHOST | socket.AI_NUMERICSERV,
-        )[0]  # fmt: skip
+        )[0]
     except (OSError, UnicodeError) as exc:
         raise ValueError(
             f"cannot listen on {host}: {exc}; use an address of this machine"

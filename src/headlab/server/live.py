@@ -65,10 +65,19 @@ class Knob:
         """The knob as ``GET /api/live`` serves it."""
         if self.choices:
             options = [{"value": v, "text": t} for v, t in self.choices]
-            return {"label": self.label, "default": self.default, "help": self.help,
-                    "choices": options}  # fmt: skip
-        return {"label": self.label, "default": self.default, "help": self.help,
-                "min": self.low, "max": self.high}  # fmt: skip
+            return {
+                "label": self.label,
+                "default": self.default,
+                "help": self.help,
+                "choices": options,
+            }
+        return {
+            "label": self.label,
+            "default": self.default,
+            "help": self.help,
+            "min": self.low,
+            "max": self.high,
+        }
 
 
 AUTO = "auto"  # the threads knob's value that leaves the count to auto_threads
@@ -88,14 +97,27 @@ def _thread_choices(cores: int) -> tuple[tuple[int | str, str], ...]:
 
 LIVE_KNOBS = {
     "seed": Knob("seed", 0, "seeds the weights and the data", low=0, high=9999),
-    "n_layers": Knob("layers", 2, "1 cannot form an induction head; 2 can",
-                     choices=((2, "2 layers"), (1, "1 layer (control)"))),
-    "n_heads": Knob("heads per layer", 4, "heads per layer (d_model stays 64)",
-                    choices=((2, "2"), (4, "4"), (8, "8"))),
-    "threads": Knob("threads", AUTO, "torch CPU threads the server trains on: one is safe on a "
-                    "busy machine, two are a little faster on an idle one; auto picks from the "
-                    "load", choices=_thread_choices(os.cpu_count() or 1)),
-}  # fmt: skip
+    "n_layers": Knob(
+        "layers",
+        2,
+        "1 cannot form an induction head; 2 can",
+        choices=((2, "2 layers"), (1, "1 layer (control)")),
+    ),
+    "n_heads": Knob(
+        "heads per layer",
+        4,
+        "heads per layer (d_model stays 64)",
+        choices=((2, "2"), (4, "4"), (8, "8")),
+    ),
+    "threads": Knob(
+        "threads",
+        AUTO,
+        "torch CPU threads the server trains on: one is safe on a "
+        "busy machine, two are a little faster on an idle one; auto picks from the "
+        "load",
+        choices=_thread_choices(os.cpu_count() or 1),
+    ),
+}
 
 
 def machine_load() -> float | None:
@@ -137,12 +159,16 @@ class Threads:
             return "as picked"
         if self.load is None:
             return "auto: this system reports no load average, so one thread, the safe choice"
-        return (f"auto: load average {self.load:.2f} over the last minute on {self.cores} "
-                f"cores")  # fmt: skip
+        return f"auto: load average {self.load:.2f} over the last minute on {self.cores} cores"
 
     def describe(self) -> dict[str, Any]:
-        return {"threads": self.count, "threads_asked": self.asked, "threads_why": self.why,
-                "cores": self.cores, "load": self.load}  # fmt: skip
+        return {
+            "threads": self.count,
+            "threads_asked": self.asked,
+            "threads_why": self.why,
+            "cores": self.cores,
+            "load": self.load,
+        }
 
 
 def choose_threads(
@@ -165,14 +191,20 @@ def ending_text(
     other work ran, that it shared the cores (the load at the end counts this run's own
     threads, hence it is discounted by them)."""
     unit = "thread" if threads.count == 1 else "threads"
-    text = (f"{ended} {steps} steps in {seconds:.1f} s on {threads.count} torch {unit} "
-            f"({threads.why}).")  # fmt: skip
-    others = [x for x in (threads.load, None if load_end is None else load_end - threads.count)
-              if x is not None]  # fmt: skip
+    text = (
+        f"{ended} {steps} steps in {seconds:.1f} s on {threads.count} torch {unit} ({threads.why})."
+    )
+    others = [
+        x
+        for x in (threads.load, None if load_end is None else load_end - threads.count)
+        if x is not None
+    ]
     if others and max(others) >= 1 - FREE_SHARE:
         end = "" if load_end is None else f", {load_end:.2f} at the end with this run's included"
-        text += (f" Other work shared the cores (load average {_load(threads.load)} at the "
-                 f"start{end}), which slows a run.")  # fmt: skip
+        text += (
+            f" Other work shared the cores (load average {_load(threads.load)} at the "
+            f"start{end}), which slows a run."
+        )
     return text
 
 
@@ -186,8 +218,14 @@ def run_study(
     """One live run, as the route trains it: :func:`headlab.experiments.induction.study` of the
     knobs' recipe on ``threads`` torch threads (benchmarks/bench_live.py times this call)."""
     with torch_threads(threads):
-        return ind.study(knobs.config(), knobs.n_layers, knobs.seed, listener=listener,
-                         stop=stop, weights_view=circuit_scores)  # fmt: skip
+        return ind.study(
+            knobs.config(),
+            knobs.n_layers,
+            knobs.seed,
+            listener=listener,
+            stop=stop,
+            weights_view=circuit_scores,
+        )
 
 
 def circuit_scores(model: Any) -> dict[str, Any]:
@@ -202,8 +240,12 @@ def circuit_scores(model: Any) -> dict[str, Any]:
         return {"from_layer": 0, "to_layer": 0, "k": [], "floor": None}
     found = composition_scores(model)
     k = found.scores["k"][0, :, last, :]  # (h, h)
-    return {"from_layer": 0, "to_layer": last, "k": k.round(decimals=4).tolist(),
-            "floor": round(found.floor("k"), 4)}  # fmt: skip
+    return {
+        "from_layer": 0,
+        "to_layer": last,
+        "k": k.round(decimals=4).tolist(),
+        "floor": round(found.floor("k"), 4),
+    }
 
 
 class Busy(RuntimeError):
@@ -261,15 +303,24 @@ class LiveRun:
             self.cancel("server stopped")
 
     def describe(self) -> dict[str, Any]:
-        return {"run_id": self.id, **asdict(self.knobs), "recipe": asdict(self.knobs.config()),
-                "max_seconds": self.max_seconds, **self.threads.describe()}  # fmt: skip
+        return {
+            "run_id": self.id,
+            **asdict(self.knobs),
+            "recipe": asdict(self.knobs.config()),
+            "max_seconds": self.max_seconds,
+            **self.threads.describe(),
+        }
 
     def ending(self, ended: str, steps: int | None = None) -> dict[str, Any]:
         """What the last event says besides its name: seconds, steps, threads and the text."""
         seconds, steps = time.perf_counter() - self.started, self.step if steps is None else steps
         text = ending_text(self.threads, seconds, steps, self.load(), f"Run {self.id} {ended}")
-        return {"seconds": round(seconds, 3), "steps": steps, "threads": self.threads.count,
-                "text": text}  # fmt: skip
+        return {
+            "seconds": round(seconds, 3),
+            "steps": steps,
+            "threads": self.threads.count,
+            "text": text,
+        }
 
 
 class LiveRuns:

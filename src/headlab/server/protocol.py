@@ -70,8 +70,12 @@ def guarded_protocol(
     from headlab.server.security import static_headers
 
     limit = connection_limit() if max_connections is None else max_connections
-    bounds = {"client_timeout": client_timeout, "max_head_bytes": max_head_bytes,
-              "max_connections": limit, "extra": static_headers()}  # fmt: skip
+    bounds = {
+        "client_timeout": client_timeout,
+        "max_head_bytes": max_head_bytes,
+        "max_connections": limit,
+        "extra": static_headers(),
+    }
     return type("GuardedProtocol", (GuardedProtocol,), bounds)
 
 

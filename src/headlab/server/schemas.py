@@ -32,9 +32,12 @@ MAX_TOKENS = settings.max_tokens()
 NEEDLE = "needle"
 HEAD_PROBE_INFO: dict[str, tuple[bool, str]] = {
     **PROBE_INFO,
-    NEEDLE: (False, "needle in a haystack (a secret number hidden in Hamlet at five depths, "
-             "the model asked for it: Wu et al. 2024's retrieval heads; /api/heads only)"),
-}  # fmt: skip
+    NEEDLE: (
+        False,
+        "needle in a haystack (a secret number hidden in Hamlet at five depths, "
+        "the model asked for it: Wu et al. 2024's retrieval heads; /api/heads only)",
+    ),
+}
 HEAD_PROBES = tuple(HEAD_PROBE_INFO)
 if TYPE_CHECKING:
     ProbeName = str
@@ -130,8 +133,9 @@ class ModelSizes(BaseModel):
     bias: bool
     d_k: int | None = Field(None, description="each head's width; null: d_model / h")
     window: int | None = Field(None, description="keys a local layer's query sees; null: all")
-    local_layers: list[int] = Field([], description="the layers with that window (the others "
-                                    "are global)")  # fmt: skip
+    local_layers: list[int] = Field(
+        [], description="the layers with that window (the others are global)"
+    )
 
 
 def _lo(name: str) -> int:
@@ -162,8 +166,9 @@ class ShapesRequest(Strict):
     cache_len: int = _size("cache_len", "positions already in the KV cache")
     d_k: int | None = _size("d_k", "each head's width; null: d_model / h")
 
-    @field_validator("d_model", "n_heads", "seq_len", "batch", "n_kv_heads", "cache_len", "d_k",
-                     mode="before")  # fmt: skip
+    @field_validator(
+        "d_model", "n_heads", "seq_len", "batch", "n_kv_heads", "cache_len", "d_k", mode="before"
+    )
     @classmethod
     def _json_integers(cls, value: Any) -> Any:
         return json_integer(value)
@@ -199,8 +204,10 @@ class ProbeInfo(BaseModel):
 
 def probe_infos() -> list[ProbeInfo]:
     """Every probe /api/heads takes: :data:`headlab.measure.PROBES` in order, then "needle"."""
-    return [ProbeInfo(name=n, takes_text=HEAD_PROBE_INFO[n][0],
-                      description=HEAD_PROBE_INFO[n][1]) for n in HEAD_PROBES]  # fmt: skip
+    return [
+        ProbeInfo(name=n, takes_text=HEAD_PROBE_INFO[n][0], description=HEAD_PROBE_INFO[n][1])
+        for n in HEAD_PROBES
+    ]
 
 
 def _text_rules(names: tuple[str, ...], *more: dict[str, Any]) -> ConfigDict:
@@ -485,9 +492,10 @@ class NeedleRequest(Strict):
     """One needle in a haystack, run live (:func:`headlab.heads.retrieval.live_needle`)."""
 
     model: str | None = Field(
-        None, pattern=NAME_PATTERN,
+        None,
+        pattern=NAME_PATTERN,
         description="a name from /api/models; omitted: smollm2 when installed, else default",
-    )  # fmt: skip
+    )
     depth: float = Field(0.5, ge=0.0, le=1.0, description="where the needle sits, 0 = first")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="picks the number and the haystack")
 

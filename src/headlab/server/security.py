@@ -84,8 +84,12 @@ class SecurityHeaders:
             if started:  # half an answer is out: only closing the connection can end it
                 raise
             log.exception("unhandled error answering %s %s", scope["method"], scope["path"])
-            await send_json(send_with_headers, 500, "internal error: the server could not "
-                            "answer this request; the server's log has the details")  # fmt: skip
+            await send_json(
+                send_with_headers,
+                500,
+                "internal error: the server could not "
+                "answer this request; the server's log has the details",
+            )
 
 
 class HostCheck:
@@ -186,8 +190,12 @@ class BodyLimit:
             return
         problem = json_body_problem(scope, body)
         if problem is not None:
-            await send_json(send, 422, problem, errors=[{"loc": ["body"], "msg": problem,
-                                                          "type": "json_invalid"}])  # fmt: skip
+            await send_json(
+                send,
+                422,
+                problem,
+                errors=[{"loc": ["body"], "msg": problem, "type": "json_invalid"}],
+            )
             return
         replayed = False
 

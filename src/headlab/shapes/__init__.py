@@ -54,11 +54,29 @@ if TYPE_CHECKING:  # the checker sees the real names; at run time they load on f
     from headlab.shapes.report import DTYPES, trace_shapes
 
 __all__ = [
-    "DTYPES", "DTYPE_ALIASES", "DTYPE_NAMES", "FLOP_CONVENTION", "LARGE_ELEMENTS", "LIMITS",
-    "MAX_ELEMENTS", "MAX_FLOPS", "N2_STAGES", "PRESETS", "STAGES", "ParamTensor", "Preset",
-    "ShapeConfig", "ShapeReport", "Stage", "check_shape_config", "format_bytes",
-    "nearest_divisors", "shape_config", "table_shapes", "trace_shapes",
-]  # fmt: skip
+    "DTYPES",
+    "DTYPE_ALIASES",
+    "DTYPE_NAMES",
+    "FLOP_CONVENTION",
+    "LARGE_ELEMENTS",
+    "LIMITS",
+    "MAX_ELEMENTS",
+    "MAX_FLOPS",
+    "N2_STAGES",
+    "PRESETS",
+    "STAGES",
+    "ParamTensor",
+    "Preset",
+    "ShapeConfig",
+    "ShapeReport",
+    "Stage",
+    "check_shape_config",
+    "format_bytes",
+    "nearest_divisors",
+    "shape_config",
+    "table_shapes",
+    "trace_shapes",
+]
 
 # the names that run the layer, and so need torch: imported on first use (PEP 562), so that
 # `headlab shapes --help` and a refused size never import torch

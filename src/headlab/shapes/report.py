@@ -36,8 +36,12 @@ __all__ = [
 ]
 
 # every dtype name a user may type (DTYPE_ALIASES) → the torch dtype the layer is run in
-_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16,
-                 "bfloat16": torch.bfloat16, "float64": torch.float64}  # fmt: skip
+_TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
 DTYPES: dict[str, torch.dtype] = {a: _TORCH_DTYPES[name] for a, name in DTYPE_ALIASES.items()}
 
 

@@ -317,8 +317,15 @@ def _one_step(loop: _Loop, batches: BatchFn, loss_fn: LossFn, log: _Log) -> None
     loop.loss_sum, loop.loss_count = loop.loss_sum + value, loop.loss_count + 1
     if _due(loop.step, loop.config.log_every, loop.config.steps):
         mean = loop.loss_sum / loop.loss_count
-        log.write({"step": loop.step, "kind": "train", "loss": mean, "lr": lr,
-                   "elapsed": round(loop.elapsed, 3)})  # fmt: skip
+        log.write(
+            {
+                "step": loop.step,
+                "kind": "train",
+                "loss": mean,
+                "lr": lr,
+                "elapsed": round(loop.elapsed, 3),
+            }
+        )
         loop.loss_sum, loop.loss_count = 0.0, 0
     log.progress(loop.step, value, lr)
 

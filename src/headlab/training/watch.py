@@ -54,8 +54,12 @@ class Start:
     ceiling: float  # an ideal induction head's score on the probe
 
     def to_dict(self) -> dict[str, Any]:
-        return {"event": self.name, "total": self.total, "tokens": self.tokens,
-                "ceiling": self.ceiling}  # fmt: skip
+        return {
+            "event": self.name,
+            "total": self.total,
+            "tokens": self.tokens,
+            "ceiling": self.ceiling,
+        }
 
 
 @dataclass(frozen=True)
@@ -163,8 +167,7 @@ class Cancelled:
     ending: dict[str, Any] = field(default_factory=dict)  # as Done's
 
     def to_dict(self) -> dict[str, Any]:
-        return {"event": self.name, "run_id": self.run_id, "reason": self.reason,
-                **self.ending}  # fmt: skip
+        return {"event": self.name, "run_id": self.run_id, "reason": self.reason, **self.ending}
 
 
 @dataclass(frozen=True)
@@ -331,8 +334,10 @@ def _patterns(record: dict[str, Any], weights: Sequence[Tensor]) -> dict[str, An
     """The patterns on probe sequence 0 of the last layer's best induction head and layer 0's
     best previous-token head, rounded to 3 decimals. They ride on the event only: the history
     (and results.json) keeps the scores, not 17 KB of patterns per evaluation."""
-    shown = {"induction": best_head(record, "induction", -1),
-             "prev_token": best_head(record, "prev_token", 0)}  # fmt: skip
+    shown = {
+        "induction": best_head(record, "induction", -1),
+        "prev_token": best_head(record, "prev_token", 0),
+    }
     out = {}
     for kind, best in shown.items():
         layer, head = (int(x) for x in best.head.split("."))

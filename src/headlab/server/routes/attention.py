@@ -104,9 +104,11 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
     try:
         report = _labelled(req, model, probe, margins, ruled, retrieval, extra)
     except FloorsDoNotFit as exc:
-        way_out = ('leave out "evidence": true (evidence needs the floors)' if req.evidence
-                   else 'send "floors": false (the labels then say they are unchecked '
-                   "against chance)")  # fmt: skip
+        way_out = (
+            'leave out "evidence": true (evidence needs the floors)'
+            if req.evidence
+            else 'send "floors": false (the labels then say they are unchecked against chance)'
+        )
         raise HTTPException(422, f"{exc.sizes()}: {way_out}") from None
     body = {**report.to_dict(patterns=True), "syntax_labels": ruled, **extra}
     if found is not None:
@@ -138,18 +140,28 @@ def _labelled(
     from headlab.heads.baselines import label_heads
 
     if not req.evidence:
-        return label_heads(model, probe, syntactic=margins, label_syntactic=ruled,
-                           floors=req.floors, retrieval=retrieval)  # fmt: skip
+        return label_heads(
+            model,
+            probe,
+            syntactic=margins,
+            label_syntactic=ruled,
+            floors=req.floors,
+            retrieval=retrieval,
+        )
     # labels then need their margins over random weights too
     from headlab.heads.evidence import evidence
 
     L, h = model.config.n_layers, model.config.n_heads
     for l, i in req.exact if isinstance(req.exact, list) else []:
         if not (0 <= l < L and 0 <= i < h):
-            raise HTTPException(422, f"exact: head [{l}, {i}] is not in this model's "
-                                f"layers 0..{L - 1} and heads 0..{h - 1}")  # fmt: skip
-    backed = evidence(model, probe, keep=None, syntactic=margins, label_syntactic=ruled,
-                      exact=req.exact)  # fmt: skip
+            raise HTTPException(
+                422,
+                f"exact: head [{l}, {i}] is not in this model's "
+                f"layers 0..{L - 1} and heads 0..{h - 1}",
+            )
+    backed = evidence(
+        model, probe, keep=None, syntactic=margins, label_syntactic=ruled, exact=req.exact
+    )
     extra["evidence"] = backed.to_dict()
     return backed.report
 
@@ -164,8 +176,9 @@ def heads_probe(request: Request, req: HeadsRequest) -> tuple[Any, Any, Any, lis
     from headlab.heads.retrieval import DIGITS, needle_analysis
 
     if req.text is not None:
-        raise HTTPException(422, "probe 'needle' takes no text; leave the text out or use "
-                            "probe 'text'")  # fmt: skip
+        raise HTTPException(
+            422, "probe 'needle' takes no text; leave the text out or use probe 'text'"
+        )
     model, tokenizer = request.app.state.models.get(req.model)
     # the needles' context fits the token budget, with room for the answer as the CLI leaves it
     positions = min(model.config.max_len, token_limit(model) + 2 * DIGITS)
