@@ -14,7 +14,7 @@ from headlab import Trace
 from headlab.ablation import full_mask
 from headlab.heads import analyse, induction_score
 from headlab.heads.baselines import baselines
-from headlab.heads.effects import _mean_fill, ablate_heads, this_thread
+from headlab.heads.effects import ablate_heads, mean_fill, this_thread
 from headlab.measure import copy_targets, token_losses
 
 
@@ -148,7 +148,7 @@ def test_an_ablation_leaves_other_threads_forwards_alone(default, repeat):
         means = mean_outputs(model, tokens)
         ablated = torch.zeros(1, model.config.n_heads)
         ablated[0, 0] = 1.0
-        with _mean_fill(model.blocks[0], ablated, means[0], tokens.shape[0]):
+        with mean_fill(model.blocks[0], ablated, means[0], tokens.shape[0]):
             elsewhere = _forward_in_thread(model, other)
             here = model(
                 tokens, head_mask=full_mask(model.config.n_layers, model.config.n_heads, [(0, 0)])

@@ -14,6 +14,8 @@
     render    terminal views of a report
     baselines every score with random weights and on shuffled tokens; the floors a label needs
     effects   exact single-head ablations (mean or zero), batched: losses and induction scores
+    switch    a set of heads switched off together, side by side with the intact run: each
+              position's next-token predictions, the loss on the repeat, every head's pattern
     attribution  every head's ablation effect at once, to first order (attribution patching)
     composition  Q-, K-, V-composition of every pair of heads (Elhage et al. 2021), and groups
     evidence  each head's card: scores beside baselines, ablation effects, compositions, a

@@ -154,7 +154,7 @@ def this_thread(hook: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @contextmanager
-def _mean_fill(block: Any, ablated: Tensor, means: Tensor, B: int) -> Iterator[None]:
+def mean_fill(block: Any, ablated: Tensor, means: Tensor, B: int) -> Iterator[None]:
     """While inside, the layer's output gains W_O,h · mean_h for each head h that ``ablated``
     (S, h) zeroes in set s: with the head mask's zeros, the head's output becomes its mean."""
     attn, (h, d_k) = block.attn, means.shape
@@ -198,7 +198,7 @@ def _from_layer(
     trace = Trace(only=("weights",), reduce=reduce)
     x = clean.resid[layer].repeat(S, 1, 1)  # (S·B, n, d)
     fill = (
-        _mean_fill(model.blocks[layer], ablated, clean.means[layer], B) if mode == "mean" else None
+        mean_fill(model.blocks[layer], ablated, clean.means[layer], B) if mode == "mean" else None
     )
     with fill or _nothing():
         for l in range(layer, L):

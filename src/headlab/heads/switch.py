@@ -1,0 +1,207 @@
+"""Switch a set of heads off together and watch: the probe run intact and run again without them,
+side by side.
+
+Shape legend
+    B   probe sequences; n tokens; L layers; h heads per layer; k predictions kept per position
+    d_k the per-head width
+
+:func:`switch_off` runs a causal model on a probe twice. The second run switches every head of
+the set off at once, as :mod:`headlab.heads.effects` ablates one: before W_O, the head's output
+is replaced by
+
+    mean    its average over every position of every sequence of the probe in the intact run
+            (the head still says what it says on average, nothing about this token)
+    zero    zeros (Michel et al. 2019's head mask)
+
+Each run keeps
+
+    predictions   the k likeliest next tokens at every position and their probabilities
+    losses        every position's next-token loss (B, n − 1), read over the rows of the repeat
+                  (a query whose token occurred before: where an induction head can act,
+                  :func:`headlab.heads.evidence.loss_rows`) and over every row
+    weights       every head's attention pattern (L, B, h, n, n)
+    induction     every head's induction score (L, h) (what a previous-token head feeds)
+
+For one head the losses and induction scores are those of
+:func:`headlab.heads.effects.ablate_heads`, which ablates heads one at a time. Here a set goes at
+once, each head's mean taken from the intact run, so a head downstream of another switched off
+is replaced by what it said when the model was whole.
+
+Papers: Michel et al. 2019 (head masks; "many heads can go"); Olsson et al. 2022 (an induction
+head needs its previous-token head).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from headlab.ablation import full_mask
+from headlab.devices import input_device
+from headlab.heads.effects import MODES, Mode, mean_fill
+from headlab.heads.evidence import loss_rows
+from headlab.heads.scores import mass_where_possible
+from headlab.heads.targets import token_rule_targets
+from headlab.measure import Probe, layer_index
+from headlab.trace import Trace
+
+TOP_K = 5  # next-token predictions kept per position
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of the probe (intact, or with the heads switched off)."""
+
+    top_ids: Tensor  # (B, n, k) the k likeliest next tokens after each position, likeliest first
+    top_probs: Tensor  # (B, n, k) their probabilities
+    losses: Tensor  # (B, n − 1) next-token loss at every position
+    weights: Tensor  # (L, B, h, n, n) every head's attention pattern, float32
+    induction: Tensor  # (L, h) every head's induction score
+
+    def loss(self, rows: Tensor) -> float:
+        """The mean loss over ``rows`` (B, n − 1) bool (NaN when none is marked)."""
+        rows = rows.to(self.losses.device)
+        return float(self.losses[rows].mean()) if bool(rows.any()) else float("nan")
+
+
+@dataclass(frozen=True)
+class SwitchedOff:
+    """The probe run intact and with ``heads`` switched off (module docstring)."""
+
+    mode: str  # "mean" or "zero"
+    heads: list[tuple[int, int]]  # the heads switched off, sorted
+    intact: Run
+    off: Run
+    repeat_rows: Tensor  # (B, n − 1) bool: the rows of the repeat (a query seen before)
+
+    def losses(self) -> dict[str, dict[str, float] | None]:
+        """Mean loss on the repeat's rows and on every row, intact and switched off (the repeat
+        is None for a probe that repeats nothing)."""
+        every = torch.ones_like(self.repeat_rows)
+        out: dict[str, dict[str, float] | None] = {}
+        for name, rows in (("repeat", self.repeat_rows), ("all", every)):
+            if not bool(rows.any()):
+                out[name] = None
+                continue
+            intact, off = self.intact.loss(rows), self.off.loss(rows)
+            out[name] = {"intact": intact, "off": off, "rise": off - intact}
+        return out
+
+    def to_dict(self, token_strings: Callable[[list[int]], list[str]]) -> dict[str, Any]:
+        """JSON of the first sequence: the losses, each position's predictions in both runs
+        (``token_strings`` turns ids into display labels), the patterns and induction scores."""
+
+        def run(r: Run) -> dict[str, Any]:
+            ids = r.top_ids[0].tolist()  # (n, k)
+            return {
+                "predictions": [
+                    [
+                        {"id": i, "token": t, "p": round(float(p), 4)}
+                        for i, t, p in zip(row, token_strings(row), probs, strict=True)
+                    ]
+                    for row, probs in zip(ids, r.top_probs[0].tolist(), strict=True)
+                ],
+                "losses": [round(float(x), 4) for x in r.losses[0]],
+                "induction": r.induction.numpy().round(4).tolist(),
+                "weights": r.weights[:, 0].numpy().round(4).tolist(),  # (L, h, n, n)
+            }
+
+        losses = {
+            k: None if v is None else {name: round(x, 4) for name, x in v.items()}
+            for k, v in self.losses().items()
+        }
+        return {
+            "mode": self.mode,
+            "off": [list(pair) for pair in self.heads],
+            "loss": losses,
+            "repeat_rows": self.repeat_rows[0].tolist(),
+            "intact": run(self.intact),
+            "switched_off": run(self.off),
+        }
+
+
+@torch.inference_mode()
+def switch_off(
+    model: Any, probe: Probe, heads: Iterable[tuple[int, int]], mode: Mode = "mean", k: int = TOP_K
+) -> SwitchedOff:
+    """Run ``probe`` on ``model`` intact and with every head of ``heads`` switched off together
+    (``mode`` "mean" or "zero", as :func:`headlab.heads.effects.ablate_heads` ablates one), and
+    keep each run's top-``k`` next-token predictions, losses, patterns and induction scores.
+
+    model: a causal :class:`headlab.model.Transformer`; heads: (layer, head) pairs."""
+    if mode not in MODES:
+        raise ValueError(f"switch-off mode {mode!r}: valid modes are {', '.join(MODES)}")
+    if not model.config.causal:
+        raise ValueError(
+            "switching heads off shows next-token predictions: it needs a causal model"
+        )
+    L, h = model.config.n_layers, model.config.n_heads
+    heads = sorted({(int(l), int(i)) for l, i in heads})
+    mask = full_mask(L, h, heads)  # ValueError naming a head the model does not have
+    if not 1 <= k <= model.config.vocab_size:
+        raise ValueError(f"k = {k}: keep 1 to {model.config.vocab_size} predictions a position")
+    tokens = probe.tokens.to(input_device(model))
+    target = token_rule_targets(probe.tokens, causal=True)[0]  # (B, n, n)
+    intact, means = _run(model, tokens, target, k)
+    with _fills(model, heads, means if mode == "mean" else None, tokens.shape[0]):
+        off, _ = _run(model, tokens, target, k, mask)
+    return SwitchedOff(mode, heads, intact, off, loss_rows(probe, causal=True)["induction"])
+
+
+def _run(
+    model: Any, tokens: Tensor, target: Tensor, k: int, mask: Tensor | None = None
+) -> tuple[Run, list[Tensor]]:
+    """One forward of ``tokens`` (B, n) with the head mask (L, h): the :class:`Run` and each
+    layer's head outputs averaged over every position, L × (h, d_k)."""
+    L = model.config.n_layers
+    weights: list[Tensor] = [torch.empty(0)] * L
+    means: list[Tensor] = [torch.empty(0)] * L
+
+    def keep(name: str, value: Tensor) -> None:
+        l = layer_index(name)
+        if name.endswith("head_out"):
+            means[l] = value.float().mean(dim=(0, 2))  # (B, h, n, d_k) → (h, d_k)
+        else:
+            weights[l] = value.float().cpu()  # (B, h, n, n)
+
+    trace = Trace(only=("head_out", "weights"), reduce=keep)
+    hidden = model.hidden_states(tokens, trace=trace, head_mask=mask)  # (B, n, d)
+    top_ids, top_probs, losses = [], [], []
+    for b in range(tokens.shape[0]):  # one sequence's logits at a time: V can be 262k
+        logits = model.logits(hidden[b]).float()  # (n, V)
+        top = logits.softmax(dim=-1).topk(k, dim=-1)
+        top_ids.append(top.indices.cpu())
+        top_probs.append(top.values.cpu())
+        losses.append(F.cross_entropy(logits[:-1], tokens[b, 1:], reduction="none").cpu())
+    induction = torch.stack([mass_where_possible(w, target) for w in weights])  # (L, h)
+    run = Run(
+        torch.stack(top_ids),
+        torch.stack(top_probs),
+        torch.stack(losses),
+        torch.stack(weights),
+        induction,
+    )
+    return run, means
+
+
+@contextmanager
+def _fills(
+    model: Any, heads: list[tuple[int, int]], means: list[Tensor] | None, B: int
+) -> Iterator[None]:
+    """While inside, each switched-off head's output gains its intact mean (``means``: L × (h,
+    d_k); None for zero ablation), added after W_O as ablate_heads adds it (the head mask
+    zeroes the head)."""
+    with ExitStack() as stack:
+        for layer in sorted({l for l, _ in heads}):
+            if means is None:
+                break
+            ablated = torch.zeros(1, model.config.n_heads)  # (S = 1, h)
+            ablated[0, [i for l, i in heads if l == layer]] = 1.0
+            stack.enter_context(mean_fill(model.blocks[layer], ablated, means[layer], B))
+        yield
