@@ -302,6 +302,10 @@ def test_heads_never_shows_a_traceback(files, targets, data) -> None:
                 "--no-content": None,
                 "--no-floors": None,
                 "--json": None,
+                "--off": st.one_of(
+                    st.sampled_from(["0.0", "1.3,0.0", "2.0", "0.-1", "x", "", "0.0,"]), text
+                ),
+                "--ablation": st.sampled_from(["mean", "zero", "half"]),
             },
             most=4,  # more, and nearly every run is two inputs at once
         ),

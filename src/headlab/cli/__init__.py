@@ -8,6 +8,7 @@ One module per command group, each command a wrapper over one library call:
     heads       heads               what each head does: one probe, or many prompts
     syntax      syntax              each dependency relation's best head against a parse
     circuit     circuit             the induction circuit; each label's evidence (heads --evidence)
+    switch      (heads --off)       a set of heads switched off, beside the intact run
     compare     compare             head roles along a series of checkpoints
     static      static              the explainer as a static site, the model in the browser
     generate    generate            continue a prompt, optionally labelling the heads

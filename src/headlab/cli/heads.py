@@ -26,6 +26,7 @@ from headlab.cli.common import (
     progress_bar,
     seed_option,
 )
+from headlab.cli.switch import OFF_HELP, check_off, switch_heads
 
 Prompts = Annotated[
     str | None,
@@ -143,11 +144,22 @@ def heads(
     evidence: bool = typer.Option(False, "--evidence", help=EVIDENCE_HELP),
     ablation: AblationOption = "mean",
     exact: str | None = typer.Option(None, "--exact", help=EXACT_HELP),
+    off: str | None = typer.Option(None, "--off", help=OFF_HELP),
 ) -> None:
     """Score every attention head of a model on a probe and label it (see docs/heads.md), or
     average the scores over many prompts (--prompts; shared among torchrun ranks)."""
     syntax = syntax or syntax_labels
     _check_heads_options(text, text_file, prompts, out, html_out, dist_timeout, syntax)
+    if off is not None:
+        check_off(off, probe, show, prompts, evidence, html_out, syntax)
+        _check_probe(probe, text, text_file, prompts)
+        _check_outputs(None, offload_folder)
+        load = _load_options(device, dtype, device_map, max_memory, offload_folder)
+        text = _read_text_file(text_file) if text_file is not None else text
+        target = _parse_head(show) if show is not None else None
+        mode = check_ablation(ablation)
+        switch_heads(model, text, probe or "repeat", seed, load, off, mode, target, as_json)
+        return
     mode, picked = _check_evidence(evidence, ablation, exact, prompts, floors)
     _check_probe(probe, text, text_file, prompts)
     _check_outputs(html_out, offload_folder)
