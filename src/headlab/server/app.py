@@ -19,7 +19,7 @@ from starlette.middleware.gzip import GZipMiddleware
 from headlab import __version__
 from headlab.server import settings
 from headlab.server.live import MAX_SECONDS, LiveRuns
-from headlab.server.routes import attention, code, experiments, health, live, shapes
+from headlab.server.routes import attention, code, experiments, health, live, shapes, switch
 from headlab.server.schemas import error_responses
 from headlab.server.security import BodyLimit, HeadAsGet, HostCheck, SecurityHeaders
 from headlab.server.store import ModelStore, Recent, SingleFlight
@@ -82,6 +82,7 @@ def create_app(
         (health.router, ()),
         (shapes.router, ()),
         (attention.router, (404, 503)),
+        (switch.router, (404, 503)),
         (experiments.router, (404,)),
         (code.router, (404,)),
         (live.router, (404, 409)),

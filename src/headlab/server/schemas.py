@@ -7,7 +7,7 @@ model and experiment names are plain identifiers, never file paths.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
@@ -522,3 +522,60 @@ class NeedleResponse(BaseModel):
     )
     heads: int = Field(description="heads in the model")
     above_threshold: int = Field(description="heads at or above 0.1 on this one probe")
+
+
+# a layer or head number, and at most MAX_OFF of them: bounded so that the largest body the
+# schema allows, the longest text beside it, stays under the body limit (settings.max_body_bytes)
+Count = Annotated[int, Field(ge=0, le=4095)]
+MAX_OFF = 1024
+
+
+class SwitchOffRequest(TextRequest):
+    """A set of heads to switch off on a probe (:func:`headlab.heads.switch.switch_off`)."""
+
+    off: list[tuple[Count, Count]] = Field(
+        min_length=1,
+        max_length=MAX_OFF,
+        description="the [layer, head] pairs switched off together, each counted from 0 and "
+        "within the model's layers and heads (a head it lacks is a 422 that names them)",
+    )
+    mode: Literal["mean", "zero"] = Field(
+        "mean",
+        description="mean: each head's output replaced by its average over the text in the "
+        "intact run; zero: by zeros (headlab.heads.effects.Mode)",
+    )
+
+    @field_validator("off", mode="before")
+    @classmethod
+    def _json_integers(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        return [[json_integer(x) for x in p] if isinstance(p, list) else p for p in value]
+
+
+class SwitchedRun(BaseModel):
+    """One run of the probe: intact, or with the heads switched off."""
+
+    predictions: list[list[dict[str, Any]]] = Field(
+        description="per position, the 5 likeliest next tokens: {id, token, p}, likeliest first"
+    )
+    losses: list[float] = Field(description="per position but the last, the next-token loss")
+    induction: list[list[float]] = Field(description="[layer][head]: each head's induction score")
+    weights: list[list[list[list[float]]]] = Field(
+        description="[layer][head][query i][key j], each row sums to 1"
+    )
+
+
+class SwitchOffResponse(ModelOnText):
+    """``headlab heads --off … --json``: the probe run intact and with the heads switched off."""
+
+    probe: str
+    mode: str
+    off: list[list[int]] = Field(description="the heads switched off, sorted, as [layer, head]")
+    loss: dict[str, dict[str, float] | None] = Field(
+        description="'repeat' (the rows whose token occurred before; null when none does) and "
+        "'all' (every row): the mean next-token loss 'intact', 'off', and their difference 'rise'"
+    )
+    repeat_rows: list[bool] = Field(description="per loss row, whether it counts as the repeat")
+    intact: SwitchedRun
+    switched_off: SwitchedRun
