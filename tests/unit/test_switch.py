@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from headlab import Trace
-from headlab.heads import induction_score
+from headlab.heads import analyse, induction_score
 from headlab.heads.effects import ablate_heads
 from headlab.heads.switch import switch_off
 from headlab.measure import build_probe
@@ -97,20 +97,25 @@ def test_a_set_switched_off_equals_a_hand_written_ablation(default, repeat, mode
 
 
 def test_the_previous_token_head_off_breaks_induction(default, repeat):
-    """The default model's previous-token head 0.0 switched off: the loss on the repeat rises by
-    nats, every induction head's score falls below half, and the induction heads' patterns
-    change; switching off a current-token head instead leaves the repeat's loss within 0.5."""
+    """The default model's previous-token heads switched off (as analyse labels them on the
+    repeat): the loss on the repeat rises by nats, every induction head's score falls below
+    half, and its pattern changes; switching off a current-token head instead leaves the repeat's
+    loss within 0.5."""
     model = default[0]
-    s = switch_off(model, repeat, [(0, 0)])
-    loss = s.losses()["repeat"]
-    assert loss["rise"] > 2.0
-    for head in (0, 3, 5):  # the default model's induction heads on this probe
-        assert s.intact.induction[1, head] > 0.4
-        assert s.off.induction[1, head] < 0.5 * s.intact.induction[1, head]
-        assert (s.off.weights[1, :, head] - s.intact.weights[1, :, head]).abs().max() > 0.3
-    # a head's pattern is made before its output is switched off: layer 0's are all unchanged
-    assert torch.equal(s.off.weights[0], s.intact.weights[0])
-    other = switch_off(model, repeat, [(0, 2)]).losses()["repeat"]
+    labels = {(s.layer, s.head): s.label for s in analyse(model, repeat).heads}
+    previous = [lh for lh, label in labels.items() if label == "previous-token"]
+    induction = [lh for lh, label in labels.items() if label == "induction"]
+    assert previous and induction, "the default model has no induction circuit to break"
+    s = switch_off(model, repeat, previous)
+    assert s.losses()["repeat"]["rise"] > 2.0
+    for l, i in induction:
+        assert s.off.induction[l, i] < 0.5 * s.intact.induction[l, i]
+        assert (s.off.weights[l, :, i] - s.intact.weights[l, :, i]).abs().max() > 0.3
+    # a head's pattern is made before its output is switched off: its own layer's are unchanged
+    first = min(l for l, _ in previous)
+    assert torch.equal(s.off.weights[first], s.intact.weights[first])
+    current = next(lh for lh, label in labels.items() if label == "current-token")
+    other = switch_off(model, repeat, [current]).losses()["repeat"]
     assert abs(other["rise"]) < 0.5
 
 

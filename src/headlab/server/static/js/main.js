@@ -3,6 +3,7 @@ import { api } from "./api.js";
 import { h, clear, fmtInt, fmtBytes, fmtCompact, missing } from "./dom.js";
 import { initShapes } from "./shapes-widget.js";
 import { initHeads } from "./heads-widget.js";
+import { initSwitchOff } from "./switch-off.js";
 import { renderExperiment } from "./experiments.js";
 import { initLiveTrain } from "./live-train.js";
 
@@ -127,7 +128,8 @@ async function start() {
   // the published presets, asked for once: the calculator's menu and both tables draw from it
   const presets = api("/api/shapes/presets");
   initShapes(document.getElementById("shapes-widget"), presets);
-  initHeads(document.getElementById("heads-widget"), document.getElementById("label-summary"));
+  const viewer = initHeads(document.getElementById("heads-widget"), document.getElementById("label-summary"));
+  initSwitchOff(document.getElementById("switch-widget"), viewer.state);
   initLiveTrain(document.getElementById("live-train-widget"));
   guard(costCompare, document.getElementById("cost-compare"));
   guard((el) => paramsTable(el, presets), document.getElementById("params-table"));
