@@ -84,32 +84,46 @@ def test_the_default_models_effects_are_exact_or_ranked_as_exact(default, repeat
     assert rho >= 0.9 and overlap >= 4
 
 
-def test_cards_say_the_estimate_is_first_order_and_quote_the_exact_figure(default, repeat):
+def test_cards_lead_with_the_exact_figure_and_say_when_only_the_estimate_exists(default, repeat):
+    """A head ablated exactly leads its sentence with the measured figure (equal to ablating it
+    alone), the estimate after it; every other head says first that it is an estimate, with how
+    far the estimate missed on this probe's exactly ablated heads (recomputed here from them)."""
     model, _ = default
     ev = evidence(model, repeat, exact=[(0, 0)], check=1)
     assert ev.ablations is not None and ev.ablations.method == "attribution"
     assert ev.exact is not None and (0, 0) in ev.exact.heads
-    quoted = 0
+    rows = loss_rows(repeat, True)
+    quoted = qualified = 0
     for card in ev.cards:
         text, a = card.sentence, card.ablation
-        if "nats" in text or "induction score from" in text:
-            assert "(a first-order estimate" in text
         head = (card.score.layer, card.score.head)
+        where = rows["copy" if card.score.label == "induction" else a["rows"]]
         if head in ev.exact.heads:
-            assert "exact" in a
+            assert "exact" in a and "not ablated exactly" not in text
             alone = ablate_heads(model, repeat, [head])  # the oracle: this head alone
-            rows = loss_rows(repeat, True)
-            kind = a["rows"]
-            want = float(
-                alone.loss_effect(rows["copy" if card.score.label == "induction" else kind])[0]
+            want = float(alone.loss_effect(where)[0])
+            found = re.search(
+                r"(raises|lowers) the loss on [^,]* by (\d+\.\d+) nats, measured", text
             )
-            found = re.search(r"exact: ([-+]?\d+\.\d+)\)", text)
-            if found and "nats" in text:
-                assert float(found.group(1)) == pytest.approx(want, abs=0.006)
+            if found:
+                sign = 1 if found.group(1) == "raises" else -1
+                assert sign * float(found.group(2)) == pytest.approx(want, abs=0.006)
+                assert text.index("measured") < text.index("first-order estimate")
                 quoted += 1
-        else:
-            assert "exact:" not in text
-    assert quoted >= 1
+        elif "nats" in text or "induction score from" in text:
+            assert "; not ablated exactly; a first-order estimate says" in text
+            m = re.search(r"missed the (\d+) heads also ablated exactly by (\d+\.\d+) nats", text)
+            if m:
+                guessed = ev.ablations.loss_effect(where)
+                measured = ev.exact.loss_effect(where)
+                errors = [
+                    abs(float(guessed[ev.ablations.index(*h)]) - float(measured[s]))
+                    for s, h in enumerate(ev.exact.heads)
+                ]
+                assert int(m.group(1)) == len(errors)
+                assert float(m.group(2)) == pytest.approx(sum(errors) / len(errors), abs=0.006)
+                qualified += 1
+    assert quoted >= 1 and qualified >= 1
 
 
 # --- the estimate along each head's own path (attribute_heads(steps=k)) ----------------------

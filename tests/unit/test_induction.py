@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -602,3 +603,31 @@ def test_the_detector_equals_the_batch_rule_on_a_quick_run(quick) -> None:
     for history in (results["history"], results["control_history"]):
         evals = [r for r in history if r["kind"] == "eval"]
         _check_every_prefix(evals, results["induction_ceiling"])
+
+
+@pytest.mark.parametrize("scores", [[0.9, 0.1, 0.7, 0.8], [0.1, 0.1, 0.95, 0.1]])
+def test_the_verdict_counts_and_names_every_induction_head_the_run_labels(scores) -> None:
+    """The verdict names as many induction heads as the run's labels found (the page's text
+    said one when three had formed), the strongest named as the one its share is of."""
+    ceiling = 1.0
+    final = {"induction": [[0.0] * 4, scores], "prev_token": [[0.9, 0.1, 0.1, 0.1], [0.0] * 4]}
+    labelled = ind.label_heads(final, ceiling)["induction"]
+    r = {
+        "final_induction_score": max(scores),
+        "induction_ceiling": ceiling,
+        "phase_change": {"found": True, "window": [100, 140]},
+        "n_layers": 2,
+        "induction_heads": labelled,
+        "final": final,
+        "feeder_heads": [{"head": "0.0", "prev_token_score": 0.9}],
+        "ablate_feeders_effect": 0.8,
+        "ablate_others_effect": 0.1,
+    }
+    text = ind.verdict(r)["text"]
+    named = set(re.findall(r"\b1\.\d\b", text.split(" at steps")[0]))
+    assert named == set(labelled)
+    best = f"1.{scores.index(max(scores))}"
+    assert ind.verdict(r)["induction_head"] == best
+    if len(labelled) > 1:
+        assert f"{['', 'One', 'Two', 'Three'][len(labelled)]} induction heads" in text
+        assert f"the strongest, {best}, reaches" in text

@@ -316,14 +316,21 @@ def verdict(r: dict[str, Any]) -> dict[str, Any]:
         )
         text = f"No induction head formed: the best head reached {share:.0%} of an ideal one."
         return {"circuit": False, "induction_share": share, "text": text + why}
-    head = max(r["induction_heads"], key=lambda n: _score(r["final"], n, "induction"))
+    heads = sorted(r["induction_heads"], key=lambda n: -_score(r["final"], n, "induction"))
+    head = heads[0]
     feeders = r.get("feeder_heads") or [{"head": "none", "prev_token_score": 0.0}]
     named = ", ".join(
         f"{f['head']} (previous-token score {f['prev_token_score']:.2f})" for f in feeders
     )
+    formed = (
+        f"Induction head {head} formed"
+        if len(heads) == 1
+        else f"{_count(len(heads))} induction heads, {_listed(sorted(heads))}, formed"
+    )
+    best = "" if len(heads) == 1 else f"the strongest, {head}, "
     text = (
-        f"Induction head {head} formed at steps {r['phase_change']['window'][0]}–"
-        f"{r['phase_change']['window'][1]} and reaches {share:.0%} of an ideal head's score. "
+        f"{formed} at steps {r['phase_change']['window'][0]}–"
+        f"{r['phase_change']['window'][1]} and {best}reaches {share:.0%} of an ideal head's score. "
         f"Masking layer-0 head(s) {named} removes {r['ablate_feeders_effect']:.0%} of the "
         f"in-context gain; masking the other layer-0 heads removes "
         f"{r['ablate_others_effect']:.0%}."
@@ -336,6 +343,17 @@ def verdict(r: dict[str, Any]) -> dict[str, Any]:
         "feeder_prev_token": prev,
         "text": text,
     }
+
+
+def _count(n: int) -> str:
+    """A count in words where it is short ("Three"), in digits past ten."""
+    words = ("No", "One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight", "Nine", "Ten")
+    return words[n] if n < len(words) else str(n)
+
+
+def _listed(names: list[str]) -> str:
+    """ "1.0, 1.2 and 1.3"."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _score(final: dict[str, Any], name: str, kind: str = "prev_token") -> float:

@@ -13,8 +13,9 @@ Shape legend
        in two stages (:func:`headlab.heads.estimate.estimate_heads`: an estimate ranks every
        head, the heads it ranks first are ablated exactly) where exact ablation
        (:func:`headlab.heads.effects.ablate_heads`) of every head costs more, or when
-       ``exact`` names heads, whose cards then show the exact figure beside the estimate;
-       exact for every head when ``exact`` is True
+       ``exact`` names heads, whose cards then lead with the exact figure, the estimate after
+       it; a card with only the estimate says so first, and how far the estimate missed the
+       heads ablated both ways on this probe; exact for every head when ``exact`` is True
     3. the composition scores of every pair (:mod:`headlab.heads.composition`)
 
 and gives each head a :class:`HeadCard`. Beside each ablation effect stands the median effect of
@@ -226,23 +227,73 @@ def _compositions(c: Composition, layer: int, head: int, n: int = 3) -> dict[str
 
 
 def _rise(
-    effect: dict[str, Any] | None, where: str, estimated: bool = False, exact: float | None = None
+    effect: dict[str, Any] | None,
+    where: str,
+    estimated: bool = False,
+    exact: float | None = None,
+    quality: dict[str, Any] | None = None,
 ) -> str:
-    """ "raises the loss on … by 0.59 nats (median head of its layer: 0.05)"; an estimate
-    says so, with the exact figure when the head was also ablated exactly."""
+    """ "raises the loss on … by 0.59 nats (median head of its layer: 0.05)". A head also
+    ablated exactly leads with the measured figure, the estimate after it; a head with only the
+    estimate says so first, and how far the estimate missed on this probe's exactly ablated
+    heads (``quality``, from :func:`_estimate_quality`)."""
     if effect is None:
         return ""
     value, median = effect["loss_rise"], effect["layer_median"]
-    verb = "raises" if value >= 0 else "lowers"
-    how = (
-        ""
-        if not estimated
-        else " (a first-order estimate" + (")" if exact is None else f"; exact: {exact:+.2f})")
-    )
+    if not estimated:
+        return (
+            f"ablating it {_verb(value)} the loss on {where} by {abs(value):.2f} nats (the "
+            f"median head of its layer: {median:+.2f})"
+        )
+    if exact is not None:
+        return (
+            f"ablating it {_verb(exact)} the loss on {where} by {abs(exact):.2f} nats, measured "
+            f"by ablating it (the first-order estimate: {value:+.2f}; the median head of its "
+            f"layer, estimated: {median:+.2f})"
+        )
     return (
-        f"ablating it {verb} the loss on {where} by {abs(value):.2f} nats{how} (the median "
-        f"head of its layer: {median:+.2f})"
+        f"not ablated exactly; a first-order estimate says ablating it {_verb(value)} the loss "
+        f"on {where} by {abs(value):.2f} nats (the median head of its layer: {median:+.2f})"
+        + _how_good(quality)
     )
+
+
+def _verb(value: float) -> str:
+    return "raises" if value >= 0 else "lowers"
+
+
+def _how_good(quality: dict[str, Any] | None) -> str:
+    """How far the estimate missed the exact figures of the heads measured both ways."""
+    if not quality:
+        return "; no head was ablated exactly on these rows to say how good the estimate is"
+    n, wrong = quality["heads"], quality["wrong_sign"]
+    return (
+        f"; on this probe the estimate missed the {n} heads also ablated exactly by "
+        f"{quality['mean_error']:.2f} nats on average, with the wrong sign for {wrong} of them"
+    )
+
+
+def _estimate_quality(
+    estimate: Ablations | Attributions, exact: Ablations | None, rows: Tensor
+) -> dict[str, Any] | None:
+    """How the estimate compares with exact ablation over ``rows`` (B, n − 1) on the heads
+    measured both ways: their count, the mean absolute difference in nats and how many signs
+    differ; None when no head was measured both ways."""
+    if exact is None or not bool(rows.any()):
+        return None
+    guessed, measured = estimate.loss_effect(rows), exact.loss_effect(rows)
+    pairs = [
+        (float(guessed[estimate.index(*head)]), float(measured[s]))
+        for s, head in enumerate(exact.heads)
+    ]
+    pairs = [(g, m) for g, m in pairs if g == g and m == m]
+    if not pairs:
+        return None
+    return {
+        "heads": len(pairs),
+        "mean_error": round(sum(abs(g - m) for g, m in pairs) / len(pairs), 4),
+        "wrong_sign": sum((g >= 0) != (m >= 0) for g, m in pairs),
+    }
 
 
 def _closest(score: HeadScore, floors: dict[str, float]) -> str:
@@ -285,23 +336,31 @@ def sentence(
 def _effect(score: HeadScore, ablation: dict[str, Any]) -> str:
     """The sentence's second half: the induction score it drops, or the loss it raises."""
     estimated, exact = ablation.get("method") == "attribution", ablation.get("exact", {})
+    quality = ablation.get("estimate_quality", {})
     drops = ablation.get("induction_scores", [])
     fed = [d for d in drops if d["from"] > 0 and d["to"] <= INDUCTION_DROP * d["from"]]
     if fed:
         d = fed[0]
+        who = f"head {d['head'][0]}.{d['head'][1]}'s induction score from {d['from']:.2f}"
         sure = [e["to"] for e in exact.get("induction_scores", []) if e["head"] == d["head"]]
-        how = (
-            ""
-            if not estimated
-            else " (a first-order estimate" + (f"; exact: {sure[0]:.2f})" if sure else ")")
-        )
+        if not estimated:
+            return f"ablating it drops {who} to {d['to']:.2f}"
+        if sure:
+            return (
+                f"ablating it takes {who} to {sure[0]:.2f}, measured by ablating it (the "
+                f"first-order estimate: {d['to']:.2f})"
+            )
         return (
-            f"ablating it drops head {d['head'][0]}.{d['head'][1]}'s induction score from "
-            f"{d['from']:.2f} to {d['to']:.2f}{how}"
+            f"not ablated exactly; a first-order estimate says ablating it drops {who} to "
+            f"{d['to']:.2f}"
         )
     if score.label == "induction":
         return _rise(
-            ablation.get("later_copy"), "a later copy's tokens", estimated, exact.get("later_copy")
+            ablation.get("later_copy"),
+            "a later copy's tokens",
+            estimated,
+            exact.get("later_copy"),
+            quality.get("later_copy"),
         )
     where = {
         "any": "every token",
@@ -309,7 +368,13 @@ def _effect(score: HeadScore, ablation: dict[str, Any]) -> str:
         "duplicate": "tokens with another copy",
         "rare": "tokens that see the rarest word",
     }[ablation["rows"]]
-    return _rise(ablation.get("where_it_acts"), where, estimated, exact.get("where_it_acts"))
+    return _rise(
+        ablation.get("where_it_acts"),
+        where,
+        estimated,
+        exact.get("where_it_acts"),
+        quality.get("where_it_acts"),
+    )
 
 
 # True: every head exactly; None: exactly when that costs no more than the estimate; else the
@@ -439,6 +504,14 @@ def evidence(
         if causal
         else (None, None)
     )
+    kept: dict[str, dict[str, Any] | None] = {}
+
+    def quality(kind: str) -> dict[str, Any] | None:
+        if kind not in kept:
+            assert ablations is not None
+            kept[kind] = _estimate_quality(ablations, checked, rows[kind])
+        return kept[kind]
+
     cards = []
     for s in report.heads:
         b = base.of_head(s.layer, s.head)
@@ -449,6 +522,11 @@ def evidence(
         )
         if checked is not None and (s.layer, s.head) in checked.heads:
             a["exact"] = _exact(checked, rows, s.label, s.layer, s.head, induction)
+        elif a.get("method") == "attribution":
+            a["estimate_quality"] = {
+                name: quality(kind)
+                for name, kind in (("later_copy", "copy"), ("where_it_acts", a["rows"]))
+            }
         cards.append(
             HeadCard(
                 s, b, a, _compositions(comp, s.layer, s.head), sentence(s, b, a, floors[s.layer])

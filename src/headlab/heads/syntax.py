@@ -87,6 +87,16 @@ def _check_pipeline() -> None:
         )
 
 
+def meaning(relation: str) -> str:
+    """A dependency label in words, as spaCy explains it ("det" → "determiner"); "" when spaCy
+    is missing or does not know the label."""
+    try:
+        from spacy import explain
+    except ModuleNotFoundError:
+        return ""
+    return str(explain(relation) or "")
+
+
 def load_parser() -> Any:
     """The pinned spaCy English pipeline, tagger and parser only. Raises ParserUnavailable
     (saying how to install it) when spaCy or the pipeline is missing."""

@@ -6,6 +6,7 @@ model and experiment names are plain identifiers, never file paths.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -232,10 +233,10 @@ def _text_rules(names: tuple[str, ...], *more: dict[str, Any]) -> ConfigDict:
     )
 
 
-def token_limits() -> dict[str, int]:
+def token_limits(runs: int = 1) -> dict[str, int]:
     """The most tokens a text may have on each model this machine offers (a model's context,
-    the server's HEADLAB_MAX_TOKENS, and room for every head's weights: headlab.zoo.token_budget,
-    as the routes apply it), by model name."""
+    the server's HEADLAB_MAX_TOKENS, and room for every head's weights in ``runs`` runs of it:
+    headlab.zoo.token_budget, as the routes apply it), by model name."""
     from headlab import zoo
 
     limits = {}
@@ -245,17 +246,31 @@ def token_limits() -> dict[str, int]:
         except (ValueError, OSError, ImportError):
             config = None  # a config that cannot be read: the model is refused when asked
         if config is not None:
-            limits[info.name] = zoo.token_budget(config, MAX_TOKENS, settings.MAX_WEIGHTS)
+            limits[info.name] = zoo.token_budget(config, MAX_TOKENS, settings.MAX_WEIGHTS // runs)
     return limits
 
 
-def _state_token_limits(schema: dict[str, Any]) -> None:
+def _state_token_limits(schema: dict[str, Any], runs: int = 1) -> None:
     """The text's schema: ``x-max-tokens``, each model's :func:`token_limits`, also in words (a
     JSON schema counts characters, not tokens, so the numbers are stated beside ``maxLength``)."""
-    limits = token_limits()
+    limits = token_limits(runs)
     schema["x-max-tokens"] = limits
     said = ", ".join(f"{name} {n}" for name, n in limits.items())
-    schema["description"] += f" (x-max-tokens, by model: {said})"
+    both = f"; the answer holds the patterns of {runs} runs" if runs > 1 else ""
+    schema["description"] += f" (x-max-tokens, by model{both}: {said})"
+
+
+def text_field(runs: int = 1) -> Any:
+    """A request's ``text``, its token limit stated for an answer holding ``runs`` runs'
+    patterns (:func:`token_limits`)."""
+    return Field(
+        None,
+        min_length=1,
+        max_length=MAX_TEXT_CHARS,
+        description="text to run; omitted = the built-in sentence with a repeat. At most the "
+        "model's token limit as its tokenizer splits the text, the start token included",
+        json_schema_extra=functools.partial(_state_token_limits, runs=runs),
+    )
 
 
 EXACT_NEEDS_EVIDENCE = (
@@ -292,14 +307,7 @@ class TextRequest(Strict):
     model_config = _text_rules(PROBES)
 
     model: str = Field("default", pattern=NAME_PATTERN, description="a name from /api/models")
-    text: str | None = Field(
-        None,
-        min_length=1,
-        max_length=MAX_TEXT_CHARS,
-        description="text to run; omitted = the built-in sentence with a repeat. At most the "
-        "model's token limit as its tokenizer splits the text, the start token included",
-        json_schema_extra=_state_token_limits,
-    )
+    text: str | None = text_field()
     probe: ProbeName | None = Field(None, description=_probe_help(PROBES))
 
     def probe_name(self) -> str:
@@ -380,6 +388,7 @@ class CircuitResponse(BaseModel):
     """``headlab circuit --json``: :meth:`headlab.heads.circuit.Circuit.to_dict` and the model."""
 
     model: str
+    probe: str = Field(description="the probe the nodes' scores and labels were measured on")
     previous: list[dict[str, Any]] = Field(description="{head: [layer, head], score} per node")
     induction: list[dict[str, Any]] = Field(description="{head: [layer, head], score} per node")
     edges: list[dict[str, Any]] = Field(
@@ -530,9 +539,13 @@ Count = Annotated[int, Field(ge=0, le=4095)]
 MAX_OFF = 1024
 
 
+SWITCH_RUNS = 2  # a switch-off answer holds the patterns of two runs: intact and switched off
+
+
 class SwitchOffRequest(TextRequest):
     """A set of heads to switch off on a probe (:func:`headlab.heads.switch.switch_off`)."""
 
+    text: str | None = text_field(SWITCH_RUNS)
     off: list[tuple[Count, Count]] = Field(
         min_length=1,
         max_length=MAX_OFF,

@@ -30,21 +30,23 @@ from headlab.shapes.layout import attention_layout
 router = APIRouter(tags=["heads"])
 
 
-def token_limit(model: Any) -> int:
+def token_limit(model: Any, runs: int = 1) -> int:
     """The most tokens one request may run on ``model``: :func:`headlab.zoo.token_budget`
-    under the server's settings (HEADLAB_MAX_TOKENS, and at most MAX_WEIGHTS weights)."""
+    under the server's settings (HEADLAB_MAX_TOKENS, and at most MAX_WEIGHTS weights in an
+    answer that holds the patterns of ``runs`` runs)."""
     from headlab.zoo import token_budget
 
-    return token_budget(model.config, MAX_TOKENS, MAX_WEIGHTS)
+    return token_budget(model.config, MAX_TOKENS, MAX_WEIGHTS // runs)
 
 
-def load_probe(request: Request, req: TextRequest) -> tuple[Any, Any]:
+def load_probe(request: Request, req: TextRequest, runs: int = 1) -> tuple[Any, Any]:
     """``(model, probe)`` for the request: its model from the server's store and the probe
-    :func:`headlab.measure.build_probe` makes (422 with the reason for a bad probe or text)."""
+    :func:`headlab.measure.build_probe` makes within :func:`token_limit` (422 with the reason
+    for a bad probe or text)."""
     from headlab import measure
 
     model, tokenizer = request.app.state.models.get(req.model)
-    limit = token_limit(model)
+    limit = token_limit(model, runs)
     try:
         probe = measure.build_probe(
             req.probe_name(), tokenizer, limit, model.config.vocab_size, req.text
@@ -189,6 +191,9 @@ def heads_probe(request: Request, req: HeadsRequest) -> tuple[Any, Any, Any, lis
     return model, probe, retrieval, needles
 
 
+CIRCUIT_PROBE = "random-repeat"  # the circuit's probe, named in its answer: the page says so
+
+
 @router.post("/circuit", response_model=CircuitResponse)
 def circuit_endpoint(req: CircuitRequest, request: Request) -> dict[str, Any]:
     """The induction circuit of ``model`` on repeated random tokens, as ``headlab circuit
@@ -202,13 +207,13 @@ def circuit_endpoint(req: CircuitRequest, request: Request) -> dict[str, Any]:
         model, tokenizer = request.app.state.models.get(req.model)
         c = model.config
         try:
-            probe = build_probe("random-repeat", tokenizer, c.max_len, c.vocab_size, seed=req.seed)
+            probe = build_probe(CIRCUIT_PROBE, tokenizer, c.max_len, c.vocab_size, seed=req.seed)
             found = induction_circuit(model, probe, req.ablation)
         except FloorsDoNotFit as exc:
             raise HTTPException(422, f"{exc.sizes()}: {NEEDS_FLOORS}") from None
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from None
-        return {"model": req.model, **found.to_dict()}
+        return {"model": req.model, "probe": CIRCUIT_PROBE, **found.to_dict()}
 
     circuit: dict[str, Any] = request.app.state.circuits.get(
         (req.model, req.seed, req.ablation), compute
@@ -256,7 +261,8 @@ def syntax_body(request: Request, name: str, found: dict, probe: Any, patterns: 
 
     if "report" not in found:
         return {"available": False, "note": found["note"], "relations": []}
-    body = {"available": True, "relations": found["report"].best(), "note": ""}
+    relations = [{**r, "meaning": syntax.meaning(r["relation"])} for r in found["report"].best()]
+    body = {"available": True, "relations": relations, "note": ""}
     if not probe.text:
         body["note"] = "repeated random tokens are no sentence: there is nothing to parse"
         return body
