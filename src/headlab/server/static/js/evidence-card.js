@@ -4,6 +4,7 @@
 // out of the card, never shown as a made-up number.
 import { h, s, showTip, hideTip } from "./dom.js";
 import { FONT, titleLines } from "./svg-text.js";
+import { glossed } from "./glossary.js";
 
 export const CIRCUIT_WIDTH = 640;  // the widest the circuit graph is drawn
 
@@ -26,8 +27,9 @@ export function thinness(row) {
   if (!key) reasons.push("no type's score passed its threshold and its margin over random weights");
   else if (Number.isFinite(score) && Number.isFinite(floor) && score < 2 * floor) reasons.push(`its ${key.replace("_", "-")} score (${num(score)}) is less than twice what random weights reach (${num(floor)})`);
   const acts = row.ablation?.where_it_acts;
+  const rise = measured(row.ablation, "where_it_acts");
   if (!row.ablation) reasons.push("it was not ablated (no causal test on this model)");
-  else if (acts && Number(acts.loss_rise) <= Number(acts.layer_median)) reasons.push(`ablating it raises the loss no more than the median head of its layer (${signedNum(acts.loss_rise)} against ${signedNum(acts.layer_median)} nats)`);
+  else if (acts && Number(rise.value) <= Number(acts.layer_median)) reasons.push(`ablating it raises the loss no more than the median head of its layer (${signedNum(rise.value)} against ${signedNum(acts.layer_median)} nats)`);
   return reasons.length ? `The evidence is thin: ${reasons.join("; ")}.` : "";
 }
 
@@ -38,24 +40,33 @@ function scoresTable(row) {
   return h("div", { class: "table-wrap" }, h("table", { id: "evidence-scores" },
     h("caption", {}, `Head ${row.layer}.${row.head}'s scores beside their baselines`),
     h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "score"), h("th", { scope: "col" }, "this head"),
-      h("th", { scope: "col" }, "random weights (mean ± sd)"), h("th", { scope: "col" }, "shuffled tokens (mean ± sd)"))),
+      h("th", { scope: "col" }, "random weights (mean ± sd)"), h("th", { scope: "col" }, ...glossed("shuffled tokens (mean ± sd)")))),
     h("tbody", {}, keys.map((k) => h("tr", { "data-score": k, class: k === key ? "claimed" : null },
       h("th", { scope: "row" }, k.replace("_", "-")), h("td", {}, num(row.scores[k])),
       h("td", {}, spread(row.baselines[k].random)), h("td", {}, spread(row.baselines[k].shuffled)))))));
 }
 
+// One of a head's loss rises ("later_copy", "where_it_acts") as headlab quotes it: the exact
+// figure where the head was ablated exactly, else the estimate, saying which it is.
+export function measured(a, key) {
+  const est = a?.[key]?.loss_rise;
+  const exact = a?.exact?.[key];
+  if (Number.isFinite(exact)) return { value: exact, how: `measured (the first-order estimate: ${signedNum(est)})` };
+  return { value: est, how: a?.method === "attribution" ? "a first-order estimate, not measured" : "measured" };
+}
+
 function ablationList(row) {
   const a = row.ablation;
   if (!a) return h("p", { class: "note" }, "Not ablated: the ablations run on causal models only.");
-  const rise = (what, r) => r && h("li", {}, `${what}: loss ${signedNum(r.loss_rise)} nats (the median head of its layer ${signedNum(r.layer_median)})`);
+  const rise = (what, r, key) => r && h("li", { "data-rise": key }, ...glossed(`${what}: loss ${signedNum(measured(a, key).value)} nats, ${measured(a, key).how} (the median head of its layer ${signedNum(r.layer_median)})`));
   const feeds = (a.induction_scores || []).map((f) => h("li", { "data-feeds": name(f.head) }, `head ${name(f.head)}'s induction score: ${num(f.from)} → ${num(f.to)}`));
   return h("ul", { id: "evidence-ablation" },
-    rise("on a later copy's tokens", a.later_copy), rise(`on the rows where its type can act (${a.rows ?? "—"})`, a.where_it_acts), feeds);
+    rise("on a later copy's tokens", a.later_copy, "later_copy"), rise(`on the rows where its type can act (${a.rows ?? "—"})`, a.where_it_acts, "where_it_acts"), feeds);
 }
 
 function compositionList(row) {
   const c = row.compositions || {};
-  const item = (dir) => (p) => h("li", {}, `${(p.mode || "?").toUpperCase()}-composition ${dir} head ${name(p.head)}: ${num(p.score, 3)}${p.above_baseline ? " (above random matrices)" : " (not above random matrices)"}`);
+  const item = (dir) => (p) => h("li", {}, ...glossed(`${(p.mode || "?").toUpperCase()}-composition ${dir} head ${name(p.head)}: ${num(p.score, 3)}${p.above_baseline ? " (above random matrices)" : " (not above random matrices)"}`));
   const items = [...(c.from || []).map(item("into")), ...(c.into || []).map(item("from"))];
   return items.length ? h("ul", { id: "evidence-compositions" }, items) : h("p", { class: "note" }, "No composition with a head of another layer.");
 }
@@ -66,11 +77,11 @@ export function evidenceCard(row) {
   const thin = thinness(row);
   return h("section", { class: "evidence-card", id: "evidence-card", "aria-label": `evidence for head ${row.layer}.${row.head}` },
     h("h3", {}, `What backs head ${row.layer}.${row.head}'s label: ${row.label}`),
-    h("p", { id: "evidence-sentence" }, row.evidence || "No sentence in the answer."),
-    thin ? h("p", { class: "missing", id: "evidence-thin" }, thin) : null,
+    h("p", { id: "evidence-sentence" }, ...glossed(row.evidence || "No sentence in the answer.")),
+    thin ? h("p", { class: "missing", id: "evidence-thin" }, ...glossed(thin)) : null,
     scoresTable(row),
-    h("h4", {}, `Ablating it (${row.ablation?.mode ?? "—"} ablation)`), ablationList(row),
-    h("h4", {}, "Its strongest compositions"), compositionList(row));
+    h("h4", {}, ...glossed(`Ablating it (${row.ablation?.mode ?? "—"} ablation)`)), ablationList(row),
+    h("h4", {}, ...glossed("Its strongest compositions")), compositionList(row));
 }
 
 // Columns by layer, nodes stacked in each; every edge whose K-composition stands above its

@@ -29,6 +29,8 @@ function seedsNote(r) {
   return `${r.quick ? "Quick run" : "Full run"}, ${n} seed${n > 1 ? "s" : ""}${isNum(r.wall_seconds) ? `, ${r.wall_seconds.toFixed(0)} s on this kind of CPU` : ""}.`;
 }
 
+const layers = (n) => `${n} layer${n === 1 ? "" : "s"}`;  // said in words: "1L" was never defined
+
 function oneVsMany(name, r) {
   const rows = r.summary || [];
   const kinds = new Set(rows.map((row) => row.model));
@@ -38,8 +40,8 @@ function oneVsMany(name, r) {
   const out = [legend, verdictList(r, "one-vs-many-verdict"), table("one-vs-many-table", ["model", "layers", "parameters", "accuracy, no attractor", "accuracy, attractor between"],
     rows.map((row) => [row.model, String(row.depth), fmtInt(row.params), pm(row.plain), pm(row.attractor)]))];
   const items = rows.flatMap((row) => [
-    { label: `${row.model} ${row.depth}L, plain`, value: mean(row.plain), colour: "#0072B2" },
-    { label: `${row.model} ${row.depth}L, attractor`, value: mean(row.attractor), colour: "#D55E00" },
+    { label: `${row.model}, ${layers(row.depth)}, plain`, value: mean(row.plain), colour: "#0072B2" },
+    { label: `${row.model}, ${layers(row.depth)}, attractor`, value: mean(row.attractor), colour: "#D55E00" },
   ]).filter((it) => isNum(it.value));
   if (items.length) {
     const title = "Held-out verb agreement accuracy (mean over seeds)";

@@ -8,6 +8,7 @@ import { headGrid } from "./headview.js";
 import { typeSentence, syntaxSentence, signed } from "./sentences.js";
 import { tokenNote } from "./tokens.js";
 import { evidenceCard, circuitGraph, circuitNote, CIRCUIT_WIDTH } from "./evidence-card.js";
+import { glossed } from "./glossary.js";
 
 export const HEAD_TYPES = [
   ["previous-token", "previous-token head"],
@@ -51,7 +52,7 @@ function build(root) {
     h("div", { class: "controls flow" }, field("heads-model", "model", el.model), field("heads-type", "head type", el.kind), el.relationField,
       field("heads-which", "or any head (layer.head)", el.which), field("heads-probe", "run the model on", el.input),
       field("heads-syntax-labels", [el.syntaxLabels, "label heads by syntax too (may relabel other heads)"], null, "inline"),
-      field("heads-evidence", [el.evidence, "show the evidence for each label (baselines, ablations, compositions; takes a few seconds)"], null, "inline")),
+      field("heads-evidence", [el.evidence, ...glossed("show the evidence for each label (baselines, ablations, compositions; takes a few seconds)")], null, "inline")),
     el.about, field("heads-text", "text (a repeated phrase shows induction)", el.text), h("p", {}, el.run, " ", h("span", { class: "note" }, "Ctrl+Enter runs it too")));
   root.append(h("div", { class: "widget-box" }, el.form, el.status, el.tokens, el.view, el.card, el.circuit, el.grid));
   return el;
@@ -87,9 +88,9 @@ export function initHeads(root, summaryEl) {
   });
   el.form.addEventListener("submit", (e) => { e.preventDefault(); submit(); });
   el.text.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); submit(); } });
-  el.model.addEventListener("change", () => { describe(el, state); submit(); drawCircuit(el); });
+  el.model.addEventListener("change", () => { describe(el, state); submit(); drawCircuit(el, state); });
   el.syntaxLabels.addEventListener("change", submit);
-  el.evidence.addEventListener("change", () => { submit(); drawCircuit(el); });
+  el.evidence.addEventListener("change", () => { submit(); drawCircuit(el, state); });
   const showText = () => { el.text.disabled = !readsText(); el.text.parentElement.hidden = el.text.disabled; };
   el.input.addEventListener("change", () => { showText(); describe(el, state); submit(); });
   start(el, state, showText, submit);
@@ -225,7 +226,7 @@ function drawCard(el, state) {
 // The induction circuit of the chosen model (POST /api/circuit, on repeated random tokens),
 // asked for when the evidence is shown; a newer request wins over an older one.
 let circuitRuns = 0;
-async function drawCircuit(el) {
+async function drawCircuit(el, state) {
   const mine = ++circuitRuns;
   if (!el.evidence.checked) { clear(el.circuit); return; }
   const model = el.model.value || "default";
@@ -233,10 +234,12 @@ async function drawCircuit(el) {
   try {
     const c = await api("/api/circuit", { model });
     if (mine !== circuitRuns) return;
-    const title = `${model}: the induction circuit (previous-token → induction heads, K-composition)`;
+    const on = probeName(state, c.probe);
+    const title = `${model}: the induction circuit${c.probe ? ` on ${on}` : ""} (previous-token → induction heads, K-composition)`;
     clear(el.circuit, h("h3", {}, "The induction circuit"), figure(null, { name: `circuit-${model}`, caption: title, data: c,
       fit: { max: CIRCUIT_WIDTH, draw: (width) => circuitGraph(c, { width }) } }),
-      h("p", { class: "note", id: "circuit-note" }, circuitNote(c)));
+      h("p", { class: "note", id: "circuit-note" }, ...glossed(circuitNote(c))),
+      h("p", { class: "note", id: "circuit-probe" }, `The rings mark each head's job on ${c.probe ? on : "the circuit's probe"}${c.probe ? ", the circuit's own probe" : ""}; the grid of all heads labels them on the input the model was last run on (its heading names it), so a head can be an induction head here and something else there.`));
   } catch (err) {
     if (mine === circuitRuns) clear(el.circuit, missing(`The induction circuit could not be found: ${err.message}`));
   }
@@ -252,12 +255,18 @@ function drawGrid(el, state, select) {
       a.window != null ? `Layers marked local see only the last ${a.window} keys (a sliding window); global layers see every key. ` : null,
       h("button", { type: "button", class: "chip", id: "heads-to-shapes", onclick: () => showSizes(a.model) }, "this model's layer in the shape calculator"))
     : null;
-  clear(el.grid, h("h3", {}, "All heads, with their labels"), shared, headGrid(a, {
+  clear(el.grid, h("h3", { id: "heads-grid-title" }, `All heads, with their labels on ${probeName(state, a.probe)}`), shared, headGrid(a, {
     labelOf: (l, k) => labelOf(state, l, k),
     active: (l, k) => !state.averaged && l === state.layer && k === state.head,
     onSelect: (l, k) => { state.pickedAs = ""; select(l, k, false); },
     focus: [state.layer, state.head],
   }));
+}
+
+// A probe as the menu names it ("random tokens, repeated 4 times"), else its own name.
+function probeName(state, probe) {
+  const p = state?.probes?.find((x) => x.name === probe);
+  return p ? p.description.split(" (")[0] : probe || "this input";
 }
 
 // The shape calculator (widget 1) loads the model's own sizes: its preset "model:NAME".
@@ -290,7 +299,7 @@ function fillRelations(select, syntax) {
   const before = select.value;
   const rows = syntax?.relations || [];
   clear(select, rows.map((r) => h("option", { value: r.relation, title: `${r.relation}: head ${r.layer}.${r.head}, ${pct(r.accuracy)} of its arcs; the best fixed offset, ${pct(r.baseline_accuracy)}` },
-    `${r.relation}: ${r.layer}.${r.head}, ${pct(r.accuracy)} (offset ${signed(r.baseline_offset)}: ${pct(r.baseline_accuracy)})`)));
+    `${r.relation}${r.meaning ? ` (${r.meaning})` : ""}: ${r.layer}.${r.head}, ${pct(r.accuracy)} (offset ${signed(r.baseline_offset)}: ${pct(r.baseline_accuracy)})`)));
   if (rows.some((r) => r.relation === before)) select.value = before;
 }
 

@@ -3,6 +3,7 @@
 // real caches built on the meta device); this module only multiplies a report's bytes per
 // position by the positions a policy keeps.
 import { h, s, fmtInt, fmtBytes } from "./dom.js";
+import { glossed } from "./glossary.js";
 import { barChart, BAR_WIDTH } from "./bars.js";
 import { figure } from "./export.js";
 import { FONT, titleLines } from "./svg-text.js";
@@ -93,7 +94,7 @@ function policiesFigure(report, state) {
     Object.assign(state, { window: w, sinks: sk, t });
     const rows = policyRows(report, t, w, sk);
     const table = h("table", { id: "kv-policies-table", class: "compact" },
-      h("caption", { class: "note" }, "Memory of one layer's cache under each policy, B sequences (a streaming cache also keeps its keys before rotary, to turn them again as they move)"),
+      h("caption", { class: "note" }, glossed("Memory of one layer's cache under each policy, B sequences (a streaming cache also keeps its keys before rotary, to turn them again as they move)")),
       h("thead", {}, h("tr", {}, h("th", {}, "policy"), h("th", { class: "num" }, "positions kept"), h("th", {}, "which"), h("th", { class: "num" }, "memory"))),
       h("tbody", {}, rows.map((r) => h("tr", { "data-policy": r.policy, "data-kept": String(r.kept), "data-bytes": String(r.bytes) },
         h("td", {}, r.name), h("td", { class: "num" }, fmtInt(r.kept)), h("td", {}, r.ranges.map(([a, b]) => (b - a === 1 ? `${a}` : `${a}–${b - 1}`)).join(", ")),
@@ -115,6 +116,6 @@ export function kvFigures(report, state) {
   if (state.t == null || state.t > total) state.t = total;
   return h("section", { class: "kv-figures", id: "kv-figures", "aria-labelledby": "kv-figures-h" },
     h("h3", { id: "kv-figures-h" }, "The KV cache at these sizes"),
-    h("p", { class: "note" }, `Generating, each layer keeps the keys and values of past tokens: ${fmtBytes(report.kv_cache.bytes_per_token)} per token here. Sharing K/V heads shrinks every position; a streaming policy keeps fewer positions.`),
+    h("p", { class: "note" }, ...glossed(`Generating, each layer keeps the keys and values of past tokens in its KV cache: ${fmtBytes(report.kv_cache.bytes_per_token)} per token here. Sharing K/V heads shrinks every position; a streaming policy keeps fewer positions.`), " Both are explained in ", h("a", { href: "#kv-cache" }, "§9, the KV cache"), "."),
     headsFigure(report), policiesFigure(report, state));
 }

@@ -12,6 +12,7 @@ import { h, clear } from "./dom.js";
 import { lineChart, heatmap, colourLegend } from "./figures.js";
 import { figure } from "./export.js";
 import { circuitGraph, circuitNote, liveCircuit, CIRCUIT_WIDTH } from "./evidence-card.js";
+import { glossed } from "./glossary.js";
 
 // no "-0.00": a value that rounds to zero prints as 0
 const fmt = (v, d = 3) => (Number.isFinite(v) ? (Math.abs(v) < 0.5 * 10 ** -d ? 0 : v).toFixed(d) : "—");
@@ -184,7 +185,7 @@ export async function initLiveTrain(root) {
     const c = liveCircuit(st.circuit, st.circuit.record, st.verdict);
     const title = `the induction circuit at step ${st.circuit.record.step} (K-composition, layer 0 → layer ${st.circuit.to_layer})`;
     clear(circuitBox, figure(null, { name: "live-circuit", caption: title, data: c,
-      fit: { max: CIRCUIT_WIDTH, draw: (width) => circuitGraph(c, { width }) } }), h("p", { class: "note", id: "live-circuit-note" }, circuitNote(c)));
+      fit: { max: CIRCUIT_WIDTH, draw: (width) => circuitGraph(c, { width }) } }), h("p", { class: "note", id: "live-circuit-note" }, ...glossed(circuitNote(c))));
     circuitBox.dataset.step = String(st.circuit.record.step);
   };
 

@@ -40,13 +40,36 @@ function costSentence(one, many) {
 async function paramsTable(el, asked) {
   const presets = await asked;
   const entries = Object.entries(presets);
-  const reports = await Promise.all(entries.map(([, p]) => api("/api/shapes", { d_model: p.d_model, n_heads: p.n_heads, n_kv_heads: p.n_kv_heads, d_k: p.d_k ?? null, bias: p.bias, seq_len: 1, batch: 1 })));
-  clear(el, h("div", { class: "table-wrap" }, h("table", { id: "params-presets" },
-    h("thead", {}, h("tr", {}, h("th", {}, "model"), h("th", { class: "num" }, "d_model"), h("th", { class: "num" }, "h / h_kv"), h("th", { class: "num" }, "4·d_model²"), h("th", { class: "num" }, "attention parameters per layer"), h("th", {}, "source"))),
+  const traced = (p, n_kv_heads) => api("/api/shapes", { d_model: p.d_model, n_heads: p.n_heads, n_kv_heads, d_k: p.d_k ?? null, bias: p.bias, seq_len: 1, batch: 1 });
+  const reports = await Promise.all(entries.map(([, p]) => traced(p, p.n_kv_heads)));
+  // a shared-K/V layer beside the same layer with one K/V head per query head, at its own d_k
+  const unshared = await Promise.all(entries.map(([, p]) => (p.n_kv_heads && p.n_kv_heads < p.n_heads ? traced(p, p.n_heads) : null)));
+  // a table wider than a phone (or, with its eight columns, a desktop) scrolls: the keyboard can too
+  clear(el, h("div", { class: "table-wrap", tabindex: "0", role: "region", "aria-label": "attention parameters of published layers" }, h("table", { id: "params-presets" },
+    h("thead", {}, h("tr", {}, h("th", {}, "model"), h("th", { class: "num" }, "d_model"), h("th", { class: "num" }, "h / h_kv"), h("th", { class: "num" }, "4·d_model²"), h("th", { class: "num" }, "attention parameters per layer"), h("th", { class: "num" }, "with h_kv = h"), h("th", { class: "num" }, "h·d_k"), h("th", {}, "source"))),
     h("tbody", {}, entries.map(([name, p], k) => h("tr", { "data-preset": name }, h("td", {}, p.title || name), h("td", { class: "num" }, fmtInt(p.d_model)),
       h("td", { class: "num" }, `${p.n_heads} / ${p.n_kv_heads ?? p.n_heads}`),
       h("td", { class: "num" }, fmtInt(4 * p.d_model * p.d_model)),
-      h("td", { class: "num" }, fmtInt(reports[k].params.total)), h("td", { class: "note" }, p.source)))))));
+      h("td", { class: "num" }, fmtInt(reports[k].params.total)),
+      h("td", { class: "num" }, unshared[k] ? fmtInt(unshared[k].params.total) : "—"),
+      h("td", { class: "num" }, fmtInt(reports[k].config.sizes.h * reports[k].config.sizes.d_k)), h("td", { class: "note" }, p.source)))))),
+    h("p", { id: "params-sentence" }, paramsSentence(entries, reports, unshared)));
+}
+
+// What the table's shared-K/V rows show, from their own traced figures: the saving is against the
+// same layer with a K/V head per query head, and 4·d_model² holds only where h·d_k = d_model.
+function paramsSentence(entries, reports, unshared) {
+  const out = [];
+  entries.forEach(([name, p], k) => {
+    const u = unshared[k];
+    if (!u) return;
+    const r = reports[k], { h: hq, h_kv, d_k, d_model } = r.config.sizes;
+    const title = p.title || name;
+    const saved = `${title}'s ${h_kv} K/V head${h_kv > 1 ? "s" : ""} for ${hq} query heads cut${h_kv > 1 ? "" : "s"} ${fmtInt(u.params.total - r.params.total)} parameters against the same layer with ${hq} (${fmtInt(r.params.total)} instead of ${fmtInt(u.params.total)})`;
+    const width = hq * d_k === d_model ? "." : `; its heads are ${d_k} wide, so h·d_k = ${fmtInt(hq * d_k)}, not d_model = ${fmtInt(d_model)}: W_Q and W_O are ${fmtInt(d_model)} × ${fmtInt(hq * d_k)}, ${r.params.total === 4 * d_model * d_model ? "and the total equals 4·d_model² only by coincidence" : `and the total is ${(r.params.total / (4 * d_model * d_model)).toFixed(2)}× 4·d_model²`}.`;
+    out.push(saved + width);
+  });
+  return out.length ? `Sharing K/V heads saves parameters against the same layer with as many K/V heads as query heads, at the same head width: ${out.join(" ")}` : "";
 }
 
 async function kvCompare(el, asked) {

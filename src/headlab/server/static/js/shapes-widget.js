@@ -2,6 +2,7 @@
 // POST /api/shapes returns from tracing the real layer.
 import { api, refusal, quoted } from "./api.js";
 import { h, clear, debounce, fmtInt, fmtBytes, fmtCompact } from "./dom.js";
+import { glossed } from "./glossary.js";
 import { barChart, BAR_WIDTH } from "./bars.js";
 import { figure } from "./export.js";
 import { layerDiagram } from "./layer-diagram.js";
@@ -102,7 +103,7 @@ const times = (ratio) => (Number.isInteger(ratio) ? String(ratio) : ratio.toPrec
 
 function facts(report) {
   const kv = report.kv_cache || {};
-  const fact = (value, label, id) => h("div", { class: "fact", id }, h("b", {}, value), h("span", {}, label));
+  const fact = (value, label, id) => h("div", { class: "fact", id }, h("b", {}, value), h("span", {}, glossed(label)));
   const biases = report.config.bias ? "with biases" : "no biases";
   return h("div", { class: "facts" },
     fact(fmtInt(report.params.total), `parameters in the layer (W_Q, W_K, W_V, W_O, ${biases})`, "shapes-params-total"),
