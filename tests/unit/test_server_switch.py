@@ -78,3 +78,31 @@ def test_bad_requests_are_422_in_one_sentence(client: TestClient, body, said) ->
     r = client.post("/api/switch-off", json=body)
     assert r.status_code == 422, r.text
     assert said in r.json()["detail"] and "Traceback" not in r.text
+
+
+def test_the_token_limit_keeps_both_runs_patterns_under_the_cap(client: TestClient) -> None:
+    """An answer holds two runs' patterns (L · h · n² weights each): the schema states each
+    model's limit so that both stay within MAX_WEIGHTS, and the route keeps to it. The default
+    model takes its whole context; SmolLM2 (where installed) takes fewer tokens here than in
+    /api/heads (121 against 128), and a text one token over is refused."""
+    from headlab.server.routes.attention import token_limit
+    from headlab.server.settings import MAX_WEIGHTS
+
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    limits = schemas["SwitchOffRequest"]["properties"]["text"]["x-max-tokens"]
+    heads = schemas["TextRequest"]["properties"]["text"]["x-max-tokens"]
+    assert limits.keys() == heads.keys() and limits["default"] == 64
+    for name, n in limits.items():
+        c = zoo.model_config(name)
+        assert 2 * c.n_layers * c.n_heads * n * n <= MAX_WEIGHTS, name
+        assert n <= heads[name]
+    if "smollm2" not in limits:
+        return
+    assert limits["smollm2"] < heads["smollm2"]
+    model, tokenizer = zoo.load("smollm2")
+    assert token_limit(model, 2) == limits["smollm2"]
+    words = " ".join(f"w{i}" for i in range(400))
+    starts = {len(tokenizer.encode(words[:k])): words[:k] for k in range(1, len(words))}
+    over = starts[limits["smollm2"] + 1]
+    r = client.post("/api/switch-off", json={"model": "smollm2", "text": over, "off": [[0, 0]]})
+    assert r.status_code == 422 and f"at most {limits['smollm2']}" in r.json()["detail"], r.text

@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Request, Response
 
 from headlab.server.fastjson import json_response
 from headlab.server.routes.attention import load_probe
-from headlab.server.schemas import SwitchOffRequest, SwitchOffResponse
+from headlab.server.schemas import SWITCH_RUNS, SwitchOffRequest, SwitchOffResponse
 from headlab.shapes.layout import attention_layout
 
 router = APIRouter(tags=["heads"])
@@ -21,7 +21,7 @@ def switch_off_endpoint(req: SwitchOffRequest, request: Request) -> Response:
     model that predicts no next token)."""
     from headlab.heads.switch import switch_off
 
-    model, probe = load_probe(request, req)
+    model, probe = load_probe(request, req, SWITCH_RUNS)  # both runs' patterns within the cap
     _, tokenizer = request.app.state.models.get(req.model)
     try:
         result = switch_off(model, probe, req.off, req.mode)
