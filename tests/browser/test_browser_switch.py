@@ -172,6 +172,9 @@ def test_a_set_zeroed_shows_the_librarys_numbers(shown, model_and_probe) -> None
     pg, _ = shown
     meaning = pg.inner_text("#switch-meaning")
     assert "average output over the whole text" in meaning and "zeros" in meaning
+    # the words it leans on link to the page's glossary
+    assert pg.locator('#switch-meaning a[href="#term-ablation"]').count() == 1
+    assert pg.locator('#switch-loss a[href="#term-nats"]').count() == 1
     pg.click("#switch-clear")
     pg.click('#switch-heads button[data-off="0.3"]')
     pg.click('#switch-heads button[data-off="1.3"]')

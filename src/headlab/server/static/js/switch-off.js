@@ -6,11 +6,12 @@ import { api } from "./api.js";
 import { h, clear, missing } from "./dom.js";
 import { heatmap, colourLegend, HEATMAP_WIDTH } from "./figures.js";
 import { figure } from "./export.js";
+import { glossed } from "./glossary.js";
 
 const SHOWN = 0.1;  // induction scores listed: a head at or above this in either run
 const LISTED = 12;  // at most this many of them, the largest changes first
 
-const MEANING = "Switching a head off runs the same text again with that head's output replaced, " +
+const MEANING = "Switching a head off (an ablation) runs the same text again with that head's output replaced, " +
   "everything else as it was. “Average” replaces it with the head's average output over the whole " +
   "text: the head still adds what it adds on average, but nothing about the token it is at. " +
   "“Zero” replaces it with zeros, as if the head were cut out.";
@@ -32,7 +33,7 @@ function build(root) {
     h("label", { for: "switch-mode-zero" }, el.zero, " zeros"));
   root.append(h("div", { class: "widget-box", id: "switch-box" },
     h("h3", { id: "switch-h" }, "Switch heads off and watch"),
-    h("p", { class: "note", id: "switch-meaning" }, MEANING),
+    h("p", { class: "note", id: "switch-meaning" }, ...glossed(MEANING)),
     h("p", { class: "note" }, "Pick heads below (the head viewer's labels beside them), then run: the loss on the repeat, the induction scores, a head's pattern and every next-token guess are shown for the intact model and with those heads off."),
     el.picker, h("p", { class: "chips" }, el.previous, el.none), how, h("p", {}, el.run), el.status, el.result));
   return el;
@@ -138,7 +139,7 @@ function lossLines(s, offNames) {
   return h("div", { id: "switch-loss" },
     h("ul", {}, line("repeat", `Loss on the repeat (the ${repeated} positions whose token appeared earlier, where copying what followed it helps)`),
       line("all", `Loss on every position (${s.repeat_rows.length})`)),
-    h("p", { class: "note" }, "The loss is how surprised the model is by the real next token, in nats: lower is better; a rise means the model guesses worse without those heads."));
+    h("p", { class: "note" }, ...glossed("The loss is how surprised the model is by the real next token, in nats: lower is better; a rise means the model guesses worse without those heads.")));
 }
 
 // Each head's induction score in both runs, where either is at least SHOWN, largest change first.
