@@ -107,6 +107,8 @@ def test_the_previous_token_head_off_breaks_induction_as_the_library_says(
     assert shown_loss(pg, "repeat") == loss_text(loss["repeat"])
     assert shown_loss(pg, "all") == loss_text(loss["all"])
     assert loss["repeat"]["rise"] > 2.0
+    said = pg.inner_text('#switch-loss [data-loss="repeat"]')
+    assert f"the {loss['repeat']['rows']} positions whose token appeared earlier" in said
     model, _, probe = model_and_probe
     if len(previous) == 1:  # one head: the rise is ablate_heads' effect of it
         a = ablate_heads(model, probe, previous)

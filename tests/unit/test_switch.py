@@ -166,3 +166,25 @@ def test_a_model_that_predicts_no_next_token_is_refused(repeat):
     model = Transformer(config)
     with pytest.raises(ValueError, match="needs a causal model"):
         switch_off(model, repeat, [(0, 0)])
+
+
+def test_the_losses_count_every_sequence_of_the_probe(default):
+    """Random tokens repeated (several sequences): the loss on the repeat is the mean over the
+    repeated rows of every sequence, and says how many rows that is; the JSON says how many
+    sequences the losses are over."""
+    from headlab.heads.evidence import loss_rows
+
+    model, tokenizer = default
+    c = model.config
+    probe = build_probe("random-repeat", tokenizer, c.max_len, c.vocab_size, seed=3)
+    assert probe.tokens.shape[0] > 1
+    s = switch_off(model, probe, [(0, 0)], "zero")
+    rows = loss_rows(probe, causal=True)["induction"]
+    loss = s.losses()
+    assert loss["repeat"]["rows"] == int(rows.sum()) > int(rows[0].sum())
+    assert loss["repeat"]["off"] == pytest.approx(float(s.off.losses[rows].mean()), abs=1e-6)
+    assert loss["all"]["rows"] == s.off.losses.numel()
+    d = s.to_dict(tokenizer.token_strings)
+    assert d["sequences"] == probe.tokens.shape[0]
+    assert d["loss"]["repeat"]["rows"] == int(rows.sum())
+    assert len(d["repeat_rows"]) == probe.n - 1

@@ -60,6 +60,20 @@ def test_the_table_says_the_losses_and_draws_the_shown_head_in_both_runs(default
     assert "head 1.3, intact" in out and "head 1.3, with 0.0, 1.3 off" in out
 
 
+def test_several_sequences_are_counted_and_the_table_says_which_it_shows(default):
+    model, tokenizer = default
+    c = model.config
+    result = run("--off", "0.0", "--probe", "random-repeat", "--seed", "3")
+    assert result.exit_code == 0, result.output
+    probe = build_probe("random-repeat", tokenizer, c.max_len, c.vocab_size, seed=3)
+    loss = switch_off(model, probe, [(0, 0)]).losses()
+    r = loss["repeat"]
+    out = " ".join(result.stdout.split())
+    said = f"loss on the repeat ({r['rows']} predictions): {r['intact']:.2f} → {r['off']:.2f}"
+    assert said in out
+    assert f"the table shows the first of the probe's {probe.tokens.shape[0]} sequences" in out
+
+
 def test_a_text_that_repeats_nothing_says_so():
     result = run("--off", "0.0", "--text", "Birds fly south in winter.")
     assert result.exit_code == 0, result.output

@@ -122,9 +122,8 @@ def print_switched(model: str, p: Any, s: Any, strings: Any, show: tuple[int, in
         if v is None:
             _say(f"loss {where}: the text repeats no token, so there is no repeat to predict")
         else:
-            rows = int(s.repeat_rows.sum()) if name == "repeat" else s.intact.losses.numel()
             _say(
-                f"loss {where} ({rows} predictions): {v['intact']:.2f} → {v['off']:.2f} nats "
+                f"loss {where} ({v['rows']} predictions): {v['intact']:.2f} → {v['off']:.2f} nats "
                 f"({v['rise']:+.2f})"
             )
     moved = [
@@ -150,7 +149,9 @@ def print_switched(model: str, p: Any, s: Any, strings: Any, show: tuple[int, in
         ]
         table.add_row(*(Text(c) for c in cells))  # a token such as "[/" is no markup
     console.print(table)
-    _say("* the likeliest next token changed")
+    B = s.repeat_rows.shape[0]
+    first = f"; the table shows the first of the probe's {B} sequences" if B > 1 else ""
+    _say(f"* the likeliest next token changed{first}")
     if show is not None:
         layer, head = show
         for r, run in ((s.intact, "intact"), (s.off, f"with {off} off")):

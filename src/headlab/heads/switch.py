@@ -81,21 +81,23 @@ class SwitchedOff:
     repeat_rows: Tensor  # (B, n − 1) bool: the rows of the repeat (a query seen before)
 
     def losses(self) -> dict[str, dict[str, float] | None]:
-        """Mean loss on the repeat's rows and on every row, intact and switched off (the repeat
-        is None for a probe that repeats nothing)."""
+        """Mean loss on the repeat's rows and on every row of every sequence, intact and
+        switched off, and how many rows it is over (the repeat is None for a probe that repeats
+        nothing)."""
         every = torch.ones_like(self.repeat_rows)
         out: dict[str, dict[str, float] | None] = {}
         for name, rows in (("repeat", self.repeat_rows), ("all", every)):
             if not bool(rows.any()):
                 out[name] = None
                 continue
-            intact, off = self.intact.loss(rows), self.off.loss(rows)
-            out[name] = {"intact": intact, "off": off, "rise": off - intact}
+            intact, off, count = self.intact.loss(rows), self.off.loss(rows), int(rows.sum())
+            out[name] = {"intact": intact, "off": off, "rise": off - intact, "rows": count}
         return out
 
     def to_dict(self, token_strings: Callable[[list[int]], list[str]]) -> dict[str, Any]:
-        """JSON of the first sequence: the losses, each position's predictions in both runs
-        (``token_strings`` turns ids into display labels), the patterns and induction scores."""
+        """JSON: the losses (over every sequence), and of the first sequence each position's
+        predictions in both runs (``token_strings`` turns ids into display labels), losses and
+        patterns; the induction scores."""
 
         def run(r: Run) -> dict[str, Any]:
             ids = r.top_ids[0].tolist()  # (n, k)
@@ -117,6 +119,7 @@ class SwitchedOff:
             for k, v in self.losses().items()
         }
         return {
+            "sequences": int(self.repeat_rows.shape[0]),  # the losses count them all
             "mode": self.mode,
             "off": [list(pair) for pair in self.heads],
             "loss": losses,

@@ -585,10 +585,14 @@ class SwitchOffResponse(ModelOnText):
     probe: str
     mode: str
     off: list[list[int]] = Field(description="the heads switched off, sorted, as [layer, head]")
+    sequences: int = Field(description="the probe's sequences: the losses are over all of them")
     loss: dict[str, dict[str, float] | None] = Field(
         description="'repeat' (the rows whose token occurred before; null when none does) and "
-        "'all' (every row): the mean next-token loss 'intact', 'off', and their difference 'rise'"
+        "'all' (every row), over every sequence: the mean next-token loss 'intact', 'off', "
+        "their difference 'rise', and how many 'rows' it is over"
     )
-    repeat_rows: list[bool] = Field(description="per loss row, whether it counts as the repeat")
+    repeat_rows: list[bool] = Field(
+        description="per loss row of the first sequence, whether it counts as the repeat"
+    )
     intact: SwitchedRun
     switched_off: SwitchedRun
