@@ -237,3 +237,33 @@ def test_a_new_input_clears_the_last_result(shown) -> None:
     assert body["probe"] == "text" and body["text"] == "One two three. One two three."
     expect(pg.locator("#switch-summary")).to_contain_text(" switched off (each replaced")
     assert pg.errors == []
+
+
+def test_random_tokens_repeated_count_every_sequence(shown, model_and_probe) -> None:
+    """On the head viewer's random tokens repeated (four sequences), the losses shown are the
+    library's over all of them, and the panel says the tables show the first (runs last)."""
+    from headlab.measure import build_probe
+
+    pg, _ = shown
+    model, tokenizer, _ = model_and_probe
+    with pg.expect_response(lambda r: r.url.endswith("/api/heads")):
+        pg.select_option("#heads-probe", "random-repeat")
+    expect(pg.locator("#switch-loss")).to_have_count(0)
+    pg.click("#switch-previous")
+    previous = labelled(pg, "previous-token")
+    with pg.expect_response(lambda r: r.url.endswith("/api/switch-off")):
+        pg.click("#switch-run")
+    c = model.config
+    probe = build_probe("random-repeat", tokenizer, c.max_len, c.vocab_size, seed=0)
+    s = oracle((model, tokenizer, probe), previous)
+    loss = s.losses()
+    expect(pg.locator("#switch-sequences")).to_have_text(
+        f"The losses are over all {probe.tokens.shape[0]} of the input's sequences; the tables "
+        "below show the first."
+    )
+    assert shown_loss(pg, "repeat") == loss_text(loss["repeat"])
+    assert shown_loss(pg, "all") == loss_text(loss["all"])
+    said = pg.inner_text('#switch-loss [data-loss="repeat"]')
+    assert f"the {loss['repeat']['rows']} positions" in said
+    assert pg.locator("#switch-predictions tbody tr").count() == probe.n
+    assert pg.errors == []

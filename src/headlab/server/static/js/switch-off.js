@@ -135,11 +135,11 @@ function lossLines(s, offNames) {
     return h("li", { "data-loss": key }, `${where}: `, h("strong", { "data-run": "intact" }, nats(v.intact)), " nats intact → ",
       h("strong", { "data-run": "off" }, nats(v.off)), ` with ${offNames} off (`, h("span", { "data-run": "rise" }, signed(v.rise)), ")");
   };
-  const over = s.sequences > 1 ? ` over the probe's ${s.sequences} sequences (the tables below show the first)` : "";
   const rows = (key) => s.loss[key]?.rows ?? 0;
+  const over = s.sequences > 1 ? h("p", { class: "note", id: "switch-sequences" }, `The losses are over all ${s.sequences} of the input's sequences; the tables below show the first.`) : null;
   return h("div", { id: "switch-loss" },
-    h("ul", {}, line("repeat", `Loss on the repeat (the ${rows("repeat")} positions whose token appeared earlier, where copying what followed it helps${over})`),
-      line("all", `Loss on every position (${rows("all")}${over})`)),
+    h("ul", {}, line("repeat", `Loss on the repeat (the ${rows("repeat")} positions whose token appeared earlier, where copying what followed it helps)`),
+      line("all", `Loss on every position (${rows("all")})`)), over,
     h("p", { class: "note" }, ...glossed("The loss is how surprised the model is by the real next token, in nats: lower is better; a rise means the model guesses worse without those heads.")));
 }
 
