@@ -53,8 +53,12 @@ def page(browser, server: str) -> Iterator[object]:
 
 def reveal(page, name: str) -> None:
     """Scroll to an experiment's section until it is drawn: a stored run loads as its section
-    comes near, and sections above it may grow meanwhile and push it away again."""
+    comes near, and sections above it may grow meanwhile and push it away again. A run folded
+    in §9's caveats is opened first, as a reader opens it by its summary."""
     section = page.locator(f'[data-experiment="{name}"]')
+    fold = section.locator("xpath=ancestor::details[contains(@class, 'caveat')]")
+    if fold.count() and fold.get_attribute("open") is None:
+        fold.locator(":scope > summary").click()
     for _ in range(120):
         section.scroll_into_view_if_needed()
         if section.locator(":scope > :is(.provenance, .missing, .error)").count():
@@ -287,7 +291,7 @@ def test_the_page_asks_for_each_vocabulary_once(browser, server: str) -> None:
     pg.goto(server + "/")
     pg.wait_for_selector("#heads-grid button[data-head]", timeout=60_000)
     pg.wait_for_selector("#params-presets")
-    pg.wait_for_selector("#kv-table")
+    pg.wait_for_selector("#kv-table", state="attached")  # drawn inside §9's closed fold
     for path in ("/api/shapes/presets", "/api/probes", "/api/shapes/limits", "/api/models"):
         assert asked.count(path) == 1, (path, asked)
     options = pg.eval_on_selector_all("#heads-probe option", "os => os.map(o => o.value)")

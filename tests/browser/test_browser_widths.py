@@ -58,7 +58,7 @@ def heads_answer(pg, action) -> dict:
         action()
     response = info.value
     assert response.ok, response.text()
-    pg.wait_for_selector("#label-counts:not([data-old])")
+    pg.wait_for_selector("#label-counts:not([data-old])", state="attached")  # §9 folds it
     return response.json()
 
 
@@ -598,7 +598,7 @@ def test_labels_do_not_depend_on_a_syntactic_pick(browser, server: str, width: i
     errors: list[str] = []
     pg.on("pageerror", lambda e: errors.append(str(e)))
     pg.goto(server + "/")
-    pg.wait_for_selector("#label-counts", timeout=60_000)
+    pg.wait_for_selector("#label-counts", state="attached", timeout=60_000)
     before = grid_labels(pg)
     bodies: list[dict] = []
     pg.on("request", lambda r: r.url.endswith("/api/heads") and bodies.append(r.post_data_json))

@@ -208,6 +208,20 @@ def test_training_text_does_not_fix_how_many_heads_climb(read) -> None:
     assert "counts and names them" in text
 
 
+def test_the_stored_runs_verdict_names_every_induction_head_it_found(read) -> None:
+    """§8's stored run found three induction heads and its verdict named one: the verdict now
+    names every head the run's labels list (the shipped file's induction_heads)."""
+    import json
+
+    from headlab.server.routes.experiments import shipped
+
+    pg, _ = read
+    stored = json.loads(shipped()["induction"].read_text())
+    text = pg.locator("#induction-verdict").text_content()  # in the run's "numbers" fold
+    named = set(re.findall(r"\b1\.\d\b", text.split(" formed")[0]))
+    assert named == set(stored["induction_heads"]), (text, stored["induction_heads"])
+
+
 def test_circuit_and_grid_say_which_probe_they_are_drawn_on(read, server: str) -> None:
     """The circuit's rings (labels on repeated random tokens) and the grid's labels (on the
     widget's input) came from different probes, unsaid: each now names its probe."""
@@ -273,3 +287,60 @@ def test_a_cards_headline_leads_with_the_exact_figure(browser, server: str) -> N
             assert "not ablated exactly" not in r["evidence"]
     assert pg.errors == []
     context.close()
+
+
+# --- too much at once -------------------------------------------------------------------------
+
+# §9 was 1,927 words and 7,888 px tall, every caveat open: folded, it shows its claim and one
+# line per caveat (the bounds leave room for a phone's wrapping, far under the old figures)
+CAVEATS_WORDS = 200
+CAVEATS_HEIGHT = {1280: 900, 390: 1400}
+
+
+def test_caveats_show_one_line_each_until_opened(read) -> None:
+    """§9, folded, stays short: its visible words and height are bounded; each caveat is a
+    summary with its heading and one line, opened by a click or from the keyboard, and its
+    stored run is drawn once it is opened."""
+    pg, _ = read
+    section = pg.locator("#caveats")
+    folds = section.locator("details.caveat")
+    assert folds.count() == 6
+    pg.evaluate("document.querySelectorAll('#caveats details').forEach((d) => { d.open = false; })")
+    words = len(section.inner_text().split())
+    height = section.bounding_box()["height"]
+    assert words <= CAVEATS_WORDS, words
+    assert height <= CAVEATS_HEIGHT[pg.width], height
+    for k in range(folds.count()):
+        fold = folds.nth(k)
+        expect(fold.locator(":scope > summary h3")).to_be_visible()
+        expect(fold.locator(":scope > summary .gist")).to_be_visible()
+        inside = fold.locator(":scope > :not(summary)").first
+        expect(inside).to_be_hidden()
+        if k % 2:
+            fold.locator(":scope > summary").click()
+        else:
+            fold.locator(":scope > summary").focus()
+            pg.keyboard.press("Enter")
+        expect(inside).to_be_visible()
+        for run in fold.locator("[data-experiment]").all():
+            run.scroll_into_view_if_needed()
+            expect(
+                run.locator(":scope > :is(.provenance, .missing, .error)").first
+            ).to_be_attached()
+    opened = section.bounding_box()["height"]
+    assert opened > 2 * height, (opened, height)
+    assert pg.errors == []
+
+
+def test_section_two_links_the_kv_cache_forward_and_the_link_opens_it(read) -> None:
+    """§2's KV-cache figures came seven sections before the KV cache is explained: they link
+    forward to §9's caveat, and following the link opens it."""
+    pg, _ = read
+    pg.evaluate("document.querySelectorAll('#caveats details').forEach((d) => { d.open = false; })")
+    link = pg.locator("#kv-figures a[href='#kv-cache']").first
+    link.scroll_into_view_if_needed()
+    link.click()
+    expect(pg.locator("#kv-fold")).to_have_attribute("open", "")
+    expect(pg.locator("#kv-compare")).to_be_visible()
+    pg.go_back()
+    assert pg.errors == []

@@ -135,12 +135,29 @@ async function experiments() {
   }
 }
 
+// A link into a folded part of the page (§9's caveats) opens the fold it points into: the link
+// is followed by hash or, to the hash already in the address bar, by a click.
+function openFolds() {
+  const open = (hash) => {
+    const target = hash.length > 1 && document.getElementById(decodeURIComponent(hash.slice(1)));
+    for (let fold = target && target.closest("details"); fold; fold = fold.parentElement.closest("details")) fold.open = true;
+    if (target) target.scrollIntoView();
+  };
+  window.addEventListener("hashchange", () => open(location.hash));
+  document.addEventListener("click", (ev) => {
+    const link = ev.target.closest?.("a[href^='#']");
+    if (link && link.getAttribute("href") === location.hash) open(location.hash);
+  });
+  if (location.hash) open(location.hash);
+}
+
 function guard(fn, el) {
   return fn(el).catch((err) => clear(el, h("p", { class: "error" }, `Could not load: ${err.message}`)));
 }
 
 async function start() {
   codeDialog();
+  openFolds();
   try {
     const health = await api("/api/health");
     setStatus(`Connected to headlab ${health.version}: live figures are computed now; stored ones name the run that made them.`);
