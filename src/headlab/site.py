@@ -4,7 +4,8 @@
 files unchanged, ``index.html`` with its paths made relative and one more script
 (``offline-api.js``) that answers the page's ``fetch('/api/…')`` calls in the browser; the
 default model exported to ONNX by PyTorch's exporter; onnxruntime-web's WASM build and the
-tokenizer's JSON; and every GET answer the page asks for, written once from the real app.
+tokenizer's JSON; and every GET answer the page asks for, written once from the real app
+(handed in by the command line: this module sits below the server and does not import it).
 
 Shape legend
     L   layers;  h   heads;  n   tokens (query and key positions: no cache)
@@ -32,6 +33,7 @@ import shutil
 import stat
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,17 +57,6 @@ PACKAGE = Path(headlab.__file__).parent
 PAGE = PACKAGE / "server" / "static"
 # onnxruntime-web's files the site needs: the WASM-only ES module bundle and its runtime
 ORT_FILES = ("ort.wasm.bundle.min.mjs", "ort-wasm-simd-threaded.wasm", "ort-wasm-simd-threaded.mjs")
-# the GET routes the page reads, answered once at build time by the real app
-GET_ROUTES = (
-    "health",
-    "models",
-    "models/sizes",
-    "probes",
-    "shapes/presets",
-    "shapes/limits",
-    "experiments",
-    "live",
-)
 WORDS_FILE = "words-en.txt.gz"  # wordfreq's English table: line c holds the words at −c centibels
 # the shape statement (headlab.shapes.statement), which offline/shapes.js evaluates
 STATEMENT_FILE = "shape-statement.json"
@@ -143,24 +134,17 @@ def export_random(model: nn.Module, folder: Path) -> list[Path]:
     ]
 
 
-def api_answers(out: Path) -> list[str]:
-    """Write every GET answer the page reads to ``out/api/…json`` and the OpenAPI schema to
-    ``out/openapi.json``, from the real app (the default model only). Returns the routes."""
-    from fastapi.testclient import TestClient
-
-    from headlab.server.app import create_app
-    from headlab.server.routes.code import linked
-    from headlab.server.routes.experiments import shipped
-
-    routes = [*GET_ROUTES, *(f"experiments/{name}" for name in shipped())]
-    routes += [f"code/{name}" for name in linked()]
-    with TestClient(create_app(preload=("default",))) as client:
-        for route in routes:
-            response = client.get(f"/api/{route}")
-            response.raise_for_status()
-            write_json(out / "api" / f"{route}.json", response.json())
-        # the page reads its input limits from the schema, at the site's root as on the server
-        write_json(out / "openapi.json", client.get("/openapi.json").json())
+def write_answers(out: Path, answers: dict[str, Any]) -> list[str]:
+    """Write each stored answer (file under ``out`` → its JSON, e.g. ``api/health.json``, from
+    :func:`headlab.server.stored.page_answers`) and return the API routes among them."""
+    routes = []
+    for name, value in answers.items():
+        path = out / name
+        if not path.resolve().is_relative_to(out.resolve()):
+            raise ValueError(f"a stored answer must lie inside the site, got {name!r}")
+        write_json(path, value)
+        if name.startswith("api/"):
+            routes.append(name.removeprefix("api/").removesuffix(".json"))
     return routes
 
 
@@ -259,11 +243,17 @@ def ort_dist(web: Path) -> Path:
 
 
 def build(
-    out: str | Path, web: Path, model: nn.Module | None = None, force: bool = False
+    out: str | Path,
+    web: Path,
+    answers: Callable[[], dict[str, Any]],
+    model: nn.Module | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Write the static site to the folder ``out``, whole or not at all. ``web`` holds
-    ``node_modules`` from ``npm ci``; ``model`` defaults to the shipped default model. Returns
-    what was written: ``{"files": count, "bytes": total, "routes": [...]}``.
+    ``node_modules`` from ``npm ci``; ``answers()`` gives the GET answers the page reads (the
+    command line passes :func:`headlab.server.stored.page_answers`: the builder does not
+    import the server); ``model`` defaults to the shipped default model. Returns what was
+    written: ``{"files": count, "bytes": total, "routes": [...]}``.
 
     The site is built in a temporary folder beside ``out`` and renamed into place at the end
     (:func:`headlab.files.new_folder`): a build that fails or is killed leaves ``out`` as it
@@ -281,7 +271,8 @@ def build(
     model = default if model is None else model
     remove_leftovers(target.parent, of=target.name)  # of a build killed before this one
     with new_folder(target) as tmp:
-        routes = fill(tmp, dist, model, tokenizer)
+        fill(tmp, dist, model, tokenizer)
+        routes = write_answers(tmp, answers())
         files = [p for p in tmp.rglob("*") if p.is_file()]
         written = {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
         write_atomic(tmp / MARKER, json_text({"written_by": WRITTEN_BY, "version": __version__}))
@@ -291,10 +282,10 @@ def build(
     return {**written, "routes": routes}
 
 
-def fill(out: Path, dist: Path, model: nn.Module, tokenizer: Any) -> list[str]:
+def fill(out: Path, dist: Path, model: nn.Module, tokenizer: Any) -> None:
     """Write the site's files into the empty folder ``out``: the page, onnxruntime-web from
-    ``dist``, the tokenizer, the model and its random copies in ONNX, the API's answers.
-    Returns the API routes written."""
+    ``dist``, the tokenizer, the model and its random copies in ONNX (the API's answers are
+    written by :func:`build`)."""
     shutil.copytree(PAGE, out / "static")
     write_atomic(out / "index.html", page_html().encode("utf-8"))
     offline = out / "static" / "offline"
@@ -307,7 +298,6 @@ def fill(out: Path, dist: Path, model: nn.Module, tokenizer: Any) -> list[str]:
     write_word_table(offline / WORDS_FILE)
     export_onnx(model, offline / "model.onnx")
     export_random(model, offline)
-    return api_answers(out)
 
 
 # --- where a site may be written ---------------------------------------------------------------
