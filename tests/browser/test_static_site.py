@@ -34,8 +34,11 @@ def _env() -> dict[str, str]:
 def site(tmp_path_factory) -> Path:
     """The site, built by the same command `make static` runs (npm ci first, if needed)."""
     if not (ROOT / "web" / "node_modules" / "onnxruntime-web").is_dir():
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
-                       cwd=ROOT / "web", check=True)  # fmt: skip
+        subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
+            cwd=ROOT / "web",
+            check=True,
+        )
     out = tmp_path_factory.mktemp("static") / "site"
     cmd = [sys.executable, "-m", "headlab.cli", "static", str(out)]
     done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
@@ -236,9 +239,31 @@ def test_scores_and_labels_equal_headlab_heads_json(page) -> None:
 
 
 def _random_text(rng: random.Random) -> str:
-    pieces = ["the", " cat", "Mary", "  ", "\n", "'s", "'ll", "é", "日本", "🙂", "123", "4.5",
-              ",", "!?", "<|endoftext|>", " ", "\t", "don't", "ÀÉ", "x" * 7, "—", "\u00a0",
-              "Zürich"]  # fmt: skip
+    pieces = [
+        "the",
+        " cat",
+        "Mary",
+        "  ",
+        "\n",
+        "'s",
+        "'ll",
+        "é",
+        "日本",
+        "🙂",
+        "123",
+        "4.5",
+        ",",
+        "!?",
+        "<|endoftext|>",
+        " ",
+        "\t",
+        "don't",
+        "ÀÉ",
+        "x" * 7,
+        "—",
+        "\u00a0",
+        "Zürich",
+    ]
     return "".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
 
 

@@ -122,7 +122,11 @@ def _same_report(want, got: dict, text: str) -> None:
     for s, g in rows:
         where = f"{text!r} head {s.layer}.{s.head}"
         assert (g["layer"], g["head"], g["label"], g["offset"]) == (
-            s.layer, s.head, s.label, s.offset), where  # fmt: skip
+            s.layer,
+            s.head,
+            s.label,
+            s.offset,
+        ), where
         assert set(g["scores"]) == set(s.scores), where
         for kind, value in s.scores.items():
             # one definition, two runtimes: only their float arithmetic differs

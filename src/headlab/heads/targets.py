@@ -312,7 +312,7 @@ def stack_targets(t: Targets) -> TargetStack:
         torch.stack([uniform if w is None else w.double() for w in seqs]),
         torch.tensor([name not in rows for name in names]),
         positional_reach(B, n, n, t.causal, t.token_rules),
-    )  # fmt: skip
+    )
 
 
 def targets_of(
@@ -330,10 +330,18 @@ def targets_of(
     induction_mul = induction_pattern(tokens, same)
     rules = (copies_pattern(tokens, same) + induction_mul) > 0
     no_keys = torch.zeros_like(tokens, dtype=torch.bool)
-    return Targets(tokens, causal, induction, duplicate, induction_mul,
-                   duplicate_token_pattern(tokens, same), rules,
-                   no_keys if delimiters is None else delimiters,
-                   no_keys if fixed is None else fixed, rare)  # fmt: skip
+    return Targets(
+        tokens,
+        causal,
+        induction,
+        duplicate,
+        induction_mul,
+        duplicate_token_pattern(tokens, same),
+        rules,
+        no_keys if delimiters is None else delimiters,
+        no_keys if fixed is None else fixed,
+        rare,
+    )
 
 
 def build_targets(probe: Probe, causal: bool, rare_words: bool = True) -> Targets:
