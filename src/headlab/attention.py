@@ -88,7 +88,7 @@ def attention(
     if allowed is not None:
         # a row with nothing allowed is all -inf, whose softmax is NaN: define it as zeros
         empty = ~allowed.any(dim=-1, keepdim=True)
-        if empty.any():
+        if torch.compiler.is_compiling() or empty.any():  # a traced graph asks no value
             weights = weights.masked_fill(empty, 0.0)
     weights = weights.to(v.dtype)
     if trace is not None:

@@ -4,24 +4,26 @@
 files unchanged, ``index.html`` with its paths made relative and one more script
 (``offline-api.js``) that answers the page's ``fetch('/api/…')`` calls in the browser; the
 default model exported to ONNX by PyTorch's exporter; onnxruntime-web's WASM build and the
-tokenizer's JSON; and every GET answer the page asks for, written once from the real app.
+tokenizer's JSON; and every GET answer the page asks for, written once from the real app
+(handed in by the command line: this module sits below the server and does not import it).
 
 Shape legend
     L   layers;  h   heads;  n   tokens (query and key positions: no cache)
 
-The exported graph is :class:`PatternGraph`: the model's own forward, traced, whose outputs are
-every layer's attention weights and each layer's averaged head
-(:func:`headlab.heads.averaged_pattern`), so the browser draws the numbers PyTorch computes, not
-a re-implementation of them. The same graph with random weights, one per
+The exported graph is :class:`SiteGraph`, exported by ``torch.onnx.export(..., dynamo=True)``:
+the model's own forward and the scores' own module (:class:`headlab.heads.scores.ScoreGraph`,
+the functions :func:`headlab.heads.analyse` runs), whose outputs are every layer's attention
+weights, each layer's averaged head and every head's scores, offsets and rests on the text. The
+text-dependent choices (earlier copies, delimiters, fixed keys, the rarest word) are made inside
+the graph from its inputs: the token ids, the delimiter and special-token flags, and each
+token's word and that word's frequency (wordfreq's English table, :func:`write_word_table`,
+looked up by ``offline/words.js``). So the browser draws and scores the numbers PyTorch
+computes, not a re-implementation of them. The same graph with random weights, one per
 :data:`headlab.heads.baselines.BASELINE_SEEDS`, gives the floors that gate the labels.
 
-The head scores and labels are computed in the browser by ``offline/scores.js``, a port of
-:func:`headlab.heads.pattern_scores` and :func:`headlab.heads.labels.label_head` (their
-data-dependent rows, argmaxes and loops do not trace into a fixed graph) that
-tests/unit/test_site_scores.py checks equal to :func:`headlab.heads.analyse`. What the port
-must not re-derive comes from here: the thresholds and tiers (:func:`label_rules`) and
-wordfreq's English table for the rare-word score (:func:`write_word_table`). Every score, the
-content score included, comes from the one run of each graph on the reader's text.
+What JavaScript keeps (``offline/labels.js``): the labelling rule's glue over those scores,
+the floors' mean + K_SD · sd, the tiers of :func:`headlab.heads.labels.decide`, the best heads
+and the sinks, with every threshold and tier read from :func:`label_rules`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import shutil
 import stat
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,31 +58,33 @@ PACKAGE = Path(headlab.__file__).parent
 PAGE = PACKAGE / "server" / "static"
 # onnxruntime-web's files the site needs: the WASM-only ES module bundle and its runtime
 ORT_FILES = ("ort.wasm.bundle.min.mjs", "ort-wasm-simd-threaded.wasm", "ort-wasm-simd-threaded.mjs")
-# the GET routes the page reads, answered once at build time by the real app
-GET_ROUTES = (
-    "health",
-    "models",
-    "models/sizes",
-    "probes",
-    "shapes/presets",
-    "shapes/limits",
-    "experiments",
-    "live",
-)
 WORDS_FILE = "words-en.txt.gz"  # wordfreq's English table: line c holds the words at −c centibels
 # the shape statement (headlab.shapes.statement), which offline/shapes.js evaluates
 STATEMENT_FILE = "shape-statement.json"
 
 
-class PatternGraph(nn.Module):
-    """The default model's forward as an exported graph: tokens (1, n) → weights (L, h, n, n)
-    and each layer's averaged head (L, n, n); the unembedding is left out (patterns only)."""
+class SiteGraph(nn.Module):
+    """The default model's forward and every head's scores as one exported graph, for one text:
+    inputs tokens (1, n) int64, delimiters and fixed (1, n) bool, word_index (1, n) int64 and
+    zipf (1, n) float32 (the probe's, :func:`headlab.measure.text_probe`; each token's word
+    frequency, NaN where it has none); outputs every layer's weights (L, h, n, n), each layer's
+    averaged head (L, n, n), and for the L · (h + 1) heads (each layer's h heads, then its
+    averaged head, as :class:`headlab.heads.report.LayerGroups` scores them) the scores
+    (T, L · (h + 1)), the positional offsets (L · (h + 1),) and the rests (R, L · (h + 1)) of
+    :class:`headlab.heads.scores.ScoreGraph`, named by :attr:`score_names`, :attr:`rest_names`.
+    The unembedding is left out (patterns only)."""
 
     def __init__(self, model: nn.Module) -> None:
+        from headlab.heads.scores import ScoreGraph
+
         super().__init__()
         self.model = model
+        self.scorer = ScoreGraph(bool(model.config.causal))  # type: ignore[union-attr]
+        self.score_names, self.rest_names = self.scorer.score_names, self.scorer.rest_names
 
-    def forward(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, tokens: Tensor, delimiters: Tensor, fixed: Tensor, word_index: Tensor, zipf: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         from headlab.heads import averaged_pattern
         from headlab.trace import Trace
 
@@ -87,34 +92,73 @@ class PatternGraph(nn.Module):
         trace = Trace(only=("weights",), reduce=lambda _name, w: kept.append(w[0]))
         self.model.hidden_states(tokens, trace=trace)  # type: ignore[operator]
         weights = torch.stack(kept)  # (L, h, n, n)
-        return weights, averaged_pattern(weights)  # (L, h, n, n), (L, n, n)
+        averaged = averaged_pattern(weights)  # (L, n, n)
+        L, h, n, _ = weights.shape
+        heads = torch.cat([weights, averaged[:, None]], 1).reshape(1, L * (h + 1), n, n)
+        scores, offsets, rests = self.scorer(heads, tokens, delimiters, fixed, word_index, zipf)
+        return weights, averaged, scores, offsets, rests
 
 
-def export_onnx(model: nn.Module, path: Path) -> Path:
-    """Export :class:`PatternGraph` of ``model`` to ``path`` (one file, weights inside), with a
-    variable number of tokens n. Inputs: ``tokens`` int64 (1, n); outputs ``weights``
-    (L, h, n, n) and ``averaged`` (L, n, n), float32."""
-    graph = PatternGraph(model.eval()).eval()
-    example = torch.tensor([[0, 5, 6, 7, 5, 6]], dtype=torch.long)
-    # the TorchScript tracer: the model's input checks (token ids in range) are data-dependent,
-    # which torch.export refuses; traced, they run once on the example and drop out of the graph
+GRAPH_INPUTS = ("tokens", "delimiters", "fixed", "word_index", "zipf")
+GRAPH_OUTPUTS = ("weights", "averaged", "scores", "offsets", "rests")
+
+
+def example_inputs(max_len: int) -> tuple[Tensor, ...]:
+    """The inputs :func:`export_onnx` traces :class:`SiteGraph` on (a text's, in shape and kind:
+    a repeat, a delimiter, a fixed key, a word without a frequency), ``max_len`` ≥ 3 tokens."""
+    n = min(12, max_len)
+    tokens = torch.tensor([[0, *([5, 6, 7, 8, 9] * 3)][:n]], dtype=torch.long)
+    delimiters = torch.zeros(1, n, dtype=torch.bool)
+    delimiters[0, n - 1] = True
+    fixed = torch.zeros(1, n, dtype=torch.bool)
+    fixed[0, 0] = True
+    word_index = torch.arange(-1, n - 1)[None]
+    zipf = torch.linspace(1.0, 5.0, n)[None]
+    zipf[0, 0] = float("nan")
+    return tokens, delimiters, fixed, word_index, zipf
+
+
+def export_onnx(model: nn.Module, path: Path, seeds: tuple[int, ...] = ()) -> list[Path]:
+    """Export :class:`SiteGraph` of ``model`` to ``path`` (one file, weights inside) with
+    ``torch.onnx.export(..., dynamo=True)`` (torch.export), for any number of tokens n from 2
+    to the model's context; inputs :data:`GRAPH_INPUTS`, outputs :data:`GRAPH_OUTPUTS`. For
+    each of ``seeds`` also ``random-SEED.onnx`` beside it: the same graph with the weights
+    :func:`~headlab.heads.baselines.random_model` draws (the exported program's weights
+    replaced, so the model is traced once). Returns the files written, ``path`` first."""
+    from headlab.heads.baselines import random_model
+
+    graph = SiteGraph(model.eval()).eval()
+    config: Any = model.config
+    max_len = int(config.max_len)
+    # torch.export's checks of contiguity on the (n − 1)-long tensors (the keys before each
+    # one, the rows with a choice) ask n ≥ 3 of the trace; its ONNX operations are the same
+    # for n = 2, the shortest text (the start token and one more), which the tests run
+    n = torch.export.Dim("n", min=3, max=max_len)
     with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        torch.onnx.export(
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
             graph,
-            (example,),
-            str(path),
-            input_names=["tokens"],
-            output_names=["weights", "averaged"],
-            dynamic_axes={
-                "tokens": {1: "n"},
-                "weights": {2: "n", 3: "n"},
-                "averaged": {1: "n", 2: "n"},
-            },
-            dynamo=False,
-            opset_version=17,
+            example_inputs(max_len),
+            input_names=list(GRAPH_INPUTS),
+            output_names=list(GRAPH_OUTPUTS),
+            dynamic_shapes={name: {1: n} for name in GRAPH_INPUTS},
+            dynamo=True,
+            # unoptimised, so that the weights stay the model's own initializers (which
+            # apply_weights replaces); onnxruntime folds the graph after (fold_constants)
+            optimize=False,
+            verbose=False,
         )
-    return fold_constants(path)
+    if program is None:  # only the TorchScript exporter returns nothing
+        raise RuntimeError("torch.onnx.export(dynamo=True) returned no program")
+    initializers = program.model.graph.initializers  # the weights the graph reads
+    written = []
+    for seed, target in [(None, path), *((s, path.parent / f"random-{s}.onnx") for s in seeds)]:
+        if seed is not None:
+            drawn = SiteGraph(random_model(model, seed)).state_dict()
+            program.apply_weights({k: v for k, v in drawn.items() if k in initializers})
+        program.save(str(target), external_data=False)
+        written.append(fold_constants(target))
+    return written
 
 
 def fold_constants(path: Path) -> Path:
@@ -132,35 +176,17 @@ def fold_constants(path: Path) -> Path:
     return path
 
 
-def export_random(model: nn.Module, folder: Path) -> list[Path]:
-    """``random-SEED.onnx`` for each of :data:`~headlab.heads.baselines.BASELINE_SEEDS`: the same
-    graph with the weights :func:`~headlab.heads.baselines.random_model` draws."""
-    from headlab.heads.baselines import BASELINE_SEEDS, random_model
-
-    return [
-        export_onnx(random_model(model, seed), folder / f"random-{seed}.onnx")
-        for seed in BASELINE_SEEDS
-    ]
-
-
-def api_answers(out: Path) -> list[str]:
-    """Write every GET answer the page reads to ``out/api/…json`` and the OpenAPI schema to
-    ``out/openapi.json``, from the real app (the default model only). Returns the routes."""
-    from fastapi.testclient import TestClient
-
-    from headlab.server.app import create_app
-    from headlab.server.routes.code import linked
-    from headlab.server.routes.experiments import shipped
-
-    routes = [*GET_ROUTES, *(f"experiments/{name}" for name in shipped())]
-    routes += [f"code/{name}" for name in linked()]
-    with TestClient(create_app(preload=("default",))) as client:
-        for route in routes:
-            response = client.get(f"/api/{route}")
-            response.raise_for_status()
-            write_json(out / "api" / f"{route}.json", response.json())
-        # the page reads its input limits from the schema, at the site's root as on the server
-        write_json(out / "openapi.json", client.get("/openapi.json").json())
+def write_answers(out: Path, answers: dict[str, Any]) -> list[str]:
+    """Write each stored answer (file under ``out`` → its JSON, e.g. ``api/health.json``, from
+    :func:`headlab.server.stored.page_answers`) and return the API routes among them."""
+    routes = []
+    for name, value in answers.items():
+        path = out / name
+        if not path.resolve().is_relative_to(out.resolve()):
+            raise ValueError(f"a stored answer must lie inside the site, got {name!r}")
+        write_json(path, value)
+        if name.startswith("api/"):
+            routes.append(name.removeprefix("api/").removesuffix(".json"))
     return routes
 
 
@@ -200,11 +226,13 @@ def page_html() -> str:
 
 
 def site_config(model: nn.Module, tokenizer: Any) -> dict[str, Any]:
-    """What the in-browser API needs to know of the model, its tokenizer, the probes and the
-    labelling rule, read from the library."""
+    """What the in-browser API needs to know of the model, its tokenizer, the probes, the
+    graph's outputs and the labelling rule, read from the library."""
+    from headlab.heads.scores import ScoreGraph
     from headlab.measure import REPEAT_SENTENCE, special_ids
 
     c: Any = model.config
+    graph = ScoreGraph(bool(c.causal))
     return {
         "max_len": int(c.max_len),
         "causal": bool(c.causal),
@@ -213,6 +241,9 @@ def site_config(model: nn.Module, tokenizer: Any) -> dict[str, Any]:
         "repeat_sentence": REPEAT_SENTENCE,
         "special_ids": sorted(special_ids(tokenizer)),
         "rules": label_rules(),
+        # the rows of the graph's scores and rests (SiteGraph's outputs)
+        "score_names": list(graph.score_names),
+        "rest_names": list(graph.rest_names),
     }
 
 
@@ -259,11 +290,17 @@ def ort_dist(web: Path) -> Path:
 
 
 def build(
-    out: str | Path, web: Path, model: nn.Module | None = None, force: bool = False
+    out: str | Path,
+    web: Path,
+    answers: Callable[[], dict[str, Any]],
+    model: nn.Module | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Write the static site to the folder ``out``, whole or not at all. ``web`` holds
-    ``node_modules`` from ``npm ci``; ``model`` defaults to the shipped default model. Returns
-    what was written: ``{"files": count, "bytes": total, "routes": [...]}``.
+    ``node_modules`` from ``npm ci``; ``answers()`` gives the GET answers the page reads (the
+    command line passes :func:`headlab.server.stored.page_answers`: the builder does not
+    import the server); ``model`` defaults to the shipped default model. Returns what was
+    written: ``{"files": count, "bytes": total, "routes": [...]}``.
 
     The site is built in a temporary folder beside ``out`` and renamed into place at the end
     (:func:`headlab.files.new_folder`): a build that fails or is killed leaves ``out`` as it
@@ -281,7 +318,8 @@ def build(
     model = default if model is None else model
     remove_leftovers(target.parent, of=target.name)  # of a build killed before this one
     with new_folder(target) as tmp:
-        routes = fill(tmp, dist, model, tokenizer)
+        fill(tmp, dist, model, tokenizer)
+        routes = write_answers(tmp, answers())
         files = [p for p in tmp.rglob("*") if p.is_file()]
         written = {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
         write_atomic(tmp / MARKER, json_text({"written_by": WRITTEN_BY, "version": __version__}))
@@ -291,10 +329,10 @@ def build(
     return {**written, "routes": routes}
 
 
-def fill(out: Path, dist: Path, model: nn.Module, tokenizer: Any) -> list[str]:
+def fill(out: Path, dist: Path, model: nn.Module, tokenizer: Any) -> None:
     """Write the site's files into the empty folder ``out``: the page, onnxruntime-web from
-    ``dist``, the tokenizer, the model and its random copies in ONNX, the API's answers.
-    Returns the API routes written."""
+    ``dist``, the tokenizer, the model and its random copies in ONNX (the API's answers are
+    written by :func:`build`)."""
     shutil.copytree(PAGE, out / "static")
     write_atomic(out / "index.html", page_html().encode("utf-8"))
     offline = out / "static" / "offline"
@@ -305,9 +343,9 @@ def fill(out: Path, dist: Path, model: nn.Module, tokenizer: Any) -> list[str]:
     write_json(offline / "config.json", site_config(model, tokenizer))
     write_json(offline / STATEMENT_FILE, statement.exported())
     write_word_table(offline / WORDS_FILE)
-    export_onnx(model, offline / "model.onnx")
-    export_random(model, offline)
-    return api_answers(out)
+    from headlab.heads.baselines import BASELINE_SEEDS
+
+    export_onnx(model, offline / "model.onnx", BASELINE_SEEDS)
 
 
 # --- where a site may be written ---------------------------------------------------------------

@@ -25,15 +25,20 @@ SENTENCE = "Mary gave the red kite to John, and then Mary gave the red kite to S
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    """This checkout's package first (and whatever the caller's PYTHONPATH adds)."""
+    path = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path}
 
 
 @pytest.fixture(scope="session")
 def site(tmp_path_factory) -> Path:
     """The site, built by the same command `make static` runs (npm ci first, if needed)."""
     if not (ROOT / "web" / "node_modules" / "onnxruntime-web").is_dir():
-        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
-                       cwd=ROOT / "web", check=True)  # fmt: skip
+        subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts"],
+            cwd=ROOT / "web",
+            check=True,
+        )
     out = tmp_path_factory.mktemp("static") / "site"
     cmd = [sys.executable, "-m", "headlab.cli", "static", str(out)]
     done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
@@ -169,35 +174,96 @@ def test_typed_sentence_labels_equal_analyse(page) -> None:
     assert page.errors == []
 
 
-def test_labels_equal_headlab_heads_json(page) -> None:
-    """`headlab heads --model default --text … --json` labels as the page answers under the
-    same rule (gated when the command reports floors, thresholds alone otherwise)."""
-    text = TYPED[0]
-    cmd = [sys.executable, "-m", "headlab.cli", "heads", "--model", "default", "--text", text,
-           "--json"]  # fmt: skip
+def _cli_heads(text: str, floors: bool) -> dict:
+    """`headlab heads --model default --text TEXT --json` (with --no-floors when not floors)."""
+    rule = [] if floors else ["--no-floors"]
+    cmd = [sys.executable, "-m", "headlab.cli", "heads", "--model", "default", "--text", text]
+    cmd += ["--json", *rule]
     done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    cli = [r["label"] for r in json.loads(done.stdout)["heads"]]
-    answers = page.evaluate(
-        """async (text) => Promise.all([true, false].map(async (floors) => (await fetch(
-            "/api/heads", { method: "POST", body: JSON.stringify({ text, floors }) })).json()))""",
-        text,
-    )
-    gated, plain = ([r["label"] for r in a["heads"]] for a in answers)
-    assert cli == (gated if "floor" in done.stdout else plain)
-    assert answers[0]["floors"] and answers[1]["floors"] is None
+    answer: dict = json.loads(done.stdout)
+    return answer
+
+
+# the words of the sentences the CLI test draws (none of the sentences above): repeats,
+# punctuation, digits, rare and unknown words, a clitic, an accent
+CLI_WORDS = "kestrel harbour the the lantern mossy , ; ! 42 7 tram glimmered obsidian"
+CLI_WORDS += " Ottoline's café under over a quince zugzwang"
+
+
+def test_scores_and_labels_equal_headlab_heads_json(page) -> None:
+    """On seeded sentences no other test types, the page's scores and labels equal
+    `headlab heads --json`'s (the command line's own run of the library), gated by the
+    random-weights floors and with --no-floors, the floors too: the browser's numbers come
+    from the exported graphs of the same definition."""
+    from headlab import zoo
+
+    model, tokenizer = zoo.load("default")
+    rng, words, texts = random.Random(4404), CLI_WORDS.split(), []
+    while len(texts) < 5:  # sentences that fit the model's 64 tokens
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(3, 24)))
+        if len(tokenizer.encode(text)) <= model.config.max_len:
+            texts.append(text)
+    for text in texts:
+        answers = page.evaluate(
+            """async (text) => Promise.all([true, false].map(async (floors) => (await fetch(
+                "/api/heads", { method: "POST", body: JSON.stringify({ text, floors }) }))
+                .json()))""",
+            text,
+        )
+        for got, floors in zip(answers, (True, False), strict=True):
+            cli = _cli_heads(text, floors)
+            assert got["ids"] == cli["ids"], text
+            for mine, theirs in zip(got["heads"], cli["heads"], strict=True):
+                where = (text, floors, theirs["layer"], theirs["head"])
+                assert (mine["layer"], mine["head"]) == (theirs["layer"], theirs["head"])
+                assert mine["label"] == theirs["label"], where
+                assert mine["offset"] == theirs["offset"], where
+                assert mine["scores"].keys() == theirs["scores"].keys(), where
+                for kind, value in theirs["scores"].items():  # the CLI rounds to 4 places
+                    assert abs(mine["scores"][kind] - value) <= 5e-5 + 1e-5, (*where, kind)
+            if floors:
+                assert cli["labels_gated"] and got["floors"], text
+                for layer, row in cli["floors"].items():
+                    for kind, value in row.items():
+                        assert abs(got["floors"][layer][kind] - value) <= 5e-5 + 1e-5, text
+            else:
+                assert not cli["labels_gated"] and got["floors"] is None, text
     bad = page.evaluate(
         """async () => { const r = await fetch("/api/heads", { method: "POST",
             body: JSON.stringify({ text: "a b", floors: "yes" }) });
             return [r.status, (await r.json()).detail]; }"""
     )
     assert bad[0] == 422 and bad[1].startswith("floors: must be true")
+    assert page.errors == []
 
 
 def _random_text(rng: random.Random) -> str:
-    pieces = ["the", " cat", "Mary", "  ", "\n", "'s", "'ll", "é", "日本", "🙂", "123", "4.5",
-              ",", "!?", "<|endoftext|>", " ", "\t", "don't", "ÀÉ", "x" * 7, "—", "\u00a0",
-              "Zürich"]  # fmt: skip
+    pieces = [
+        "the",
+        " cat",
+        "Mary",
+        "  ",
+        "\n",
+        "'s",
+        "'ll",
+        "é",
+        "日本",
+        "🙂",
+        "123",
+        "4.5",
+        ",",
+        "!?",
+        "<|endoftext|>",
+        " ",
+        "\t",
+        "don't",
+        "ÀÉ",
+        "x" * 7,
+        "—",
+        "\u00a0",
+        "Zürich",
+    ]
     return "".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
 
 

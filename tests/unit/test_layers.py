@@ -1,6 +1,6 @@
 """The package's rooms import only from rooms below them (DESIGN.md: attention ← model ← measure ←
-heads ← training ← experiments ← server ← cli), never back up, and never through importlib strings
-(no module imports by string; a registry imports plainly inside a function).
+heads ← training ← experiments ← site ← server ← cli), never back up, and never through importlib
+strings (no module imports by string; a registry imports plainly inside a function).
 
 The imports are read from the source with ``ast`` (lazy imports inside functions count too), so
 a new upward import fails here before a reviewer has to find it.
@@ -46,8 +46,8 @@ ORDER = (
     "series",  # head roles across checkpoints: heads on each, the figure (experiments' pyplot)
     "verify",
     "show",  # notebook views and the offline file: heads, shapes; reads the page's scripts
+    "site",  # the static site: the page, the ONNX export; the server's answers handed in
     "server",
-    "site",  # the static site: the page, the ONNX export, the server's stored answers
     "cli",
     "__init__",  # the package's own __init__ re-exports the core
 )
@@ -112,6 +112,8 @@ def test_no_module_imports_by_string() -> None:
         ("measure.py", "def f():\n    from headlab.experiments import induction\n", "experiments"),
         # peers of old (issue 23): the shipped model's recipe may not reach up to the experiments
         ("default_model.py", "from headlab.experiments import one_thread\n", "experiments"),
+        # issue 44: the static site's builder was the one arrow up, into the server
+        ("site.py", "def f():\n    from headlab.server import create_app\n", "server"),
     ],
 )
 def test_the_rank_table_catches_an_upward_import(

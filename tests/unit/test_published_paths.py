@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 
 from headlab import site
 from headlab.server import create_app
+from headlab.server.stored import page_answers
 
 
 @pytest.fixture(params=["elsewhere", "under home"])
@@ -55,7 +56,7 @@ def test_the_model_list_and_the_404_name_no_folder_of_the_machine(machine) -> No
 def test_the_static_sites_answers_name_no_folder_of_the_machine(machine, tmp_path) -> None:
     home, cache = machine
     out = tmp_path / "site"
-    routes = site.api_answers(out)
+    routes = site.write_answers(out, page_answers())
     assert "models" in routes
     models = (out / "api" / "models.json").read_text()
     assert "smollm2" in models and private(models, home, cache) == [], models

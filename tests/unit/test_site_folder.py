@@ -37,6 +37,16 @@ def web(tmp_path: Path) -> Path:
     return tmp_path / "web"
 
 
+@pytest.fixture(autouse=True)
+def quick_answers(request, monkeypatch) -> None:
+    """The server's stored answers, which the command line hands the builder, stood in for
+    (the app is not started) except in the whole build."""
+    if request.node.get_closest_marker("slow") is None:
+        from headlab.server import stored
+
+        monkeypatch.setattr(stored, "page_answers", lambda: {"api/models.json": []})
+
+
 def quick_fill(out: Path, dist: Path, model: object, tokenizer: object) -> list[str]:
     """The build's files, a few of them: what a real build writes first and last."""
     (out / "index.html").write_text("<html>new</html>")
@@ -248,7 +258,7 @@ def fill(out, *rest):
     os.kill(os.getpid(), signal.SIGKILL)
 
 site.fill = fill
-site.build(sys.argv[1], Path(sys.argv[2]))
+site.build(sys.argv[1], Path(sys.argv[2]), dict)
 """
 
 

@@ -28,9 +28,10 @@ def static(out: str = OUT_ARGUMENT, web: Path = WEB_OPTION, force: bool = FORCE_
     """
     from headlab import site
     from headlab.pypi import install_hint
+    from headlab.server.stored import page_answers
 
     try:
-        written = site.build(out, web, force=force)
+        written = site.build(out, web, page_answers, force=force)
     except (FileNotFoundError, site.TargetRefused) as exc:
         raise fail(str(exc)) from None
     except ModuleNotFoundError as exc:  # onnx or wordfreq: the build's own extras

@@ -7,13 +7,11 @@ Shape legend
 :func:`content_parts` is the definition, in PyTorch operations on any device; on the
 CPU in float32 compiled loops compute the same numbers (:mod:`headlab.heads.kernels`, tested
 equal to it), a head's rows one at a time: a few passes over a layer's weights where these
-operations take a few dozen. The masks that depend on the probe alone are built once for it
-and shared by its layers.
+operations take a few dozen. The masks that depend on the probe alone (:func:`content_masks`)
+are tensor operations on its fixed keys, so an exported graph builds them too.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 from torch import Tensor
@@ -56,7 +54,7 @@ def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) ->
     """
     A, _ = as_batched(weights)
     B, h, n, _ = A.shape
-    sees, size, every = _content_masks(B, n, causal, fixed)
+    sees, size, every = content_masks(B, n, causal, fixed, A.device)
     if fast.usable(A):
         from headlab.heads.kernels import content_parts_parallel
 
@@ -64,7 +62,7 @@ def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) ->
         out = torch.zeros(h, 2, dtype=torch.float64)
         content_parts_parallel(rows.numpy(), sees.numpy(), size.numpy(), out.numpy())
     else:
-        out = content_parts(A, sees.to(A.device), size.to(A.device))
+        out = content_parts(A, sees, size)
     # each profile's unexplained share (a rest on fixed keys: explained); the better one wins
     share = out.float() / every
     return share.amin(1).clamp(0, 1)  # rounding can step outside [0, 1]
@@ -108,29 +106,30 @@ def content_parts(A: Tensor, sees: Tensor, size: Tensor) -> Tensor:
     return torch.stack(out, 1)
 
 
+def content_masks(
+    B: int, n: int, causal: bool, fixed: Tensor | None, device: torch.device | str = "cpu"
+) -> tuple[Tensor, Tensor, Tensor]:
+    """What :func:`content_score` compares on a probe: the keys each query sees (B, n, n)
+    float32 0/1, how many (B, n) int64, and the rows with two or more (at least 1, a divisor;
+    a 0-d int64 tensor), on ``device``. Tensor operations on ``fixed`` (B, n) bool (None: no
+    key fixed), so that an exported graph computes them from its input."""
+    free = torch.ones(B, n, dtype=torch.bool, device=device)
+    if fixed is not None:
+        free = ~fixed.to(device, torch.bool)
+    # the first position too, whatever token it holds: heads rest there (an attention sink
+    # forms on the first token, Xiao et al. 2023), and a rule plus that rest is still a rule
+    free = free & (torch.arange(n, device=device) > 0)
+    sees = free[:, None, :].expand(B, n, n)  # (B, n, n): query i sees key j
+    if causal:
+        sees = sees & torch.ones(n, n, dtype=torch.bool, device=device).tril()
+    size = sees.sum(-1)
+    every = (size >= 2).sum().clamp_min(1)
+    return sees.float().contiguous(), size.contiguous(), every
+
+
 def _content_masks(
     B: int, n: int, causal: bool, fixed: Tensor | None
 ) -> tuple[Tensor, Tensor, int]:
-    """What :func:`content_score` compares on a probe: the keys each query sees (B, n, n)
-    float32 0/1, how many (B, n) int64, and the rows with two or more (at least 1, a
-    divisor). They depend on the probe alone, so they are built once and shared by every
-    layer (read-only), on the CPU."""
-    key = b"" if fixed is None else fixed.bool().cpu().contiguous().numpy().tobytes()
-    return _masks(B, n, causal, key)
-
-
-@functools.lru_cache(maxsize=8)
-def _masks(B: int, n: int, causal: bool, fixed: bytes) -> tuple[Tensor, Tensor, int]:
-    """:func:`_content_masks` from the fixed keys' bytes (empty: none fixed)."""
-    free = torch.ones(B, n, dtype=torch.bool)
-    if fixed:
-        free = ~torch.frombuffer(bytearray(fixed), dtype=torch.bool).view(B, n)
-    # the first position too, whatever token it holds: heads rest there (an attention sink
-    # forms on the first token, Xiao et al. 2023), and a rule plus that rest is still a rule
-    free[:, 0] = False
-    sees = free[:, None, :].expand(B, n, n)  # (B, n, n): query i sees key j
-    if causal:
-        sees = sees & torch.ones(n, n, dtype=torch.bool).tril()
-    size = sees.sum(-1)
-    every = max(int((size >= 2).sum()), 1)
-    return sees.float().contiguous(), size.contiguous(), every
+    """:func:`content_masks` on the CPU, the row count as an int."""
+    sees, size, every = content_masks(B, n, causal, fixed)
+    return sees, size, int(every)

@@ -39,7 +39,7 @@ Papers: Voita et al. 2019; Clark et al. 2019; Olsson et al. 2022; Wang et al. 20
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from headlab.heads import fast
 from headlab.heads.content import content_score
@@ -52,6 +52,8 @@ from headlab.heads.targets import (
     offset_pattern,
     positional_reach,
     previous_token_pattern,
+    rarest_word,
+    targets_of,
     token_rule_targets,
     visible_keys,
 )
@@ -220,10 +222,9 @@ def _rare_word(argmax: Tensor, rare: Tensor, rows: Tensor) -> Tensor:
     hit = rare.gather(1, argmax.flatten(1)).view(argmax.shape)  # (B, h, n)
     count = rows.sum(-1)  # (B,)
     per_seq = (hit & rows[:, None]).sum(-1) / count.clamp_min(1)[:, None]  # (B, h)
-    valid = count > 0
-    if not valid.any():
-        return torch.zeros(argmax.shape[1], device=argmax.device)
-    return per_seq[valid].double().mean(dim=0).float()
+    valid = count > 0  # the sequences with a row: the mean over them, 0 where none has one
+    total = (per_seq.double() * valid[:, None]).sum(0)  # (h,): exact, a few float32 shares
+    return (total / valid.sum().clamp_min(1)).float()
 
 
 def key_mass_score(weights: Tensor, keys: Tensor) -> Tensor:
@@ -260,11 +261,13 @@ def diffuse_score(weights: Tensor, causal: bool) -> Tensor:
 
 def _diffuse(plogp: Tensor, s: int, causal: bool) -> Tensor:
     """:func:`diffuse_score` from each row's Σ_j A_ij log A_ij (B, h, n), s keys."""
-    h, n = plogp.shape[1:]
-    k = visible_keys(n, s, causal).to(plogp.device, plogp.dtype)
-    rows = k >= 2
-    norm = -plogp[..., rows] / k[rows].log()  # (B, h, rows)
-    return norm.mean(dim=(0, 2)).float() if rows.any() else torch.zeros(h, device=plogp.device)
+    n = plogp.shape[-1]
+    # the rows with k_i ≥ 2 keys are the last ones (k_i grows with i): a slice, whatever n
+    first = max(0, n - s + 1) if causal else 0
+    rows = torch.arange(first, n, device=plogp.device)
+    k = (rows + 1 + (s - n) if causal else torch.full_like(rows, s)).to(plogp.dtype)  # k_i
+    norm = -plogp.index_select(-1, rows) / k.log()  # (B, h, rows)
+    return torch.where((k >= 2).any(), norm.mean(dim=(0, 2)), 0.0).float()
 
 
 def averaged_pattern(weights: Tensor) -> Tensor:
@@ -364,3 +367,53 @@ def pattern_scores(
     scores["diffuse"] = _diffuse(plogp, A.shape[-1], causal)
     mul = {k: m[k] for k in ("previous_mul", "duplicate_mul", "induction_mul")}
     return {**scores, **mul}, offsets, rests
+
+
+class ScoreGraph(nn.Module):
+    """:func:`pattern_scores` as a module with tensors in and out: every score of a set of heads
+    on one probe, the probe's text-dependent choices (earlier copies, delimiters, fixed keys, the
+    rarest word) computed inside it from its inputs, with no Python branch on their values. The
+    static site exports it (inside :class:`headlab.site.SiteGraph`, by ``torch.export``) for any
+    length up to the model's context, so the browser's scores are :func:`analyse`'s.
+
+    forward(weights (B, H, n, n), tokens (B, n) int64, delimiters (B, n) bool, fixed (B, n)
+    bool, word_index (B, n) int64 (−1: no word), zipf (B, n) float (each token's word
+    frequency, NaN: none; :func:`headlab.heads.targets.rarest_word`)) → scores (T, H),
+    offsets (H,), rests (R, H), in the order of :attr:`score_names` and :attr:`rest_names`.
+    """
+
+    def __init__(self, causal: bool, content: bool = True) -> None:
+        super().__init__()
+        self.causal, self.content = causal, content
+        # the names, in pattern_scores' own order, read off one call on a two-token probe
+        tokens = torch.zeros(1, 2, dtype=torch.long)
+        flags = torch.zeros(1, 2, dtype=torch.bool)
+        weights = torch.full((1, 1, 2, 2), 0.5)
+        scores, _, rests = self.scores(weights, tokens, flags, flags, tokens, torch.zeros(1, 2))
+        self.score_names, self.rest_names = tuple(scores), tuple(rests)
+
+    def scores(
+        self,
+        weights: Tensor,
+        tokens: Tensor,
+        delimiters: Tensor,
+        fixed: Tensor,
+        word_index: Tensor,
+        zipf: Tensor,
+    ) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor]]:
+        """:func:`pattern_scores` on the targets built from these inputs."""
+        rare = rarest_word(word_index, zipf, self.causal)
+        targets = targets_of(tokens, self.causal, delimiters, fixed, rare)
+        return pattern_scores(weights, targets, self.content)
+
+    def forward(
+        self,
+        weights: Tensor,
+        tokens: Tensor,
+        delimiters: Tensor,
+        fixed: Tensor,
+        word_index: Tensor,
+        zipf: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        scores, offsets, rests = self.scores(weights, tokens, delimiters, fixed, word_index, zipf)
+        return torch.stack(list(scores.values())), offsets, torch.stack(list(rests.values()))

@@ -16,6 +16,7 @@ causal is a fact of its config, passed in (``model.config.causal``), never read 
     previous_token_pattern   i − 1; offset_pattern: i + δ
     token_rule_targets       induction and duplicate targets with the keys both predict left out
     rare_word_targets        the least frequent word's pieces, and the rows that can see them
+    rarest_word              the same from each token's word frequency, in tensor operations
     Targets                  all of the above for one probe, built once (:func:`build_targets`)
     TargetStack              the same targets stacked by the form the scores read them in, so
                              that a layer's scores are a few batched contractions
@@ -77,7 +78,7 @@ def positional_reach(
         clash = confounded.gather(2, key.clamp(0, s - 1).expand(B, n, -1))  # (B, n, D)
         ok &= ~clash
     reach = ok.sum(dim=(0, 1))  # (D,): queries that can reach δ
-    eligible = reach >= max(1.0, float((k >= 2).sum() * B) / 2)
+    eligible = reach >= ((k >= 2).sum() * B / 2).clamp_min(1.0)
     return ok, reach, eligible
 
 
@@ -107,9 +108,9 @@ def induction_pattern(tokens: Tensor, same: Tensor | None = None) -> Tensor:
     The duplicate-token pattern shifted one key to the right (Olsson et al. 2022).
     """
     dup = duplicate_token_pattern(tokens, same)  # (B, n, n)
-    shifted = torch.zeros_like(dup)
-    shifted[:, :, 1:] = dup[:, :, :-1]
-    return shifted
+    keys = torch.arange(dup.shape[-1], device=dup.device)
+    before = (keys - 1).clamp_min(0).expand_as(dup)  # key j reads key j − 1's (key 0: none)
+    return dup.gather(-1, before) * (keys > 0)
 
 
 def copies_pattern(tokens: Tensor, same: Tensor | None = None) -> Tensor:
@@ -143,22 +144,34 @@ def rare_word_targets(
 
     word_index (B, n): each token's word (−1 special); zipf: per sequence, each word's
     frequency on the Zipf scale (log10 per billion words; NaN for punctuation, which is not a
-    word). The rare keys are the pieces of the word(s) with the lowest frequency; a query can
-    act when it is an ordinary token outside that word that can see one of its pieces (any,
-    or an earlier one under a causal mask).
-    """
+    word). Each token is given its word's frequency and :func:`rarest_word` marks the rare
+    keys and the rows."""
     B, n = word_index.shape
-    in_word = torch.zeros(B, n, dtype=torch.bool)  # every piece of the rarest word(s)
+    token_zipf = torch.full((B, n), float("nan"), dtype=torch.float64)
     for b in range(B):
         freq = torch.tensor(zipf[b], dtype=torch.float64)
-        if freq.numel() == 0 or bool(freq.isnan().all()):
-            continue
-        lowest = freq.nan_to_num(nan=float("inf")).min()
-        words = (freq == lowest).nonzero()[:, 0]
-        in_word[b] = torch.isin(word_index[b], words) & (word_index[b] >= 0)
-    rare = in_word.clone()
-    rare[:, 0] = False  # where a sink rests: attention there says nothing about rarity
-    seen = rare.long().cumsum(-1) > 0 if causal else rare.any(-1, keepdim=True).expand(B, n)
+        if freq.numel():
+            looked_up = freq[word_index[b].clamp(0, freq.numel() - 1)]
+            token_zipf[b] = torch.where(word_index[b] >= 0, looked_up, float("nan"))
+    return rarest_word(word_index, token_zipf, causal)
+
+
+def rarest_word(word_index: Tensor, zipf: Tensor, causal: bool) -> tuple[Tensor, Tensor]:
+    """``(rare (B, n), rows (B, n))`` bool from word_index (B, n), each token's word (−1 for a
+    special token), and zipf (B, n), the frequency of each token's word on the Zipf scale (NaN
+    where it has none: a special token, punctuation). Tensor operations only: the static site's
+    exported graph computes them from these two inputs.
+
+    The rare keys are the pieces of the word(s) with the lowest frequency, position 0 left out
+    (where a sink rests: attention there says nothing about rarity); a query can act when it is
+    an ordinary token outside that word that can see one of its pieces (any, or an earlier one
+    under a causal mask)."""
+    known = (word_index >= 0) & ~zipf.isnan()  # (B, n): a token of a word with a frequency
+    lowest = torch.where(known, zipf, float("inf")).amin(-1, keepdim=True)  # (B, 1)
+    in_word = known & (zipf == lowest)  # every piece of the rarest word(s)
+    first = torch.arange(in_word.shape[1], device=in_word.device) == 0
+    rare = in_word & ~first
+    seen = rare.long().cumsum(-1) > 0 if causal else rare.any(-1, keepdim=True).expand_as(rare)
     rows = seen & ~in_word & (word_index >= 0)
     return rare, rows
 
@@ -299,7 +312,7 @@ def stack_targets(t: Targets) -> TargetStack:
         torch.stack([uniform if w is None else w.double() for w in seqs]),
         torch.tensor([name not in rows for name in names]),
         positional_reach(B, n, n, t.causal, t.token_rules),
-    )  # fmt: skip
+    )
 
 
 def targets_of(
@@ -317,10 +330,18 @@ def targets_of(
     induction_mul = induction_pattern(tokens, same)
     rules = (copies_pattern(tokens, same) + induction_mul) > 0
     no_keys = torch.zeros_like(tokens, dtype=torch.bool)
-    return Targets(tokens, causal, induction, duplicate, induction_mul,
-                   duplicate_token_pattern(tokens, same), rules,
-                   no_keys if delimiters is None else delimiters,
-                   no_keys if fixed is None else fixed, rare)  # fmt: skip
+    return Targets(
+        tokens,
+        causal,
+        induction,
+        duplicate,
+        induction_mul,
+        duplicate_token_pattern(tokens, same),
+        rules,
+        no_keys if delimiters is None else delimiters,
+        no_keys if fixed is None else fixed,
+        rare,
+    )
 
 
 def build_targets(probe: Probe, causal: bool, rare_words: bool = True) -> Targets:

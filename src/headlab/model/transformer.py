@@ -208,7 +208,9 @@ class Transformer(nn.Module):
                 f"sequence length {n}{cached} is outside 1..{limit - offset} "
                 f"(max_len {self.config.max_len})"
             )
-        if tokens.numel() and (tokens.min() < 0 or tokens.max() >= self.config.vocab_size):
+        # a traced graph (torch.export) holds no check on the ids' values: its caller checks them
+        checkable = tokens.numel() and not torch.compiler.is_compiling()
+        if checkable and (tokens.min() < 0 or tokens.max() >= self.config.vocab_size):
             raise ValueError(
                 f"token ids must be in 0..{self.config.vocab_size - 1}, got "
                 f"{int(tokens.min())}..{int(tokens.max())}"

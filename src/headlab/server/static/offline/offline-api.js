@@ -2,9 +2,10 @@
 // scripts run unchanged without `headlab serve` (loaded before them by the site's index.html only).
 //   GET  /api/…           the answer the real server gave when the site was built (api/….json)
 //   POST /api/attention   the default model, exported to ONNX by PyTorch, run by onnxruntime-web
-//   POST /api/heads       the same run, and every head's scores and label computed here (scores.js):
-//                         labels gated by the floors of the same graph with random weights (one
-//                         per baseline seed), or by the thresholds alone with "floors": false
+//   POST /api/heads       the same run, whose graph also gives every head's scores (headlab's own
+//                         scores, exported with the model); labels (labels.js) gated by the
+//                         floors of the same graph with random weights (one per baseline seed),
+//                         or by the thresholds alone with "floors": false
 //   POST /api/shapes      widget 1's report, evaluated here (shapes.js) from the shape statement
 //                         Python's report is evaluated from (shape-statement.json)
 //   POST /api/live/…      refused: live training needs `headlab serve`
@@ -12,7 +13,7 @@
 
 import { Tokenizer } from "./tokenizer.js";
 import { shapesReport } from "./shapes.js";
-import { analyseRuns } from "./scores.js";
+import { analyseRuns, graphInputs, runGraph } from "./labels.js";
 import { loadWordTable, textProbe } from "./words.js";
 
 const HERE = new URL(".", import.meta.url);  // static/offline/
@@ -68,7 +69,7 @@ function load() {
   return loaded;
 }
 
-// what the scores need beyond the model: wordfreq's table and the random-weights models, once
+// what the labels need beyond the model: the random-weights models (the floors), once
 let scoring = null;
 function loadScoring() {
   if (!scoring) scoring = (async () => {
@@ -78,7 +79,7 @@ function loadScoring() {
       randoms.push(await ort.InferenceSession.create(await models.get(seed), SESSION));
       mark(`random-${seed}-ready`);
     }
-    const ready = { table: await words, randoms };
+    const ready = { randoms };
     mark("scoring-ready");
     return ready;
   })();
@@ -104,21 +105,21 @@ function textProblem(body) {
   return null;
 }
 
-// every layer's attention weights on the request's text: the shared part of /api/attention and /api/heads
+// every layer's attention weights and every head's scores on the request's text: the shared
+// part of /api/attention and /api/heads
 export async function runText(body) {
   const { ort, session, tokenizer, config } = await load();
   const problem = textProblem(body);
   if (problem) return { error: problem };
   // no text: the built-in sentence with a repeat, as the server's "repeat" probe
-  const probe = typeof body.text === "string" ? "text" : "repeat";
-  const text = probe === "text" ? body.text : config.repeat_sentence;
-  const ids = tokenizer.encode(text);
+  const kind = typeof body.text === "string" ? "text" : "repeat";
+  const text = kind === "text" ? body.text : config.repeat_sentence;
+  const probe = textProbe(text, tokenizer, config, await words);
+  const ids = probe.ids;
   if (ids.length > config.max_len) return { error: `the text is ${ids.length} tokens but the model takes at most ${config.max_len}; shorten it` };
-  const n = ids.length;
-  const tokens = new ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, n]);
-  const out = await session.run({ tokens });
-  const [L, h] = out.weights.dims;
-  return { probe, text, ids, tokens: tokenizer.labels(ids), n, L, h, weights: out.weights.data, averaged: out.averaged.data, config };
+  const feeds = graphInputs(ort, probe);
+  const run = await runGraph(session, feeds);
+  return { ...run, probe: kind, text, ids, tokens: tokenizer.labels(ids), feeds, textProbe: probe, config };
 }
 
 async function attention(body) {
@@ -132,23 +133,13 @@ async function attention(body) {
   });
 }
 
-// one session's weights on token ids (1, n): {L, h, n, weights (L, h, n, n), averaged (L, n, n)}
-async function forward(ort, session, ids) {
-  const tokens = new ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, ids.length]);
-  const out = await session.run({ tokens });
-  const [L, h] = out.weights.dims;
-  return { L, h, n: ids.length, weights: out.weights.data, averaged: out.averaged.data };
-}
-
-// the model's run and each random-weights model's on the probe: one forward each, as analyse
+// the model's run and each random-weights model's on the probe: one run of each graph, as analyse
 async function scoreText(run) {
-  const { ort, tokenizer, config } = await load();
-  const { table, randoms } = await loadScoring();
-  const probe = textProbe(run.text, tokenizer, config, table);
-  const main = { L: run.L, h: run.h, n: run.n, weights: run.weights, averaged: run.averaged };
+  const { config } = await load();
+  const { randoms } = await loadScoring();
   const rest = [];
-  for (const s of randoms) rest.push(await forward(ort, s, probe.ids));  // one at a time: the runtime is single-threaded
-  return { ...analyseRuns(probe, main, rest, config), startToken: !probe.movable[0] };
+  for (const s of randoms) rest.push(await runGraph(s, run.feeds));  // one at a time: the runtime is single-threaded
+  return { ...analyseRuns(run, rest, config), startToken: !run.textProbe.movable[0] };
 }
 
 // HeadReport.sink_position: where a sink rests on this probe
