@@ -207,8 +207,9 @@ def make_probe(
     if words is not None:
         word_index, word_text = torch.tensor([words[0]]), [tuple(words[1])]
     source = earlier_occurrence(tokens) if source is None else source.long()
-    return Probe(name, tokens, labels0, delimiters, movable, source, text, word_index,
-                 tuple(word_text))  # fmt: skip
+    return Probe(
+        name, tokens, labels0, delimiters, movable, source, text, word_index, tuple(word_text)
+    )
 
 
 def check_length(n: int, max_len: int) -> None:

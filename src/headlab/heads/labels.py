@@ -106,8 +106,12 @@ BEST_TYPES = {
 }
 
 # the label → the score whose "rest" (where the head rests off its rows) a head reports
-REST_OF_LABEL = {"duplicate-token": "duplicate", "induction": "induction", "rare-word": "rare_word",
-                 "content": "content"}  # fmt: skip
+REST_OF_LABEL = {
+    "duplicate-token": "duplicate",
+    "induction": "induction",
+    "rare-word": "rare_word",
+    "content": "content",
+}
 
 
 def passes(kind: str, score: float, floor: float | None = None) -> bool:

@@ -141,9 +141,14 @@ class HeadReport:
             if scored:
                 top = max(labelled or scored, key=lambda s: s.scores[score])
                 value = top.scores[score]
-                best[kind] = {"layer": top.layer, "head": top.head, "score": round(value, 4),
-                              "passes_threshold": passes(score, value),
-                              "label": top.label, "labelled": bool(labelled)}  # fmt: skip
+                best[kind] = {
+                    "layer": top.layer,
+                    "head": top.head,
+                    "score": round(value, 4),
+                    "passes_threshold": passes(score, value),
+                    "label": top.label,
+                    "labelled": bool(labelled),
+                }
         return best
 
     @property
@@ -155,8 +160,7 @@ class HeadReport:
         for layer in layers:
             heads = [s for s in self.heads if s.layer == layer]
             sinks = [s.head for s in heads if s.scores["first_token"] > SINK_THRESHOLD]
-            out.append({"layer": layer, "share": round(len(sinks) / len(heads), 4),
-                        "heads": sinks})  # fmt: skip
+            out.append({"layer": layer, "share": round(len(sinks) / len(heads), 4), "heads": sinks})
         return out
 
     def to_dict(self, patterns: bool = False) -> dict[str, Any]:
@@ -404,8 +408,9 @@ def analyse(
     reduce_patterns(model, probe.tokens, groups, progress)
     layers = groups.results()
     n_kv = getattr(model.config, "n_kv_heads", None)
-    return _report(probe, layers, keep, syntactic, n_kv, floors, label_syntactic,
-                   averaged_floors, retrieval)  # fmt: skip
+    return _report(
+        probe, layers, keep, syntactic, n_kv, floors, label_syntactic, averaged_floors, retrieval
+    )
 
 
 def _report(
@@ -424,16 +429,37 @@ def _report(
     scores = {k: torch.cat([s.scores[k] for s in layers]).tolist() for k in layers[0].scores}
     rests = {k: torch.cat([s.rests[k] for s in layers]).tolist() for k in layers[0].rests}
     offsets = torch.cat([s.offsets for s in layers]).tolist()
-    heads = [_scored(l, i, scores, offsets, rests, l * (h + 1) + i, syntactic, floors,
-                     label_syntactic, retrieval)
-             for l in range(L) for i in range(h)]  # fmt: skip
-    averaged = [_scored(l, -1, scores, offsets, rests, l * (h + 1) + h, None, averaged_floors)
-                for l in range(L)]  # fmt: skip
-    common: dict[str, Any] = dict(probe=probe.name, tokens=list(probe.labels),
-                                  ids=probe.tokens[0].tolist(), heads=heads, averaged=averaged,
-                                  text=probe.text, n_kv_heads=n_kv_heads,
-                                  start_token=not bool(probe.movable[:, 0].any()),
-                                  floors=floors)  # fmt: skip
+    heads = [
+        _scored(
+            l,
+            i,
+            scores,
+            offsets,
+            rests,
+            l * (h + 1) + i,
+            syntactic,
+            floors,
+            label_syntactic,
+            retrieval,
+        )
+        for l in range(L)
+        for i in range(h)
+    ]
+    averaged = [
+        _scored(l, -1, scores, offsets, rests, l * (h + 1) + h, None, averaged_floors)
+        for l in range(L)
+    ]
+    common: dict[str, Any] = dict(
+        probe=probe.name,
+        tokens=list(probe.labels),
+        ids=probe.tokens[0].tolist(),
+        heads=heads,
+        averaged=averaged,
+        text=probe.text,
+        n_kv_heads=n_kv_heads,
+        start_token=not bool(probe.movable[:, 0].any()),
+        floors=floors,
+    )
     if keep is None:
         patterns = torch.stack([torch.stack([s.kept[i] for i in range(h)]) for s in layers])
         avg = torch.stack([s.kept[-1] for s in layers])
