@@ -86,12 +86,13 @@ def _unexplained(row, sees, w, scale, key, off, base, n, q_key, q_off):
     for j in range(n):
         a = row[j]
         kept_k, kept_o = sees[j] * k_cell[j], sees[j] * o_cell[j]
-        other_k = k_wt[j] - w  # the other rows' weight at this cell
+        # the other rows' weight and sum at this cell: subtracted in float64, then float32
+        other_k = _f32(k_wt[j] - w)
         other_k = other_k if other_k > _TINY else _TINY
-        other_o = o_wt[j] - w
+        other_o = _f32(o_wt[j] - w)
         other_o = other_o if other_o > _TINY else _TINY
-        qk = kept_k * (k_sum[j] - scale * a) / other_k
-        qo = kept_o * (o_sum[j] - scale * a) / other_o
+        qk = kept_k * _f32(k_sum[j] - scale * a) / other_k
+        qo = kept_o * _f32(o_sum[j] - scale * a) / other_o
         q_key[j], q_off[j] = qk, qo
         has_key += kept_k
         has_off += kept_o
