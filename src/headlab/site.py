@@ -118,18 +118,12 @@ def example_inputs(max_len: int) -> tuple[Tensor, ...]:
     return tokens, delimiters, fixed, word_index, zipf
 
 
-def export_onnx(model: nn.Module, path: Path, seeds: tuple[int, ...] = ()) -> list[Path]:
-    """Export :class:`SiteGraph` of ``model`` to ``path`` (one file, weights inside) with
-    ``torch.onnx.export(..., dynamo=True)`` (torch.export), for any number of tokens n from 2
-    to the model's context; inputs :data:`GRAPH_INPUTS`, outputs :data:`GRAPH_OUTPUTS`. For
-    each of ``seeds`` also ``random-SEED.onnx`` beside it: the same graph with the weights
-    :func:`~headlab.heads.baselines.random_model` draws (the exported program's weights
-    replaced, so the model is traced once). Returns the files written, ``path`` first."""
-    from headlab.heads.baselines import random_model
-
+def export_program(model: nn.Module, max_len: int) -> Any:
+    """:class:`SiteGraph` of ``model`` exported by ``torch.onnx.export(..., dynamo=True)``
+    (torch.export), unoptimised, for any number of tokens n from 2 to ``max_len``; inputs
+    :data:`GRAPH_INPUTS`, outputs :data:`GRAPH_OUTPUTS`. Returns the ONNX program, whose
+    ``model`` (an ``onnx_ir`` model) holds the model's weights as its own initializers."""
     graph = SiteGraph(model.eval()).eval()
-    config: Any = model.config
-    max_len = int(config.max_len)
     # torch.export's checks of contiguity on the (n − 1)-long tensors (the keys before each
     # one, the rows with a choice) ask n ≥ 3 of the trace; its ONNX operations are the same
     # for n = 2, the shortest text (the start token and one more), which the tests run
@@ -144,12 +138,25 @@ def export_onnx(model: nn.Module, path: Path, seeds: tuple[int, ...] = ()) -> li
             dynamic_shapes={name: {1: n} for name in GRAPH_INPUTS},
             dynamo=True,
             # unoptimised, so that the weights stay the model's own initializers (which
-            # apply_weights replaces); onnxruntime folds the graph after (fold_constants)
+            # apply_weights replaces, or a rewrite swaps for their 4-bit blocks)
             optimize=False,
             verbose=False,
         )
     if program is None:  # only the TorchScript exporter returns nothing
         raise RuntimeError("torch.onnx.export(dynamo=True) returned no program")
+    return program
+
+
+def export_onnx(model: nn.Module, path: Path, seeds: tuple[int, ...] = ()) -> list[Path]:
+    """Export :class:`SiteGraph` of ``model`` to ``path`` (one file, weights inside) by
+    :func:`export_program`, for any number of tokens up to the model's context. For each of
+    ``seeds`` also ``random-SEED.onnx`` beside it: the same graph with the weights
+    :func:`~headlab.heads.baselines.random_model` draws (the exported program's weights
+    replaced, so the model is traced once). Returns the files written, ``path`` first."""
+    from headlab.heads.baselines import random_model
+
+    config: Any = model.config
+    program = export_program(model, int(config.max_len))
     initializers = program.model.graph.initializers  # the weights the graph reads
     written = []
     for seed, target in [(None, path), *((s, path.parent / f"random-{s}.onnx") for s in seeds)]:
@@ -295,12 +302,14 @@ def build(
     answers: Callable[[], dict[str, Any]],
     model: nn.Module | None = None,
     force: bool = False,
+    models: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Write the static site to the folder ``out``, whole or not at all. ``web`` holds
     ``node_modules`` from ``npm ci``; ``answers()`` gives the GET answers the page reads (the
     command line passes :func:`headlab.server.stored.page_answers`: the builder does not
     import the server); ``model`` defaults to the shipped default model. Returns what was
-    written: ``{"files": count, "bytes": total, "routes": [...]}``.
+    written: ``{"files": count, "bytes": total, "routes": [...]}``. ``models`` adds models
+    of :data:`SITE_MODELS` the reader may pick, each downloaded only when picked.
 
     The site is built in a temporary folder beside ``out`` and renamed into place at the end
     (:func:`headlab.files.new_folder`): a build that fails or is killed leaves ``out`` as it
@@ -312,13 +321,19 @@ def build(
     problem = target_problem(out, force)
     if problem is not None:
         raise TargetRefused(problem)
+    unknown = [name for name in models if name not in SITE_MODELS]
+    if unknown:
+        raise ValueError(
+            f"{unknown[0]!r} cannot run in the static site; it runs the default model and "
+            f"can add {', '.join(SITE_MODELS)}"
+        )
     target = Path(os.path.abspath(out))
     dist = ort_dist(web)
     default, tokenizer = zoo.load("default")
     model = default if model is None else model
     remove_leftovers(target.parent, of=target.name)  # of a build killed before this one
     with new_folder(target) as tmp:
-        fill(tmp, dist, model, tokenizer)
+        fill(tmp, dist, model, tokenizer, models)
         routes = write_answers(tmp, answers())
         files = [p for p in tmp.rglob("*") if p.is_file()]
         written = {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
@@ -329,10 +344,12 @@ def build(
     return {**written, "routes": routes}
 
 
-def fill(out: Path, dist: Path, model: nn.Module, tokenizer: Any) -> None:
+def fill(
+    out: Path, dist: Path, model: nn.Module, tokenizer: Any, models: tuple[str, ...] = ()
+) -> None:
     """Write the site's files into the empty folder ``out``: the page, onnxruntime-web from
-    ``dist``, the tokenizer, the model and its random copies in ONNX (the API's answers are
-    written by :func:`build`)."""
+    ``dist``, the tokenizer, the model and its random copies in ONNX, and each of ``models``
+    in a folder of its own (the API's answers are written by :func:`build`)."""
     shutil.copytree(PAGE, out / "static")
     write_atomic(out / "index.html", page_html().encode("utf-8"))
     offline = out / "static" / "offline"
@@ -340,12 +357,26 @@ def fill(out: Path, dist: Path, model: nn.Module, tokenizer: Any) -> None:
     for name in ORT_FILES:
         shutil.copy2(dist / name, offline / name)
     shutil.copy2(PACKAGE / "weights" / "tokenizer.json", offline / "tokenizer.json")
-    write_json(offline / "config.json", site_config(model, tokenizer))
+    picked = [name for name in SITE_MODELS if name in models]
+    write_json(offline / "config.json", {**site_config(model, tokenizer), "models": picked})
     write_json(offline / STATEMENT_FILE, statement.exported())
     write_word_table(offline / WORDS_FILE)
     from headlab.heads.baselines import BASELINE_SEEDS
 
     export_onnx(model, offline / "model.onnx", BASELINE_SEEDS)
+    for name in picked:
+        SITE_MODELS[name](offline / name)
+
+
+def _smollm2(folder: Path) -> list[Path]:
+    from headlab import site_smollm2
+
+    return site_smollm2.write(folder)
+
+
+# the models a site may add to the default one (``build(models=…)``, ``--model``): name → the
+# function that writes its folder under static/offline/
+SITE_MODELS: dict[str, Callable[[Path], list[Path]]] = {"smollm2": _smollm2}
 
 
 # --- where a site may be written ---------------------------------------------------------------

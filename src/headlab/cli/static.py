@@ -20,7 +20,20 @@ FORCE_OPTION = typer.Option(
 )
 
 
-def static(out: str = OUT_ARGUMENT, web: Path = WEB_OPTION, force: bool = FORCE_OPTION) -> None:
+MODEL_OPTION = typer.Option(
+    [],
+    "--model",
+    help="Also offer this model in the page, downloaded by the reader's browser only when "
+    "picked: smollm2 (SmolLM2-135M-Instruct, its 4-bit weights, about 96 MB). Repeatable.",
+)
+
+
+def static(
+    out: str = OUT_ARGUMENT,
+    web: Path = WEB_OPTION,
+    force: bool = FORCE_OPTION,
+    model: list[str] = MODEL_OPTION,
+) -> None:
     """Write the explainer as a static site: the page, the stored results and the default model
     exported to ONNX, run in the reader's browser by onnxruntime-web (no server, no CDN).
 
@@ -31,8 +44,11 @@ def static(out: str = OUT_ARGUMENT, web: Path = WEB_OPTION, force: bool = FORCE_
     from headlab.server.stored import page_answers
 
     try:
-        written = site.build(out, web, page_answers, force=force)
+        extra = tuple(dict.fromkeys(name for name in model if name != "default"))
+        written = site.build(out, web, page_answers, force=force, models=extra)
     except (FileNotFoundError, site.TargetRefused) as exc:
+        raise fail(str(exc)) from None
+    except ValueError as exc:  # a model the site cannot run, or one that cannot be fetched
         raise fail(str(exc)) from None
     except ModuleNotFoundError as exc:  # onnx or wordfreq: the build's own extras
         hint = install_hint("static")
