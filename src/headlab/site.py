@@ -333,7 +333,8 @@ def build(
     model = default if model is None else model
     remove_leftovers(target.parent, of=target.name)  # of a build killed before this one
     with new_folder(target) as tmp:
-        fill(tmp, dist, model, tokenizer, models)
+        fill(tmp, dist, model, tokenizer)
+        add_models(tmp / "static" / "offline", models)
         routes = write_answers(tmp, answers())
         files = [p for p in tmp.rglob("*") if p.is_file()]
         written = {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
@@ -344,12 +345,10 @@ def build(
     return {**written, "routes": routes}
 
 
-def fill(
-    out: Path, dist: Path, model: nn.Module, tokenizer: Any, models: tuple[str, ...] = ()
-) -> None:
+def fill(out: Path, dist: Path, model: nn.Module, tokenizer: Any) -> None:
     """Write the site's files into the empty folder ``out``: the page, onnxruntime-web from
-    ``dist``, the tokenizer, the model and its random copies in ONNX, and each of ``models``
-    in a folder of its own (the API's answers are written by :func:`build`)."""
+    ``dist``, the tokenizer, the model and its random copies in ONNX (the API's answers and
+    the models the site adds are written by :func:`build`)."""
     shutil.copytree(PAGE, out / "static")
     write_atomic(out / "index.html", page_html().encode("utf-8"))
     offline = out / "static" / "offline"
@@ -357,15 +356,24 @@ def fill(
     for name in ORT_FILES:
         shutil.copy2(dist / name, offline / name)
     shutil.copy2(PACKAGE / "weights" / "tokenizer.json", offline / "tokenizer.json")
-    picked = [name for name in SITE_MODELS if name in models]
-    write_json(offline / "config.json", {**site_config(model, tokenizer), "models": picked})
+    write_json(offline / "config.json", {**site_config(model, tokenizer), "models": []})
     write_json(offline / STATEMENT_FILE, statement.exported())
     write_word_table(offline / WORDS_FILE)
     from headlab.heads.baselines import BASELINE_SEEDS
 
     export_onnx(model, offline / "model.onnx", BASELINE_SEEDS)
+
+
+def add_models(offline: Path, models: tuple[str, ...]) -> None:
+    """Write each of ``models`` (:data:`SITE_MODELS`) in a folder of its own under the site's
+    ``offline`` folder, and name them in its config.json, which the page offers them from."""
+    picked = [name for name in SITE_MODELS if name in models]
+    if not picked:
+        return
     for name in picked:
         SITE_MODELS[name](offline / name)
+    config = json.loads(read_text(offline / "config.json", 1 << 20, "the site's config"))
+    write_json(offline / "config.json", {**config, "models": picked})
 
 
 def _smollm2(folder: Path) -> list[Path]:

@@ -1,11 +1,14 @@
 // The static site's API: answers the page's fetch("/api/…") calls in the browser, so the page's own
 // scripts run unchanged without `headlab serve` (loaded before them by the site's index.html only).
 //   GET  /api/…           the answer the real server gave when the site was built (api/….json)
-//   POST /api/attention   the default model, exported to ONNX by PyTorch, run by onnxruntime-web
+//   POST /api/attention   the default model, exported to ONNX by PyTorch, run by onnxruntime-web;
+//                         or a model the site adds (config.models: SmolLM2, headlab.site_smollm2),
+//                         downloaded when first picked, with a progress bar, and cached
 //   POST /api/heads       the same run, whose graph also gives every head's scores (headlab's own
 //                         scores, exported with the model); labels (labels.js) gated by the
 //                         floors of the same graph with random weights (one per baseline seed),
-//                         or by the thresholds alone with "floors": false
+//                         or by the thresholds alone with "floors": false (always, for an added
+//                         model: its random copies do not fit a page; the answer says so)
 //   POST /api/shapes      widget 1's report, evaluated here (shapes.js) from the shape statement
 //                         Python's report is evaluated from (shape-statement.json)
 //   POST /api/live/…      refused: live training needs `headlab serve`
@@ -15,6 +18,7 @@ import { Tokenizer } from "./tokenizer.js";
 import { shapesReport } from "./shapes.js";
 import { analyseRuns, graphInputs, runGraph } from "./labels.js";
 import { loadWordTable, textProbe } from "./words.js";
+import { fetchModelFiles } from "./download.js";
 
 const HERE = new URL(".", import.meta.url);  // static/offline/
 const SITE = new URL("../../", HERE);         // the site's root
@@ -69,6 +73,66 @@ function load() {
   return loaded;
 }
 
+// a model the site adds (static/offline/NAME/: config.json, tokenizer.json, the graph and its
+// external data), loaded once, when first asked for: its files fetched with a progress bar
+const extras = new Map();
+function loadExtra(name) {
+  if (!extras.has(name)) extras.set(name, (async () => {
+    const { ort } = await load();
+    const base = new URL(`${name}/`, HERE);
+    const json = (file) => pageFetch(new URL(file, base)).then((r) => {
+      if (!r.ok) throw new Error(`this static site is missing static/offline/${name}/${file}`);
+      return r.json();
+    });
+    const config = await json("config.json");
+    mark(`${name}-download`);
+    const show = (p) => showDownload(name, p);
+    const { data, cached } = await fetchModelFiles(pageFetch, base, config.files, name, config.version, show);
+    mark(`${name}-downloaded`);
+    const [session, tokenizer] = await Promise.all([
+      ort.InferenceSession.create(data.get(config.graph), {
+        ...SESSION, externalData: config.external_data.map((path) => ({ path, data: data.get(path) })),
+      }),
+      json("tokenizer.json").then((j) => new Tokenizer(j)),
+    ]);
+    showDownload(name, { done: -1, cached });
+    mark(`${name}-ready`);
+    return { ort, session, tokenizer, config };
+  })().catch((err) => { extras.delete(name); throw err; }));  // a failed download may be retried
+  return extras.get(name);
+}
+
+// the bar under the head viewer's status line while a model downloads; done −1: it is ready
+function showDownload(name, { done, total, cached }) {
+  const status = document.getElementById("heads-status");
+  if (!status) return;
+  let box = document.getElementById("model-download");
+  if (!box) {
+    box = document.createElement("div");
+    box.id = "model-download";
+    box.innerHTML = '<progress id="model-download-bar"></progress> <span id="model-download-text" role="status"></span>';
+    status.after(box);
+  }
+  const bar = box.querySelector("progress"), text = box.querySelector("span");
+  const mb = (b) => (b / 1e6).toFixed(1);
+  bar.hidden = done < 0;
+  bar.setAttribute("aria-label", `${name} downloaded`);
+  if (done >= 0) {
+    bar.max = total;
+    bar.value = done;
+    text.textContent = `${cached ? "Reading" : "Downloading"} ${name}: ${mb(done)} of ${mb(total)} MB${cached ? " from this browser's cache" : ", once: your browser keeps it for the next visit"}.`;
+  } else {
+    text.textContent = `${name} runs in your browser${cached ? " (read from this browser's cache)" : ""}; its labels use the thresholds alone (not checked against random-weights floors, as \`headlab heads --no-floors\`).`;
+  }
+}
+
+// the model a request names: the default one, or one the site adds
+async function modelFor(name) {
+  if (name === "default") return load();
+  await load();  // the runtime (and the default model, which the page draws first)
+  return loadExtra(name);
+}
+
 // what the labels need beyond the model: the random-weights models (the floors), once
 let scoring = null;
 function loadScoring() {
@@ -97,8 +161,9 @@ function nest(data, dims) {
 }
 
 // the text of a request as the server checks it: a sentence saying what is wrong, or null
-function textProblem(body) {
-  if (body.model && body.model !== "default") return `model: only 'default' runs in this static site (asked for '${body.model}')`;
+function textProblem(body, site) {
+  const offered = ["default", ...(site.models || [])];
+  if (body.model && !offered.includes(body.model)) return `model: ${offered.map((m) => `'${m}'`).join(" and ")} run in this static site (asked for '${body.model}'); other models need \`headlab serve\``;
   if (body.probe && !["text", "repeat"].includes(body.probe)) return `probe: 'text' and 'repeat' run in this static site; the '${body.probe}' probe needs \`headlab serve\``;
   if (body.probe === "repeat" && body.text !== undefined) return "probe 'repeat' takes no text; leave the text out or use probe 'text'";
   if (typeof body.text === "string" && !body.text.trim()) return "the text is empty: give at least one word";
@@ -108,25 +173,29 @@ function textProblem(body) {
 // every layer's attention weights and every head's scores on the request's text: the shared
 // part of /api/attention and /api/heads
 export async function runText(body) {
-  const { ort, session, tokenizer, config } = await load();
-  const problem = textProblem(body);
+  const problem = textProblem(body, await siteConfig);
   if (problem) return { error: problem };
+  const model = body.model || "default";
+  const { ort, session, tokenizer, config } = await modelFor(model);
   // no text: the built-in sentence with a repeat, as the server's "repeat" probe
   const kind = typeof body.text === "string" ? "text" : "repeat";
   const text = kind === "text" ? body.text : config.repeat_sentence;
   const probe = textProbe(text, tokenizer, config, await words);
   const ids = probe.ids;
-  if (ids.length > config.max_len) return { error: `the text is ${ids.length} tokens but the model takes at most ${config.max_len}; shorten it` };
+  if (ids.length > config.max_len) {
+    const server = config.context > config.max_len ? ` in this static site (\`headlab serve\` takes up to ${config.context})` : "";
+    return { error: `the text is ${ids.length} tokens but the model takes at most ${config.max_len}${server}; shorten it` };
+  }
   const feeds = graphInputs(ort, probe);
   const run = await runGraph(session, feeds);
-  return { ...run, probe: kind, text, ids, tokens: tokenizer.labels(ids), feeds, textProbe: probe, config };
+  return { ...run, model, probe: kind, text, ids, tokens: tokenizer.labels(ids), feeds, textProbe: probe, config };
 }
 
 async function attention(body) {
   const run = await runText(body);
   if (run.error) return reply(422, { detail: run.error });
   return reply(200, {
-    model: "default", text: run.text, tokens: run.tokens, ids: run.ids, causal: run.config.causal,
+    model: run.model, text: run.text, tokens: run.tokens, ids: run.ids, causal: run.config.causal,
     n_layers: run.L, n_heads: run.h, n_kv_heads: run.config.n_kv_heads || run.config.n_heads,
     weights: nest(run.weights, [run.L, run.h, run.n, run.n]), averaged: nest(run.averaged, [run.L, run.n, run.n]),
     computed: "in your browser (onnxruntime-web)",
@@ -135,7 +204,8 @@ async function attention(body) {
 
 // the model's run and each random-weights model's on the probe: one run of each graph, as analyse
 async function scoreText(run) {
-  const { config } = await load();
+  const { config } = run;
+  if (config.floors === false) return { ...analyseRuns(run, [], config), startToken: !run.textProbe.movable[0], noFloors: true };
   const { randoms } = await loadScoring();
   const rest = [];
   for (const s of randoms) rest.push(await runGraph(s, run.feeds));  // one at a time: the runtime is single-threaded
@@ -155,15 +225,16 @@ async function heads(body) {
   mark("weights");
   const scored = await scoreText(run);
   mark("scored");
-  const gated = body.floors !== false;
+  const gated = body.floors !== false && !scored.noFloors;
   const chosen = gated ? scored.gated : scored.thresholds;
   return reply(200, {
-    model: "default", text: run.text, probe: run.probe, tokens: run.tokens, ids: run.ids, causal: run.config.causal,
+    model: run.model, text: run.text, probe: run.probe, tokens: run.tokens, ids: run.ids, causal: run.config.causal,
     n_layers: run.L, n_heads: run.h, n_kv_heads: run.config.n_kv_heads || run.config.n_heads,
     ...chosen,
     sinks: { ...chosen.sinks, rests_on: restsOn(run.tokens[0] || "", scored.startToken) },
     floors: gated ? scored.floors : null,
     label_rule: gated ? "threshold and random-weights floor" : "threshold only (unchecked against chance)",
+    ...(scored.noFloors ? { floors_note: `${run.model}'s random-weights floors need \`headlab serve\` (three random copies of it do not fit a page): its labels here use the thresholds alone, as \`headlab heads --no-floors\`` } : {}),
     weights: nest(run.weights, [run.L, run.h, run.n, run.n]),
     averaged_weights: nest(run.averaged, [run.L, run.n, run.n]),
     syntax_labels: false, computed: "in your browser (onnxruntime-web)",
@@ -177,11 +248,20 @@ async function shapes(body) {
   return answer.error ? reply(422, { detail: answer.error }) : reply(200, answer);
 }
 
-// a GET answer written at build time: api/<route>.json
+// a GET answer written at build time: api/<route>.json; the models' list says which run here
 async function stored(route) {
   const response = await pageFetch(new URL(`api/${route}.json`, SITE));
   if (!response.ok) return reply(404, { detail: `this static site has no stored answer for /api/${route}` });
-  return reply(200, await response.json());
+  const answer = await response.json();
+  return reply(200, route === "models" ? here(answer, await siteConfig) : answer);
+}
+
+// the builder's models, as this site offers them: the default one and the ones it adds
+function here(models, site) {
+  const offered = ["default", ...(site.models || [])];
+  return models.map((m) => offered.includes(m.name)
+    ? { ...m, available: true, description: m.name === "default" ? m.description : `${m.description}; runs in your browser, downloaded when first picked` }
+    : { ...m, available: false, reason: "runs with `headlab serve`, not in this static site" });
 }
 
 async function answer(path, init) {
