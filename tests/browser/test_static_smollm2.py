@@ -194,7 +194,10 @@ def test_one_layers_attention_equals_headlabs_and_the_grid_groups_gqa(page, tmp_
     ids = tokenizer.encode(text)
     want = run_patterns(model, torch.tensor([ids]))[:, 0]  # (L, h, n, n)
     layer = 17
-    for head in range(9):
+    for head in range(9):  # the grid opens one layer at a time: open this one first
+        page.eval_on_selector(
+            f'#heads-grid details[data-layer="{layer}"]', "d => { d.open = true; }"
+        )
         got = drawn_weights(page, layer, head, tmp_path)
         assert got["tokens"] == tokenizer.token_strings(ids)
         diff = (torch.tensor(got["weights"]) - want[layer, head]).abs().max().item()
