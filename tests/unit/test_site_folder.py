@@ -303,3 +303,13 @@ def test_the_whole_site_builds_through_the_command_line_and_rebuilds_in_place(tm
 
 def tree_names(folder: Path) -> list[str]:
     return [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()]
+
+
+def test_a_model_the_site_cannot_run_is_one_sentence_before_any_work(tmp_path, web) -> None:
+    """--model names a model the site adds (smollm2); another is refused in one sentence
+    naming the ones it can add, and nothing is written."""
+    out = tmp_path / "site"
+    result = static(str(out), "--web", str(web), "--model", "gpt2")
+    assert result.exit_code == 2
+    assert "'gpt2' cannot run in the static site" in result.stderr and "smollm2" in result.stderr
+    assert not out.exists()

@@ -291,6 +291,10 @@ window.fetch = async (input, init) => {
   return pageFetch(input, init);
 };
 
+// the models the site adds (config.models), named by the status line once the config is read
+let added = [];
+siteConfig.then((c) => { added = c.models || []; relabel(document); }).catch(() => {});
+
 // every figure says where its numbers come from: "live" ones are computed in this browser here
 const SAY = { "badge-live": "computed in your browser", "badge-stored": "stored" };
 function relabel(root) {
@@ -298,9 +302,11 @@ function relabel(root) {
     for (const el of root.querySelectorAll(`.${cls}`)) if (el.textContent !== words) el.textContent = words;
   }
   const status = document.getElementById("server-status");
-  if (status && status.textContent.startsWith("Connected to headlab")) {
-    status.textContent = "A static copy of the explainer: the default model runs in your browser (onnxruntime-web) and the shape calculator computes here; stored figures name the run that made them; head scores and labels are computed here too. Other models, syntactic heads, evidence and live training need `headlab serve`.";
-  }
+  if (!status) return;
+  const extra = added.length ? ` (and ${added.join(", ")}, downloaded when you pick it in the head viewer; its labels use the thresholds alone)` : "";
+  const text = `A static copy of the explainer: the default model${extra} runs in your browser (onnxruntime-web) and the shape calculator computes here; stored figures name the run that made them; head scores and labels are computed here too. Other models, syntactic heads, evidence, switching heads off and live training need \`headlab serve\`.`;
+  const ours = status.textContent.startsWith("A static copy of the explainer");
+  if ((status.textContent.startsWith("Connected to headlab") || ours) && status.textContent !== text) status.textContent = text;
 }
 new MutationObserver(() => relabel(document)).observe(document.documentElement, { childList: true, subtree: true, characterData: true });
 document.addEventListener("DOMContentLoaded", () => {
