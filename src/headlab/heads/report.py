@@ -27,7 +27,7 @@ from headlab.heads.labels import (
     decide,
     passes,
 )
-from headlab.heads.scores import averaged_pattern, pattern_scores
+from headlab.heads.scores import pattern_scores
 from headlab.heads.targets import Targets, build_targets
 from headlab.measure import Probe, reduce_patterns
 from headlab.model import Transformer
@@ -314,7 +314,8 @@ class LayerGroups:
         flat = self.flat
         at = len(self.pending) * (h + 1)  # the heads, then the averaged head
         flat[:, at : at + h] = w
-        flat[:, at + h] = averaged_pattern(w)
+        # the averaged head (scores.averaged_pattern), written in place from the copy just made
+        torch.mean(flat[:, at : at + h], dim=1, out=flat[:, at + h])
         heads = range(-1, h) if self.keep is None else [i for l, i in self.keep if l == layer]
         kept = {i: flat[0, at + (h if i < 0 else i)].to("cpu", copy=True) for i in heads}
         self.pending.append((layer, kept))
