@@ -247,6 +247,71 @@ def site_config(model: nn.Module, tokenizer: Any) -> dict[str, Any]:
     }
 
 
+# What the browser runs: offline/offline-api.js answers these, from the site's own files, and
+# refuses the rest; the page offers only these (site_manifest tells it)
+SITE_MODELS = ("default",)  # the one model exported to ONNX
+SITE_PROBES = ("repeat", "text")  # the probes a text makes: the built-in sentence, or yours
+SITE_ROUTES = ("attention", "heads", "shapes")  # the POST routes answered in the browser
+SITE_HEADS_OPTIONS = ("floors",)  # the optional fields of POST /api/heads it honours
+MANIFEST = "static_site"  # where the stored GET /api/health answer holds site_manifest
+
+
+def site_manifest(model: nn.Module, answers: dict[str, Any]) -> dict[str, Any]:
+    """What this static site runs, stored in its GET /api/health answer under :data:`MANIFEST`:
+    the page's menus offer these and nothing else, and ``offline-api.js`` refuses anything else.
+    The server's own answers (``answers``, :func:`headlab.server.stored.page_answers`) say what
+    else there is; ``note`` names it in one line and says it needs ``headlab serve``. A page
+    served by ``headlab serve`` finds no :data:`MANIFEST` and offers everything.
+
+    The head types are those whose best head the exported graph scores
+    (:data:`headlab.heads.labels.BEST_TYPES`, by :class:`~headlab.heads.scores.ScoreGraph`'s
+    score names), and each layer's averaged head, which the graph also gives."""
+    from headlab.heads.labels import BEST_TYPES
+    from headlab.heads.scores import ScoreGraph
+
+    scored = set(ScoreGraph(bool(model.config.causal)).score_names)  # type: ignore[union-attr]
+    types = [kind for kind, score in BEST_TYPES.items() if score in scored] + ["averaged"]
+    models = [m["name"] for m in answers.get("api/models.json", [])]
+    probes = {p["name"]: p["description"] for p in answers.get("api/probes.json", [])}
+    left = {
+        "models": [name for name in models if name not in SITE_MODELS],
+        # as the page's menu names a probe: its description up to the first parenthesis
+        "probes": [d.split(" (")[0] for name, d in probes.items() if name not in SITE_PROBES],
+        "head_types": [kind for kind in BEST_TYPES if kind not in types],
+    }
+    return {
+        "models": list(SITE_MODELS),
+        "probes": list(SITE_PROBES),
+        "head_types": types,
+        "routes": list(SITE_ROUTES),
+        "heads_options": list(SITE_HEADS_OPTIONS),
+        "left_out": left,
+        "note": _left_out_note(left),
+    }
+
+
+def _listed(words: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return " and ".join([", ".join(words[:-1]), words[-1]] if len(words) > 1 else words)
+
+
+def _left_out_note(left: dict[str, list[str]]) -> str:
+    """The head viewer's one line on what this site leaves out, and what runs it."""
+    parts = []
+    if left["models"]:
+        parts.append(f"other models ({', '.join(left['models'])})")
+    if left["probes"]:
+        parts.append(f"other inputs ({', '.join(f'“{p}”' for p in left['probes'])})")
+    if left["head_types"]:
+        parts.append(f"{_listed(left['head_types'])} heads")
+    parts.append("the evidence behind each label")
+    said = _listed(parts)
+    return (
+        f"{said[0].upper()}{said[1:]} need `headlab serve`: this static site runs the default "
+        "model in your browser, on the built-in sentence or on your text."
+    )
+
+
 def label_rules() -> dict[str, Any]:
     """The labelling rule's constants (:mod:`headlab.heads.labels`, :mod:`headlab.heads.baselines`)
     as the browser's port reads them, so that no threshold is typed twice."""
@@ -319,7 +384,7 @@ def build(
     remove_leftovers(target.parent, of=target.name)  # of a build killed before this one
     with new_folder(target) as tmp:
         fill(tmp, dist, model, tokenizer)
-        routes = write_answers(tmp, answers())
+        routes = write_answers(tmp, with_manifest(answers(), model))
         files = [p for p in tmp.rglob("*") if p.is_file()]
         written = {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
         write_atomic(tmp / MARKER, json_text({"written_by": WRITTEN_BY, "version": __version__}))
@@ -327,6 +392,15 @@ def build(
         if problem is not None:
             raise TargetRefused(problem)
     return {**written, "routes": routes}
+
+
+def with_manifest(answers: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+    """The stored answers with :func:`site_manifest` in the GET /api/health answer, which the
+    page reads first (the server's own health answer has no :data:`MANIFEST`)."""
+    health = answers.get("api/health.json")
+    if not isinstance(health, dict):
+        raise ValueError("the stored answers have no api/health.json to hold the site's manifest")
+    return {**answers, "api/health.json": {**health, MANIFEST: site_manifest(model, answers)}}
 
 
 def fill(out: Path, dist: Path, model: nn.Module, tokenizer: Any) -> None:

@@ -9,6 +9,9 @@
 //   POST /api/shapes      widget 1's report, evaluated here (shapes.js) from the shape statement
 //                         Python's report is evaluated from (shape-statement.json)
 //   POST /api/live/…      refused: live training needs `headlab serve`
+// What it runs (the models, probes and POST routes) is the builder's manifest, stored in the GET
+// /api/health answer under "static_site" (headlab.site.site_manifest), which the page's menus
+// also offer by (js/host.js); anything else is refused, saying it needs `headlab serve`.
 // Everything is read from this site's own folder: no other address is ever asked.
 
 import { Tokenizer } from "./tokenizer.js";
@@ -37,13 +40,17 @@ const bytes = (file) => pageFetch(new URL(file, HERE)).then((r) => {
   return r.arrayBuffer();
 });
 const siteConfig = pageFetch(new URL("config.json", HERE)).then((r) => r.json());
+const manifest = pageFetch(new URL("api/health.json", SITE)).then((r) => r.json()).then((health) => {
+  if (!health.static_site) throw new Error("this static site's api/health.json has no manifest (static_site)");
+  return health.static_site;
+});
 const statement = bytes(STATEMENT_FILE).then((b) => JSON.parse(new TextDecoder().decode(b)));
 const models = new Map([["model", bytes("model.onnx").then((b) => new Uint8Array(b))]]);
 const words = bytes("words-en.txt.gz").then(loadWordTable);
 siteConfig.then((c) => c.rules.baseline_seeds.forEach((seed) =>
   models.set(seed, bytes(`random-${seed}.onnx`).then((b) => new Uint8Array(b)))));
 // a missing file is reported by the request that needs it, not as an unhandled rejection now
-for (const p of [siteConfig, statement, words, models.get("model")]) p.catch(() => {});
+for (const p of [siteConfig, manifest, statement, words, models.get("model")]) p.catch(() => {});
 
 // no graph rewrites: a session is made in about half the time (measured in headless Chromium),
 // and each model runs as PyTorch's exporter wrote it
@@ -96,10 +103,13 @@ function nest(data, dims) {
   return build(0, 0);
 }
 
-// the text of a request as the server checks it: a sentence saying what is wrong, or null
-function textProblem(body) {
-  if (body.model && body.model !== "default") return `model: only 'default' runs in this static site (asked for '${body.model}')`;
-  if (body.probe && !["text", "repeat"].includes(body.probe)) return `probe: 'text' and 'repeat' run in this static site; the '${body.probe}' probe needs \`headlab serve\``;
+const either = (names) => names.map((n) => `'${n}'`).join(" and ");
+
+// the text of a request as the server checks it (and against the manifest): a sentence saying
+// what is wrong, or null
+function textProblem(body, site) {
+  if (body.model && !site.models.includes(body.model)) return `model: ${either(site.models)} ${site.models.length > 1 ? "run" : "runs"} in this static site; the '${body.model}' model needs \`headlab serve\``;
+  if (body.probe && !site.probes.includes(body.probe)) return `probe: ${either(site.probes)} run in this static site; the '${body.probe}' probe needs \`headlab serve\``;
   if (body.probe === "repeat" && body.text !== undefined) return "probe 'repeat' takes no text; leave the text out or use probe 'text'";
   if (typeof body.text === "string" && !body.text.trim()) return "the text is empty: give at least one word";
   return null;
@@ -109,7 +119,7 @@ function textProblem(body) {
 // part of /api/attention and /api/heads
 export async function runText(body) {
   const { ort, session, tokenizer, config } = await load();
-  const problem = textProblem(body);
+  const problem = textProblem(body, await manifest);
   if (problem) return { error: problem };
   // no text: the built-in sentence with a repeat, as the server's "repeat" probe
   const kind = typeof body.text === "string" ? "text" : "repeat";
@@ -189,9 +199,9 @@ async function answer(path, init) {
   const route = decodeURIComponent(path.slice("/api/".length));
   const body = init?.body ? JSON.parse(init.body) : {};
   if (method === "GET") return stored(route);
-  if (route === "attention") return attention(body);
-  if (route === "heads") return heads(body);
-  if (route === "shapes") return shapes(body);
+  // a POST route runs here when the manifest lists it (and this file answers it)
+  const runs = { attention, heads, shapes };
+  if ((await manifest).routes.includes(route) && Object.hasOwn(runs, route)) return runs[route](body);
   if (route.startsWith("live")) return reply(503, { detail: LIVE_NOTE });
   return reply(501, { detail: `/api/${route} needs the headlab server (\`headlab serve\`)` });
 }
@@ -219,7 +229,7 @@ function relabel(root) {
   }
   const status = document.getElementById("server-status");
   if (status && status.textContent.startsWith("Connected to headlab")) {
-    status.textContent = "A static copy of the explainer: the default model runs in your browser (onnxruntime-web) and the shape calculator computes here; stored figures name the run that made them; head scores and labels are computed here too. Other models, syntactic heads, evidence and live training need `headlab serve`.";
+    status.textContent = "A static copy of the explainer: the default model runs in your browser (onnxruntime-web) and the shape calculator computes here; stored figures name the run that made them; head scores and labels are computed here too. Each section says what of it needs `headlab serve`.";
   }
 }
 new MutationObserver(() => relabel(document)).observe(document.documentElement, { childList: true, subtree: true, characterData: true });
