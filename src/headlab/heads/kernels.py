@@ -69,7 +69,7 @@ def _less(hi, lo, s, x):
     """(hi + lo) − s · x for a float64 sum kept as two float32 (hi its float32 rounding, lo the
     rest): hi − s · x rounded once (exact where s · x is near hi, which is where a plain
     float32 subtraction loses most), then the rest added back."""
-    return _fma(-s, x, hi) + lo
+    return _fma(-s, x, hi) + lo  # type: ignore[call-arg]  # an intrinsic: typingctx is Numba's
 
 
 @_jit

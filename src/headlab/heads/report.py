@@ -216,14 +216,16 @@ def _scored(
     The syntactic score is reported beside the others; it takes part in the label only with
     ``label_syntactic`` (a label must not change because another score was asked for). A
     ``retrieval`` score is reported and labels (it is measured only on the needle probe)."""
-    values = {k: float(v[i]) for k, v in by_type.items()}
+    values = {k: v[i] for k, v in by_type.items()}  # floats: the lists come from tolist()
     if retrieval is not None and head >= 0:
         values["retrieval"] = retrieval.get((layer, head), 0.0)
     relation = ""
+    ruled = values  # what the label is decided on: the syntactic score only when asked
     if syntactic is not None and head >= 0:
         margin, relation = syntactic.get((layer, head), (0.0, ""))
+        if not label_syntactic:
+            ruled = dict(values)
         values["syntactic"] = max(0.0, float(margin))
-    ruled = values if label_syntactic else {k: v for k, v in values.items() if k != "syntactic"}
     gates = None if floors is None else floors.get(layer, {})
     d = decide(ruled, int(offsets[i]), gates)
     kind = REST_OF_LABEL.get(d.label)
