@@ -94,6 +94,7 @@ def test_the_evidence_reports_its_steps_in_order(client, monkeypatch) -> None:
     assert [s["step"] for s in plan] == [r["step"] for r in running]
     assert {s["basis"] for s in plan} == {"estimate"} and running[0]["expected_s"] is not None
     assert "estimate from the model's size" in running[0]["expected"]
+    assert "measured" not in running[0]["expected"]
     assert last["state"] == "finished" and last["step"] is None
     assert all(s["state"] == "done" and s["seconds"] is not None for s in last["steps"])
     ablated = client.post("/api/heads", json={"model": "default", "evidence": True}).json()
@@ -112,7 +113,8 @@ def test_a_second_run_expects_the_times_the_first_took(client, monkeypatch) -> N
     for name in ("shuffled", "scores", "ablation"):
         assert plan[name]["basis"] == "measured"
         assert plan[name]["expected_s"] == pytest.approx(took[name], abs=0.051)
-    assert "measured on this machine" in again["expected"]
+    assert again["expected"].startswith("measured here by the last run")
+    assert "random-weights floors" in again["expected"] and "estimate" not in again["expected"]
 
 
 def test_labels_alone_report_the_floors_then_the_scores(client, monkeypatch) -> None:

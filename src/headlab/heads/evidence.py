@@ -81,7 +81,7 @@ STAGES = ("baselines", "scores", "composition", "ablation")  # what evidence() r
 STEPS = {
     "shuffled": "shuffled tokens",
     "floors": "random-weights floors",
-    "scores": "scoring every head",
+    "scores": "scoring every head, by layer",
     "composition": "composition scores",
     "estimate": "estimating every head's ablation effect",
     "ablation": "ablating heads",

@@ -29,19 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from headlab.files import json_text, read_text, write_json
+from headlab.heads.evidence import STEPS
 
-# every step a request may report, in the order they run, and what each is in words (the
-# evidence's own steps are headlab.heads.evidence.STEPS; the server adds its own around them)
+# every step a request may report and what each is in words: the server's own around the
+# evidence's (headlab.heads.evidence.STEPS, which label_heads' floors and scores share)
 LABELS = {
     "model": "loading the model",
     "needles": "running the needle probes",
     "syntax": "scoring syntactic heads on the evaluation text",
-    "shuffled": "shuffled tokens",
-    "floors": "random-weights floors",
-    "scores": "scoring every head",
-    "composition": "composition scores",
-    "estimate": "estimating every head's ablation effect",
-    "ablation": "ablating heads",
+    **STEPS,
 }
 JOBS_KEPT = 64  # finished or running jobs kept for their pollers (the most recent)
 TIMINGS_FORMAT = 1
@@ -360,21 +356,19 @@ def plan_steps(
 
 
 def _note(measured: list[str], estimated: list[str], cached: set[str], tokens: int) -> str:
-    """Where a plan's expected time comes from, in words."""
-    parts = []
-    if measured:
-        parts.append(
-            f"measured on this machine by the last run of {_words(measured)}, scaled to "
-            f"{tokens} tokens"
+    """Where a plan's expected time comes from, in a few words."""
+    if measured and estimated:
+        said = (
+            f"measured here by the last run of {_words(measured)}, scaled to {tokens} tokens; "
+            "the rest a rough estimate from the model's size"
         )
-    if estimated:
-        parts.append(
-            f"a rough estimate from the model's size for {_words(estimated)}, not yet "
-            "run on this machine"
-        )
+    elif measured:
+        said = f"measured here by the last run, scaled to {tokens} tokens"
+    else:
+        said = "a rough estimate from the model's size: not yet run on this machine"
     if cached:
-        parts.append(f"{_words(sorted(cached))} already computed")
-    return "; ".join(parts)
+        said += f"; {_words(sorted(cached))} kept from before"
+    return said
 
 
 def _words(steps: list[str]) -> str:
