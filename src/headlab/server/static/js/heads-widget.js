@@ -9,6 +9,7 @@ import { typeSentence, syntaxSentence, signed } from "./sentences.js";
 import { tokenNote } from "./tokens.js";
 import { evidenceCard, circuitGraph, circuitNote, CIRCUIT_WIDTH } from "./evidence-card.js";
 import { glossed } from "./glossary.js";
+import { withProgress } from "./progress.js";
 import { hostRuns, hostNote } from "./host.js";
 
 export const HEAD_TYPES = [
@@ -54,7 +55,7 @@ function build(root) {
   el.relationField = field("heads-relation", "relation", el.relation);
   el.relationField.hidden = true;
   const syntaxField = field("heads-syntax-labels", [el.syntaxLabels, "label heads by syntax too (may relabel other heads)"], null, "inline");
-  const evidenceField = field("heads-evidence", [el.evidence, ...glossed("show the evidence for each label (baselines, ablations, compositions; takes a few seconds)")], null, "inline");
+  const evidenceField = field("heads-evidence", [el.evidence, ...glossed("show the evidence for each label (baselines, ablations, compositions; the line below the form names each step as it runs and the time it should take)")], null, "inline");
   syntaxField.hidden = !hostRuns("heads_options", "syntax_labels");
   evidenceField.hidden = !hostRuns("heads_options", "evidence");
   el.form = h("form", { id: "heads-form", "aria-label": "head viewer" },
@@ -207,7 +208,9 @@ function runner(el, state, { readsText, choose, select, summaryEl }) {
       if (el.evidence.checked) body.evidence = true;
       if (el.syntaxLabels.checked) body.syntax_labels = true;
       else if (state.wantSyntax) body.syntax = true;
-      const heads = await api("/api/heads", body);
+      // a long run (the evidence, a model's first floors) says each step and the time expected
+      const progress = (text) => { if (mine === runs) el.status.textContent = text; };
+      const heads = await withProgress((id) => api("/api/heads", id ? { ...body, progress_id: id } : body), progress);
       if (mine !== runs) return;
       const asked = emptyBox ? JSON.stringify({ ...JSON.parse(state.asked), text: heads.text }) : state.asked;
       show(el, state, heads, { readsText, choose, select, summaryEl });
