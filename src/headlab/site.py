@@ -254,6 +254,75 @@ def site_config(model: nn.Module, tokenizer: Any) -> dict[str, Any]:
     }
 
 
+# What the browser runs: offline/offline-api.js answers these, from the site's own files, and
+# refuses the rest; the page offers only these (site_manifest tells it)
+SITE_MODELS = ("default",)  # the model every site runs (ADDED_MODELS: those it may add)
+SITE_PROBES = ("repeat", "text")  # the probes a text makes: the built-in sentence, or yours
+SITE_ROUTES = ("attention", "heads", "shapes")  # the POST routes answered in the browser
+SITE_HEADS_OPTIONS = ("floors",)  # the optional fields of POST /api/heads it honours
+MANIFEST = "static_site"  # where the stored GET /api/health answer holds site_manifest
+
+
+def site_manifest(
+    model: nn.Module, answers: dict[str, Any], added: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """What this static site runs, stored in its GET /api/health answer under :data:`MANIFEST`:
+    the page's menus offer these and nothing else, and ``offline-api.js`` refuses anything else.
+    The server's own answers (``answers``, :func:`headlab.server.stored.page_answers`) say what
+    else there is; ``note`` names it in one line and says it needs ``headlab serve``. A page
+    served by ``headlab serve`` finds no :data:`MANIFEST` and offers everything.
+
+    The head types are those whose best head the exported graph scores
+    (:data:`headlab.heads.labels.BEST_TYPES`, by :class:`~headlab.heads.scores.ScoreGraph`'s
+    score names), and each layer's averaged head, which the graph also gives. ``added``: the
+    models of :data:`ADDED_MODELS` this site was built with, offered after the default."""
+    from headlab.heads.labels import BEST_TYPES
+    from headlab.heads.scores import ScoreGraph
+
+    scored = set(ScoreGraph(bool(model.config.causal)).score_names)  # type: ignore[union-attr]
+    types = [kind for kind, score in BEST_TYPES.items() if score in scored] + ["averaged"]
+    models = [m["name"] for m in answers.get("api/models.json", [])]
+    probes = {p["name"]: p["description"] for p in answers.get("api/probes.json", [])}
+    runs = [*SITE_MODELS, *(name for name in ADDED_MODELS if name in added)]
+    left = {
+        "models": [name for name in models if name not in runs],
+        # as the page's menu names a probe: its description up to the first parenthesis
+        "probes": [d.split(" (")[0] for name, d in probes.items() if name not in SITE_PROBES],
+        "head_types": [kind for kind in BEST_TYPES if kind not in types],
+    }
+    return {
+        "models": runs,
+        "probes": list(SITE_PROBES),
+        "head_types": types,
+        "routes": list(SITE_ROUTES),
+        "heads_options": list(SITE_HEADS_OPTIONS),
+        "left_out": left,
+        "note": _left_out_note(left),
+    }
+
+
+def _listed(words: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return " and ".join([", ".join(words[:-1]), words[-1]] if len(words) > 1 else words)
+
+
+def _left_out_note(left: dict[str, list[str]]) -> str:
+    """The head viewer's one line on what this site leaves out, and what runs it."""
+    parts = []
+    if left["models"]:
+        parts.append(f"other models ({', '.join(left['models'])})")
+    if left["probes"]:
+        parts.append(f"other inputs ({', '.join(f'“{p}”' for p in left['probes'])})")
+    if left["head_types"]:
+        parts.append(f"{_listed(left['head_types'])} heads")
+    parts.append("the evidence behind each label")
+    said = _listed(parts)
+    return (
+        f"{said[0].upper()}{said[1:]} need `headlab serve`: this static site runs the default "
+        "model in your browser, on the built-in sentence or on your text."
+    )
+
+
 def label_rules() -> dict[str, Any]:
     """The labelling rule's constants (:mod:`headlab.heads.labels`, :mod:`headlab.heads.baselines`)
     as the browser's port reads them, so that no threshold is typed twice."""
@@ -309,7 +378,7 @@ def build(
     command line passes :func:`headlab.server.stored.page_answers`: the builder does not
     import the server); ``model`` defaults to the shipped default model. Returns what was
     written: ``{"files": count, "bytes": total, "routes": [...]}``. ``models`` adds models
-    of :data:`SITE_MODELS` the reader may pick, each downloaded only when picked.
+    of :data:`ADDED_MODELS` the reader may pick, each downloaded only when picked.
 
     The site is built in a temporary folder beside ``out`` and renamed into place at the end
     (:func:`headlab.files.new_folder`): a build that fails or is killed leaves ``out`` as it
@@ -321,11 +390,11 @@ def build(
     problem = target_problem(out, force)
     if problem is not None:
         raise TargetRefused(problem)
-    unknown = [name for name in models if name not in SITE_MODELS]
+    unknown = [name for name in models if name not in ADDED_MODELS]
     if unknown:
         raise ValueError(
             f"{unknown[0]!r} cannot run in the static site; it runs the default model and "
-            f"can add {', '.join(SITE_MODELS)}"
+            f"can add {', '.join(ADDED_MODELS)}"
         )
     target = Path(os.path.abspath(out))
     dist = ort_dist(web)
@@ -335,7 +404,7 @@ def build(
     with new_folder(target) as tmp:
         fill(tmp, dist, model, tokenizer)
         add_models(tmp / "static" / "offline", models)
-        routes = write_answers(tmp, answers())
+        routes = write_answers(tmp, with_manifest(answers(), model, models))
         files = [p for p in tmp.rglob("*") if p.is_file()]
         written = {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
         write_atomic(tmp / MARKER, json_text({"written_by": WRITTEN_BY, "version": __version__}))
@@ -343,6 +412,18 @@ def build(
         if problem is not None:
             raise TargetRefused(problem)
     return {**written, "routes": routes}
+
+
+def with_manifest(
+    answers: dict[str, Any], model: nn.Module, added: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The stored answers with :func:`site_manifest` in the GET /api/health answer, which the
+    page reads first (the server's own health answer has no :data:`MANIFEST`)."""
+    health = answers.get("api/health.json")
+    if not isinstance(health, dict):
+        raise ValueError("the stored answers have no api/health.json to hold the site's manifest")
+    manifest = site_manifest(model, answers, added)
+    return {**answers, "api/health.json": {**health, MANIFEST: manifest}}
 
 
 def fill(out: Path, dist: Path, model: nn.Module, tokenizer: Any) -> None:
@@ -365,13 +446,13 @@ def fill(out: Path, dist: Path, model: nn.Module, tokenizer: Any) -> None:
 
 
 def add_models(offline: Path, models: tuple[str, ...]) -> None:
-    """Write each of ``models`` (:data:`SITE_MODELS`) in a folder of its own under the site's
+    """Write each of ``models`` (:data:`ADDED_MODELS`) in a folder of its own under the site's
     ``offline`` folder, and name them in its config.json, which the page offers them from."""
-    picked = [name for name in SITE_MODELS if name in models]
+    picked = [name for name in ADDED_MODELS if name in models]
     if not picked:
         return
     for name in picked:
-        SITE_MODELS[name](offline / name)
+        ADDED_MODELS[name](offline / name)
     config = json.loads(read_text(offline / "config.json", 1 << 20, "the site's config"))
     write_json(offline / "config.json", {**config, "models": picked})
 
@@ -423,7 +504,7 @@ def write_smollm2(folder: Path) -> list[Path]:
 
 # the models a site may add to the default one (``build(models=…)``, ``--model``): name → the
 # function that writes its folder under static/offline/
-SITE_MODELS: dict[str, Callable[[Path], list[Path]]] = {"smollm2": write_smollm2}
+ADDED_MODELS: dict[str, Callable[[Path], list[Path]]] = {"smollm2": write_smollm2}
 
 
 # --- where a site may be written ---------------------------------------------------------------

@@ -48,6 +48,7 @@ import torch
 from torch import Tensor
 
 from headlab.heads.attribution import Attributions, attribute_heads
+from headlab.heads.baselines import Stages
 from headlab.heads.effects import Ablations, Mode, ablate_heads
 from headlab.measure import Probe
 
@@ -137,6 +138,7 @@ def estimate_heads(
     exact: Collection[tuple[int, int]] = (),
     rank: Sequence[Tensor] | None = None,
     by: str = "rise",
+    progress: Stages | None = None,
 ) -> Checked:
     """Every head's ablation effects in two stages (module docstring): the estimate along each
     layer's path (:func:`attribute_heads` with ``steps`` points, ``per="layer"``) on the loss
@@ -145,7 +147,9 @@ def estimate_heads(
     (:func:`headlab.heads.effects.ablate_heads`) of the ``check`` heads with the largest
     estimated loss rise (``by="rise"``; "size": the largest in size, a fall too) over each row
     set of ``rank``, of ``induction_heads`` and of ``exact``. ``steps=1``: plain attribution
-    patching ranks. Other arguments as for :func:`attribute_heads`."""
+    patching ranks. ``progress(stage, done, total)``: "estimate" (0 of 1) before the estimate,
+    then "ablation" counting the heads ablated exactly. Other arguments as for
+    :func:`attribute_heads`."""
     if check < 0:
         raise ValueError(
             f"check must be a whole number ≥ 0 (got {check}): the heads per row set ablated exactly"
@@ -153,6 +157,8 @@ def estimate_heads(
     if by not in ("rise", "size"):
         raise ValueError(f"by {by!r}: rank by the estimated loss 'rise' or by its 'size'")
     rank = list(rows) if rank is None else list(rank)
+    report = progress or (lambda stage, done, total: None)
+    report("estimate", 0, 1)
     path = attribute_heads(
         model, probe, rank, (), mode, steps=steps, per="layer" if steps > 1 else "head"
     )
@@ -171,5 +177,12 @@ def estimate_heads(
             model_passes=path.model_passes + plain.model_passes,
             probe_passes=path.probe_passes + plain.probe_passes,
         )
+    report("estimate", 1, 1)
     picked = first_ranked(path, rank, check, by) | set(induction_heads) | set(exact)
-    return Checked(estimate, ablate_heads(model, probe, sorted(picked), mode) if picked else None)
+    if not picked:
+        return Checked(estimate, None)
+
+    def step(done: int, total: int) -> None:
+        report("ablation", done, total)
+
+    return Checked(estimate, ablate_heads(model, probe, sorted(picked), mode, progress=step))

@@ -166,7 +166,8 @@ export function initShapes(root, presetsAsked) {
   const update = async () => {
     const mine = ++seq;
     const { body, error } = readForm(form, limits);
-    if (error) { clear(out, h("div", { class: "problems", id: "shapes-problems", role: "alert" }, error)); return; }
+    // sizes refused leave no diagram of the sizes before them
+    if (error) { layer.root.hidden = true; clear(out, h("div", { class: "problems", id: "shapes-problems", role: "alert" }, error)); return; }
     try {
       const report = await api("/api/shapes", body);
       if (mine !== seq) return;
@@ -179,7 +180,9 @@ export function initShapes(root, presetsAsked) {
         kvFigures(report, kvState));
       layer.update(report);
     } catch (err) {
-      if (mine === seq) clear(out, h("div", { class: "problems", id: "shapes-problems" }, refusedSize(err, limits)));
+      if (mine !== seq) return;
+      layer.root.hidden = true;
+      clear(out, h("div", { class: "problems", id: "shapes-problems" }, refusedSize(err, limits)));
     }
   };
   const later = debounce(update, 120);

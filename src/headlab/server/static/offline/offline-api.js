@@ -2,7 +2,7 @@
 // scripts run unchanged without `headlab serve` (loaded before them by the site's index.html only).
 //   GET  /api/…           the answer the real server gave when the site was built (api/….json)
 //   POST /api/attention   the default model, exported to ONNX by PyTorch, run by onnxruntime-web;
-//                         or a model the site adds (config.models: SmolLM2, headlab.site_smollm2),
+//                         or a model the site adds (the manifest's models after "default": SmolLM2, headlab.site_smollm2),
 //                         downloaded when first picked, with a progress bar, and cached
 //   POST /api/heads       the same run, whose graph also gives every head's scores (headlab's own
 //                         scores, exported with the model); labels (labels.js) gated by the
@@ -12,6 +12,9 @@
 //   POST /api/shapes      widget 1's report, evaluated here (shapes.js) from the shape statement
 //                         Python's report is evaluated from (shape-statement.json)
 //   POST /api/live/…      refused: live training needs `headlab serve`
+// What it runs (the models, probes and POST routes) is the builder's manifest, stored in the GET
+// /api/health answer under "static_site" (headlab.site.site_manifest), which the page's menus
+// also offer by (js/host.js); anything else is refused, saying it needs `headlab serve`.
 // Everything is read from this site's own folder: no other address is ever asked.
 
 import { Tokenizer } from "./tokenizer.js";
@@ -41,13 +44,17 @@ const bytes = (file) => pageFetch(new URL(file, HERE)).then((r) => {
   return r.arrayBuffer();
 });
 const siteConfig = pageFetch(new URL("config.json", HERE)).then((r) => r.json());
+const manifest = pageFetch(new URL("api/health.json", SITE)).then((r) => r.json()).then((health) => {
+  if (!health.static_site) throw new Error("this static site's api/health.json has no manifest (static_site)");
+  return health.static_site;
+});
 const statement = bytes(STATEMENT_FILE).then((b) => JSON.parse(new TextDecoder().decode(b)));
 const models = new Map([["model", bytes("model.onnx").then((b) => new Uint8Array(b))]]);
 const words = bytes("words-en.txt.gz").then(loadWordTable);
 siteConfig.then((c) => c.rules.baseline_seeds.forEach((seed) =>
   models.set(seed, bytes(`random-${seed}.onnx`).then((b) => new Uint8Array(b)))));
 // a missing file is reported by the request that needs it, not as an unhandled rejection now
-for (const p of [siteConfig, statement, words, models.get("model")]) p.catch(() => {});
+for (const p of [siteConfig, manifest, statement, words, models.get("model")]) p.catch(() => {});
 
 // no graph rewrites: a session is made in about half the time (measured in headless Chromium),
 // and each model runs as PyTorch's exporter wrote it
@@ -160,11 +167,13 @@ function nest(data, dims) {
   return build(0, 0);
 }
 
-// the text of a request as the server checks it: a sentence saying what is wrong, or null
+const either = (names) => names.map((n) => `'${n}'`).join(" and ");
+
+// the text of a request as the server checks it (and against the manifest): a sentence saying
+// what is wrong, or null
 function textProblem(body, site) {
-  const offered = ["default", ...(site.models || [])];
-  if (body.model && !offered.includes(body.model)) return `model: ${offered.map((m) => `'${m}'`).join(" and ")} run in this static site (asked for '${body.model}'); other models need \`headlab serve\``;
-  if (body.probe && !["text", "repeat"].includes(body.probe)) return `probe: 'text' and 'repeat' run in this static site; the '${body.probe}' probe needs \`headlab serve\``;
+  if (body.model && !site.models.includes(body.model)) return `model: ${either(site.models)} ${site.models.length > 1 ? "run" : "runs"} in this static site; the '${body.model}' model needs \`headlab serve\``;
+  if (body.probe && !site.probes.includes(body.probe)) return `probe: ${either(site.probes)} run in this static site; the '${body.probe}' probe needs \`headlab serve\``;
   if (body.probe === "repeat" && body.text !== undefined) return "probe 'repeat' takes no text; leave the text out or use probe 'text'";
   if (typeof body.text === "string" && !body.text.trim()) return "the text is empty: give at least one word";
   return null;
@@ -173,7 +182,7 @@ function textProblem(body, site) {
 // every layer's attention weights and every head's scores on the request's text: the shared
 // part of /api/attention and /api/heads
 export async function runText(body) {
-  const problem = textProblem(body, await siteConfig);
+  const problem = textProblem(body, await manifest);
   if (problem) return { error: problem };
   const model = body.model || "default";
   const { ort, session, tokenizer, config } = await modelFor(model);
@@ -253,13 +262,13 @@ async function stored(route) {
   const response = await pageFetch(new URL(`api/${route}.json`, SITE));
   if (!response.ok) return reply(404, { detail: `this static site has no stored answer for /api/${route}` });
   const answer = await response.json();
-  return reply(200, route === "models" ? here(answer, await siteConfig) : answer);
+  return reply(200, route === "models" ? here(answer, await manifest) : answer);
 }
 
-// the builder's models, as this site offers them: the default one and the ones it adds
+// the builder's models, as this site offers them: those its manifest lists (the default one and
+// the ones it adds)
 function here(models, site) {
-  const offered = ["default", ...(site.models || [])];
-  return models.map((m) => offered.includes(m.name)
+  return models.map((m) => site.models.includes(m.name)
     ? { ...m, available: true, description: m.name === "default" ? m.description : `${m.description}; runs in your browser, downloaded when first picked` }
     : { ...m, available: false, reason: "runs with `headlab serve`, not in this static site" });
 }
@@ -269,9 +278,9 @@ async function answer(path, init) {
   const route = decodeURIComponent(path.slice("/api/".length));
   const body = init?.body ? JSON.parse(init.body) : {};
   if (method === "GET") return stored(route);
-  if (route === "attention") return attention(body);
-  if (route === "heads") return heads(body);
-  if (route === "shapes") return shapes(body);
+  // a POST route runs here when the manifest lists it (and this file answers it)
+  const runs = { attention, heads, shapes };
+  if ((await manifest).routes.includes(route) && Object.hasOwn(runs, route)) return runs[route](body);
   if (route.startsWith("live")) return reply(503, { detail: LIVE_NOTE });
   return reply(501, { detail: `/api/${route} needs the headlab server (\`headlab serve\`)` });
 }
@@ -291,9 +300,9 @@ window.fetch = async (input, init) => {
   return pageFetch(input, init);
 };
 
-// the models the site adds (config.models), named by the status line once the config is read
+// the models the site adds to the default one, named by the status line once the manifest is read
 let added = [];
-siteConfig.then((c) => { added = c.models || []; relabel(document); }).catch(() => {});
+manifest.then((m) => { added = m.models.filter((name) => name !== "default"); relabel(document); }).catch(() => {});
 
 // every figure says where its numbers come from: "live" ones are computed in this browser here
 const SAY = { "badge-live": "computed in your browser", "badge-stored": "stored" };
@@ -304,7 +313,7 @@ function relabel(root) {
   const status = document.getElementById("server-status");
   if (!status) return;
   const extra = added.length ? ` (and ${added.join(", ")}, downloaded when you pick it in the head viewer; its labels use the thresholds alone)` : "";
-  const text = `A static copy of the explainer: the default model${extra} runs in your browser (onnxruntime-web) and the shape calculator computes here; stored figures name the run that made them; head scores and labels are computed here too. Other models, syntactic heads, evidence, switching heads off and live training need \`headlab serve\`.`;
+  const text = `A static copy of the explainer: the default model${extra} runs in your browser (onnxruntime-web) and the shape calculator computes here; stored figures name the run that made them; head scores and labels are computed here too. Each section says what of it needs \`headlab serve\`.`;
   const ours = status.textContent.startsWith("A static copy of the explainer");
   if ((status.textContent.startsWith("Connected to headlab") || ours) && status.textContent !== text) status.textContent = text;
 }
