@@ -29,7 +29,9 @@ largest exact effects with 1.00, the top fives alike, in 0.27–0.62 of the time
 of every head over six runs on a shared two-core machine (20 checked: 0.92 over the top 20).
 Plain attribution patching ranking by size on every token and on a later copy, with
 :data:`CHECK_SIZE` heads of each checked (66 heads), gives 0.98 and 1.00 in 0.34–0.38 of the
-time (two runs): where the probe has a later copy the evidence ranks so (it finds the induction
+time (two runs), on that repeat probe; on random tokens repeated (``--probe random-repeat``,
+benchmarks/results/estimate_random_repeat.json) 0.92 and 0.88, the layer path 0.88 over the top
+20: where the probe has a later copy the evidence ranks so (it finds the induction
 circuit's heads on the later copy), elsewhere along the layer path. On the default model exact
 ablation of every head costs less than either, and the evidence uses it there.
 
@@ -53,9 +55,10 @@ from headlab.heads.effects import Ablations, Mode, ablate_heads
 from headlab.measure import Probe
 
 LAYER_STEPS = 2  # points on each layer's path: the clean run and half way (more do worse)
-CHECK = 60  # heads of each ranking ablated exactly (SmolLM2: 20 give ρ 0.92 over the top 20)
+CHECK = 60  # heads of each ranking ablated exactly (SmolLM2, repeat: 20 give ρ 0.92, top 20)
 # … of each of two rankings by size, every token and a later copy, by the plain estimate
-# (SmolLM2: about 66 heads in all, ρ 1.00 over the top 20; 10 each, 18 heads: 0.91)
+# (SmolLM2 on the repeat probe: about 66 heads in all, ρ 1.00 over the top 20; 10 each, 18
+# heads: 0.91; on random tokens repeated, 45 heads: 0.88)
 CHECK_SIZE = 40
 
 
