@@ -691,3 +691,20 @@ def test_switching_heads_off_equals_the_librarys(
         assert pg.errors == []
     finally:
         pg.context.close()
+
+
+def test_the_calculators_models_are_named_as_this_pages(page) -> None:
+    """The shape calculator's preset menu names the model this page runs as the page's (it said
+    "models on this server", which a static site has none of); any other model the server
+    listed at build time is named as `headlab serve`'s."""
+    page.wait_for_selector("#shapes-preset optgroup[label*='on this page']", state="attached")
+    groups = page.eval_on_selector_all(
+        "#shapes-preset optgroup",
+        "gs => gs.map((g) => [g.label, [...g.children].map((o) => o.value)])",
+    )
+    labels = [label for label, _ in groups]
+    assert not any("server" in label for label in labels), labels
+    here = [values for label, values in groups if "on this page" in label]
+    assert here == [["model:default"]], groups
+    others = [values for label, values in groups if "`headlab serve`" in label]
+    assert all("model:default" not in values for values in others), groups

@@ -7,6 +7,7 @@ import { barChart, BAR_WIDTH } from "./bars.js";
 import { figure } from "./export.js";
 import { layerDiagram } from "./layer-diagram.js";
 import { kvFigures } from "./kv-figures.js";
+import { hostIsStatic, hostRuns } from "./host.js";
 
 const FIELDS = [
   ["d_model", "d_model (width)", 512],
@@ -225,14 +226,19 @@ export function initShapes(root, presetsAsked) {
     presets = { ...presets, ...all };
     preset.append(h("optgroup", { label: "published models" }, Object.entries(all).map(([name, p]) => h("option", { value: name }, p.title || name))));
   }).catch(() => {});
-  // the models this server runs: their sizes read from each model's config
+  // the models this host runs: their sizes read from each model's config (a static copy of the
+  // page runs its manifest's models in the browser; the server's others are named apart)
   api("/api/models/sizes").then((sizes) => {
-    const mine = Object.entries(sizes);
-    if (!mine.length) return;
-    for (const [name, z] of mine) presets[`model:${name}`] = { ...z, title: name };
+    const all = Object.entries(sizes);
+    if (!all.length) return;
+    for (const [name, z] of all) presets[`model:${name}`] = { ...z, title: name };
     const kvText = (z) => (z.n_kv_heads && z.n_kv_heads < z.n_heads ? `, h_kv ${z.n_kv_heads}` : "");
-    preset.append(h("optgroup", { label: "models on this server (their own sizes)" }, mine.map(([name, z]) => h("option", { value: `model:${name}`, title: `${z.n_layers} layers${z.d_k ? `, heads ${z.d_k} wide` : ""}` },
-      `${name}: d_model ${z.d_model}, h ${z.n_heads}${kvText(z)}`))));
+    const group = (label, models) => (models.length ? h("optgroup", { label }, models.map(([name, z]) => h("option", { value: `model:${name}`, title: `${z.n_layers} layers${z.d_k ? `, heads ${z.d_k} wide` : ""}` },
+      `${name}: d_model ${z.d_model}, h ${z.n_heads}${kvText(z)}`))) : null);
+    if (!hostIsStatic()) { preset.append(group("models on this server (their own sizes)", all)); return; }
+    const here = all.filter(([name]) => hostRuns("models", name));
+    const there = all.filter(([name]) => !hostRuns("models", name));
+    preset.append(...[group("models on this page (their own sizes)", here), group("models `headlab serve` runs (their own sizes)", there)].filter(Boolean));
   }).catch(() => {});
   api("/api/shapes/limits").then((got) => { limits = got; applyLimits(form, got); }).catch(() => {}).finally(update);
   return { update, form, layer };
