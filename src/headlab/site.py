@@ -21,6 +21,12 @@ looked up by ``offline/words.js``). So the browser draws and scores the numbers 
 computes, not a re-implementation of them. The same graph with random weights, one per
 :data:`headlab.heads.baselines.BASELINE_SEEDS`, gives the floors that gate the labels.
 
+The switch-off panel runs a second graph, :class:`headlab.heads.switch.SwitchGraph` exported
+the same way (:func:`export_switch`): the model run intact and with the heads a mask marks
+switched off (by their mean over the text, taken from the intact run, or by zeros), giving the
+next-token predictions, losses, patterns and induction scores that
+:func:`headlab.heads.switch.switch_off` gives.
+
 What JavaScript keeps (``offline/labels.js``): the labelling rule's glue over those scores,
 the floors' mean + K_SD · sd, the tiers of :func:`headlab.heads.labels.decide`, the best heads
 and the sinks, with every threshold and tier read from :func:`label_rules`.
@@ -168,6 +174,56 @@ def export_onnx(model: nn.Module, path: Path, seeds: tuple[int, ...] = ()) -> li
     return written
 
 
+SWITCH_FILE = "switch.onnx"  # the switch-off panel's graph, beside model.onnx
+SWITCH_INPUTS = ("tokens", "off", "mean")
+SWITCH_OUTPUTS = (
+    "top_ids",
+    "top_probs",
+    "losses",
+    "weights",
+    "induction",
+    "repeat_rows",
+    "loss",
+)
+
+
+def export_switch(model: nn.Module, path: Path) -> Path:
+    """Export :class:`headlab.heads.switch.SwitchGraph` of ``model`` (the two runs of
+    :func:`~headlab.heads.switch.switch_off`: intact, and with the heads its ``off`` input marks
+    switched off by their mean or by zeros) to ``path`` with ``torch.onnx.export(...,
+    dynamo=True)``, for any number of tokens n from 2 to the model's context; inputs
+    :data:`SWITCH_INPUTS`, outputs :data:`SWITCH_OUTPUTS`.
+
+    A graph of its own rather than more outputs of :class:`SiteGraph`: the head viewer runs
+    SiteGraph on every text, and its random-weights copies for the floors, none of which needs
+    the unembedding or a second forward; this one is fetched and run only when a reader
+    switches heads off."""
+    from headlab.heads.switch import SwitchGraph
+
+    config: Any = model.config
+    graph = SwitchGraph(model.eval()).eval()
+    n = torch.export.Dim("n", min=3, max=int(config.max_len))  # n = 2 runs too (export_onnx)
+    tokens = example_inputs(int(config.max_len))[0]
+    off = torch.zeros(int(config.n_layers), int(config.n_heads))
+    off[0, 0] = 1.0
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            graph,
+            (tokens, off, torch.tensor(1.0)),
+            input_names=list(SWITCH_INPUTS),
+            output_names=list(SWITCH_OUTPUTS),
+            dynamic_shapes={"tokens": {1: n}, "off": None, "mean": None},
+            dynamo=True,
+            optimize=False,
+            verbose=False,
+        )
+    if program is None:  # only the TorchScript exporter returns nothing
+        raise RuntimeError("torch.onnx.export(dynamo=True) returned no program")
+    program.save(str(path), external_data=False)
+    return fold_constants(path)
+
+
 def fold_constants(path: Path) -> Path:
     """``path`` rewritten by onnxruntime's basic optimisations (constant folding, redundant nodes
     removed: rewrites every execution provider runs the same): the traced graph's ~500 nodes
@@ -237,14 +293,18 @@ def site_config(model: nn.Module, tokenizer: Any) -> dict[str, Any]:
     graph's outputs and the labelling rule, read from the library."""
     from headlab.heads.scores import ScoreGraph
     from headlab.measure import REPEAT_SENTENCE, special_ids
+    from headlab.shapes.layout import attention_layout
 
     c: Any = model.config
     graph = ScoreGraph(bool(c.causal))
     return {
         "max_len": int(c.max_len),
         "causal": bool(c.causal),
+        "n_layers": int(c.n_layers),
         "n_heads": int(c.n_heads),
         "n_kv_heads": int(c.n_kv_heads or c.n_heads),
+        # what POST /api/switch-off answers beside the runs (the head layout)
+        "layout": attention_layout(c),
         "repeat_sentence": REPEAT_SENTENCE,
         "special_ids": sorted(special_ids(tokenizer)),
         "rules": label_rules(),
@@ -258,7 +318,8 @@ def site_config(model: nn.Module, tokenizer: Any) -> dict[str, Any]:
 # refuses the rest; the page offers only these (site_manifest tells it)
 SITE_MODELS = ("default",)  # the model every site runs (ADDED_MODELS: those it may add)
 SITE_PROBES = ("repeat", "text")  # the probes a text makes: the built-in sentence, or yours
-SITE_ROUTES = ("attention", "heads", "shapes")  # the POST routes answered in the browser
+# the POST routes answered in the browser
+SITE_ROUTES = ("attention", "heads", "shapes", "switch-off")
 SITE_HEADS_OPTIONS = ("floors",)  # the optional fields of POST /api/heads it honours
 MANIFEST = "static_site"  # where the stored GET /api/health answer holds site_manifest
 
@@ -428,8 +489,8 @@ def with_manifest(
 
 def fill(out: Path, dist: Path, model: nn.Module, tokenizer: Any) -> None:
     """Write the site's files into the empty folder ``out``: the page, onnxruntime-web from
-    ``dist``, the tokenizer, the model and its random copies in ONNX (the API's answers and
-    the models the site adds are written by :func:`build`)."""
+    ``dist``, the tokenizer, the model, its random copies and its switch-off graph in ONNX (the
+    API's answers and the models the site adds are written by :func:`build`)."""
     shutil.copytree(PAGE, out / "static")
     write_atomic(out / "index.html", page_html().encode("utf-8"))
     offline = out / "static" / "offline"
@@ -443,6 +504,7 @@ def fill(out: Path, dist: Path, model: nn.Module, tokenizer: Any) -> None:
     from headlab.heads.baselines import BASELINE_SEEDS
 
     export_onnx(model, offline / "model.onnx", BASELINE_SEEDS)
+    export_switch(model, offline / SWITCH_FILE)
 
 
 def add_models(offline: Path, models: tuple[str, ...]) -> None:

@@ -206,3 +206,44 @@ def test_smollm2_circuit_edges_go_around_the_heads(shown, circuit: dict, width: 
         assert str(layer) in label["text"].split(), label
         assert abs(label["centre"][axis] - by_layer[layer][0][axis]) <= 6, (layer, label)
     assert pg.errors == []
+
+
+# every text of the graph: its words and its rendered size in screen pixels (its font size in
+# the svg's units times the scale its transforms put it at)
+TYPE = """(svg) => [...svg.querySelectorAll("text")].map((t) => {
+  const m = t.getScreenCTM();
+  return [t.textContent, parseFloat(getComputedStyle(t).fontSize) * Math.hypot(m.a, m.b)];
+})"""
+
+
+@pytest.mark.parametrize("width", WIDTHS, ids=lambda w: f"{w}px")
+def test_smollm2_circuit_type_reads_at_11_px(shown, circuit: dict, width: int) -> None:
+    """Every name on SmolLM2's circuit, the heads' and the layers', is drawn at 11 px or more on
+    screen, also where the graph is shrunk to a phone's width (the heads' names were drawn at
+    9.4 px there), and each head's name stays inside its ring."""
+    pg = shown
+    pg.set_viewport_size({"width": width, "height": 900})
+    graph = pg.locator("#circuit-graph")
+    graph.scroll_into_view_if_needed()
+    pg.wait_for_function(
+        "w => { const b = document.querySelector('#circuit-graph').getBoundingClientRect();"
+        " return b.right <= w && b.width > 0; }",
+        arg=width,
+    )
+    sizes = graph.evaluate(TYPE)
+    heads = {f"{h['head'][0]}.{h['head'][1]}" for h in circuit["previous"] + circuit["induction"]}
+    assert heads <= {text for text, _ in sizes}
+    small = [(text, round(px, 2)) for text, px in sizes if px < 11 - 1e-3]
+    assert small == [], f"text under 11 px at {width} px: {small}"
+    shrunk = graph.evaluate("(svg) => svg.querySelector('[data-node] circle').getScreenCTM().a")
+    if width == 390:
+        assert shrunk < 1, "the graph is not shrunk at 390 px: nothing to check"
+    inside = graph.evaluate(
+        """(svg) => [...svg.querySelectorAll("[data-node]")].map((g) => {
+          const t = g.querySelector("text").getBoundingClientRect();
+          const c = g.querySelector("circle").getBoundingClientRect();
+          return [g.dataset.node, t.left >= c.left && t.right <= c.right];
+        })"""
+    )
+    assert [name for name, ok in inside if not ok] == []
+    assert pg.errors == []

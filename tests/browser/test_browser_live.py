@@ -141,7 +141,7 @@ def test_train_draws_the_phase_change_and_the_circuit_and_ends_with_the_librarys
             float(ln.get_attribute("data-k")),
             ln.get_attribute("data-confirmed"),
         )
-        for ln in graph.locator("line[data-edge]").all()
+        for ln in graph.locator("[data-edge]").all()
     }
     assert_final_circuit(drawn, threads, induction_quick)
     errors = list(page.errors)
@@ -165,13 +165,13 @@ def watch_circuit(page) -> None:
         if step != steps[-1]:
             steps.append(step)
             floor = float(graph.get_attribute("data-floor"))
-            ks = graph.locator("line[data-edge]").evaluate_all("ls => ls.map(l => l.dataset.k)")
+            ks = graph.locator("[data-edge]").evaluate_all("ls => ls.map(l => l.dataset.k)")
             assert all(float(k) >= floor for k in ks), (ks, floor)
             if page.locator("#live-heads").count():
                 assert graph.locator("[data-node]").count() == 2 * int(
                     page.input_value("#live-heads")
                 )
-            assert graph.locator('line[data-confirmed="true"]').count() == 0
+            assert graph.locator('[data-confirmed="true"]').count() == 0
         page.wait_for_timeout(200)
     assert steps == sorted(steps)
 

@@ -468,7 +468,6 @@ def test_from_a_file_it_says_to_serve_the_folder(browser, site: Path) -> None:
 # the controls of what the static site cannot run, each with the line that says so instead
 SERVER_ONLY = {
     "live/induction": ("#live-form, #live-train", "#live-host-note"),
-    "switch-off": ("#switch-run, #switch-heads", "#switch-host-note"),
     "retrieval/needle": ("#needle-run, #needle-depth", "#needle-host-note"),
     "circuit": ("#heads-evidence", None),  # the evidence (the circuit with it): the note names it
 }
@@ -596,3 +595,116 @@ def test_no_answer_shown_belongs_to_another_input(
         assert pg.errors == []
     finally:
         pg.context.close()
+
+
+# a sentence only this test types, and the heads it switches off in each mode
+SWITCH_SENTENCE = "The green lantern swung at dusk; the green lantern swung at dawn."
+SWITCH_SETS = {"mean": [(0, 2), (0, 5), (1, 1)], "zero": [(0, 0), (0, 7), (1, 4), (1, 6)]}
+# records each answer the panel gets from the site's in-browser API (it is no network response)
+RECORD_SWITCH = """() => { const f = window.fetch; window.switched = [];
+    window.fetch = async (input, init) => { const r = await f(input, init);
+      if (String(input).startsWith("/api/switch-off")) window.switched.push(await r.clone().json());
+      return r; }; }"""
+
+
+def _near(got: object, want: torch.Tensor) -> float:
+    return float((torch.tensor(got, dtype=torch.float64) - want.double()).abs().max())
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_switching_heads_off_equals_the_librarys(
+    browser, origin: str, tmp_path: Path, width: int
+) -> None:
+    """The switch-off panel runs in the static site (it once only said it needs the server):
+    on a typed sentence, a set of heads switched off by their mean and another zeroed give
+    the answer headlab.heads.switch.switch_off gives in PyTorch within 1e-4: every position's
+    five likeliest next tokens and their probabilities, every loss and the means on the repeat
+    and on every position, every head's pattern and induction score. The panel shows those
+    numbers: the loss lines, each position's likeliest guess, the two heatmaps' data."""
+    from headlab import zoo
+    from headlab.heads.switch import switch_off
+    from headlab.measure import text_probe
+
+    model, tokenizer = zoo.load("default")
+    probe = text_probe(tokenizer, SWITCH_SENTENCE, model.config.max_len)
+    pg = open_site(browser, origin, width)
+    try:
+        run_sentence(pg, SWITCH_SENTENCE)
+        expect(pg.locator("#switch-host-note")).to_have_count(0)
+        pg.locator("#switch-box").scroll_into_view_if_needed()
+        pg.evaluate(RECORD_SWITCH)
+        for mode, heads in SWITCH_SETS.items():
+            pg.click("#switch-clear")
+            for layer, head in heads:
+                pg.click(f'#switch-heads button[data-off="{layer}.{head}"]')
+            pg.check(f"#switch-mode-{mode}")
+            pg.click("#switch-run")
+            names = ", ".join(f"{l}.{i}" for l, i in heads)
+            expect(pg.locator("#switch-summary")).to_contain_text(
+                f"with {names} switched off", timeout=60_000
+            )
+            answer = pg.evaluate("() => window.switched.at(-1)")
+            want = switch_off(model, probe, heads, mode)
+            assert answer["mode"] == mode and answer["off"] == [list(p) for p in heads]
+            assert answer["tokens"] == tokenizer.token_strings(probe.tokens[0].tolist())
+            for key, loss in want.losses().items():
+                assert loss is not None, key
+                got = answer["loss"][key]
+                assert got["rows"] == loss["rows"], key
+                for part in ("intact", "off", "rise"):
+                    assert abs(got[part] - loss[part]) < 1e-4, (mode, key, part)
+                row = pg.locator(f'#switch-loss [data-loss="{key}"]')
+                shown = [row.locator(f'[data-run="{r}"]').inner_text() for r in ("intact", "off")]
+                assert shown == [f"{got['intact']:.2f}", f"{got['off']:.2f}"]
+            for name, run in (("intact", want.intact), ("switched_off", want.off)):
+                got = answer[name]
+                ids = [[p["id"] for p in row] for row in got["predictions"]]
+                assert ids == run.top_ids[0].tolist(), (mode, name)
+                probs = [[p["p"] for p in row] for row in got["predictions"]]
+                assert _near(probs, run.top_probs[0]) < 1e-4, (mode, name)
+                tokens = [[p["token"] for p in row] for row in got["predictions"]]
+                assert tokens == [tokenizer.token_strings(row) for row in ids]
+                assert _near(got["losses"], run.losses[0]) < 1e-4, (mode, name)
+                assert _near(got["weights"], run.weights[:, 0]) < 1e-4, (mode, name)
+                assert _near(got["induction"], run.induction) < 1e-4, (mode, name)
+            rows = pg.locator("#switch-predictions tbody tr")
+            assert rows.count() == probe.n
+            for i in (0, probe.n // 2, probe.n - 1):
+                cells = rows.nth(i).locator("td").all_inner_texts()
+                guesses = [
+                    f'"{tokenizer.token_strings([int(r.top_ids[0, i, 0])])[0]}"'
+                    for r in (want.intact, want.off)
+                ]
+                assert [c.split('" ')[0] + '"' for c in cells[3:]] == guesses, i
+            layer, head = map(int, pg.input_value("#switch-head").split("."))
+            for side, run in (("intact", want.intact), ("off", want.off)):
+                fig = pg.locator(
+                    f'#switch-patterns figure[data-figure="switch-{layer}-{head}-{side}"]'
+                )
+                with pg.expect_download() as info:
+                    fig.locator('button[data-export="json"]').click()
+                path = tmp_path / f"{mode}-{side}.json"
+                info.value.save_as(path)
+                drawn = json.loads(path.read_text())["weights"]
+                assert _near(drawn, run.weights[layer, 0, head]) < 1e-4, (mode, side)
+        assert pg.evaluate("document.documentElement.scrollWidth") <= width
+        assert pg.errors == []
+    finally:
+        pg.context.close()
+
+
+def test_the_calculators_models_are_named_as_this_pages(page) -> None:
+    """The shape calculator's preset menu names the model this page runs as the page's (it said
+    "models on this server", which a static site has none of); any other model the server
+    listed at build time is named as `headlab serve`'s."""
+    page.wait_for_selector("#shapes-preset optgroup[label*='on this page']", state="attached")
+    groups = page.eval_on_selector_all(
+        "#shapes-preset optgroup",
+        "gs => gs.map((g) => [g.label, [...g.children].map((o) => o.value)])",
+    )
+    labels = [label for label, _ in groups]
+    assert not any("server" in label for label in labels), labels
+    here = [values for label, values in groups if "on this page" in label]
+    assert here == [["model:default"]], groups
+    others = [values for label, values in groups if "`headlab serve`" in label]
+    assert all("model:default" not in values for values in others), groups

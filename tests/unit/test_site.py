@@ -179,7 +179,7 @@ def test_the_manifest_lists_what_the_site_runs_and_names_the_rest() -> None:
         "averaged"
     ]
     assert "syntactic" not in runs["head_types"] and "induction" in runs["head_types"]
-    assert runs["routes"] == ["attention", "heads", "shapes"]
+    assert runs["routes"] == ["attention", "heads", "shapes", "switch-off"]
     note = runs["note"]
     assert "`headlab serve`" in note and "\n" not in note
     left = [name for name in listed_models if name not in runs["models"]]

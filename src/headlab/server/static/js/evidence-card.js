@@ -121,9 +121,12 @@ export function circuitGraph(circuit, { width = CIRCUIT_WIDTH, title = "" } = {}
     const spot = top + at * plan.scale;
     svg.append(plan.rows ? named(layer, MARGIN, spot + 4, "start", String(layer)) : named(layer, plan.left + at * plan.scale, top - 10, "middle", `layer ${layer}`));
   }
-  // the graph in its own units, shrunk as a whole (rings, names and edges alike) only where
-  // even the tightest spacing is wider than the figure
+  // the graph in its own units, shrunk as a whole (rings and edges alike) only where even the
+  // tightest spacing is wider than the figure; the heads' names are drawn larger by as much, so
+  // that they read at 11 px still (a name of up to 4 characters stays inside its ring down to a
+  // scale of about 3/4: SmolLM2's 14 heads on a phone's 390 px are drawn at 0.86)
   const graph = s("g", { transform: `translate(${plan.left} ${top})${plan.scale < 1 ? ` scale(${plan.scale.toFixed(4)})` : ""}` });
+  const nameSize = Math.ceil(11000 / plan.scale) / 1000;  // rounded up: never under 11 px
   for (const e of edges) {
     const route = plan.routes.get(`${name(e.from)}-${name(e.to)}`);
     if (route) graph.append(edgePath(e, route, floor, span));
@@ -133,7 +136,7 @@ export function circuitGraph(circuit, { width = CIRCUIT_WIDTH, title = "" } = {}
     graph.append(s("g", { "data-node": name(n.head), "data-kind": n.kind },
       s("title", {}, `head ${name(n.head)}: ${n.kind === "previous" ? "previous-token" : "induction"} score ${num(n.score)}`),
       s("circle", { cx, cy, r: R, fill: "#ffffff", stroke: n.kind === "previous" ? "#E69F00" : "#009E73", "stroke-width": 3 }),
-      s("text", { x: cx, y: cy + 4, "text-anchor": "middle", "font-size": 11, fill: "#1d2330", text: name(n.head) })));
+      s("text", { x: cx, y: cy + (4 * nameSize) / 11, "text-anchor": "middle", "font-size": nameSize, fill: "#1d2330", text: name(n.head) })));
   }
   svg.append(graph);
   return svg;

@@ -18,3 +18,9 @@ export function hostRuns(kind, name) {
 export function hostNote() {
   return site?.note ?? "";
 }
+
+// Whether the page is a static copy (`headlab static`), which runs the models of its manifest in
+// the reader's browser, rather than served by `headlab serve`.
+export function hostIsStatic() {
+  return site !== null;
+}
