@@ -11,8 +11,11 @@ and against exact ablation of every head, both measured in the same run (the est
 exact ablation once each), its probe passes (forwards of the probe in whole-model equivalents,
 each copy of the probe counted, backwards not) and how many heads it ablated exactly.
 
+Every figure is of one probe (``--probe``, default the repeat probe: the built-in sentence with
+a repeat, 128 tokens at most; ``random-repeat``: random tokens repeated), and each row names it.
+
 Run: ``nice -n 10 python benchmarks/bench_estimate.py [--models default smollm2] [--steps 1 2 4 8]
-[--layer-steps 2 3] [--check 60] [--threads 1]``; results go to
+[--layer-steps 2 3] [--check 60] [--probe repeat] [--threads 1]``; results go to
 benchmarks/results/estimate.json (``--json``).
 """
 
@@ -63,6 +66,7 @@ def forward_seconds(model: Any, tokens: torch.Tensor, rounds: int) -> float:
 
 def row(
     name: str,
+    probe: str,
     what: str,
     exact: torch.Tensor,
     est: torch.Tensor,
@@ -75,6 +79,7 @@ def row(
     checked = getattr(at, "exact", None)
     return {
         "model": name,
+        "probe": probe,
         "method": what,
         "steps": getattr(at, "steps", None),
         "rho_all": agreement(exact, est),
@@ -102,19 +107,21 @@ def measure(
     checks: list[int],
     plain_checks: list[int],
     rounds: int,
+    probe_name: str = "repeat",
 ) -> list[dict[str, Any]]:
     """One row for exact ablation of every head, one per k on each head's own path
     (``steps``), per k on each layer's path (``layer_steps``) and per number of heads the
     two-stage estimate checks exactly (``checks``; ``plain_checks`` with plain attribution
     patching ranking every head by the size of its estimated effect on the loss over every
-    token and over a later copy's tokens), on ``name``'s repeat probe."""
+    token and over a later copy's tokens), on ``name``'s probe ``probe_name``."""
     model, tok = zoo.load(name)
-    probe = build_probe("repeat", tok, min(model.config.max_len, 128), model.config.vocab_size)
+    limit = min(model.config.max_len, 128)
+    probe = build_probe(probe_name, tok, limit, model.config.vocab_size)
     rows = loss_rows(probe, True)["any"]
     forward = forward_seconds(model, probe.tokens, rounds)
     exact_run, exact_s = timed(lambda: ablate_heads(model, probe))
     exact = exact_run.loss_effect(rows)
-    out = [row(name, "exact", exact, exact, exact_s, forward, exact_s, exact_run)]
+    out = [row(name, probe_name, "exact", exact, exact, exact_s, forward, exact_s, exact_run)]
     runs = [
         (
             f"estimate, {k} step(s) per head",
@@ -146,12 +153,13 @@ def measure(
     ]
     for what, run in runs:
         at, seconds = timed(run)
-        out.append(row(name, what, exact, at.loss_effect(rows), seconds, forward, exact_s, at))
-    return out + in_evidence(name, model, probe, exact, forward)
+        effect = at.loss_effect(rows)
+        out.append(row(name, probe_name, what, exact, effect, seconds, forward, exact_s, at))
+    return out + in_evidence(name, probe_name, model, probe, exact, forward)
 
 
 def in_evidence(
-    name: str, model: Any, probe: Any, exact: torch.Tensor, forward: float
+    name: str, probe_name: str, model: Any, probe: Any, exact: torch.Tensor, forward: float
 ) -> list[dict[str, Any]]:
     """The evidence's ablation stage (headlab.heads.evidence.measure_ablations) both ways, with
     every quantity the evidence asks about (the loss over each row set of ``loss_rows``, the
@@ -170,6 +178,7 @@ def in_evidence(
     return [
         row(
             name,
+            probe_name,
             "evidence's ablations, every head exact",
             exact,
             every.loss_effect(rows["any"]),
@@ -180,6 +189,7 @@ def in_evidence(
         ),
         row(
             name,
+            probe_name,
             "evidence's ablations, as its default chooses",
             exact,
             two.loss_effect(rows["any"]),
@@ -217,6 +227,12 @@ def main() -> int:
             "by size on every token and a later copy"
         ),
     )
+    parser.add_argument(
+        "--probe",
+        choices=["repeat", "random-repeat"],
+        default="repeat",
+        help="the probe every figure is measured on",
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=count(), default=7, help="rounds of the forward")
     parser.add_argument("--json", default=path_for("estimate"), help="where the results go")
@@ -227,7 +243,13 @@ def main() -> int:
     for name in args.models:
         try:
             results += measure(
-                name, args.steps, args.layer_steps, args.check, args.plain_check, args.rounds
+                name,
+                args.steps,
+                args.layer_steps,
+                args.check,
+                args.plain_check,
+                args.rounds,
+                args.probe,
             )
         except (ImportError, zoo.ModelNotAvailable) as exc:
             print(f"skipped {name}: not available here ({exc})")
@@ -236,6 +258,7 @@ def main() -> int:
         rows.append(
             [
                 r["model"],
+                r["probe"],
                 r["method"],
                 f"{r['rho_all']:.2f}",
                 f"{r['rho_top20']:.2f}",
@@ -252,6 +275,7 @@ def main() -> int:
     print(f"load average (1, 5, 15 min): {start} at the start, {end} at the end")
     columns = [
         "model",
+        "probe",
         "what",
         "ρ all heads",
         "ρ top 20",

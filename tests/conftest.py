@@ -71,6 +71,9 @@ def _threads_per_worker() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as env:
         if workers > 1 and not os.environ.get("HEADLAB_LIVE_THREADS"):
             env.setenv("HEADLAB_LIVE_THREADS", str(share))
+        # `headlab serve` run by a test warms no model in the background (server/warm.py):
+        # it would load every available model and compute its floors behind other tests
+        env.setenv("HEADLAB_WARM", "0")
         yield
     torch.set_num_threads(before)
 

@@ -21,6 +21,12 @@ looked up by ``offline/words.js``). So the browser draws and scores the numbers 
 computes, not a re-implementation of them. The same graph with random weights, one per
 :data:`headlab.heads.baselines.BASELINE_SEEDS`, gives the floors that gate the labels.
 
+The switch-off panel runs a second graph, :class:`headlab.heads.switch.SwitchGraph` exported
+the same way (:func:`export_switch`): the model run intact and with the heads a mask marks
+switched off (by their mean over the text, taken from the intact run, or by zeros), giving the
+next-token predictions, losses, patterns and induction scores that
+:func:`headlab.heads.switch.switch_off` gives.
+
 What JavaScript keeps (``offline/labels.js``): the labelling rule's glue over those scores,
 the floors' mean + K_SD · sd, the tiers of :func:`headlab.heads.labels.decide`, the best heads
 and the sinks, with every threshold and tier read from :func:`label_rules`.
@@ -161,6 +167,56 @@ def export_onnx(model: nn.Module, path: Path, seeds: tuple[int, ...] = ()) -> li
     return written
 
 
+SWITCH_FILE = "switch.onnx"  # the switch-off panel's graph, beside model.onnx
+SWITCH_INPUTS = ("tokens", "off", "mean")
+SWITCH_OUTPUTS = (
+    "top_ids",
+    "top_probs",
+    "losses",
+    "weights",
+    "induction",
+    "repeat_rows",
+    "loss",
+)
+
+
+def export_switch(model: nn.Module, path: Path) -> Path:
+    """Export :class:`headlab.heads.switch.SwitchGraph` of ``model`` (the two runs of
+    :func:`~headlab.heads.switch.switch_off`: intact, and with the heads its ``off`` input marks
+    switched off by their mean or by zeros) to ``path`` with ``torch.onnx.export(...,
+    dynamo=True)``, for any number of tokens n from 2 to the model's context; inputs
+    :data:`SWITCH_INPUTS`, outputs :data:`SWITCH_OUTPUTS`.
+
+    A graph of its own rather than more outputs of :class:`SiteGraph`: the head viewer runs
+    SiteGraph on every text, and its random-weights copies for the floors, none of which needs
+    the unembedding or a second forward; this one is fetched and run only when a reader
+    switches heads off."""
+    from headlab.heads.switch import SwitchGraph
+
+    config: Any = model.config
+    graph = SwitchGraph(model.eval()).eval()
+    n = torch.export.Dim("n", min=3, max=int(config.max_len))  # n = 2 runs too (export_onnx)
+    tokens = example_inputs(int(config.max_len))[0]
+    off = torch.zeros(int(config.n_layers), int(config.n_heads))
+    off[0, 0] = 1.0
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            graph,
+            (tokens, off, torch.tensor(1.0)),
+            input_names=list(SWITCH_INPUTS),
+            output_names=list(SWITCH_OUTPUTS),
+            dynamic_shapes={"tokens": {1: n}, "off": None, "mean": None},
+            dynamo=True,
+            optimize=False,
+            verbose=False,
+        )
+    if program is None:  # only the TorchScript exporter returns nothing
+        raise RuntimeError("torch.onnx.export(dynamo=True) returned no program")
+    program.save(str(path), external_data=False)
+    return fold_constants(path)
+
+
 def fold_constants(path: Path) -> Path:
     """``path`` rewritten by onnxruntime's basic optimisations (constant folding, redundant nodes
     removed: rewrites every execution provider runs the same): the traced graph's ~500 nodes
@@ -230,14 +286,18 @@ def site_config(model: nn.Module, tokenizer: Any) -> dict[str, Any]:
     graph's outputs and the labelling rule, read from the library."""
     from headlab.heads.scores import ScoreGraph
     from headlab.measure import REPEAT_SENTENCE, special_ids
+    from headlab.shapes.layout import attention_layout
 
     c: Any = model.config
     graph = ScoreGraph(bool(c.causal))
     return {
         "max_len": int(c.max_len),
         "causal": bool(c.causal),
+        "n_layers": int(c.n_layers),
         "n_heads": int(c.n_heads),
         "n_kv_heads": int(c.n_kv_heads or c.n_heads),
+        # what POST /api/switch-off answers beside the runs (the head layout)
+        "layout": attention_layout(c),
         "repeat_sentence": REPEAT_SENTENCE,
         "special_ids": sorted(special_ids(tokenizer)),
         "rules": label_rules(),
@@ -245,6 +305,72 @@ def site_config(model: nn.Module, tokenizer: Any) -> dict[str, Any]:
         "score_names": list(graph.score_names),
         "rest_names": list(graph.rest_names),
     }
+
+
+# What the browser runs: offline/offline-api.js answers these, from the site's own files, and
+# refuses the rest; the page offers only these (site_manifest tells it)
+SITE_MODELS = ("default",)  # the one model exported to ONNX
+SITE_PROBES = ("repeat", "text")  # the probes a text makes: the built-in sentence, or yours
+# the POST routes answered in the browser
+SITE_ROUTES = ("attention", "heads", "shapes", "switch-off")
+SITE_HEADS_OPTIONS = ("floors",)  # the optional fields of POST /api/heads it honours
+MANIFEST = "static_site"  # where the stored GET /api/health answer holds site_manifest
+
+
+def site_manifest(model: nn.Module, answers: dict[str, Any]) -> dict[str, Any]:
+    """What this static site runs, stored in its GET /api/health answer under :data:`MANIFEST`:
+    the page's menus offer these and nothing else, and ``offline-api.js`` refuses anything else.
+    The server's own answers (``answers``, :func:`headlab.server.stored.page_answers`) say what
+    else there is; ``note`` names it in one line and says it needs ``headlab serve``. A page
+    served by ``headlab serve`` finds no :data:`MANIFEST` and offers everything.
+
+    The head types are those whose best head the exported graph scores
+    (:data:`headlab.heads.labels.BEST_TYPES`, by :class:`~headlab.heads.scores.ScoreGraph`'s
+    score names), and each layer's averaged head, which the graph also gives."""
+    from headlab.heads.labels import BEST_TYPES
+    from headlab.heads.scores import ScoreGraph
+
+    scored = set(ScoreGraph(bool(model.config.causal)).score_names)  # type: ignore[union-attr]
+    types = [kind for kind, score in BEST_TYPES.items() if score in scored] + ["averaged"]
+    models = [m["name"] for m in answers.get("api/models.json", [])]
+    probes = {p["name"]: p["description"] for p in answers.get("api/probes.json", [])}
+    left = {
+        "models": [name for name in models if name not in SITE_MODELS],
+        # as the page's menu names a probe: its description up to the first parenthesis
+        "probes": [d.split(" (")[0] for name, d in probes.items() if name not in SITE_PROBES],
+        "head_types": [kind for kind in BEST_TYPES if kind not in types],
+    }
+    return {
+        "models": list(SITE_MODELS),
+        "probes": list(SITE_PROBES),
+        "head_types": types,
+        "routes": list(SITE_ROUTES),
+        "heads_options": list(SITE_HEADS_OPTIONS),
+        "left_out": left,
+        "note": _left_out_note(left),
+    }
+
+
+def _listed(words: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return " and ".join([", ".join(words[:-1]), words[-1]] if len(words) > 1 else words)
+
+
+def _left_out_note(left: dict[str, list[str]]) -> str:
+    """The head viewer's one line on what this site leaves out, and what runs it."""
+    parts = []
+    if left["models"]:
+        parts.append(f"other models ({', '.join(left['models'])})")
+    if left["probes"]:
+        parts.append(f"other inputs ({', '.join(f'“{p}”' for p in left['probes'])})")
+    if left["head_types"]:
+        parts.append(f"{_listed(left['head_types'])} heads")
+    parts.append("the evidence behind each label")
+    said = _listed(parts)
+    return (
+        f"{said[0].upper()}{said[1:]} need `headlab serve`: this static site runs the default "
+        "model in your browser, on the built-in sentence or on your text."
+    )
 
 
 def label_rules() -> dict[str, Any]:
@@ -320,7 +446,7 @@ def build(
     remove_leftovers(target.parent, of=target.name)  # of a build killed before this one
     with new_folder(target) as tmp:
         fill(tmp, dist, model, tokenizer)
-        routes = write_answers(tmp, answers())
+        routes = write_answers(tmp, with_manifest(answers(), model))
         files = [p for p in tmp.rglob("*") if p.is_file()]
         written = {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
         write_atomic(tmp / MARKER, json_text({"written_by": WRITTEN_BY, "version": __version__}))
@@ -330,10 +456,19 @@ def build(
     return {**written, "routes": routes}
 
 
+def with_manifest(answers: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+    """The stored answers with :func:`site_manifest` in the GET /api/health answer, which the
+    page reads first (the server's own health answer has no :data:`MANIFEST`)."""
+    health = answers.get("api/health.json")
+    if not isinstance(health, dict):
+        raise ValueError("the stored answers have no api/health.json to hold the site's manifest")
+    return {**answers, "api/health.json": {**health, MANIFEST: site_manifest(model, answers)}}
+
+
 def fill(out: Path, dist: Path, model: nn.Module, tokenizer: Any) -> None:
     """Write the site's files into the empty folder ``out``: the page, onnxruntime-web from
-    ``dist``, the tokenizer, the model and its random copies in ONNX (the API's answers are
-    written by :func:`build`)."""
+    ``dist``, the tokenizer, the model, its random copies and its switch-off graph in ONNX (the
+    API's answers are written by :func:`build`)."""
     shutil.copytree(PAGE, out / "static")
     write_atomic(out / "index.html", page_html().encode("utf-8"))
     offline = out / "static" / "offline"
@@ -347,6 +482,7 @@ def fill(out: Path, dist: Path, model: nn.Module, tokenizer: Any) -> None:
     from headlab.heads.baselines import BASELINE_SEEDS
 
     export_onnx(model, offline / "model.onnx", BASELINE_SEEDS)
+    export_switch(model, offline / SWITCH_FILE)
 
 
 # --- where a site may be written ---------------------------------------------------------------

@@ -69,7 +69,7 @@ def test_circuit_graph_draws_the_circuit_the_library_finds(shown, circuit_oracle
         if e["above_baseline"]
     }
     assert want, "the oracle found no edge: nothing to compare"
-    lines = pg.locator("#circuit-graph line[data-edge]")
+    lines = pg.locator("#circuit-graph [data-edge]")
     got = {
         (ln.get_attribute("data-edge"), ln.get_attribute("data-confirmed") == "true")
         for ln in lines.all()

@@ -1,7 +1,8 @@
-"""The KV-cache figures of the shape calculator and the head grid's local/global marks, in the
-session's headless Chromium: numbers against ``headlab shapes --json`` and the positions a real
-:class:`headlab.model.streaming.SinkCache` keeps; axe finds nothing serious; screenshots at 1280
-and 390 px go to $HEADLAB_SCREENSHOTS when it is set (for checking by eye)."""
+"""The KV-cache figures of the shape calculator, folded in §2 until a reader opens them, and the
+head grid's local/global marks, in the session's headless Chromium: numbers against ``headlab
+shapes --json`` and the positions a real :class:`headlab.model.streaming.SinkCache` keeps; axe
+finds nothing serious; screenshots at 1280 and 390 px go to $HEADLAB_SCREENSHOTS when it is set
+(for checking by eye)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def page(browser, server: str) -> Iterator[object]:
+    """The page with §2's KV-cache fold opened, as a reader opens it."""
     require(available_model() is not None, "no model available for the page")
     context, pg = watched_page(browser)
     pg.goto(server + "/")
     pg.wait_for_selector("#shapes-table")
+    pg.click("#shapes-kv-fold > summary")
     yield pg
     context.close()
 
@@ -161,3 +164,68 @@ def test_gemma3_head_grid_marks_local_and_global_layers(page) -> None:
     if folder:
         page.locator("#heads-grid").screenshot(path=str(Path(folder) / "gemma3-grid-1280.png"))
     assert page.errors == []
+
+
+# what §2 shows of the KV cache only once its fold is opened
+KV_PARTS = ("#shapes-kv", "#shapes-cache_len", "#kv-figures", "#kv-heads-table", "#kv-policies")
+
+
+def shown_in_section_two(pg) -> str:
+    """§2's visible text but the layer's code, whose forward takes a cache argument."""
+    text = str(pg.locator("section#shapes").inner_text())
+    for code in pg.locator("section#shapes pre").all():
+        text = text.replace(code.inner_text(), "")
+    return text
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_section_two_folds_the_kv_cache_until_it_is_opened(
+    browser, server: str, width: int
+) -> None:
+    """§2 open shows the layer and its shapes only: no word of the KV cache, no figure or size of
+    it is visible, but one closed fold whose summary says what it holds and that §9 explains it.
+    Opened, it shows the cache's bytes, the tokens-already-cached size (which still reaches the
+    calculator), both figures drawn to the screen's width and the link that opens §9's fold;
+    §9's link back opens this fold."""
+    require(available_model() is not None, "no model available for the page")
+    context, pg = watched_page(browser, width)
+    try:
+        pg.goto(server + "/")
+        pg.wait_for_selector("#shapes-table")
+        fold = pg.locator("#shapes-kv-fold")
+        expect(fold).not_to_have_attribute("open", "")
+        summary = fold.locator("summary").inner_text()
+        assert "KV cache" in summary and "§9" in summary, summary
+        seen = shown_in_section_two(pg).replace(summary, "")
+        assert "KV" not in seen and "cache" not in seen.lower(), seen
+        for part in KV_PARTS:
+            expect(pg.locator(part).first).to_be_hidden()
+
+        pg.click("#shapes-kv-fold > summary")
+        expect(fold).to_have_attribute("open", "")
+        for part in KV_PARTS:
+            expect(pg.locator(part).first).to_be_visible()
+        expect(pg.locator("#shapes-kv")).to_contain_text("KV cache for B·s tokens")
+        assert "KV cache" in shown_in_section_two(pg).replace(summary, "")
+        pg.wait_for_function(
+            "() => [...document.querySelectorAll('#kv-figures svg')].every((s) => "
+            "s.getBoundingClientRect().width > 0 && "
+            "s.getBoundingClientRect().right <= document.documentElement.clientWidth + 1)"
+        )
+        with pg.expect_response(lambda r: r.url.endswith("/api/shapes")) as info:
+            pg.fill("#shapes-cache_len", "5")
+        assert info.value.request.post_data_json["cache_len"] == 5
+        expect(pg.locator('#shapes-table tr[data-stage="k_all"]')).to_have_count(1)
+
+        pg.evaluate(
+            "document.querySelectorAll('#caveats details').forEach((d) => { d.open = false; })"
+        )
+        pg.locator("#kv-figures a[href='#kv-cache']:not(.term)").click()
+        expect(pg.locator("#kv-fold")).to_have_attribute("open", "")
+        pg.evaluate("() => { document.getElementById('shapes-kv-fold').open = false; }")
+        pg.locator("#kv-fold a[href='#shapes-kv-fold']").click()
+        expect(fold).to_have_attribute("open", "")
+        assert pg.evaluate("document.documentElement.scrollWidth") <= width
+        assert pg.errors == []
+    finally:
+        context.close()

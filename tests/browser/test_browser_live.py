@@ -141,7 +141,7 @@ def test_train_draws_the_phase_change_and_the_circuit_and_ends_with_the_librarys
             float(ln.get_attribute("data-k")),
             ln.get_attribute("data-confirmed"),
         )
-        for ln in graph.locator("line[data-edge]").all()
+        for ln in graph.locator("[data-edge]").all()
     }
     assert_final_circuit(drawn, threads, induction_quick)
     errors = list(page.errors)
@@ -165,13 +165,13 @@ def watch_circuit(page) -> None:
         if step != steps[-1]:
             steps.append(step)
             floor = float(graph.get_attribute("data-floor"))
-            ks = graph.locator("line[data-edge]").evaluate_all("ls => ls.map(l => l.dataset.k)")
+            ks = graph.locator("[data-edge]").evaluate_all("ls => ls.map(l => l.dataset.k)")
             assert all(float(k) >= floor for k in ks), (ks, floor)
             if page.locator("#live-heads").count():
                 assert graph.locator("[data-node]").count() == 2 * int(
                     page.input_value("#live-heads")
                 )
-            assert graph.locator('line[data-confirmed="true"]').count() == 0
+            assert graph.locator('[data-confirmed="true"]').count() == 0
         page.wait_for_timeout(200)
     assert steps == sorted(steps)
 
@@ -195,6 +195,56 @@ def test_bad_knob_and_cancel_from_the_page(live_page) -> None:
     expect(page.locator("#live-train")).to_be_enabled()
     # the one error is the browser's own log line for the refused request
     assert [e for e in page.errors if "status of 422" not in e] == []
+
+
+# every text of the svgs under a selector: the box it is in, its words, and its rendered size in
+# CSS px: its computed font size times the scale its svg is drawn at (drawn width / viewBox width)
+RENDERED = """sel => [...document.querySelectorAll(sel)].flatMap(box => [...box.querySelectorAll(
+  'svg text')].filter(t => t.getBoundingClientRect().width).map(t => {
+    const svg = t.ownerSVGElement, view = svg.viewBox.baseVal;
+    const scale = view && view.width ? svg.getBoundingClientRect().width / view.width : 1;
+    const px = parseFloat(getComputedStyle(t).fontSize) * scale;
+    return [box.id || box.dataset.figure, t.textContent, Math.round(px * 10) / 10]; }))"""
+LEGIBLE = 11  # CSS px
+
+
+@pytest.mark.parametrize("width", [1280, PHONE])
+def test_the_training_charts_read_at_any_width(browser, server: str, width: int) -> None:
+    """The live training charts and the stored run's phase-change charts, on a desktop and a
+    phone: every axis, tick and title is drawn at 11 CSS px or more once the svg is scaled to
+    its box (the live charts were drawn 640 wide and shrunk on a phone to 6 px type), and no
+    chart is wider than the screen. A setting changed after the run started marks the charts
+    as that run's, not the new setting's."""
+    context, page = watched_page(browser, width)
+    try:
+        page.goto(server + "/")
+        page.wait_for_selector("#live-train")
+        stored = page.locator('[data-experiment="induction"]')
+        stored.scroll_into_view_if_needed()
+        expect(stored.locator("figure svg").first).to_be_visible(timeout=60_000)
+        stored.locator("details").evaluate_all("ds => ds.forEach(d => { d.open = true; })")
+        page.fill("#live-seed", "0")
+        page.click("#live-train")
+        wait_points(page, 3)  # the loss and score charts drawn with three evaluations
+        drawn = page.evaluate(RENDERED, "#live-losses, #live-scores")
+        drawn += page.evaluate(RENDERED, '[data-experiment="induction"] figure')
+        charts = {box for box, _, _ in drawn}
+        assert {"live-losses", "live-scores", "induction-losses", "induction-scores"} <= charts
+        small = [d for d in drawn if d[2] < LEGIBLE]
+        assert small == [], small[:10]
+        for svg in page.locator("#live-losses svg, #live-scores svg").all():
+            box = svg.bounding_box()
+            assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width + 0.5
+
+        expect(page.locator("#live-stale")).to_be_hidden()
+        page.fill("#live-seed", "1")
+        expect(page.locator("#live-stale")).to_contain_text("press Train")
+        expect(page.locator("#live-results")).to_have_class("stale")
+        page.click("#live-cancel")
+        expect(page.locator("#live-status")).to_contain_text("stopped", timeout=60_000)
+        assert page.errors == []
+    finally:
+        context.close()
 
 
 def assert_final_circuit(drawn: dict[str, tuple[float, str]], threads: int, quick) -> None:

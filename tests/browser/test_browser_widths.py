@@ -126,10 +126,10 @@ MENUS = """sel => [...document.querySelectorAll(sel)].filter(s => s.offsetWidth)
 
 
 def test_every_menu_shows_its_options_whole(reader) -> None:
-    """No menu cuts its options ("previous-token heac"): each is as wide as its widest option,
-    and that fits the phone's width."""
-    menus = reader.evaluate(MENUS, "#heads-form select, #shapes-form select")
-    assert len(menus) >= 6
+    """No menu cuts its options ("previous-token heac", the live panel's "auto (from the
+    machin"): each is as wide as its widest option, and that fits the phone's width."""
+    menus = reader.evaluate(MENUS, "#heads-form select, #shapes-form select, #live-form select")
+    assert len(menus) >= 9 and "live-threads" in [m[0] for m in menus]
     cut = [m for m in menus if m[1] > m[2]]
     assert cut == [], cut
     assert reader.errors == []
@@ -155,6 +155,8 @@ def test_a_bad_head_count_is_named_in_words(reader, typed: str) -> None:
     try:
         reader.fill("#shapes-n_heads", typed)
         text = shapes_problem(reader)
+        # no diagram of the sizes before is left beside the refusal
+        expect(reader.locator("#layer-diagram")).to_be_hidden()
         reader.wait_for_timeout(300)  # a request, if any, would have gone by now (debounce: 120 ms)
     finally:
         reader.remove_listener("request", watch)
@@ -216,6 +218,46 @@ def test_a_long_text_is_measured_in_words(reader) -> None:
         reader.remove_listener("request", watch)
         reader.fill("#heads-text", "")  # the next tests run the built-in sentence
     heads_answer(reader, lambda: reader.click("#heads-run"))
+    assert reader.errors == []
+
+
+def test_a_failed_or_superseded_run_leaves_no_earlier_answer(reader) -> None:
+    """While a run is on its way the head viewer marks the figures drawn as the last input's;
+    a run that fails takes them away (figures, grid, head menu, the switch-off panel's heads,
+    the label count), an older run's answer arriving after a newer one is not drawn, and a head
+    type picked then draws nothing of the input before (a refusal once left the last sentence's
+    heads under the new menus)."""
+    on_default(reader)
+    held: list = []
+    reader.route("**/api/heads", lambda route: held.append(route))
+    gone = "#heads-view figure, #heads-grid button[data-head], #heads-which option"
+    gone += ", #switch-heads button, #label-counts"
+    try:
+        expect(reader.locator("#heads-view figure").first).to_be_visible()
+        reader.select_option("#heads-probe", "random-repeat")  # the first run, held back
+        expect(reader.locator("#heads-stale")).to_contain_text("running on this one")
+        expect(reader.locator("#heads-results")).to_have_class("stale")
+        assert reader.locator("#heads-view figure").count() > 0  # marked, not yet taken away
+        reader.select_option("#heads-probe", "repeat")  # the second run: refused
+        while len(held) < 2:
+            reader.wait_for_timeout(50)
+        held[1].fulfill(status=422, json={"detail": "probe: refused by this test"})
+        expect(reader.locator("#heads-status")).to_have_text("probe: refused by this test")
+        assert reader.locator(gone).count() == 0
+        expect(reader.locator("#heads-stale")).to_be_hidden()
+        with reader.expect_response(lambda r: r.url.endswith("/api/heads")) as late:
+            held[0].continue_()  # the first run's real answer comes after all
+        late.value.finished()
+        reader.wait_for_timeout(300)  # the page has read it by now: it must draw nothing
+        reader.select_option("#heads-type", "induction")
+        assert reader.locator(gone).count() == 0
+        expect(reader.locator("#heads-status")).to_have_text("probe: refused by this test")
+    finally:
+        reader.unroute("**/api/heads")
+    heads_answer(reader, lambda: reader.select_option("#heads-probe", "text"))
+    reader.select_option("#heads-type", "previous-token")
+    expect(reader.locator("#heads-stale")).to_be_hidden()
+    reader.errors[:] = [e for e in reader.errors if "status of 422" not in e]
     assert reader.errors == []
 
 

@@ -337,6 +337,7 @@ def test_section_two_links_the_kv_cache_forward_and_the_link_opens_it(read) -> N
     forward to §9's caveat, and following the link opens it."""
     pg, _ = read
     pg.evaluate("document.querySelectorAll('#caveats details').forEach((d) => { d.open = false; })")
+    pg.evaluate("() => { document.getElementById('shapes-kv-fold').open = true; }")  # §2's fold
     link = pg.locator("#kv-figures a[href='#kv-cache']").first
     link.scroll_into_view_if_needed()
     link.click()

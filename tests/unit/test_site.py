@@ -150,3 +150,43 @@ def test_page_html_asks_for_the_runtime_first() -> None:
         'rel="preload" href="static/offline/ort-wasm-simd-threaded.wasm"'
     ) < head.index("<title>")
     assert html.index('<meta charset="utf-8">') < html.index("modulepreload")
+
+
+def test_the_manifest_lists_what_the_site_runs_and_names_the_rest() -> None:
+    """The manifest the site's stored health answer carries: the default model, the two probes
+    a text makes, every head type whose best head the exported graph scores (its score one of
+    the graph's rows) and the averaged head, the POST routes offline-api.js answers; and one
+    line naming every model and probe the server lists beyond them, which need the server."""
+    from fastapi.testclient import TestClient
+
+    from headlab.heads.labels import BEST_TYPES
+    from headlab.heads.scores import ScoreGraph
+    from headlab.server.app import create_app
+
+    model, _ = zoo.load("default")
+    with TestClient(create_app()) as client:
+        answers = {f"api/{r}.json": client.get(f"/api/{r}").json() for r in ("health", "models")}
+        answers["api/probes.json"] = client.get("/api/probes").json()
+    health = site.with_manifest(answers, model)["api/health.json"]
+    assert {k: v for k, v in health.items() if k != site.MANIFEST} == answers["api/health.json"]
+    runs = health[site.MANIFEST]
+    listed_models = [m["name"] for m in answers["api/models.json"]]
+    listed_probes = {p["name"]: p["description"] for p in answers["api/probes.json"]}
+    assert runs["models"] == ["default"] and set(runs["probes"]) == {"repeat", "text"}
+    assert set(runs["probes"]) <= set(listed_probes) and "default" in listed_models
+    graph = ScoreGraph(bool(model.config.causal)).score_names
+    assert runs["head_types"] == [t for t, score in BEST_TYPES.items() if score in graph] + [
+        "averaged"
+    ]
+    assert "syntactic" not in runs["head_types"] and "induction" in runs["head_types"]
+    assert runs["routes"] == ["attention", "heads", "shapes", "switch-off"]
+    note = runs["note"]
+    assert "`headlab serve`" in note and "\n" not in note
+    left = [name for name in listed_models if name not in runs["models"]]
+    assert left and runs["left_out"]["models"] == left
+    assert all(name in note for name in left), note
+    for name, description in listed_probes.items():
+        shown = description.split(" (")[0]  # as the page's menu names it
+        assert (shown in note) == (name not in runs["probes"]), name
+    with pytest.raises(ValueError, match="health"):
+        site.with_manifest({"api/models.json": []}, model)

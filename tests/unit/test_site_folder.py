@@ -44,7 +44,9 @@ def quick_answers(request, monkeypatch) -> None:
     if request.node.get_closest_marker("slow") is None:
         from headlab.server import stored
 
-        monkeypatch.setattr(stored, "page_answers", lambda: {"api/models.json": []})
+        # the server's health answer too: the builder writes the site's manifest into it
+        answers = {"api/models.json": [], "api/health.json": {"status": "ok"}}
+        monkeypatch.setattr(stored, "page_answers", lambda: answers)
 
 
 def quick_fill(out: Path, dist: Path, model: object, tokenizer: object) -> list[str]:
@@ -210,7 +212,7 @@ def test_a_site_is_built_whole_with_its_marker_and_rebuilt_in_place(tmp_path, we
     monkeypatch.setattr(site, "fill", quick_fill)
     out = tmp_path / "deep" / "site"
     assert static(str(out), "--web", str(web)).exit_code == 0
-    assert set(tree(out)) == {"index.html", "api/models.json", MARKER}
+    assert set(tree(out)) == {"index.html", "api/models.json", "api/health.json", MARKER}
     assert json.loads((out / MARKER).read_text())["written_by"] == "headlab static"
     a_site(tmp_path / "old")
     assert static(str(tmp_path / "old"), "--web", str(web)).exit_code == 0

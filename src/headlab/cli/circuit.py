@@ -175,7 +175,9 @@ def run_evidence(
     exact: Any = None,
 ) -> Any:
     """:func:`headlab.heads.evidence.evidence` with a progress bar, a step per stage."""
-    from headlab.heads.evidence import STAGES, evidence
+    from headlab.heads.evidence import STEPS, evidence
+
+    steps = list(STEPS)
 
     with progress_bar() as bar:
         return evidence(
@@ -187,5 +189,5 @@ def run_evidence(
             syntactic=margins,
             label_syntactic=ruled,
             exact=exact,
-            progress=lambda stage: bar(STAGES.index(stage), len(STAGES), "evidence"),
+            progress=lambda step, done, total: bar(steps.index(step), len(steps), "evidence"),
         )

@@ -31,6 +31,14 @@ def serve(
         "Torch threads of a live run left on auto (default: chosen per run from the load, "
         "or $HEADLAB_LIVE_THREADS).",
     ),
+    warm: bool = typer.Option(
+        True,
+        "--warm/--no-warm",
+        envvar="HEADLAB_WARM",
+        help="Compute each available model's one-time figures (composition scores, the "
+        "page's random-weights floors) in the background after starting, once per machine "
+        "(or $HEADLAB_WARM: 0 for none).",
+    ),
 ) -> None:
     """Serve the explainer page and its API (FastAPI on uvicorn) on http://HOST:PORT."""
     import os
@@ -49,6 +57,6 @@ def serve(
         settings.max_tokens(), settings.max_text_chars(), settings.live_threads()
         from headlab.server.cli import run_server
 
-        run_server(host, port, open_browser, console=err_console)
+        run_server(host, port, open_browser, console=err_console, warm=warm)
     except ValueError as exc:
         raise fail(str(exc)) from None

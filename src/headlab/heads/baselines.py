@@ -61,6 +61,9 @@ from headlab.pypi import cache_root
 BASELINE_SEEDS = (1000, 1001, 1002)  # the random initialisations and shuffle orders
 K_SD = 3.0  # a label needs its score ≥ the random-weights mean + K_SD standard deviations
 Progress = Callable[[int, int], None]  # progress(done, total)
+# progress(stage, done, total): which stage of a long run is under way and how far it is (the
+# server's progress answers and the CLI's bars read it); the stages are named where they run
+Stages = Callable[[str, int, int], None]
 Floors = dict[int, dict[str, float]]  # layer → score type → the least score a label needs
 
 
@@ -190,14 +193,22 @@ def shuffled_probe(probe: Probe, seed: int) -> Probe:
 
 
 def shuffled_scores(
-    model: Any, probe: Probe, seeds: tuple[int, ...] = BASELINE_SEEDS, content: bool = True
+    model: Any,
+    probe: Probe,
+    seeds: tuple[int, ...] = BASELINE_SEEDS,
+    content: bool = True,
+    progress: Stages | None = None,
 ) -> dict[str, Tensor]:
     """Every score of the trained ``model`` on ``probe`` shuffled once per seed: type →
-    (S, L, h)."""
-    runs = [
-        score_tensor(analyse(model, shuffled_probe(probe, s), content=content, keep=()))
-        for s in seeds
-    ]
+    (S, L, h). ``progress("shuffled", done, S)`` before each order and after the last."""
+    runs = []
+    for i, s in enumerate(seeds):
+        if progress is not None:
+            progress("shuffled", i, len(seeds))
+        shuffled = shuffled_probe(probe, s)
+        runs.append(score_tensor(analyse(model, shuffled, content=content, keep=())))
+    if progress is not None:
+        progress("shuffled", len(seeds), len(seeds))
     return {k: torch.stack([r[k] for r in runs]) for k in runs[0]}
 
 
@@ -266,12 +277,21 @@ def baselines(
     seeds: tuple[int, ...] = BASELINE_SEEDS,
     content: bool = True,
     shuffled: bool = True,
+    progress: Stages | None = None,
 ) -> Baselines:
     """The random-weights and shuffled-tokens baselines of every score of ``model`` on
     ``probe``: 2 · S analyses (each one forward); S without ``shuffled`` (the labels need
-    the random weights only)."""
-    shuf = shuffled_scores(model, probe, seeds, content) if shuffled else {}
-    rand, averaged = random_spreads(model, probe, seeds, content)
+    the random weights only). ``progress(stage, done, total)``: "shuffled" before each
+    shuffled order, "floors" before each random model (S of S at once when the floors are
+    cached, :func:`floors_cached`)."""
+    report = progress or (lambda stage, done, total: None)
+    shuf = shuffled_scores(model, probe, seeds, content, report) if shuffled else {}
+    L, S = model.config.n_layers, len(seeds)
+    report("floors", 0, S)
+    rand, averaged = random_spreads(
+        model, probe, seeds, content, lambda done, _: report("floors", done // L, S)
+    )
+    report("floors", S, S)
     return Baselines(
         seeds=tuple(seeds),
         k=K_SD,
@@ -435,6 +455,15 @@ def _write_cached(key: str, spreads: Spreads) -> None:
         write_json(floors_cache_dir() / f"{key}.json", stored)
     except (OSError, ValueError):
         pass
+
+
+def floors_cached(
+    model: Any, probe: Probe, seeds: tuple[int, ...] = BASELINE_SEEDS, content: bool = True
+) -> bool:
+    """Whether :func:`random_spreads` would read the floors of ``model``'s architecture on
+    ``probe``, not compute them: kept in this process, or on disk and checked."""
+    key = floors_key(model, probe, seeds, content)
+    return key in _MEMORY or _read_cached(key, model.config.n_layers) is not None
 
 
 def random_spreads(

@@ -130,7 +130,7 @@ def induction_circuit(
     previous = _nodes(report, "previous-token", "previous")
     induction = _nodes(report, "induction", "induction")
     start = time.perf_counter()
-    comp = composition_scores(model)
+    comp = composition_scores(model, on_disk=True)
     times["composition"] = time.perf_counter() - start
     start = time.perf_counter()
     feeders = [tuple(p["head"]) for p in previous]

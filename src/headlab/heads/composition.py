@@ -35,15 +35,18 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import shutil
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from headlab.devices import weights_in_place
+from headlab.files import manifest_problem, new_folder, write_manifest
 from headlab.heads.baselines import K_SD
 
 MODES = ("q", "k", "v", "k_group", "v_group")
@@ -262,7 +265,7 @@ def weights_key(model: Any) -> str:
     return digest.hexdigest()
 
 
-def composition_scores(model: Any) -> Composition:
+def composition_scores(model: Any, on_disk: bool = False) -> Composition:
     """Q-, K- and V-composition of every pair of heads in different layers of ``model``, and
     the K- and V-group scores, beside the random-matrix baseline (Elhage et al. 2021).
 
@@ -270,8 +273,10 @@ def composition_scores(model: Any) -> Composition:
     again about the same weights (another text, another probe) gets them at the cost of
     reading the weights once (SmolLM2: 0.15 s against about 12 s on one core); scores of
     more than 64 MB (over ~1,800 heads) are not kept, nor are a model's that accelerate
-    dispatched: its weights come from disk, and the key would read them a second time. Each
-    call returns its own tensors."""
+    dispatched: its weights come from disk, and the key would read them a second time. With
+    ``on_disk`` they are also kept between processes (:func:`disk_key`, checked when read):
+    the evidence and the circuit of a fetched model ask so, a training run (new weights at
+    every evaluation) does not. Each call returns its own tensors."""
     if getattr(model, "hf_device_map", None):
         return _composition_scores(model)
     key = weights_key(model)
@@ -280,7 +285,11 @@ def composition_scores(model: Any) -> Composition:
         if kept is not None:
             _KEPT.move_to_end(key)
     if kept is None:
-        kept = _composition_scores(model)
+        kept = _read_disk(model, key) if on_disk else None
+        if kept is None:
+            kept = _composition_scores(model)
+            if on_disk:
+                _write_disk(key, kept)
         if sum(s.nbytes for s in kept.scores.values()) > _KEPT_BYTES:
             return kept  # a model this large (L · h heads squared) is not kept, nor copied
         with _KEPT_LOCK:
@@ -288,6 +297,114 @@ def composition_scores(model: Any) -> Composition:
             while len(_KEPT) > _KEPT_MAX:
                 _KEPT.popitem(last=False)
     return replace(kept, scores={m: s.clone() for m, s in kept.scores.items()})
+
+
+def composition_cached(model: Any) -> bool:
+    """Whether :func:`composition_scores` of ``model`` with ``on_disk`` would be read, not
+    computed: kept in this process, or on disk and checked (costs the weights' key and, on
+    disk, reading the entry's record)."""
+    if getattr(model, "hf_device_map", None):
+        return False
+    key = weights_key(model)
+    with _KEPT_LOCK:
+        if key in _KEPT:
+            return True
+    return _disk_problem(key) is None
+
+
+# --- kept on disk: a folder per weights, its record naming the code and the key ----------------
+DISK_FORMAT = 1
+DISK_ENTRIES = 16  # folders kept; the oldest go when a new one is written
+SCORES_FILE = "scores.safetensors"
+
+
+def composition_cache_dir() -> Path:
+    """Where composition scores are kept between runs: ``$HEADLAB_CACHE/composition``
+    (``~/.cache/headlab``)."""
+    from headlab.pypi import cache_root
+
+    return cache_root() / "composition"
+
+
+@functools.cache
+def code_digest() -> str:
+    """The SHA-256 of what makes the scores besides the weights: torch's version, this
+    module's source and the scores of a tiny seeded model (2 layers of 2 heads, pre-norm
+    LayerNorm and grouped K/V among them), rounded to 1e-6: a change to the code or to torch's
+    arithmetic changes it, and with it every entry's key."""
+    from headlab.model import ModelConfig, Transformer
+    from headlab.model.transformer import SeededInit
+
+    h = hashlib.sha256(torch.__version__.encode() + Path(__file__).read_bytes())
+    config = ModelConfig(vocab_size=8, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, max_len=8)
+    with SeededInit(torch.Generator().manual_seed(0)):
+        tiny = Transformer(config).eval()
+    found = _composition_scores(tiny)
+    for mode in MODES:
+        h.update(mode.encode() + torch.round(found.scores[mode].double() * 1e6).numpy().tobytes())
+    return h.hexdigest()
+
+
+def disk_key(weights: str) -> str:
+    """The folder name of a model's entry: :func:`weights_key` and :func:`code_digest`,
+    hashed."""
+    return hashlib.sha256(f"{weights}:{code_digest()}:{DISK_FORMAT}".encode()).hexdigest()[:40]
+
+
+def _produced_by(key: str) -> dict[str, Any]:
+    """The entry's record of what made it (:func:`headlab.files.write_manifest`)."""
+    return {"format": DISK_FORMAT, "weights": key, "code": code_digest()}
+
+
+def _disk_problem(key: str) -> str | None:
+    """Why the entry of weights ``key`` cannot be read, in words; None when it can."""
+    folder = composition_cache_dir() / disk_key(key)
+    if not folder.is_dir():
+        return "no entry"
+    return manifest_problem(folder, [SCORES_FILE], _produced_by(key))
+
+
+def _read_disk(model: Any, key: str) -> Composition | None:
+    """The scores kept on disk for weights ``key``, or None: absent, not the files their
+    record names (:func:`headlab.files.manifest_problem`), or not ``model``'s shapes and
+    finite; the scores are then computed and written over it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    if _disk_problem(key) is not None:
+        return None
+    c = model.config
+    L, h, h_kv = c.n_layers, c.n_heads, c.n_kv_heads or c.n_heads
+    try:
+        scores = load_file(str(composition_cache_dir() / disk_key(key) / SCORES_FILE))
+    except (SafetensorError, OSError):
+        return None
+    want = {m: (L, h, L, h if m in ("q", "k", "v") else h_kv) for m in MODES}
+    if set(scores) != set(want) or any(
+        tuple(scores[m].shape) != want[m] or not bool(scores[m].isfinite().all()) for m in MODES
+    ):
+        return None
+    pairs = h * h * L * (L - 1) // 2
+    return Composition(dict(scores), random_baseline(c.d_model, c.d_k), pairs=pairs)
+
+
+def _write_disk(key: str, found: Composition) -> None:
+    """Keep ``found`` on disk for weights ``key``: the scores and their record, in a folder
+    put in place whole (:func:`headlab.files.new_folder`); then the oldest entries past
+    :data:`DISK_ENTRIES` go. A cache that cannot be written is only skipped."""
+    from safetensors.torch import save_file
+
+    root = composition_cache_dir()
+    try:
+        with new_folder(root / disk_key(key)) as tmp:
+            scores = {m: s.contiguous() for m, s in found.scores.items()}
+            save_file(scores, str(tmp / SCORES_FILE))
+            write_manifest(tmp, [SCORES_FILE], _produced_by(key))
+        entries = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        for old in sorted(entries, key=lambda p: p.stat().st_mtime)[:-DISK_ENTRIES]:
+            shutil.rmtree(old, ignore_errors=True)
+    except (OSError, ValueError):
+        pass
 
 
 @torch.no_grad()

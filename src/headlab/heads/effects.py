@@ -221,12 +221,14 @@ def ablate_heads(
     heads: list[tuple[int, int]] | None = None,
     mode: Mode = "mean",
     chunk: int = CHUNK,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Ablations:
     """Ablate each of ``heads`` (default: every head) alone on ``probe`` and measure every
     position's next-token loss and every head's induction score (module docstring).
 
     model: a causal :class:`headlab.model.Transformer` (next-token loss needs one); the heads
-    of a layer go ``chunk`` at a time, side by side along the batch."""
+    of a layer go ``chunk`` at a time, side by side along the batch. ``progress(done, total)``
+    counts the heads ablated: before the first and after each chunk."""
     if mode not in MODES:
         raise ValueError(f"ablation mode {mode!r}: valid modes are {', '.join(MODES)}")
     if not model.config.causal:
@@ -239,6 +241,9 @@ def ablate_heads(
     target = token_rule_targets(probe.tokens, causal=True)[0]  # (B, n, n)
     clean = clean_run(model, tokens, target)
     losses, induction, forwards, passes, copies = [], [], 1, 1.0, 1.0
+    done = 0
+    if progress is not None:
+        progress(0, len(heads))
     for layer in sorted({l for l, _ in heads}):
         mine = [i for l, i in heads if l == layer]
         for part in range(0, len(mine), chunk):
@@ -247,6 +252,9 @@ def ablate_heads(
             induction.append(out[1])
             forwards, passes = forwards + 1, passes + (L - layer) / L
             copies += len(mine[part : part + chunk]) * (L - layer) / L
+            done += len(mine[part : part + chunk])
+            if progress is not None:
+                progress(done, len(heads))
     empty = torch.zeros(0, *clean.losses.shape), torch.zeros(0, L, h)
     return Ablations(
         mode,

@@ -29,7 +29,9 @@ largest exact effects with 1.00, the top fives alike, in 0.27–0.62 of the time
 of every head over six runs on a shared two-core machine (20 checked: 0.92 over the top 20).
 Plain attribution patching ranking by size on every token and on a later copy, with
 :data:`CHECK_SIZE` heads of each checked (66 heads), gives 0.98 and 1.00 in 0.34–0.38 of the
-time (two runs): where the probe has a later copy the evidence ranks so (it finds the induction
+time (two runs), on that repeat probe; on random tokens repeated (``--probe random-repeat``,
+benchmarks/results/estimate_random_repeat.json) 0.92 and 0.88, the layer path 0.88 over the top
+20: where the probe has a later copy the evidence ranks so (it finds the induction
 circuit's heads on the later copy), elsewhere along the layer path. On the default model exact
 ablation of every head costs less than either, and the evidence uses it there.
 
@@ -48,13 +50,15 @@ import torch
 from torch import Tensor
 
 from headlab.heads.attribution import Attributions, attribute_heads
+from headlab.heads.baselines import Stages
 from headlab.heads.effects import Ablations, Mode, ablate_heads
 from headlab.measure import Probe
 
 LAYER_STEPS = 2  # points on each layer's path: the clean run and half way (more do worse)
-CHECK = 60  # heads of each ranking ablated exactly (SmolLM2: 20 give ρ 0.92 over the top 20)
+CHECK = 60  # heads of each ranking ablated exactly (SmolLM2, repeat: 20 give ρ 0.92, top 20)
 # … of each of two rankings by size, every token and a later copy, by the plain estimate
-# (SmolLM2: about 66 heads in all, ρ 1.00 over the top 20; 10 each, 18 heads: 0.91)
+# (SmolLM2 on the repeat probe: about 66 heads in all, ρ 1.00 over the top 20; 10 each, 18
+# heads: 0.91; on random tokens repeated, 45 heads: 0.88)
 CHECK_SIZE = 40
 
 
@@ -137,6 +141,7 @@ def estimate_heads(
     exact: Collection[tuple[int, int]] = (),
     rank: Sequence[Tensor] | None = None,
     by: str = "rise",
+    progress: Stages | None = None,
 ) -> Checked:
     """Every head's ablation effects in two stages (module docstring): the estimate along each
     layer's path (:func:`attribute_heads` with ``steps`` points, ``per="layer"``) on the loss
@@ -145,7 +150,9 @@ def estimate_heads(
     (:func:`headlab.heads.effects.ablate_heads`) of the ``check`` heads with the largest
     estimated loss rise (``by="rise"``; "size": the largest in size, a fall too) over each row
     set of ``rank``, of ``induction_heads`` and of ``exact``. ``steps=1``: plain attribution
-    patching ranks. Other arguments as for :func:`attribute_heads`."""
+    patching ranks. ``progress(stage, done, total)``: "estimate" (0 of 1) before the estimate,
+    then "ablation" counting the heads ablated exactly. Other arguments as for
+    :func:`attribute_heads`."""
     if check < 0:
         raise ValueError(
             f"check must be a whole number ≥ 0 (got {check}): the heads per row set ablated exactly"
@@ -153,6 +160,8 @@ def estimate_heads(
     if by not in ("rise", "size"):
         raise ValueError(f"by {by!r}: rank by the estimated loss 'rise' or by its 'size'")
     rank = list(rows) if rank is None else list(rank)
+    report = progress or (lambda stage, done, total: None)
+    report("estimate", 0, 1)
     path = attribute_heads(
         model, probe, rank, (), mode, steps=steps, per="layer" if steps > 1 else "head"
     )
@@ -171,5 +180,12 @@ def estimate_heads(
             model_passes=path.model_passes + plain.model_passes,
             probe_passes=path.probe_passes + plain.probe_passes,
         )
+    report("estimate", 1, 1)
     picked = first_ranked(path, rank, check, by) | set(induction_heads) | set(exact)
-    return Checked(estimate, ablate_heads(model, probe, sorted(picked), mode) if picked else None)
+    if not picked:
+        return Checked(estimate, None)
+
+    def step(done: int, total: int) -> None:
+        report("ablation", done, total)
+
+    return Checked(estimate, ablate_heads(model, probe, sorted(picked), mode, progress=step))

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from headlab.heads.attribution import Attributions
-from headlab.heads.baselines import Baselines, baselines
+from headlab.heads.baselines import Baselines, Stages, baselines
 from headlab.heads.composition import Composition, composition_scores
 from headlab.heads.effects import Ablations, Mode, ablate_heads
 from headlab.heads.estimate import (
@@ -78,6 +78,16 @@ SCORE_OF_LABEL = {
 ROWS_OF_LABEL = {"induction": "induction", "duplicate-token": "duplicate", "rare-word": "rare"}
 INDUCTION_DROP = 0.5  # a feeder: ablating it takes an induction score below half its value
 STAGES = ("baselines", "scores", "composition", "ablation")  # what evidence() runs, in order
+# the steps its progress reports, in order, and what each is in words: the baselines are the
+# shuffled orders then the random models, the ablation an estimate (where it runs) then exact
+STEPS = {
+    "shuffled": "shuffled tokens",
+    "floors": "random-weights floors",
+    "scores": "scoring every head, by layer",
+    "composition": "composition scores",
+    "estimate": "estimating every head's ablation effect",
+    "ablation": "ablating heads",
+}
 
 
 @dataclass(frozen=True)
@@ -437,18 +447,27 @@ def measure_ablations(
     mode: Mode = "mean",
     exact: Exact = (),
     check: int | None = None,
+    progress: Stages | None = None,
 ) -> tuple[Any, Ablations | None]:
     """Every head's ablation effects on the loss over each of ``rows`` (:func:`loss_rows`) and
     on the scores of ``induction``'s heads: estimated in two stages (:func:`headlab.heads.
     estimate.estimate_heads`, ranked as :func:`_plan` says, ``check`` heads per ranking, and
     ``induction``'s and the heads ``exact`` names ablated exactly), or exact for every head when
     ``exact`` is True. :func:`headlab.heads.estimate.exact_where_measured` reads the two
-    together."""
+    together. ``progress(stage, done, total)``: "estimate" around the estimate, "ablation"
+    counting the heads ablated exactly."""
     plan = _plan(rows, check)
     if exact is True or (exact is None and _exact_is_cheap(model, rows, induction, plan)):
-        return ablate_heads(model, probe, mode=mode), None
+
+        def step(done: int, total: int) -> None:
+            if progress is not None:
+                progress("ablation", done, total)
+
+        return ablate_heads(model, probe, mode=mode, progress=step), None
     picked = set() if exact is False or exact is None else set(exact)
-    two = estimate_heads(model, probe, list(rows.values()), induction, mode, exact=picked, **plan)
+    two = estimate_heads(
+        model, probe, list(rows.values()), induction, mode, exact=picked, progress=progress, **plan
+    )
     return two.estimate, two.exact
 
 
@@ -459,7 +478,7 @@ def evidence(
     seed: int | None = None,
     content: bool = True,
     keep: Any = (),
-    progress: Callable[[str], None] | None = None,
+    progress: Stages | None = None,
     syntactic: Any = None,
     label_syntactic: bool = False,
     exact: Exact = None,
@@ -468,7 +487,10 @@ def evidence(
     """Every head's :class:`HeadCard` on ``probe`` (module docstring). ``keep`` as for
     :func:`headlab.heads.analyse` (default: no patterns), ``syntactic`` its syntactic margins
     (labelling with them only with ``label_syntactic``);
-    ``progress(stage)`` is called before each of :data:`STAGES`. Ablation effects are
+    ``progress(step, done, total)`` reports each of :data:`STEPS` as it starts and advances
+    (the random-weights floors and the composition scores at once where they are cached:
+    :func:`headlab.heads.baselines.floors_cached`, :func:`headlab.heads.composition.
+    composition_cached`); :data:`STAGES` name the times of ``seconds``. Ablation effects are
     estimated for every head (:mod:`headlab.heads.estimate`) unless ``exact`` is True (every
     head ablated exactly) or None (the default) on a model small enough that exact ablation of
     every head costs no more probe passes than the estimate (the default model); the
@@ -478,18 +500,25 @@ def evidence(
     ``seed`` changes nothing and is deprecated (:func:`headlab.heads.report.unused_seed`)."""
     unused_seed(seed, "evidence")
     times: dict[str, float] = {}
+    say = progress or (lambda step, done, total: None)
+    L = model.config.n_layers
 
     def stage(name: str, run: Callable[[], Any]) -> Any:
-        if progress is not None:
-            progress(name)
         start = time.perf_counter()
         out = run()
         times[name] = time.perf_counter() - start
         return out
 
-    base = stage("baselines", lambda: baselines(model, probe, content=content))
+    def composition() -> Composition:
+        say("composition", 0, 1)
+        found = composition_scores(model, on_disk=True)
+        say("composition", 1, 1)
+        return found
+
+    base = stage("baselines", lambda: baselines(model, probe, content=content, progress=say))
     floors = base.floors()
     averaged = base.averaged_floors()
+    say("scores", 0, L)
     report = stage(
         "scores",
         lambda: analyse(
@@ -501,15 +530,17 @@ def evidence(
             floors=floors,
             label_syntactic=label_syntactic,
             averaged_floors=averaged,
+            progress=lambda done, total: say("scores", done, total),
         ),
     )
-    comp = stage("composition", lambda: composition_scores(model))
+    comp = stage("composition", composition)
     causal = bool(model.config.causal)
     rows = loss_rows(probe, causal)
     induction = [(s.layer, s.head) for s in report.heads if s.label == "induction"]
     ablations, checked = (
         stage(
-            "ablation", lambda: measure_ablations(model, probe, rows, induction, mode, exact, check)
+            "ablation",
+            lambda: measure_ablations(model, probe, rows, induction, mode, exact, check, say),
         )
         if causal
         else (None, None)

@@ -13,10 +13,14 @@ so a layer costs a few passes over its weights, not dozens. The ``*_parallel`` e
 split the work across ``torch.get_num_threads()`` threads (the budget PyTorch's operations
 use) with Numba's ``prange``, on whatever threading layer Numba has on the system.
 
-Floating-point contract: float32 weights, the content profiles' sums and weights in float64;
-sums may be reassociated (``reassoc``), so a result differs from a plain loop's by float
-rounding (the tests hold it to the definition within 1e-7). NaN and infinity keep their IEEE
-meaning (no ``nnan``/``ninf`` flags).
+Floating-point contract: float32 weights; the content profiles' sums and weights are added up
+in float64, then each is kept as two float32 (a leading part and the rest), so that a row's
+own share is subtracted in float32 with nothing lost to the subtraction (:func:`_less`, the one
+function compiled without reordering); a row where the other rows hold so little of a cell's
+weight that even that is not enough is worked again from the float64 sums. Sums may be
+reassociated (``reassoc``), so a result differs from a plain loop's by float rounding (the
+tests hold it to the definition within 1e-7). NaN and infinity keep their IEEE meaning (no
+``nnan``/``ninf`` flags).
 """
 
 from __future__ import annotations
@@ -39,8 +43,42 @@ _jit = kernel_cache.cached(
 _shared = kernel_cache.cached(
     numba.njit(parallel=True, nogil=True, cache=kernel_cache.CACHING, fastmath=_FAST)
 )
+# arithmetic written in a set order that the compiler must keep (a compensated subtraction)
+_exact = kernel_cache.cached(numba.njit(nogil=True, cache=kernel_cache.CACHING, fastmath=False))
 _f32 = np.float32
 _TINY = np.float32(1e-30)
+# a cell where the other rows hold less than this share of its weight is worked from the float64
+# sums: two float32 hold a sum to about 2⁻⁴⁸ of itself, so a difference of at least 2⁻¹⁶ of it
+# keeps float32's precision (the leave-one-out profile at that cell divided by that difference)
+_THIN = np.float32(2.0**-16)
+
+
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """a · b + c for float32, rounded once."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.fma(*args)
+
+    return sig, codegen
+
+
+@_exact
+def _less(hi, lo, s, x):
+    """(hi + lo) − s · x for a float64 sum kept as two float32 (hi its float32 rounding, lo the
+    rest): hi − s · x rounded once (exact where s · x is near hi, which is where a plain
+    float32 subtraction loses most), then the rest added back."""
+    return _fma(-s, x, hi) + lo  # type: ignore[call-arg]  # an intrinsic: typingctx is Numba's
+
+
+@_jit
+def _split(x64, hi, lo):
+    """Each float64 of x64 as hi (its float32 rounding) + lo (what that rounding left)."""
+    for c in range(x64.shape[0]):
+        h = _f32(x64[c])
+        hi[c] = h
+        lo[c] = _f32(x64[c] - np.float64(h))
 
 
 @_jit
@@ -59,26 +97,75 @@ def _add_sums(row, sees, scale, by_key, by_offset, base, n):
 
 
 @_jit
-def _add_weights(sees, w, key_w, key_c, off_w, off_c, base, n):
-    """Add a row that counts to both profiles' weights (w_i) and counts (1) at the cells of
-    the keys it sees (two loops: each vectorised, one writing four arrays is not)."""
-    off_w, off_c = off_w[base : base + n], off_c[base : base + n]
+def _add_weights(sees, w, key_w, off_w, base, n):
+    """Add a row that counts to both profiles' weights (w_i) at the cells of the keys it sees."""
+    off_w = off_w[base : base + n]
     for j in range(n):
         v = w * sees[j]
         key_w[j] += v
         off_w[j] += v
+
+
+@_jit
+def _add_counts(sees, sign, key_c, off_c, base, n):
+    """Add a row (sign 1) to both profiles' row counts at the cells of the keys it sees, or
+    take it away (sign −1)."""
+    off_c = off_c[base : base + n]
     for j in range(n):
-        key_c[j] += sees[j]
-        off_c[j] += sees[j]
+        key_c[j] += sign * sees[j]
+        off_c[j] += sign * sees[j]
+
+
+@_jit
+def _unexplained_split(row, sees, w, scale, key, off, base, n, q_key, q_off):
+    """:func:`_unexplained` from the sums and weights kept as float32 pairs (:func:`_split`):
+    key and off hold each profile's (sum, sum's rest, weight, weight's rest, cells). Returns
+    (1 − overlap by key, by offset, whether a cell's other rows were too thin to trust
+    float32: the caller then works the row from the float64 sums)."""
+    k_sum, k_rest, k_wt, k_wrest, k_cell = key
+    o_sum, o_rest, o_wt = off[0][base : base + n], off[1][base : base + n], off[2][base : base + n]
+    o_wrest, o_cell = off[3][base : base + n], off[4][base : base + n]
+    p_key, q_key_mass, has_key = _f32(0.0), _f32(0.0), _f32(0.0)
+    p_off, q_off_mass, has_off = _f32(0.0), _f32(0.0), _f32(0.0)
+    thin, one = _f32(0.0), _f32(1.0)
+    for j in range(n):
+        a = row[j]
+        kept_k, kept_o = sees[j] * k_cell[j], sees[j] * o_cell[j]
+        # the other rows' weight and sum at this cell: the row's own share taken out
+        other_k = _less(k_wt[j], k_wrest[j], one, w)
+        other_o = _less(o_wt[j], o_wrest[j], one, w)
+        thin += kept_k * (one if other_k < _THIN * k_wt[j] else _f32(0.0))
+        thin += kept_o * (one if other_o < _THIN * o_wt[j] else _f32(0.0))
+        other_k = other_k if other_k > _TINY else _TINY
+        other_o = other_o if other_o > _TINY else _TINY
+        qk = kept_k * _less(k_sum[j], k_rest[j], scale, a) / other_k
+        qo = kept_o * _less(o_sum[j], o_rest[j], scale, a) / other_o
+        q_key[j], q_off[j] = qk, qo
+        has_key += kept_k
+        has_off += kept_o
+        p_key += a * kept_k
+        p_off += a * kept_o
+        q_key_mass += qk
+        q_off_mass += qo
+    f_key = p_key / (q_key_mass if q_key_mass > _TINY else _TINY)
+    f_off = p_off / (q_off_mass if q_off_mass > _TINY else _TINY)
+    o_key, o_off = _f32(0.0), _f32(0.0)
+    for j in range(n):  # q is 0 off the kept keys and A ≥ 0: the row itself can be p
+        o_key += min(row[j], q_key[j] * f_key)
+        o_off += min(row[j], q_off[j] * f_off)
+    u_key = _f32(1.0) - o_key / (p_key if p_key > _TINY else _TINY) if has_key > 0 else _f32(0.0)
+    u_off = _f32(1.0) - o_off / (p_off if p_off > _TINY else _TINY) if has_off > 0 else _f32(0.0)
+    return u_key, u_off, thin > 0
 
 
 @_jit
 def _unexplained(row, sees, w, scale, key, off, base, n, q_key, q_off):
     """One row's 1 − overlap with its leave-one-out profile, by key and by offset (0 for a
     profile where it has no kept key: nothing to compare). key and off: each profile's sums,
-    weights and cells (1 where more than one row sees it); offset cell base + j. At the keys
-    kept (seen, at a cell another row sees) a profile is the other rows' sum over their weight
-    there; the row and the profile are renormalised on the kept keys, then Σ_j min."""
+    weights (float64) and cells (1 where more than one row sees it); offset cell base + j. At
+    the keys kept (seen, at a cell another row sees) a profile is the other rows' sum over
+    their weight there; the row and the profile are renormalised on the kept keys, then
+    Σ_j min."""
     k_sum, k_wt, k_cell = key
     o_sum, o_wt, o_cell = off[0][base : base + n], off[1][base : base + n], off[2][base : base + n]
     p_key, q_key_mass, has_key = _f32(0.0), _f32(0.0), _f32(0.0)
@@ -129,16 +216,25 @@ def content_parts(A, sees, size, lo, hi, out):
     """
     B, _, n, _ = A.shape
     m = 2 * n - 1  # offset cells: j − i + n − 1
-    # sums and weights in float64: a row leaves itself out by subtracting from them
-    key = (np.empty(n, np.float64), np.empty(n, np.float64), np.empty(n, _f32))  # and counts
+    # sums and weights added up in float64 (key[0], key[1]; off[0], off[1]), and row counts
+    key = (np.empty(n, np.float64), np.empty(n, np.float64), np.empty(n, _f32))
     off = (np.empty(m, np.float64), np.empty(m, np.float64), np.empty(m, _f32))
+    # the same sums and weights as float32 pairs (sum, rest, weight, rest), and the cells kept
+    key2 = (np.empty(n, _f32), np.empty(n, _f32), np.empty(n, _f32), np.empty(n, _f32), key[2])
+    off2 = (np.empty(m, _f32), np.empty(m, _f32), np.empty(m, _f32), np.empty(m, _f32), off[2])
     w = np.empty((B, n), _f32)  # each row's weight on the keys it sees, 0 where it does not count
     q_key, q_off = np.empty(n, _f32), np.empty(n, _f32)
+    # every row with two or more keys, counted once: a head takes away its rows of no weight
+    key_rows, off_rows = np.zeros(n, _f32), np.zeros(m, _f32)
+    for b in range(B):
+        for i in range(n):
+            if size[b, i] >= 2:
+                _add_counts(sees[b, i], _f32(1.0), key_rows, off_rows, n - 1 - i, n)
     for h in range(lo, hi):
         for buf in (key[0], key[1], off[0], off[1]):
             buf[:] = 0
-        key[2][:] = 0
-        off[2][:] = 0
+        key[2][:] = key_rows
+        off[2][:] = off_rows
         for b in range(B):
             for i in range(n):
                 row, s, base = A[b, h, i], sees[b, i], n - 1 - i
@@ -146,18 +242,28 @@ def content_parts(A, sees, size, lo, hi, out):
                 t = _add_sums(row, s, scale, key[0], off[0], base, n)
                 w[b, i] = t if scale > 0 and t > 0 else _f32(0.0)
                 if w[b, i] > 0:
-                    _add_weights(s, t, key[1], key[2], off[1], off[2], base, n)
+                    _add_weights(s, t, key[1], off[1], base, n)
+                elif scale > 0:
+                    _add_counts(s, _f32(-1.0), key[2], off[2], base, n)
         _profile_cells(key[2])
         _profile_cells(off[2])
+        _split(key[0], key2[0], key2[1])
+        _split(key[1], key2[2], key2[3])
+        _split(off[0], off2[0], off2[1])
+        _split(off[1], off2[2], off2[3])
         by_key, by_offset = 0.0, 0.0
         for b in range(B):
             for i in range(n):
                 t = w[b, i]
                 if t > 0:
-                    row, s, scale = A[b, h, i], sees[b, i], _f32(size[b, i])
-                    u_key, u_off = _unexplained(
-                        row, s, t, scale, key, off, n - 1 - i, n, q_key, q_off
+                    row, s, scale, base = A[b, h, i], sees[b, i], _f32(size[b, i]), n - 1 - i
+                    u_key, u_off, thin = _unexplained_split(
+                        row, s, t, scale, key2, off2, base, n, q_key, q_off
                     )
+                    if thin:
+                        u_key, u_off = _unexplained(
+                            row, s, t, scale, key, off, base, n, q_key, q_off
+                        )
                     by_key += t * u_key
                     by_offset += t * u_off
         out[h, 0], out[h, 1] = by_key, by_offset

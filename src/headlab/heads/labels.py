@@ -142,6 +142,9 @@ REST_OF_LABEL = {
 }
 
 
+_ORDER = (FIRST_TIER, *TIERS)  # the order tiers are judged in
+
+
 def passes(kind: str, score: float, floor: float | None = None) -> bool:
     """Whether ``score`` of type ``kind`` passes: at or above its threshold (above it, for the
     :data:`EXCEEDS` types) and at or above ``floor``, where one is given."""
@@ -185,16 +188,29 @@ def _share(kind: str, score: float) -> float:
 def _rule(
     scores: dict[str, float], offset: int, floors: dict[str, float] | None
 ) -> tuple[str, str]:
-    """(label, the type it rests on): tier by tier, the passing type by the widest share."""
-    for tier in (FIRST_TIER, *TIERS):
-        passing = [k for k in tier if qualifies(k, scores, (floors or {}).get(k))]
-        if passing:
-            best = max(passing, key=lambda k: _share(k, scores[k]))
+    """(label, the type it rests on): tier by tier, the passing type (:func:`qualifies`) by the
+    widest share (the first such in the tier's order on a tie). Written as plain loops: it runs
+    once a head."""
+    gates = floors or {}
+    for tier in _ORDER:
+        best, widest = "", 0.0
+        for k in tier:
+            if k not in scores or not qualifies(k, scores, gates.get(k)):
+                continue
+            share = _share(k, scores[k])
+            if not best or share > widest:
+                best, widest = k, share
+        if best:
             if best == "positional":
                 return OFFSET_LABELS.get(offset, "positional"), best
             return LABELS[best], best
-    typed = [k for k in scores if k in THRESHOLDS]
-    return "mixed", max(typed, key=lambda k: _share(k, scores[k]), default="")
+    nearest, widest = "", 0.0
+    for k, score in scores.items():
+        if k in THRESHOLDS:
+            share = _share(k, score)
+            if not nearest or share > widest:
+                nearest, widest = k, share
+    return "mixed", nearest
 
 
 def decide(

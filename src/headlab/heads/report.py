@@ -28,7 +28,7 @@ from headlab.heads.labels import (
     decide,
     qualifies,
 )
-from headlab.heads.scores import averaged_pattern, pattern_scores
+from headlab.heads.scores import pattern_scores
 from headlab.heads.targets import Targets, build_targets
 from headlab.measure import Probe, reduce_patterns
 from headlab.model import Transformer
@@ -219,14 +219,16 @@ def _scored(
     The syntactic score is reported beside the others; it takes part in the label only with
     ``label_syntactic`` (a label must not change because another score was asked for). A
     ``retrieval`` score is reported and labels (it is measured only on the needle probe)."""
-    values = {k: float(v[i]) for k, v in by_type.items()}
+    values = {k: v[i] for k, v in by_type.items()}  # floats: the lists come from tolist()
     if retrieval is not None and head >= 0:
         values["retrieval"] = retrieval.get((layer, head), 0.0)
     relation = ""
+    ruled = values  # what the label is decided on: the syntactic score only when asked
     if syntactic is not None and head >= 0:
         margin, relation = syntactic.get((layer, head), (0.0, ""))
+        if not label_syntactic:
+            ruled = dict(values)
         values["syntactic"] = max(0.0, float(margin))
-    ruled = values if label_syntactic else {k: v for k, v in values.items() if k != "syntactic"}
     gates = None if floors is None else floors.get(layer, {})
     d = decide(ruled, int(offsets[i]), gates)
     kind = REST_OF_LABEL.get(d.label)
@@ -317,7 +319,8 @@ class LayerGroups:
         flat = self.flat
         at = len(self.pending) * (h + 1)  # the heads, then the averaged head
         flat[:, at : at + h] = w
-        flat[:, at + h] = averaged_pattern(w)
+        # the averaged head (scores.averaged_pattern), written in place from the copy just made
+        torch.mean(flat[:, at : at + h], dim=1, out=flat[:, at + h])
         heads = range(-1, h) if self.keep is None else [i for l, i in self.keep if l == layer]
         kept = {i: flat[0, at + (h if i < 0 else i)].to("cpu", copy=True) for i in heads}
         self.pending.append((layer, kept))

@@ -75,10 +75,11 @@ def mass_where_possible(weights: Tensor, target: Tensor) -> Tensor:
     hit = (weights * target[:, None]).sum(-1)  # (B, h, n)
     count = rows.sum(-1)  # (B,)
     per_seq = (hit * rows[:, None]).sum(-1) / count.clamp_min(1)[:, None]  # (B, h)
-    valid = count > 0
-    if not valid.any():
-        return torch.zeros(weights.shape[1])
-    return per_seq[valid].double().mean(dim=0).float()
+    valid = count > 0  # (B,)
+    # the mean over the valid sequences with no branch on the values (it traces into a graph:
+    # headlab.heads.switch.SwitchGraph); none valid gives 0 / 1
+    total = torch.where(valid[:, None], per_seq.double(), 0.0).sum(dim=0)  # (h,)
+    return (total / valid.sum().clamp_min(1)).float()
 
 
 def pattern_score(weights: Tensor, target: Tensor) -> Tensor:

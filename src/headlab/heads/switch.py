@@ -22,6 +22,10 @@ Each run keeps
     weights       every head's attention pattern (L, B, h, n, n)
     induction     every head's induction score (L, h) (what a previous-token head feeds)
 
+:class:`SwitchGraph` is the same two runs as a module of tensors in and out, with no Python
+branch on their values (which heads, which mode): :func:`switch_off` runs it, and the static
+site exports it to ONNX (:mod:`headlab.site`), so the browser's numbers are these.
+
 For one head the losses and induction scores are those of
 :func:`headlab.heads.effects.ablate_heads`, which ablates heads one at a time. Here a set goes at
 once, each head's mean taken from the intact run, so a head downstream of another switched off
@@ -40,12 +44,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from headlab.ablation import full_mask
 from headlab.devices import input_device
 from headlab.heads.effects import MODES, Mode, mean_fill
-from headlab.heads.evidence import loss_rows
 from headlab.heads.scores import mass_where_possible
 from headlab.heads.targets import token_rule_targets
 from headlab.measure import Probe, layer_index
@@ -66,8 +69,14 @@ class Run:
 
     def loss(self, rows: Tensor) -> float:
         """The mean loss over ``rows`` (B, n − 1) bool (NaN when none is marked)."""
-        rows = rows.to(self.losses.device)
-        return float(self.losses[rows].mean()) if bool(rows.any()) else float("nan")
+        return float(mean_over(self.losses, rows.to(self.losses.device)))
+
+
+def mean_over(losses: Tensor, rows: Tensor) -> Tensor:
+    """The mean of ``losses`` (…, B, n − 1) over the positions ``rows`` (B, n − 1) bool marks
+    → (…,), NaN where none is marked (0 / 0; no branch on the values, so it traces)."""
+    kept = torch.where(rows, losses, 0.0).sum(dim=(-2, -1))  # (…,)
+    return kept / rows.sum()
 
 
 @dataclass(frozen=True)
@@ -150,11 +159,67 @@ def switch_off(
     if not 1 <= k <= model.config.vocab_size:
         raise ValueError(f"k = {k}: keep 1 to {model.config.vocab_size} predictions a position")
     tokens = probe.tokens.to(input_device(model))
-    target = token_rule_targets(probe.tokens, causal=True)[0]  # (B, n, n)
-    intact, means = _run(model, tokens, target, k)
-    with _fills(model, heads, means if mode == "mean" else None, tokens.shape[0]):
-        off, _ = _run(model, tokens, target, k, mask)
-    return SwitchedOff(mode, heads, intact, off, loss_rows(probe, causal=True)["induction"])
+    mean = torch.tensor(1.0 if mode == "mean" else 0.0)
+    top_ids, top_probs, losses, weights, induction, repeat_rows, _ = SwitchGraph(model, k)(
+        tokens, 1 - mask, mean
+    )
+    intact, off = (
+        Run(top_ids[r], top_probs[r], losses[r], weights[r], induction[r]) for r in range(2)
+    )
+    return SwitchedOff(mode, heads, intact, off, repeat_rows.cpu())
+
+
+class SwitchGraph(nn.Module):
+    """:func:`switch_off`'s two runs as a module of tensors in and out, with no Python branch on
+    their values: the static site exports it (``torch.onnx.export``, :mod:`headlab.site`) for
+    any number of tokens, so the browser shows these numbers.
+
+    forward(tokens (B, n) int64, off (L, h) float (1 at each head switched off, else 0), mean
+    () float (1: each replaced by its mean over the probe, 0: by zeros)) → for the intact run
+    and the switched-off one, stacked on a first axis of 2:
+
+        top_ids (2, B, n, k) int64, top_probs (2, B, n, k)   the likeliest next tokens
+        losses (2, B, n − 1)                                 every position's next-token loss
+        weights (2, L, B, h, n, n) float32                   every head's pattern
+        induction (2, L, h)                                  every head's induction score
+
+    and repeat_rows (B, n − 1) bool (the rows of the repeat: a query seen before, as
+    :func:`headlab.heads.evidence.loss_rows` marks them), loss (2, 2): each run's mean loss
+    on the repeat's rows and on every row (:func:`mean_over`; NaN for no row).
+
+    Each switched-off head's mean is its intact output averaged over every position of every
+    sequence, from the intact run of the same forward."""
+
+    def __init__(self, model: nn.Module, k: int = TOP_K) -> None:
+        super().__init__()
+        self.model, self.k = model, k
+
+    def forward(
+        self, tokens: Tensor, off: Tensor, mean: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+        target = token_rule_targets(tokens.cpu(), causal=True)[0]  # (B, n, n)
+        intact, means = _run(self.model, tokens, target, self.k)
+        off = off.to(means[0])
+        with _fills(self.model, off * mean.to(off), means, tokens.shape[0]):
+            switched, _ = _run(self.model, tokens, target, self.k, 1 - off)
+        repeat_rows = (target.sum(-1) > 0)[:, :-1]  # (B, n − 1): Targets.induction_rows
+        every = torch.ones_like(repeat_rows)
+        runs = [intact, switched]
+        loss = torch.stack(
+            [
+                torch.stack([mean_over(r.losses, repeat_rows), mean_over(r.losses, every)])
+                for r in runs
+            ]
+        )  # (2, 2)
+        return (
+            torch.stack([r.top_ids for r in runs]),
+            torch.stack([r.top_probs for r in runs]),
+            torch.stack([r.losses for r in runs]),
+            torch.stack([r.weights for r in runs]),
+            torch.stack([r.induction for r in runs]),
+            repeat_rows,
+            loss,
+        )
 
 
 def _run(
@@ -194,17 +259,13 @@ def _run(
 
 
 @contextmanager
-def _fills(
-    model: Any, heads: list[tuple[int, int]], means: list[Tensor] | None, B: int
-) -> Iterator[None]:
-    """While inside, each switched-off head's output gains its intact mean (``means``: L × (h,
-    d_k); None for zero ablation), added after W_O as ablate_heads adds it (the head mask
-    zeroes the head)."""
+def _fills(model: Any, ablated: Tensor, means: list[Tensor], B: int) -> Iterator[None]:
+    """While inside, each head's output gains ``ablated`` (L, h) times its intact mean
+    (``means``: L × (h, d_k)), added after W_O as ablate_heads adds it (the head mask zeroes
+    the head): 1 at a head switched off by its mean, 0 elsewhere (every head when zeroed),
+    where the layer's output gains exactly 0."""
     with ExitStack() as stack:
-        for layer in sorted({l for l, _ in heads}):
-            if means is None:
-                break
-            ablated = torch.zeros(1, model.config.n_heads)  # (S = 1, h)
-            ablated[0, [i for l, i in heads if l == layer]] = 1.0
-            stack.enter_context(mean_fill(model.blocks[layer], ablated, means[layer], B))
+        for layer in range(model.config.n_layers):
+            here = ablated[layer : layer + 1]  # (S = 1, h)
+            stack.enter_context(mean_fill(model.blocks[layer], here, means[layer], B))
         yield

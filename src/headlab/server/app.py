@@ -19,10 +19,21 @@ from starlette.middleware.gzip import GZipMiddleware
 from headlab import __version__
 from headlab.server import settings
 from headlab.server.live import MAX_SECONDS, LiveRuns
-from headlab.server.routes import attention, code, experiments, health, live, shapes, switch
+from headlab.server.progress import Jobs, Timings
+from headlab.server.routes import (
+    attention,
+    code,
+    experiments,
+    health,
+    live,
+    progress,
+    shapes,
+    switch,
+)
 from headlab.server.schemas import error_responses
 from headlab.server.security import BodyLimit, HeadAsGet, HostCheck, SecurityHeaders
 from headlab.server.store import ModelStore, Recent, SingleFlight
+from headlab.server.warm import Warmer, available_models
 
 STATIC = Path(__file__).parent / "static"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -38,12 +49,16 @@ def create_app(
     max_loaded: int = 2,
     live_seconds: float = MAX_SECONDS,
     live_threads: int | None = None,
+    warm: Sequence[str] | None = (),
 ) -> FastAPI:
     """The explainer's app. ``preload`` names models loaded at startup (missing ones are skipped
     and reported by ``/api/models``); at most ``max_loaded`` models stay in memory at once; a
     live training run is stopped after ``live_seconds``; a run whose reader left threads on
     "auto" trains on ``live_threads`` torch threads (default :func:`settings.live_threads`;
-    None: chosen per run from the machine's load)."""
+    None: chosen per run from the machine's load). ``warm`` names the models whose one-time
+    figures (composition scores, the page's random-weights floors) a background thread
+    computes and keeps on disk after startup, never holding it back (:mod:`headlab.server.
+    warm`); None: every model available here (``headlab serve``); () none (tests)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -53,6 +68,8 @@ def create_app(
         app.state.syntax_tables, app.state.syntax_flights = {}, SingleFlight()
         # POST /api/circuit's answers, per (model, seed, ablation): the last few asked
         app.state.circuits = Recent(max_kept=CIRCUITS_KEPT)
+        # long requests' progress (GET /api/progress/{id}) and each step's time on this machine
+        app.state.jobs, app.state.timings = Jobs(), Timings()
         threads = settings.live_threads() if live_threads is None else live_threads
         app.state.live = LiveRuns(max_seconds=live_seconds, threads=threads)
         # torch's optimizers import torch._dynamo when first built (about 3 s on a 2-core
@@ -66,7 +83,11 @@ def create_app(
 
         fast.available()
 
+        names = available_models(app.state.models) if warm is None else list(warm)
+        app.state.warm = Warmer(app.state.models, app.state.timings, names)
+        app.state.warm.start()
         yield
+        app.state.warm.stop()
         app.state.live.shutdown()
         app.state.models.clear()
 
@@ -86,6 +107,7 @@ def create_app(
         (experiments.router, (404,)),
         (code.router, (404,)),
         (live.router, (404, 409)),
+        (progress.router, ()),
     ):
         app.include_router(router, prefix="/api", responses=error_responses(*extra))
     app.add_exception_handler(RequestValidationError, _readable_422)  # type: ignore[arg-type]

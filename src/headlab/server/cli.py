@@ -137,9 +137,11 @@ def run_server(
     open_browser: bool,
     console: Console,
     serve: Callable[[Any, socket.socket], None] | None = None,
+    warm: bool = True,
 ) -> None:
     """Bind host:port, print the URL served, and run the app until Ctrl-C (``serve(app, sock)``,
-    by default :func:`serve_forever`)."""
+    by default :func:`serve_forever`); with ``warm`` every available model's one-time figures
+    are computed in the background (:mod:`headlab.server.warm`)."""
     from headlab.server import settings
     from headlab.server.app import create_app
 
@@ -161,4 +163,5 @@ def run_server(
     if open_browser:
         threading.Timer(1.0, webbrowser.open, args=(url,)).start()
     with sock:
-        (serve or serve_forever)(create_app(allowed_hosts=allowed_hosts(host, sock)), sock)
+        app = create_app(allowed_hosts=allowed_hosts(host, sock), warm=None if warm else ())
+        (serve or serve_forever)(app, sock)

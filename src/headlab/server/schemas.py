@@ -19,6 +19,7 @@ from headlab.shapes.statement import REQUEST_DEFAULTS
 
 # A name is a short identifier (letters, digits, - _ .), never a path: no "/" or "..".
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"
+PROGRESS_ID = r"^[0-9a-f]{8,32}$"  # a request's progress id: the page makes one up per run
 # Settings (headlab.server.settings): HEADLAB_MAX_TEXT_CHARS, HEADLAB_MAX_TOKENS. Above 128
 # tokens the per-head weights (layers · h · n²) stop being a page-sized answer.
 MAX_TEXT_CHARS = settings.max_text_chars()
@@ -354,6 +355,13 @@ class HeadsRequest(TextRequest):
         "head whose syntactic margin passes its threshold by the widest share may be labelled "
         "'syntactic', so other heads' labels can change",
     )
+    progress_id: str | None = Field(
+        None,
+        pattern=PROGRESS_ID,
+        description="an id the client makes up (8 to 32 lowercase hex digits): while the "
+        "request runs, GET /api/progress/{id} answers its steps, the one under way and the "
+        "time it is expected to take (headlab.server.progress)",
+    )
 
     def wants_syntax(self) -> bool:
         """Whether the answer carries the syntactic scores (syntax_labels implies syntax)."""
@@ -369,6 +377,39 @@ class HeadsRequest(TextRequest):
         if self.evidence and self.probe == NEEDLE:
             raise ValueError(EVIDENCE_NOT_ON_NEEDLES)
         return self
+
+
+class ProgressStep(BaseModel):
+    step: str = Field(description="the step's name (headlab.server.progress.LABELS)")
+    label: str = Field(description="what it is, in words")
+    expected_s: float | None = Field(description="seconds it is expected to take; null: unknown")
+    basis: Literal["measured", "estimate", "cached"] = Field(
+        description="measured: by the last run here, scaled to the tokens; estimate: from the "
+        "model's size; cached: its result is kept, so it takes no time"
+    )
+    state: Literal["waiting", "running", "done"]
+    seconds: float | None = Field(description="its wall time, once done")
+
+
+class ProgressResponse(BaseModel):
+    """A request's progress (``progress_id`` of POST /api/heads)."""
+
+    id: str
+    model: str
+    step: str | None = Field(description="the step under way; null before the first and at the end")
+    label: str | None = Field(description="the step under way, in words")
+    done: int = Field(description="how much of the step is done (heads, random models …)")
+    total: int = Field(description="… of how much (0: not counted)")
+    elapsed_s: float = Field(description="seconds since the request started")
+    expected_s: float | None = Field(description="seconds the planned steps should take in all")
+    expected: str = Field(description="where the expected time comes from, in words")
+    tokens: int = Field(description="the probe's tokens (0 until the probe is built)")
+    steps: list[ProgressStep]
+    state: Literal["waiting", "running", "finished", "failed"] = Field(
+        description="waiting: no request with this id has started here (yet, or it is one of "
+        "the older ones forgotten); running; finished; failed"
+    )
+    failed: str | None = Field(description="why the request failed, if it did")
 
 
 class CircuitRequest(Strict):

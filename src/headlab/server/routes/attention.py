@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request, Response
 
 from headlab.server.fastjson import json_response
+from headlab.server.progress import Job
 from headlab.server.schemas import (
     MAX_TOKENS,
     NEEDLE,
@@ -95,16 +96,41 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
     false), in one answer; with ``syntax`` also the syntactic heads (:mod:`headlab.heads.syntax`)
     and, for a text, its parse and each head's top link per word: the syntactic score is shown
     beside the others and takes part in the labels only with ``syntax_labels``; with
-    ``evidence`` each label's evidence (:func:`headlab.heads.evidence.evidence`)."""
+    ``evidence`` each label's evidence (:func:`headlab.heads.evidence.evidence`). With
+    ``progress_id``, ``GET /api/progress/{id}`` says how far it has got meanwhile; each step's
+    time is kept for the next request's expected time (:mod:`headlab.server.progress`)."""
+    job = request.app.state.jobs.start(req.progress_id, req.model)
+    try:
+        body, config = _heads_answer(req, request, job)
+    except HTTPException as exc:
+        job.finish(failed=str(exc.detail))
+        raise
+    except BaseException:
+        job.finish(failed="the server failed to answer")
+        raise
+    job.finish()
+    request.app.state.timings.record(req.model, config, job.measured())
+    return json_response(body)
+
+
+def _heads_answer(req: HeadsRequest, request: Request, job: Job) -> tuple[dict[str, Any], Any]:
+    """/api/heads's answer and the model's config, each step reported to ``job``."""
     from headlab.heads.baselines import FloorsDoNotFit
 
-    model, probe, retrieval, needles = heads_probe(request, req)
-    found = syntax_table(request, req.model) if req.wants_syntax() else None
+    if req.model not in request.app.state.models.loaded_names():
+        job.step("model", 0, 1)
+    model, probe, retrieval, needles = heads_probe(request, req, job)
+    found = None
+    if req.wants_syntax():
+        if req.model not in request.app.state.syntax_tables:
+            job.step("syntax", 0, 1)
+        found = syntax_table(request, req.model)
     margins = found["report"].margins() if found and found.get("report") else None
     ruled = req.syntax_labels and margins is not None
     extra: dict[str, Any] = {"needles": needles} if needles else {}
+    plan_job(request, req, job, model, probe)
     try:
-        report = _labelled(req, model, probe, margins, ruled, retrieval, extra)
+        report = _labelled(req, model, probe, margins, ruled, retrieval, extra, job)
     except FloorsDoNotFit as exc:
         way_out = (
             'leave out "evidence": true (evidence needs the floors)'
@@ -115,17 +141,36 @@ def heads_endpoint(req: HeadsRequest, request: Request) -> Response:
     body = {**report.to_dict(patterns=True), "syntax_labels": ruled, **extra}
     if found is not None:
         body["syntax"] = syntax_body(request, req.model, found, probe, report.patterns)
-    return json_response(
-        {
-            "model": req.model,
-            "text": probe.text or " ".join(probe.labels),
-            "causal": bool(getattr(model.config, "causal", True)),
-            "n_layers": int(model.config.n_layers),
-            "n_heads": int(model.config.n_heads),
-            **attention_layout(model.config),  # kv_group, window, layer_kinds
-            **body,
-        }
-    )
+    answer = {
+        "model": req.model,
+        "text": probe.text or " ".join(probe.labels),
+        "causal": bool(getattr(model.config, "causal", True)),
+        "n_layers": int(model.config.n_layers),
+        "n_heads": int(model.config.n_heads),
+        **attention_layout(model.config),  # kv_group, window, layer_kinds
+        **body,
+    }
+    return answer, model.config
+
+
+def plan_job(request: Request, req: HeadsRequest, job: Job, model: Any, probe: Any) -> None:
+    """Give ``job`` the steps /api/heads will run on ``probe`` and their expected times: the
+    random-weights floors and the composition scores take none where they are cached (warmed
+    when the server started: :mod:`headlab.server.warm`)."""
+    from headlab.heads.baselines import floors_cached
+    from headlab.heads.composition import composition_cached
+    from headlab.server.progress import plan_steps
+
+    names = ["floors", "scores"] if req.floors else ["scores"]
+    if req.evidence:
+        names = ["shuffled", "floors", "scores", "composition"]
+        names += ["ablation"] if model.config.causal else []
+    cached = {"floors"} if "floors" in names and floors_cached(model, probe) else set()
+    if req.evidence and composition_cached(model):
+        cached.add("composition")
+    kept = request.app.state.timings.read(req.model, model.config)
+    steps, note = plan_steps(names, cached, kept, model, probe.n)
+    job.plan(steps, probe.n, note)
 
 
 def _labelled(
@@ -136,12 +181,25 @@ def _labelled(
     ruled: bool,
     retrieval: Any,
     extra: dict[str, Any],
+    job: Job,
 ) -> Any:
     """The labelled report /api/heads answers with; with ``evidence`` each label's evidence
     goes into ``extra``."""
-    from headlab.heads.baselines import label_heads
+    from headlab.heads.baselines import BASELINE_SEEDS, label_heads
 
     if not req.evidence:
+        L, S = model.config.n_layers, len(BASELINE_SEEDS)
+
+        def counted(done: int, total: int) -> None:
+            # label_heads counts the random models' layers first (none when the floors are
+            # cached), then the model's own
+            floors = total - L
+            if floors > 0 and done <= floors:
+                job.step("floors", done // L, S)
+            else:
+                job.step("scores", done - floors, L)
+
+        job.step("floors" if req.floors else "scores", 0, S if req.floors else L)
         return label_heads(
             model,
             probe,
@@ -149,6 +207,7 @@ def _labelled(
             label_syntactic=ruled,
             floors=req.floors,
             retrieval=retrieval,
+            progress=counted,
         )
     # labels then need their margins over random weights too
     from headlab.heads.evidence import evidence
@@ -162,13 +221,21 @@ def _labelled(
                 f"layers 0..{L - 1} and heads 0..{h - 1}",
             )
     backed = evidence(
-        model, probe, keep=None, syntactic=margins, label_syntactic=ruled, exact=req.exact
+        model,
+        probe,
+        keep=None,
+        syntactic=margins,
+        label_syntactic=ruled,
+        exact=req.exact,
+        progress=job.step,
     )
     extra["evidence"] = backed.to_dict()
     return backed.report
 
 
-def heads_probe(request: Request, req: HeadsRequest) -> tuple[Any, Any, Any, list[dict]]:
+def heads_probe(
+    request: Request, req: HeadsRequest, job: Job | None = None
+) -> tuple[Any, Any, Any, list[dict]]:
     """``(model, probe, retrieval scores, needles)`` for /api/heads: with probe "needle" the
     needle-in-a-haystack probes, sized to the server's token budget, and each head's retrieval
     score and each needle's answer (:func:`headlab.heads.retrieval.needle_analysis`, as
@@ -182,6 +249,8 @@ def heads_probe(request: Request, req: HeadsRequest) -> tuple[Any, Any, Any, lis
             422, "probe 'needle' takes no text; leave the text out or use probe 'text'"
         )
     model, tokenizer = request.app.state.models.get(req.model)
+    if job is not None:
+        job.step("needles", 0, 1)
     # the needles' context fits the token budget, with room for the answer as the CLI leaves it
     positions = min(model.config.max_len, token_limit(model) + 2 * DIGITS)
     try:

@@ -9,6 +9,8 @@ import { typeSentence, syntaxSentence, signed } from "./sentences.js";
 import { tokenNote } from "./tokens.js";
 import { evidenceCard, circuitGraph, circuitNote, CIRCUIT_WIDTH } from "./evidence-card.js";
 import { glossed } from "./glossary.js";
+import { withProgress } from "./progress.js";
+import { hostRuns, hostNote } from "./host.js";
 
 export const HEAD_TYPES = [
   ["previous-token", "previous-token head"],
@@ -30,7 +32,8 @@ function field(id, label, control, cls = null) {
 function build(root) {
   const el = {
     model: h("select", { id: "heads-model", name: "model" }),
-    kind: h("select", { id: "heads-type", name: "type" }, HEAD_TYPES.map(([v, t]) => h("option", { value: v }, t))),
+    // the types this host scores (a static site: those its exported graph gives)
+    kind: h("select", { id: "heads-type", name: "type" }, HEAD_TYPES.filter(([v]) => hostRuns("head_types", v)).map(([v, t]) => h("option", { value: v }, t))),
     which: h("select", { id: "heads-which", name: "head" }),
     relation: h("select", { id: "heads-relation", name: "relation" }),
     input: h("select", { id: "heads-probe", name: "probe" }),  // filled from GET /api/probes
@@ -39,6 +42,9 @@ function build(root) {
     text: h("textarea", { id: "heads-text", name: "text", rows: 3, spellcheck: "false" }),
     run: h("button", { type: "submit", id: "heads-run" }, "Run the model"),
     about: h("p", { class: "note", id: "heads-about" }),
+    // a static site's one line on the models, inputs and types it leaves out, and why
+    hostNote: h("p", { class: "note", id: "heads-host-note", hidden: !hostNote() }, hostNote()),
+    stale: h("p", { class: "stale-note", id: "heads-stale", hidden: true }),
     status: h("p", { class: "note", id: "heads-status", role: "status", "aria-live": "polite" }),
     tokens: h("p", { class: "note", id: "heads-tokens", hidden: true }),
     view: h("div", { id: "heads-view" }),
@@ -48,19 +54,24 @@ function build(root) {
   };
   el.relationField = field("heads-relation", "relation", el.relation);
   el.relationField.hidden = true;
+  const syntaxField = field("heads-syntax-labels", [el.syntaxLabels, "label heads by syntax too (may relabel other heads)"], null, "inline");
+  const evidenceField = field("heads-evidence", [el.evidence, ...glossed("show the evidence for each label (baselines, ablations, compositions; the line below the form names each step as it runs and the time it should take)")], null, "inline");
+  syntaxField.hidden = !hostRuns("heads_options", "syntax_labels");
+  evidenceField.hidden = !hostRuns("heads_options", "evidence");
   el.form = h("form", { id: "heads-form", "aria-label": "head viewer" },
     h("div", { class: "controls flow" }, field("heads-model", "model", el.model), field("heads-type", "head type", el.kind), el.relationField,
-      field("heads-which", "or any head (layer.head)", el.which), field("heads-probe", "run the model on", el.input),
-      field("heads-syntax-labels", [el.syntaxLabels, "label heads by syntax too (may relabel other heads)"], null, "inline"),
-      field("heads-evidence", [el.evidence, ...glossed("show the evidence for each label (baselines, ablations, compositions; takes a few seconds)")], null, "inline")),
-    el.about, field("heads-text", "text (a repeated phrase shows induction)", el.text), h("p", {}, el.run, " ", h("span", { class: "note" }, "Ctrl+Enter runs it too")));
-  root.append(h("div", { class: "widget-box" }, el.form, el.status, el.tokens, el.view, el.card, el.circuit, el.grid));
+      field("heads-which", "or any head (layer.head)", el.which), field("heads-probe", "run the model on", el.input), syntaxField, evidenceField),
+    el.hostNote, el.about, field("heads-text", "text (a repeated phrase shows induction)", el.text), h("p", {}, el.run, " ", h("span", { class: "note" }, "Ctrl+Enter runs it too")));
+  // everything drawn from one answer, marked as a whole when the input chosen is another
+  el.results = h("div", { id: "heads-results" }, el.tokens, el.view, el.card, el.circuit, el.grid);
+  root.append(h("div", { class: "widget-box" }, el.form, el.status, el.stale, el.results));
   return el;
 }
 
 export function initHeads(root, summaryEl) {
   const el = build(root);
-  const state = { attention: null, heads: null, layer: 0, head: 0, averaged: false, syntactic: null, pickedAs: "", wantSyntax: false, models: [], probes: [], maxChars: null };
+  // shownFor: the input the drawn answer is of (inputKey); asked: the input of the run on its way
+  const state = { attention: null, heads: null, layer: 0, head: 0, averaged: false, syntactic: null, pickedAs: "", wantSyntax: false, models: [], probes: [], maxChars: null, shownFor: null, asked: null };
   const readsText = () => state.probes.find((p) => p.name === el.input.value)?.takes_text ?? true;
   const draw = () => drawHead(el, state);
   const select = (layer, head, averaged, syntactic = null) => {
@@ -88,6 +99,7 @@ export function initHeads(root, summaryEl) {
   });
   el.form.addEventListener("submit", (e) => { e.preventDefault(); submit(); });
   el.text.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) { e.preventDefault(); submit(); } });
+  el.text.addEventListener("input", () => markStale(el, state, readsText));
   el.model.addEventListener("change", () => { describe(el, state); submit(); drawCircuit(el, state); });
   el.syntaxLabels.addEventListener("change", submit);
   el.evidence.addEventListener("change", () => { submit(); drawCircuit(el, state); });
@@ -99,7 +111,8 @@ export function initHeads(root, summaryEl) {
 
 // The vocabularies (models, probes) and the text limit, asked for once; then the first run.
 function start(el, state, showText, submit) {
-  const probesLoaded = api("/api/probes").then((rows) => {
+  const probesLoaded = api("/api/probes").then((all) => {
+    const rows = all.filter((p) => hostRuns("probes", p.name));  // a static site runs a few
     state.probes = rows;
     // a menu shows a probe's description up to its first parenthesis; the rest is its title
     clear(el.input, rows.map((p) => h("option", { value: p.name, title: p.description }, p.description.split(" (")[0])));
@@ -136,14 +149,55 @@ const refusedText = (err, text) => refusal(err, {
   text: (item) => textProblem(text, quoted(item)) || "The server could not read this text; try a shorter or plainer one.",
 });
 
+// The input as the controls state it, to tell whether the answer drawn is of it; `text` is the
+// box's text, or the text a run on the empty box was given (the answer's).
+function inputKey(el, readsText, text = el.text.value) {
+  return JSON.stringify({ model: el.model.value || "default", probe: el.input.value, text: readsText() ? text : null,
+    evidence: el.evidence.checked, syntaxLabels: el.syntaxLabels.checked });
+}
+
+// An answer drawn for another input than the controls now state is marked as such, with a line
+// that says so, until the answer for this one replaces it (or a failed run takes it away).
+function markStale(el, state, readsText) {
+  const now = inputKey(el, readsText);
+  const stale = state.shownFor !== null && state.shownFor !== now;
+  el.results.classList.toggle("stale", stale);
+  el.stale.hidden = !stale;
+  el.stale.textContent = !stale ? ""
+    : state.asked === now ? "The figures below are of the input run before; the model is running on this one."
+    : "The figures below are of the input run before, not of this one: run the model to see it.";
+}
+
+// A run that failed leaves nothing of an earlier input under the controls: its figures, card,
+// grid, head menu and label summary are taken away (the status line says what went wrong).
+function forget(el, state, summaryEl) {
+  Object.assign(state, { attention: null, heads: null, shownFor: null, asked: null });
+  clear(el.view);
+  clear(el.card);
+  clear(el.grid);  // the switch-off panel, watching the grid, lets go of the answer too
+  clear(el.which);
+  el.tokens.hidden = true;
+  el.results.classList.remove("stale");
+  el.stale.hidden = true;
+  summarise(summaryEl, state, "The head viewer's last run gave no answer (its message says why), so there are no labels to count.");
+}
+
 // The one request per run; a newer run (another model, new text) wins over a slower older one.
 function runner(el, state, { readsText, choose, select, summaryEl }) {
   let runs = 0;
+  const failed = (text) => {
+    el.status.textContent = text;
+    el.status.classList.add("error");
+    forget(el, state, summaryEl);
+  };
   return async () => {
     const mine = ++runs;
     const typed = readsText() && el.text.value.trim();
     const problem = typed ? textProblem(el.text.value, state.maxChars) : "";
-    if (problem) { el.status.textContent = problem; el.status.classList.add("error"); return; }
+    if (problem) { failed(problem); return; }
+    state.asked = inputKey(el, readsText);
+    const emptyBox = readsText() && !typed;  // the answer's text fills it: the key is of that text
+    markStale(el, state, readsText);
     el.status.textContent = "Running the model…";
     try {
       // a probe that reads a text, with an empty box, is left to the server: it runs its
@@ -154,13 +208,17 @@ function runner(el, state, { readsText, choose, select, summaryEl }) {
       if (el.evidence.checked) body.evidence = true;
       if (el.syntaxLabels.checked) body.syntax_labels = true;
       else if (state.wantSyntax) body.syntax = true;
-      const heads = await api("/api/heads", body);
+      // a long run (the evidence, a model's first floors) says each step and the time expected
+      const progress = (text) => { if (mine === runs) el.status.textContent = text; };
+      const heads = await withProgress((id) => api("/api/heads", id ? { ...body, progress_id: id } : body), progress);
       if (mine !== runs) return;
+      const asked = emptyBox ? JSON.stringify({ ...JSON.parse(state.asked), text: heads.text }) : state.asked;
       show(el, state, heads, { readsText, choose, select, summaryEl });
+      Object.assign(state, { shownFor: asked, asked: null });
+      markStale(el, state, readsText);
     } catch (err) {
       if (mine !== runs) return;
-      el.status.textContent = refusedText(err, el.text.value);
-      el.status.classList.add("error");
+      failed(refusedText(err, el.text.value));
       return;
     }
     el.status.classList.remove("error");
@@ -364,7 +422,8 @@ function syntaxFigures(syntax, layer, head, relation, readout) {
 
 async function loadModels(el, state) {
   try {
-    const models = await api("/api/models");
+    // a static site runs only the models its manifest lists (the line under the menus says so)
+    const models = (await api("/api/models")).filter((m) => hostRuns("models", m.name));
     const available = models.filter((m) => m.available);
     state.models = available;
     // the menu names the model; its description is the line under the menus
@@ -379,9 +438,9 @@ async function loadModels(el, state) {
   }
 }
 
-function summarise(el, state) {
+function summarise(el, state, why = "Head labels are not available from this server yet.") {
   if (!el) return;
-  if (!state.heads) { clear(el, missing("Head labels are not available from this server yet.")); return; }
+  if (!state.heads) { clear(el, missing(why)); return; }
   const counts = {};
   for (const r of state.heads.heads) counts[r.label] = (counts[r.label] || 0) + 1;
   const total = state.heads.heads.length;

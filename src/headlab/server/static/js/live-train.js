@@ -9,10 +9,11 @@
 // how long it took, on how many threads and why.
 import { api } from "./api.js";
 import { h, clear } from "./dom.js";
-import { lineChart, heatmap, colourLegend } from "./figures.js";
-import { figure } from "./export.js";
+import { lineChart, heatmap, colourLegend, CHART_WIDTH } from "./figures.js";
+import { figure, onWidth } from "./export.js";
 import { circuitGraph, circuitNote, liveCircuit, CIRCUIT_WIDTH } from "./evidence-card.js";
 import { glossed } from "./glossary.js";
+import { hostRuns } from "./host.js";
 
 // no "-0.00": a value that rounds to zero prints as 0
 const fmt = (v, d = 3) => (Number.isFinite(v) ? (Math.abs(v) < 0.5 * 10 ** -d ? 0 : v).toFixed(d) : "—");
@@ -73,6 +74,10 @@ async function* sseEvents(response) {
 }
 
 export async function initLiveTrain(root) {
+  if (!hostRuns("routes", "live/induction")) {  // a static site trains nothing: it says so, once
+    clear(root, h("p", { class: "note", id: "live-host-note" }, "Training a fresh model while you watch needs `headlab serve`, which trains it on your machine; this static site shows the stored run above."));
+    return;
+  }
   let knobs, auto;
   try {
     ({ knobs, auto } = await api("/api/live"));
@@ -87,7 +92,7 @@ export async function initLiveTrain(root) {
   const train = h("button", { type: "submit", id: "live-train" }, "Train");
   const cancel = h("button", { type: "button", id: "live-cancel", disabled: true }, "Cancel");
   const form = h("form", { id: "live-form", "aria-label": "train an induction model", novalidate: true },
-    h("div", { class: "controls" }, Object.values(controls).map(([, label]) => label)),
+    h("div", { class: "controls flow" }, Object.values(controls).map(([, label]) => label)),
     h("p", {}, train, " ", cancel));
   const status = h("p", { class: "note", id: "live-status", role: "status", "aria-live": "polite" }, "Press Train: the server trains a fresh model while you watch.");
   const phase = h("p", { id: "live-phase", class: "verdict", hidden: true });
@@ -96,11 +101,33 @@ export async function initLiveTrain(root) {
   const patterns = h("div", { id: "live-patterns" });
   const circuitBox = h("div", { id: "live-circuit" });
   const verdict = h("div", { id: "live-verdict", "aria-live": "polite" });
-  root.append(h("div", { class: "widget-box" }, form, status, phase, losses, scores, patterns, circuitBox, verdict));
+  const stale = h("p", { class: "stale-note", id: "live-stale", hidden: true });
+  const results = h("div", { id: "live-results" }, phase, losses, scores, patterns, circuitBox, verdict);
+  root.append(h("div", { class: "widget-box" }, form, status, stale, results));
 
   let state = null;
   let pending = false;
   let drawnAt = 0;
+  // the charts are drawn to the panel's width (at most CHART_WIDTH), so that their text keeps
+  // its size on a phone rather than shrinking with a wider drawing; again when the width changes
+  let chartWidth = CHART_WIDTH;
+  onWidth(losses, (room) => {
+    const next = Math.min(CHART_WIDTH, Math.floor(room));
+    if (next === chartWidth) return;
+    chartWidth = next;
+    if (state) { state.drawn.evals = -1; draw(state); }
+  });
+
+  // the knobs a run was started with; a run drawn under knobs changed since is marked as such
+  const knobValues = () => JSON.stringify(Object.entries(controls).map(([name, [control, , knob]]) => [name, knobValue(control, knob)]));
+  const markStale = () => {
+    const changed = Boolean(state?.evals.length) && state.knobs !== knobValues();
+    results.classList.toggle("stale", changed);
+    stale.hidden = !changed;
+    stale.textContent = changed ? `The charts below are of run ${state.runId}, trained with the settings it was started with, not the ones above: press Train to train with these.` : "";
+  };
+  form.addEventListener("input", markStale);
+  form.addEventListener("change", markStale);
 
   // evaluations redraw, at most one drawing per DRAW_MS: the browser shares the CPU with the
   // server's training run (on two cores, redrawing every chart on every event cost the run 2-3 s)
@@ -120,7 +147,7 @@ export async function initLiveTrain(root) {
       line("first_copy_loss", "first copy", LOSS_COLOURS.first),
       line("repeated_loss", "repeated copy", LOSS_COLOURS.repeated, true),
     ].filter((sr) => sr.points.length);
-    const l = lineChart(lossSeries, { title: "Loss on a probe's first and repeated copy", xLabel: "step", yLabel: "loss (nats)", shade });
+    const l = lineChart(lossSeries, { title: "Loss on a probe's first and repeated copy", xLabel: "step", yLabel: "loss (nats)", shade, width: chartWidth });
     clear(losses, l.svg, l.legend);
     losses.dataset.step = String(st.evals.at(-1).step);
     losses.dataset.points = String(st.evals.length);
@@ -161,7 +188,7 @@ export async function initLiveTrain(root) {
     }));
     const headSeries = [...perHead("induction", last, "induction", inductionColour), ...perHead("prev_token", 0, "previous-token", prevTokenColour)];
     headSeries.push({ name: "ideal induction head", dashed: true, colour: IDEAL_COLOUR, points: st.evals.map((e) => [e.step, st.ceiling]) });
-    const sc = lineChart(headSeries, { title: `Induction score of layer ${last}'s heads, previous-token score of layer 0's`, xLabel: "step", yLabel: "score", shade });
+    const sc = lineChart(headSeries, { title: `Induction score of layer ${last}'s heads, previous-token score of layer 0's`, xLabel: "step", yLabel: "score", shade, width: chartWidth });
     clear(scores, sc.svg, sc.legend);
     scores.dataset.points = String(st.evals.length);
   };
@@ -254,13 +281,15 @@ export async function initLiveTrain(root) {
     state = { runId: null, steps: [], evals: [], phase: null, final: false, stopped: false, patterns: null, tokens: [], ceiling: null, total: 0,
       drawn: { evals: 0, phase: undefined, patternStep: null, circuit: null }, circuit: null, verdict: null };
     clear(losses); clear(scores); clear(patterns); clear(circuitBox); clear(verdict);
+    const body = Object.fromEntries(Object.entries(controls).map(([name, [control, , knob]]) => [name, knobValue(control, knob)]));
+    state.knobs = knobValues();
+    markStale();
     phase.hidden = true;
     delete phase.dataset.state;
     train.disabled = true;
     root.dataset.state = "running";
     status.classList.remove("error");
     status.textContent = "Starting…";
-    const body = Object.fromEntries(Object.entries(controls).map(([name, [control, , knob]]) => [name, knobValue(control, knob)]));
     let response;
     try {
       response = await fetch("/api/live/induction", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });

@@ -4,6 +4,7 @@ import { h, clear } from "./dom.js";
 import { barChart, matrix, BAR_WIDTH } from "./bars.js";
 import { figure } from "./export.js";
 import { api } from "./api.js";
+import { hostRuns } from "./host.js";
 import { chart, table, verdictList } from "./stored-parts.js";
 
 const isNum = (v) => typeof v === "number" && Number.isFinite(v);
@@ -66,19 +67,29 @@ export function retrieval(name, r) {
 // --- a live look at one needle -----------------------------------------------------------------
 
 function needleLive(r) {
+  if (!hostRuns("routes", "retrieval/needle")) {  // a static site runs no needle: it says so
+    return h("p", { class: "note", id: "needle-host-note" }, "Hiding a number in a long text and asking the model for it runs on the server: it needs `headlab serve`.");
+  }
   const storedTop = new Set((r.top_heads || []).map((t) => `${t.layer}.${t.head}`));
   const depth = h("select", { id: "needle-depth" }, [0, 0.25, 0.5, 0.75, 1].map((d) => h("option", { value: String(d), selected: d === 0.5 ? "" : null }, String(d))));
   const seed = h("input", { id: "needle-seed", type: "number", min: "0", max: "2147483647", step: "1", value: "0" });
   const out = h("div", { id: "needle-result", "aria-live": "polite" });
   const run = h("button", { type: "button", id: "needle-run" }, "Hide a number and ask for it");
+  // an answer is of the depth and seed it was run with: changing either takes it away, and an
+  // answer still on its way for the old ones is not drawn
+  let runs = 0;
+  const forget = () => { runs += 1; clear(out); };
+  depth.addEventListener("change", forget);
+  seed.addEventListener("input", forget);
   run.addEventListener("click", async () => {
+    const mine = ++runs;
     run.disabled = true;
     clear(out, h("p", { class: "note" }, "Running the model on one needle…"));
     try {
       const found = await api("/api/retrieval/needle", { depth: Number(depth.value), seed: Number(seed.value) });
-      clear(out, ...needleAnswer(found, storedTop));
+      if (mine === runs) clear(out, ...needleAnswer(found, storedTop));
     } catch (err) {
-      clear(out, h("p", { class: "error" }, `The needle did not run: ${err.message}`));
+      if (mine === runs) clear(out, h("p", { class: "error" }, `The needle did not run: ${err.message}`));
     } finally {
       run.disabled = false;
     }

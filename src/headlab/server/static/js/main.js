@@ -6,6 +6,7 @@ import { initHeads } from "./heads-widget.js";
 import { initSwitchOff } from "./switch-off.js";
 import { renderExperiment } from "./experiments.js";
 import { initLiveTrain } from "./live-train.js";
+import { setHost } from "./host.js";
 
 const status = document.getElementById("server-status");
 
@@ -160,6 +161,7 @@ async function start() {
   openFolds();
   try {
     const health = await api("/api/health");
+    setHost(health);  // what this host runs: everything, or a static site's list
     setStatus(`Connected to headlab ${health.version}: live figures are computed now; stored ones name the run that made them.`);
   } catch (err) {
     setStatus(`The headlab server does not answer (${err.message}). Start it with: headlab serve`, true);

@@ -7,6 +7,7 @@ import { barChart, BAR_WIDTH } from "./bars.js";
 import { figure } from "./export.js";
 import { layerDiagram } from "./layer-diagram.js";
 import { kvFigures } from "./kv-figures.js";
+import { hostIsStatic, hostRuns } from "./host.js";
 
 const FIELDS = [
   ["d_model", "d_model (width)", 512],
@@ -18,6 +19,7 @@ const FIELDS = [
   ["d_k", "d_k (head width; empty = d_model / h)", ""],
 ];
 const OPTIONAL = new Set(["n_kv_heads", "d_k"]);  // an empty box: the server's default
+const KV_FIELDS = new Set(["cache_len"]);  // asked in the KV cache's fold, not beside the layer's sizes
 // the ranges and dtypes are the server's (GET /api/shapes/limits), set once they arrive
 function numberInput(key, label, value) {
   return h("label", { for: `shapes-${key}` }, label,
@@ -101,16 +103,23 @@ function problemsBox(report, form, update) {
 // "4" for 4.0, "2.67" for 8/3: how many times the MHA cache is larger than this one
 const times = (ratio) => (Number.isInteger(ratio) ? String(ratio) : ratio.toPrecision(3));
 
+const fact = (value, label, id) => h("div", { class: "fact", id }, h("b", {}, value), h("span", {}, glossed(label)));
+
+// the layer's own numbers: what §2 shows open
 function facts(report) {
-  const kv = report.kv_cache || {};
-  const fact = (value, label, id) => h("div", { class: "fact", id }, h("b", {}, value), h("span", {}, glossed(label)));
   const biases = report.config.bias ? "with biases" : "no biases";
   return h("div", { class: "facts" },
     fact(fmtInt(report.params.total), `parameters in the layer (W_Q, W_K, W_V, W_O, ${biases})`, "shapes-params-total"),
     fact(`${fmtCompact(report.flops.total)}FLOP`, `per forward pass; ${(100 * report.flops.n2_share).toFixed(1)}% in the n·s products QKᵀ and A·V`, "shapes-flops"),
-    fact(fmtBytes(report.kv_cache_bytes), `KV cache for B·s tokens (${fmtBytes(kv.bytes_per_token ?? 0)} per token${kv.ratio_vs_mha > 1 ? `; ${times(kv.ratio_vs_mha)}× smaller than MHA` : ""})`, "shapes-kv"),
     fact(fmtBytes(report.memory.n2_bytes), "held by the attention pattern (scores + weights)", "shapes-n2"),
   );
+}
+
+// the KV cache at these sizes, inside the fold §2 keeps closed (§9 explains the cache)
+function kvFacts(report) {
+  const kv = report.kv_cache || {};
+  return h("div", { class: "facts" },
+    fact(fmtBytes(report.kv_cache_bytes), `KV cache for B·s tokens (${fmtBytes(kv.bytes_per_token ?? 0)} per token${kv.ratio_vs_mha > 1 ? `; ${times(kv.ratio_vs_mha)}× smaller than MHA` : ""})`, "shapes-kv"));
 }
 
 export function stageTable(report) {
@@ -144,10 +153,21 @@ export function initShapes(root, presetsAsked) {
   const form = h("form", { class: "controls", id: "shapes-form", "aria-label": "layer sizes", onsubmit: (e) => e.preventDefault() });
   const preset = h("select", { id: "shapes-preset", name: "preset" }, h("option", { value: "" }, "custom"));
   form.append(h("label", { for: "shapes-preset", class: "wide" }, "preset", preset));
-  for (const [key, label, value] of FIELDS) form.append(numberInput(key, label, value));
+  for (const [key, label, value] of FIELDS) if (!KV_FIELDS.has(key)) form.append(numberInput(key, label, value));
   form.append(h("label", { for: "shapes-dtype" }, "dtype", h("select", { id: "shapes-dtype", name: "dtype" })));
   form.append(h("label", { class: "inline", for: "shapes-bias" }, h("input", { id: "shapes-bias", name: "bias", type: "checkbox", checked: true }), "biases"));
   const out = h("div", { id: "shapes-output", "aria-live": "polite" });
+  // The KV cache comes seven sections later (§9): here it is one click away, closed. Its one
+  // size, the tokens already cached, stays a field of the form (form="shapes-form").
+  const kvSizes = h("div", { class: "controls" }, FIELDS.filter(([key]) => KV_FIELDS.has(key)).map(([key, label, value]) => {
+    const field = numberInput(key, label, value);
+    field.querySelector("input").setAttribute("form", "shapes-form");
+    return field;
+  }));
+  const kvOut = h("div", { id: "shapes-kv-output", "aria-live": "polite" });
+  const kvFold = h("details", { class: "more", id: "shapes-kv-fold" },
+    h("summary", {}, "The KV cache at these sizes: the keys and values a generating model keeps of past tokens, and the tokens already cached (§9 explains it)"),
+    kvSizes, kvOut);
   const sources = new Map();  // the code of each linked function, asked for once
   const fetchCode = (name) => {
     if (!sources.has(name)) sources.set(name, api(`/api/code/${encodeURIComponent(name)}`));
@@ -157,7 +177,7 @@ export function initShapes(root, presetsAsked) {
   const onStep = (stages) => out.querySelectorAll("#shapes-table tr[data-stage]").forEach((tr) => tr.classList.toggle("current", stages.includes(tr.dataset.stage)));
   const layer = layerDiagram({ fetchCode, onStep });
   layer.root.hidden = true;
-  root.append(h("div", { class: "widget-box" }, form, layer.root, out));
+  root.append(h("div", { class: "widget-box" }, form, layer.root, out, kvFold));
 
   let seq = 0;
   let presets = {};
@@ -166,24 +186,29 @@ export function initShapes(root, presetsAsked) {
   const update = async () => {
     const mine = ++seq;
     const { body, error } = readForm(form, limits);
-    if (error) { clear(out, h("div", { class: "problems", id: "shapes-problems", role: "alert" }, error)); return; }
+    // sizes refused leave no diagram of the sizes before them
+    if (error) { layer.root.hidden = true; clear(kvOut); clear(out, h("div", { class: "problems", id: "shapes-problems", role: "alert" }, error)); return; }
     try {
       const report = await api("/api/shapes", body);
       if (mine !== seq) return;
       layer.root.hidden = !report.valid;
-      if (!report.valid) { clear(out, problemsBox(report, form, update)); return; }
+      if (!report.valid) { clear(kvOut); clear(out, problemsBox(report, form, update)); return; }
       clear(out, h("p", { class: "verdict", id: "shapes-verdict" }, report.verdict),
         report.warnings.length ? h("div", { class: "problems" }, report.warnings.join(" ")) : null,
         facts(report), stageTable(report),
-        h("details", { class: "more" }, h("summary", {}, "Each tensor to scale, and each parameter matrix"), scaleChart(report), paramTable(report)),
-        kvFigures(report, kvState));
+        h("details", { class: "more" }, h("summary", {}, "Each tensor to scale, and each parameter matrix"), scaleChart(report), paramTable(report)));
+      clear(kvOut, kvFacts(report), kvFigures(report, kvState));
       layer.update(report);
     } catch (err) {
-      if (mine === seq) clear(out, h("div", { class: "problems", id: "shapes-problems" }, refusedSize(err, limits)));
+      if (mine !== seq) return;
+      layer.root.hidden = true;
+      clear(kvOut);
+      clear(out, h("div", { class: "problems", id: "shapes-problems" }, refusedSize(err, limits)));
     }
   };
   const later = debounce(update, 120);
   form.addEventListener("input", (e) => { if (e.target !== preset) { preset.value = ""; later(); } });
+  kvSizes.addEventListener("input", () => { preset.value = ""; later(); });
   preset.addEventListener("change", () => {
     const p = presets[preset.value];
     if (!p) return;
@@ -201,14 +226,19 @@ export function initShapes(root, presetsAsked) {
     presets = { ...presets, ...all };
     preset.append(h("optgroup", { label: "published models" }, Object.entries(all).map(([name, p]) => h("option", { value: name }, p.title || name))));
   }).catch(() => {});
-  // the models this server runs: their sizes read from each model's config
+  // the models this host runs: their sizes read from each model's config (a static copy of the
+  // page runs its manifest's models in the browser; the server's others are named apart)
   api("/api/models/sizes").then((sizes) => {
-    const mine = Object.entries(sizes);
-    if (!mine.length) return;
-    for (const [name, z] of mine) presets[`model:${name}`] = { ...z, title: name };
+    const all = Object.entries(sizes);
+    if (!all.length) return;
+    for (const [name, z] of all) presets[`model:${name}`] = { ...z, title: name };
     const kvText = (z) => (z.n_kv_heads && z.n_kv_heads < z.n_heads ? `, h_kv ${z.n_kv_heads}` : "");
-    preset.append(h("optgroup", { label: "models on this server (their own sizes)" }, mine.map(([name, z]) => h("option", { value: `model:${name}`, title: `${z.n_layers} layers${z.d_k ? `, heads ${z.d_k} wide` : ""}` },
-      `${name}: d_model ${z.d_model}, h ${z.n_heads}${kvText(z)}`))));
+    const group = (label, models) => (models.length ? h("optgroup", { label }, models.map(([name, z]) => h("option", { value: `model:${name}`, title: `${z.n_layers} layers${z.d_k ? `, heads ${z.d_k} wide` : ""}` },
+      `${name}: d_model ${z.d_model}, h ${z.n_heads}${kvText(z)}`))) : null);
+    if (!hostIsStatic()) { preset.append(group("models on this server (their own sizes)", all)); return; }
+    const here = all.filter(([name]) => hostRuns("models", name));
+    const there = all.filter(([name]) => !hostRuns("models", name));
+    preset.append(...[group("models on this page (their own sizes)", here), group("models `headlab serve` runs (their own sizes)", there)].filter(Boolean));
   }).catch(() => {});
   api("/api/shapes/limits").then((got) => { limits = got; applyLimits(form, got); }).catch(() => {}).finally(update);
   return { update, form, layer };

@@ -7,6 +7,7 @@ import { h, clear, missing } from "./dom.js";
 import { heatmap, colourLegend, HEATMAP_WIDTH } from "./figures.js";
 import { figure } from "./export.js";
 import { glossed } from "./glossary.js";
+import { hostRuns } from "./host.js";
 
 const SHOWN = 0.1;  // induction scores listed: a head at or above this in either run
 const LISTED = 12;  // at most this many of them, the largest changes first
@@ -41,12 +42,18 @@ function build(root) {
 
 // viewer: the head viewer's state (initHeads), whose ``heads`` is its last /api/heads answer.
 export function initSwitchOff(root, viewer) {
+  if (!hostRuns("routes", "switch-off")) {  // a static site that cannot run it says so, once
+    root.append(h("div", { class: "widget-box", id: "switch-box" }, h("h3", { id: "switch-h" }, "Switch heads off and watch"),
+      h("p", { class: "note", id: "switch-host-note" }, "Switching heads off runs the model twice on the server: it needs `headlab serve`.")));
+    return;
+  }
   const el = build(root);
   const state = { picked: new Set(), answer: null, runs: 0 };
   const grid = document.getElementById("heads-grid");
   // each new answer of the head viewer (its grid drawn again) offers its heads here, and clears
-  // a result drawn for another input
-  const fresh = () => { if (viewer.heads) offer(el, state, viewer.heads); };
+  // a result drawn for another input; a run of the viewer that failed (its grid emptied) takes
+  // the heads and the result away
+  const fresh = () => (viewer.heads ? offer(el, state, viewer.heads) : letGo(el, state));
   if (grid) new MutationObserver(fresh).observe(grid, { childList: true });
   fresh();
   el.previous.addEventListener("click", () => {
@@ -86,6 +93,18 @@ function offer(el, state, a) {
   const runs = a.probe !== "needle";
   el.run.disabled = !runs;
   if (!runs) el.status.textContent = "Switching heads off runs on a text or the built-in probes: pick one of those above.";
+}
+
+// No answer in the head viewer (its last run failed): nothing to pick, nothing shown of before.
+function letGo(el, state) {
+  if (!state.answer) return;
+  state.answer = null;
+  state.picked.clear();
+  state.runs += 1;  // a run still on its way was for that answer
+  clear(el.picker);
+  clear(el.result);
+  el.run.disabled = true;
+  el.status.textContent = "The head viewer has no answer to switch heads off in: run it on an input first.";
 }
 
 function press(el, state) {

@@ -8,7 +8,14 @@
 //                         or by the thresholds alone with "floors": false
 //   POST /api/shapes      widget 1's report, evaluated here (shapes.js) from the shape statement
 //                         Python's report is evaluated from (shape-statement.json)
+//   POST /api/switch-off  the text run intact and with a set of heads switched off: the graph of
+//                         headlab.heads.switch.SwitchGraph (switch.onnx, fetched on the first
+//                         request), whose outputs are switch_off's predictions, losses, patterns
+//                         and induction scores; here they are only put in the server's JSON
 //   POST /api/live/…      refused: live training needs `headlab serve`
+// What it runs (the models, probes and POST routes) is the builder's manifest, stored in the GET
+// /api/health answer under "static_site" (headlab.site.site_manifest), which the page's menus
+// also offer by (js/host.js); anything else is refused, saying it needs `headlab serve`.
 // Everything is read from this site's own folder: no other address is ever asked.
 
 import { Tokenizer } from "./tokenizer.js";
@@ -20,6 +27,7 @@ const HERE = new URL(".", import.meta.url);  // static/offline/
 const SITE = new URL("../../", HERE);         // the site's root
 const pageFetch = window.fetch.bind(window);
 const STATEMENT_FILE = "shape-statement.json";  // headlab.site.STATEMENT_FILE: the shape statement
+const SWITCH_FILE = "switch.onnx";  // headlab.site.SWITCH_FILE: the switch-off graph
 const LIVE_NOTE = "live training needs the headlab server (`headlab serve`): this static site shows the stored run only";
 const NO_WASM = "This page runs the model in your browser and needs WebAssembly, which this browser does not offer. Use a current Chrome, Firefox or Safari, or run `headlab serve`.";
 
@@ -37,13 +45,17 @@ const bytes = (file) => pageFetch(new URL(file, HERE)).then((r) => {
   return r.arrayBuffer();
 });
 const siteConfig = pageFetch(new URL("config.json", HERE)).then((r) => r.json());
+const manifest = pageFetch(new URL("api/health.json", SITE)).then((r) => r.json()).then((health) => {
+  if (!health.static_site) throw new Error("this static site's api/health.json has no manifest (static_site)");
+  return health.static_site;
+});
 const statement = bytes(STATEMENT_FILE).then((b) => JSON.parse(new TextDecoder().decode(b)));
 const models = new Map([["model", bytes("model.onnx").then((b) => new Uint8Array(b))]]);
 const words = bytes("words-en.txt.gz").then(loadWordTable);
 siteConfig.then((c) => c.rules.baseline_seeds.forEach((seed) =>
   models.set(seed, bytes(`random-${seed}.onnx`).then((b) => new Uint8Array(b)))));
 // a missing file is reported by the request that needs it, not as an unhandled rejection now
-for (const p of [siteConfig, statement, words, models.get("model")]) p.catch(() => {});
+for (const p of [siteConfig, manifest, statement, words, models.get("model")]) p.catch(() => {});
 
 // no graph rewrites: a session is made in about half the time (measured in headless Chromium),
 // and each model runs as PyTorch's exporter wrote it
@@ -86,6 +98,18 @@ function loadScoring() {
   return scoring;
 }
 
+// the switch-off graph, fetched and loaded on the first switch-off (most readers never ask)
+let switching = null;
+function loadSwitch() {
+  if (!switching) switching = (async () => {
+    const { ort } = await load();
+    const graph = new Uint8Array(await bytes(SWITCH_FILE));
+    return ort.InferenceSession.create(graph, SESSION);
+  })();
+  switching.catch(() => { switching = null; });  // a failed fetch is tried again next time
+  return switching;
+}
+
 // nested arrays (L, h, n, n) from a flat Float32Array, unrounded: the weights PyTorch's graph gives
 function nest(data, dims) {
   const build = (offset, d) => {
@@ -96,20 +120,23 @@ function nest(data, dims) {
   return build(0, 0);
 }
 
-// the text of a request as the server checks it: a sentence saying what is wrong, or null
-function textProblem(body) {
-  if (body.model && body.model !== "default") return `model: only 'default' runs in this static site (asked for '${body.model}')`;
-  if (body.probe && !["text", "repeat"].includes(body.probe)) return `probe: 'text' and 'repeat' run in this static site; the '${body.probe}' probe needs \`headlab serve\``;
+const either = (names) => names.map((n) => `'${n}'`).join(" and ");
+
+// the text of a request as the server checks it (and against the manifest): a sentence saying
+// what is wrong, or null
+function textProblem(body, site) {
+  if (body.model && !site.models.includes(body.model)) return `model: ${either(site.models)} ${site.models.length > 1 ? "run" : "runs"} in this static site; the '${body.model}' model needs \`headlab serve\``;
+  if (body.probe && !site.probes.includes(body.probe)) return `probe: ${either(site.probes)} run in this static site; the '${body.probe}' probe needs \`headlab serve\``;
   if (body.probe === "repeat" && body.text !== undefined) return "probe 'repeat' takes no text; leave the text out or use probe 'text'";
   if (typeof body.text === "string" && !body.text.trim()) return "the text is empty: give at least one word";
   return null;
 }
 
-// every layer's attention weights and every head's scores on the request's text: the shared
-// part of /api/attention and /api/heads
-export async function runText(body) {
-  const { ort, session, tokenizer, config } = await load();
-  const problem = textProblem(body);
+// the request's text as a probe (the server's "text" or "repeat"), or {error}: the shared part
+// of every route that runs the model
+async function readText(body) {
+  const { tokenizer, config } = await load();
+  const problem = textProblem(body, await manifest);
   if (problem) return { error: problem };
   // no text: the built-in sentence with a repeat, as the server's "repeat" probe
   const kind = typeof body.text === "string" ? "text" : "repeat";
@@ -117,9 +144,18 @@ export async function runText(body) {
   const probe = textProbe(text, tokenizer, config, await words);
   const ids = probe.ids;
   if (ids.length > config.max_len) return { error: `the text is ${ids.length} tokens but the model takes at most ${config.max_len}; shorten it` };
-  const feeds = graphInputs(ort, probe);
+  return { probe: kind, text, ids, tokens: tokenizer.labels(ids), textProbe: probe, config };
+}
+
+// every layer's attention weights and every head's scores on the request's text: the shared
+// part of /api/attention and /api/heads
+export async function runText(body) {
+  const { ort, session } = await load();
+  const read = await readText(body);
+  if (read.error) return read;
+  const feeds = graphInputs(ort, read.textProbe);
   const run = await runGraph(session, feeds);
-  return { ...run, probe: kind, text, ids, tokens: tokenizer.labels(ids), feeds, textProbe: probe, config };
+  return { ...run, ...read, feeds };
 }
 
 async function attention(body) {
@@ -177,6 +213,68 @@ async function shapes(body) {
   return answer.error ? reply(422, { detail: answer.error }) : reply(200, answer);
 }
 
+// the heads of a switch-off request, sorted and each once, or {error} (as the server's schema
+// and headlab.ablation.full_mask say it)
+function headsOff(body, L, h) {
+  if (body.mode !== undefined && body.mode !== "mean" && body.mode !== "zero") return { error: `mode: 'mean' or 'zero', got ${JSON.stringify(body.mode)}` };
+  if (!Array.isArray(body.off) || !body.off.length) return { error: "off: give at least one [layer, head] pair to switch off" };
+  const named = new Map();
+  for (const pair of body.off) {
+    if (!Array.isArray(pair) || pair.length !== 2 || !pair.every(Number.isInteger)) return { error: `off: each head is a [layer, head] pair of whole numbers, got ${JSON.stringify(pair)}` };
+    const [l, k] = pair;
+    if (!(l >= 0 && l < L && k >= 0 && k < h)) return { error: `head ${l}.${k} does not exist; layers 0..${L - 1}, heads 0..${h - 1}` };
+    named.set(l * h + k, [l, k]);
+  }
+  return { heads: [...named.entries()].sort((a, b) => a[0] - b[0]).map(([, pair]) => pair) };
+}
+
+// POST /api/switch-off: the graph's two runs (site.SWITCH_OUTPUTS, each output's first axis the
+// intact run, then the switched-off one) in the JSON of headlab.heads.switch.SwitchedOff.to_dict
+async function switchOff(body) {
+  const { ort, tokenizer, config } = await load();
+  const L = config.n_layers, h = config.n_heads;
+  const off = headsOff(body, L, h);
+  if (off.error) return reply(422, { detail: off.error });
+  const read = await readText(body);
+  if (read.error) return reply(422, { detail: read.error });
+  const session = await loadSwitch();
+  const mode = body.mode ?? "mean";
+  const mask = new Float32Array(L * h);
+  for (const [l, k] of off.heads) mask[l * h + k] = 1;
+  const n = read.ids.length;
+  const out = await session.run({
+    tokens: new ort.Tensor("int64", BigInt64Array.from(read.ids, BigInt), [1, n]),
+    off: new ort.Tensor("float32", mask, [L, h]),
+    mean: new ort.Tensor("float32", Float32Array.of(mode === "mean" ? 1 : 0), []),
+  });
+  const k = out.top_ids.dims[3];
+  const rows = Array.from(out.repeat_rows.data, Boolean);  // (1, n − 1)
+  const counts = { repeat: rows.filter(Boolean).length, all: rows.length };
+  const loss = {};
+  ["repeat", "all"].forEach((key, j) => {
+    const [intact, switched] = [out.loss.data[j], out.loss.data[2 + j]];  // (2 runs, 2 kinds)
+    loss[key] = counts[key] ? { intact, off: switched, rise: switched - intact, rows: counts[key] } : null;
+  });
+  const run = (r) => {
+    const ids = Array.from(out.top_ids.data.subarray(r * n * k, (r + 1) * n * k), Number);
+    const probs = out.top_probs.data.subarray(r * n * k, (r + 1) * n * k);
+    const labels = tokenizer.labels(ids);
+    return {
+      predictions: Array.from({ length: n }, (_, i) => Array.from({ length: k }, (_, j) =>
+        ({ id: ids[i * k + j], token: labels[i * k + j], p: probs[i * k + j] }))),
+      losses: Array.from(out.losses.data.subarray(r * (n - 1), (r + 1) * (n - 1))),
+      induction: nest(out.induction.data.subarray(r * L * h, (r + 1) * L * h), [L, h]),
+      weights: nest(out.weights.data.subarray(r * L * h * n * n, (r + 1) * L * h * n * n), [L, h, n, n]),
+    };
+  };
+  return reply(200, {
+    model: "default", probe: read.probe, text: read.text, tokens: read.tokens, ids: read.ids,
+    causal: config.causal, n_layers: L, n_heads: h, ...config.layout,
+    sequences: 1, mode, off: off.heads, loss, repeat_rows: rows,
+    intact: run(0), switched_off: run(1), computed: "in your browser (onnxruntime-web)",
+  });
+}
+
 // a GET answer written at build time: api/<route>.json
 async function stored(route) {
   const response = await pageFetch(new URL(`api/${route}.json`, SITE));
@@ -189,9 +287,9 @@ async function answer(path, init) {
   const route = decodeURIComponent(path.slice("/api/".length));
   const body = init?.body ? JSON.parse(init.body) : {};
   if (method === "GET") return stored(route);
-  if (route === "attention") return attention(body);
-  if (route === "heads") return heads(body);
-  if (route === "shapes") return shapes(body);
+  // a POST route runs here when the manifest lists it (and this file answers it)
+  const runs = { attention, heads, shapes, "switch-off": switchOff };
+  if ((await manifest).routes.includes(route) && Object.hasOwn(runs, route)) return runs[route](body);
   if (route.startsWith("live")) return reply(503, { detail: LIVE_NOTE });
   return reply(501, { detail: `/api/${route} needs the headlab server (\`headlab serve\`)` });
 }
@@ -219,7 +317,7 @@ function relabel(root) {
   }
   const status = document.getElementById("server-status");
   if (status && status.textContent.startsWith("Connected to headlab")) {
-    status.textContent = "A static copy of the explainer: the default model runs in your browser (onnxruntime-web) and the shape calculator computes here; stored figures name the run that made them; head scores and labels are computed here too. Other models, syntactic heads, evidence and live training need `headlab serve`.";
+    status.textContent = "A static copy of the explainer: the default model runs in your browser (onnxruntime-web) and the shape calculator computes here; stored figures name the run that made them; head scores and labels are computed here too. Each section says what of it needs `headlab serve`.";
   }
 }
 new MutationObserver(() => relabel(document)).observe(document.documentElement, { childList: true, subtree: true, characterData: true });
