@@ -237,6 +237,7 @@ SCORE_COLUMNS = {
     "positional": "pos",
     "duplicate": "dup",
     "induction": "ind",
+    "induction_active": "act",  # the induction share of the attention off the first token
     "content": "cont",
     "first_token": "sink",
     "delimiter": "delim",

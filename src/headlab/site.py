@@ -391,6 +391,7 @@ def label_rules() -> dict[str, Any]:
 
     return {
         "thresholds": dict(labels.THRESHOLDS),
+        "needs": {k: {"score": s, "min": m} for k, (s, m) in labels.NEEDS.items()},
         "tiers": [list(t) for t in labels.TIERS],
         "labels": dict(labels.LABELS),
         "offset_labels": {str(k): v for k, v in labels.OFFSET_LABELS.items()},

@@ -482,6 +482,33 @@ def test_a_head_rests_only_where_its_figure_says_so(reader, model: str) -> None:
     assert reader.errors == []
 
 
+def test_a_sentence_typed_twice_shows_an_induction_head_that_rests(reader) -> None:
+    """A teacher's own sentence typed twice on the shipped model: the best induction head is
+    labelled induction (it was "sink": it rests on the start token as much as it copies), and
+    the status line gives both of its figures, the share of all its attention on
+    the copy and the share of what it does not rest on the first token."""
+    require(test_browser._model_name() == "default", "the default model is not built")
+    on_default(reader)
+    text = "He forgot his umbrella at the station and got wet."
+    try:
+        reader.fill("#heads-text", f"{text} {text}")
+        answer = heads_answer(reader, lambda: reader.click("#heads-run"))
+        best = answer["best"]["induction"]
+        row = row_of(answer, best)
+        assert best["labelled"] and best["passes_threshold"] and row["label"] == "induction"
+        assert row["scores"]["induction"] < 0.5 <= row["scores"]["induction_active"]
+        status = pick_type(reader, "induction")
+        assert status.startswith(f"Best induction head: {best['layer']}.{best['head']}"), status
+        assert f"{row['scores']['induction']:.2f} of its attention goes to the token" in status
+        assert f"{row['scores']['induction_active']:.2f} of what it does not rest" in status
+        grid = reader.locator("#heads-grid button[data-head]", has_text="induction")
+        assert grid.count() >= 1
+    finally:
+        reader.fill("#heads-text", "")  # the next tests run the built-in sentence
+        heads_answer(reader, lambda: reader.click("#heads-run"))
+    assert reader.errors == []
+
+
 @pytest.mark.skipif(not HAS_SPACY, reason="spaCy: pip install 'headlab[syntax]'")
 def test_a_syntactic_head_is_best_only_when_it_beats_the_offset(reader) -> None:
     """A relation whose best head follows fewer arcs than a fixed offset has no "best head":

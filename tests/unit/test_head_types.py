@@ -93,7 +93,8 @@ def scored():
 @pytest.mark.parametrize("index", range(len(RULES)))
 def test_each_hand_built_head_gets_its_label(scored, index):
     """A head built for one type passes that type's threshold and gets its label; every other
-    named type stays below its threshold."""
+    named type stays below its threshold (but the other score of the same label: an induction
+    head's share of the attention off the first token is 1 too)."""
     by_type, offsets, _ = scored
     kind = list(RULES)[index]
     values = {k: float(v[index]) for k, v in by_type.items()}
@@ -101,6 +102,8 @@ def test_each_hand_built_head_gets_its_label(scored, index):
     assert label_head(values, int(offsets[index])) == LABELS[kind]
     offset_heads = {"previous", "self", "positional"}  # their positional score is their evidence
     for other in TIERS[0]:
+        if LABELS.get(other) == LABELS[kind]:
+            continue
         if other in values and other != kind and not {kind, other} <= offset_heads | {"positional"}:
             assert values[other] < THRESHOLDS[other], (kind, other, values[other])
 

@@ -24,9 +24,10 @@ TYPES = [k for k in THRESHOLDS if k != "retrieval"]
 
 def by_hand(scores: dict[str, float], offset: int, floors: dict[str, float] | None):
     """The rule from its text: tiers in order; in the first tier with a type at or above both
-    its threshold and its floor (above 0.1 for retrieval), the type of the widest share of the
-    way from threshold to 1 wins; a positional win is named by the offset. A mixed head rests
-    on the type nearest to passing."""
+    its threshold and its floor (above 0.1 for retrieval; induction_active only where the
+    induction score is at least 0.25), the type of the widest share of the way from threshold
+    to 1 wins; a positional win is named by the offset. A mixed head rests on the type nearest
+    to passing."""
     for tier in (FIRST_TIER, *TIERS):
         ok = []
         for k in tier:
@@ -34,6 +35,8 @@ def by_hand(scores: dict[str, float], offset: int, floors: dict[str, float] | No
                 continue
             t = THRESHOLDS[k]
             above = scores[k] > t if k == "retrieval" else scores[k] >= t
+            if k == "induction_active" and scores.get("induction", 0.0) < 0.25:
+                continue
             if above and scores[k] >= (floors or {}).get(k, float("-inf")):
                 ok.append(k)
         if ok:

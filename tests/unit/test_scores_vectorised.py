@@ -48,6 +48,23 @@ def reference_mass(weights: Tensor, target: Tensor) -> Tensor:
     return per_seq[valid].double().mean(dim=0).float()
 
 
+def reference_active(weights: Tensor, target: Tensor) -> Tensor:
+    """The target's share of the attention its rows do not put on key 0, one sequence and
+    head at a time: Σ over rows with a target of the target mass / Σ of (row total − weight on
+    key 0), 0 where that is 0; the mean over sequences with such a row → (h,)."""
+    B, h = weights.shape[:2]
+    out = torch.zeros(h, dtype=torch.float64)
+    seqs = [b for b in range(B) if target[b].sum() > 0]
+    for b in seqs:
+        rows = target[b].sum(-1) > 0
+        for k in range(h):
+            A = weights[b, k].double()[rows]
+            hit = float((A * target[b][rows].double()).sum())
+            active = float(A.sum() - A[:, 0].sum())
+            out[k] += min(hit / active, 1.0) if active > 0 else 0.0
+    return (out / max(len(seqs), 1)).float()
+
+
 def pattern_score(weights: Tensor, target: Tensor) -> Tensor:
     """TransformerLens "mul" score Σ(A ⊙ P)/ΣA per head, averaged over the batch.
 
@@ -263,6 +280,7 @@ def reference_pattern_scores(
         "positional": positional,
         "duplicate": reference_mass(A, t.duplicate),
         "induction": reference_mass(A, t.induction),
+        "induction_active": reference_active(A, t.induction),
     }
     rests = {
         "duplicate": resting_weight(A, ~t.duplicate_rows),

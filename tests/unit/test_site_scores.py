@@ -135,9 +135,15 @@ def _same_report(want, got: dict, text: str) -> None:
         if s.rest is not None:
             assert abs(g["rest"] - s.rest) <= 1e-4, where
     d = want.to_dict()
-    assert got["best"] == d["best"], text
+    assert got["best"].keys() == d["best"].keys(), text
+    for kind, best in d["best"].items():
+        # the same head and verdict; its score rounded to 4 places, which float arithmetic in
+        # two runtimes may tip either way (0.94535 as 0.9453 or 0.9454)
+        assert {**got["best"][kind], "score": 0} == {**best, "score": 0}, (text, kind)
+        assert abs(got["best"][kind]["score"] - best["score"]) <= 1e-4, (text, kind)
     assert got["sinks"]["layers"] == d["sinks"]["layers"], text
     assert got["thresholds"] == d["thresholds"]
+    assert got["needs"] == d["needs"]
 
 
 def test_labels_and_scores_by_thresholds_equal_analyse(compared) -> None:

@@ -34,6 +34,9 @@ its threshold (:data:`THRESHOLDS`) and the paper it comes from:
     induction    attention on the token after an earlier copy of t[i]: prefix matching,
                  over the queries whose token occurred before      0.5   Olsson 2022
                  (a key both rules predict, as in a run "x x x", counts for neither)
+    induction_active  the same rows' attention on that token as a share of the attention
+                 they do not rest on the first position; passes only where induction
+                 reaches 0.25 too (:data:`NEEDS`)                   0.5
     positional   share of queries (that can reach i + δ) whose argmax is i + δ, for the
                  most common δ; pairs a token rule predicts left out     0.9   Voita 2019
     content      the share of attention the head's own position profile (by offset or by
@@ -58,6 +61,7 @@ from headlab.heads.labels import (
     BEST_TYPES,
     LABELS,
     MUL_TYPES,
+    NEEDS,
     OFFSET_LABELS,
     SCORE_TYPES,
     SINK_THRESHOLD,
@@ -67,6 +71,7 @@ from headlab.heads.labels import (
     decide,
     label_head,
     passes,
+    qualifies,
 )
 from headlab.heads.report import (
     HeadReport,
@@ -83,6 +88,7 @@ from headlab.heads.scores import (
     duplicate_mul_score,
     duplicate_score,
     first_token_score,
+    induction_active_score,
     induction_mul_score,
     induction_score,
     key_mass_score,
@@ -111,6 +117,7 @@ __all__ = [
     "BEST_TYPES",
     "LABELS",
     "MUL_TYPES",
+    "NEEDS",
     "OFFSET_LABELS",
     "SCORE_TYPES",
     "SINK_THRESHOLD",
@@ -134,6 +141,7 @@ __all__ = [
     "duplicate_score",
     "duplicate_token_pattern",
     "first_token_score",
+    "induction_active_score",
     "induction_mul_score",
     "induction_pattern",
     "induction_score",
@@ -148,6 +156,7 @@ __all__ = [
     "positional_score",
     "previous_mul_score",
     "previous_token_pattern",
+    "qualifies",
     "rare_word_score",
     "rare_word_targets",
     "shuffle_positions",

@@ -46,7 +46,7 @@ from headlab.heads.estimate import (
     estimate_heads,
     exact_where_measured,
 )
-from headlab.heads.labels import BEST_TYPES, THRESHOLDS
+from headlab.heads.labels import BEST_TYPES, NEEDS, THRESHOLDS
 from headlab.heads.report import HeadReport, HeadScore, analyse, unused_seed
 from headlab.heads.targets import build_targets
 from headlab.measure import Probe, copy_targets
@@ -59,6 +59,8 @@ PHRASES = {
     "positional": "of its queries' strongest attention at offset {offset:+d}",
     "duplicate": "of its attention on earlier copies of its token",
     "induction": "of its attention on the token after an earlier copy of its own",
+    "induction_active": "of the attention it does not rest on the first token goes to the token "
+    "after an earlier copy of its own ({induction:.2f} of all its attention)",
     "content": "content score (attention its own position profile does not explain)",
     "rare_word": "of its queries' strongest attention on the sentence's rarest word",
     "syntactic": "points above the offset baseline on {relation}",
@@ -307,12 +309,16 @@ def _estimate_quality(
 
 
 def _closest(score: HeadScore, floors: dict[str, float]) -> str:
-    """For a head no type passes: the type closest to passing, against what it must reach."""
+    """For a head no type passes: the type closest to passing, against what it must reach (a
+    type of :data:`NEEDS` no closer than its plain score is to that score's minimum)."""
     gaps = {
         k: v - max(THRESHOLDS[k], floors.get(k, 0.0))
         for k, v in score.scores.items()
         if k in THRESHOLDS
     }
+    for k, (plain, least) in NEEDS.items():
+        if k in gaps:
+            gaps[k] = min(gaps[k], score.scores.get(plain, 0.0) - least)
     if not gaps:
         return "no score was measured"
     k = max(gaps, key=lambda t: gaps[t])
@@ -334,7 +340,11 @@ def sentence(
     if kind is None or kind not in score.scores:
         first = _closest(score, floors)
     else:
-        phrase = PHRASES[kind].format(offset=score.offset, relation=score.relation or "a relation")
+        phrase = PHRASES[kind].format(
+            offset=score.offset,
+            relation=score.relation or "a relation",
+            induction=score.scores.get("induction", 0.0),
+        )
         random = base.get(kind, {}).get("random", {}).get("mean")
         chance = "" if random is None else f", {random:.2f} with random weights"
         first = f"{score.scores[kind]:.2f} {phrase}{chance}"

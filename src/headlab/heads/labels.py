@@ -7,6 +7,10 @@ content, then where the head rests: sink, delimiter, diffuse), the type passing 
 share of the way to a perfect score winning; else "mixed". A positional head is named by its
 offset (−1 previous-token, 0 current-token, +1 next-token).
 
+An induction head is judged on its active attention too, the attention it does not rest on the
+first position (``induction_active``, :data:`NEEDS`): a head that copies where it can and parks
+the rest of those rows on the first token is an induction head with a sink, not a sink.
+
 A retrieval score (measured only on the needle probe, :mod:`headlab.heads.retrieval`) is judged
 first: a head that copies the needle is named "retrieval" whatever else it does on the haystack.
 
@@ -25,6 +29,7 @@ SCORE_TYPES = (
     "positional",
     "duplicate",
     "induction",
+    "induction_active",
     "content",
     "rare_word",
     "syntactic",
@@ -51,6 +56,7 @@ THRESHOLDS: dict[str, float] = {
     "positional": 0.9,
     "duplicate": 0.5,
     "induction": 0.5,
+    "induction_active": 0.5,
     "content": 0.4,
     "rare_word": 0.5,
     "syntactic": 0.1,
@@ -64,13 +70,33 @@ THRESHOLDS: dict[str, float] = {
 # so exactly 0.1 is common: one token of a ten-token needle)
 EXCEEDS = frozenset({"retrieval"})
 SINK_THRESHOLD = 0.3  # Gu et al. 2024's ε: a head whose mean weight on the first token exceeds it
+# A type judged on a head's active attention (the attention it does not rest on the first
+# position) → the plain score it is a share of, and the least that score must reach too. Most
+# of a head's active attention on the copy's successor (0.5) makes it an induction head only
+# while that is at least a quarter of all its attention where it can act (0.25, half the plain
+# score's threshold): a head that rests nearly all its attention on the first token, and
+# copies with the little left, stays a sink. On sentences typed twice the default model's
+# induction heads give the copy 0.3-0.7 of their attention where they can copy and rest most
+# of the rest on the first token; random weights of its shape give it at most 0.1 of either
+# score (docs/heads.md).
+NEEDS: dict[str, tuple[str, float]] = {"induction_active": ("induction", 0.25)}
 
 # Judged before TIERS: on a needle probe, copying the needle is what the head is there for.
 FIRST_TIER = ("retrieval",)
 # Labels go tier by tier: what a head does where it acts by a named rule, then "follows the
 # tokens" with no named rule, then where it rests (the first token, a delimiter, everywhere).
 TIERS = (
-    ("previous", "next", "self", "positional", "duplicate", "induction", "rare_word", "syntactic"),
+    (
+        "previous",
+        "next",
+        "self",
+        "positional",
+        "duplicate",
+        "induction",
+        "induction_active",
+        "rare_word",
+        "syntactic",
+    ),
     ("content",),
     ("first_token", "delimiter", "diffuse"),
 )
@@ -81,6 +107,7 @@ LABELS = {
     "positional": "positional",
     "duplicate": "duplicate-token",
     "induction": "induction",
+    "induction_active": "induction",
     "content": "content",
     "rare_word": "rare-word",
     "syntactic": "syntactic",
@@ -91,12 +118,13 @@ LABELS = {
 }
 OFFSET_LABELS = {-1: "previous-token", 0: "current-token", 1: "next-token"}
 
-# The page's head types → the score that picks the best head of that type.
+# The page's head types → the score that picks the best head of that type (an induction
+# head's: its active share, what its label rests on).
 BEST_TYPES = {
     "previous-token": "previous",
     "positional": "positional",
     "current-token": "self",
-    "induction": "induction",
+    "induction": "induction_active",
     "duplicate-token": "duplicate",
     "content": "content",
     "rare-word": "rare_word",
@@ -125,6 +153,15 @@ def passes(kind: str, score: float, floor: float | None = None) -> bool:
     return over and (floor is None or score >= floor)
 
 
+def qualifies(kind: str, scores: dict[str, float], floor: float | None = None) -> bool:
+    """Whether type ``kind`` passes on a head's ``scores``: its score passes (:func:`passes`,
+    with ``floor``) and, for a type in :data:`NEEDS`, the plain score it is a share of reaches
+    its minimum too."""
+    need = NEEDS.get(kind)
+    enough = need is None or scores.get(need[0], 0.0) >= need[1]
+    return enough and kind in scores and passes(kind, scores[kind], floor)
+
+
 @dataclass(frozen=True)
 class Decision:
     """A head's label and what it rests on (:func:`decide`)."""
@@ -151,15 +188,16 @@ def _share(kind: str, score: float) -> float:
 def _rule(
     scores: dict[str, float], offset: int, floors: dict[str, float] | None
 ) -> tuple[str, str]:
-    """(label, the type it rests on): tier by tier, the passing type by the widest share (the
-    first such in the tier's order on a tie). Written as plain loops: it runs once a head."""
+    """(label, the type it rests on): tier by tier, the passing type (:func:`qualifies`) by the
+    widest share (the first such in the tier's order on a tie). Written as plain loops: it runs
+    once a head."""
+    gates = floors or {}
     for tier in _ORDER:
         best, widest = "", 0.0
         for k in tier:
-            score = scores.get(k)
-            if score is None or not passes(k, score, None if floors is None else floors.get(k)):
+            if k not in scores or not qualifies(k, scores, gates.get(k)):
                 continue
-            share = _share(k, score)
+            share = _share(k, scores[k])
             if not best or share > widest:
                 best, widest = k, share
         if best:
@@ -179,10 +217,11 @@ def decide(
     scores: dict[str, float], offset: int = 0, floors: dict[str, float] | None = None
 ) -> Decision:
     """The label of a head from its scores: tier by tier (:data:`TIERS`), the type that passes
-    (:func:`passes`) by the widest margin, measured as the share of the way from the
-    threshold to a perfect score, (score − threshold) / (1 − threshold); "mixed" when none
-    passes. A retrieval score (the needle probe's) is judged first (:data:`FIRST_TIER`).
-    With ``floors`` (type → the random-weights mean + k · sd of its layer, from
+    (:func:`qualifies`: its threshold, and a type of :data:`NEEDS` its minimum) by the widest
+    margin, measured as the share of the way from the threshold to a perfect score,
+    (score − threshold) / (1 − threshold); "mixed" when none passes. A retrieval score (the
+    needle probe's) is judged first (:data:`FIRST_TIER`). With ``floors`` (type → the
+    random-weights mean + k · sd of its layer, from
     :meth:`headlab.heads.baselines.Baselines.floors`) a type passes only at or above its floor
     too: no label that random weights earn; the decision then carries the floor of the type
     the label rests on, the score's margin over it, and the label thresholds alone give.

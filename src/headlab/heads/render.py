@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 from torch import Tensor
 
-from headlab.heads import LABELS, SCORE_TYPES, SINK_THRESHOLD, THRESHOLDS, HeadReport, HeadScore
+from headlab.heads import LABELS, SCORE_TYPES, SINK_THRESHOLD, HeadReport, HeadScore, qualifies
 
 
 class Scored(Protocol):
@@ -27,6 +27,7 @@ SHORT = {
     "positional": "pos",
     "duplicate": "dup",
     "induction": "ind",
+    "induction_active": "act",
     "content": "cont",
     "rare_word": "rare",
     "syntactic": "syn",
@@ -39,6 +40,7 @@ RAMP = " .:-=+*#%@"  # light to heavy, so the heatmap reads without colour too
 # what a score column measures, beside the label it gives (LABELS), where the name alone is short
 MEANS = {
     "positional": "(one fixed offset, δ)",
+    "induction_active": "(its share of the attention off the first token, with ind ≥ 0.25)",
     "first_token": "(weight on the first token)",
     "delimiter": "(weight on delimiters)",
     "diffuse": "(spread evenly)",
@@ -49,9 +51,10 @@ MEANS = {
 
 def heads_table(report: Scored, title: str = "") -> Table:
     """One row per head: layer, head, label, every measured score (bold when it passes its
-    threshold), δ (the positional score's relative offset) and where the head rests on the
-    rows its label's score leaves out; the "avg" rows score each layer's averaged head.
-    A head labelled syntactic shows its relation. Columns never measured are left out."""
+    threshold, and a type of :data:`headlab.heads.NEEDS` its minimum), δ (the positional
+    score's relative offset) and where the head rests on the rows its label's score leaves
+    out; the "avg" rows score each layer's averaged head. A head labelled syntactic shows its
+    relation. Columns never measured are left out."""
     rows = [*report.heads, *report.averaged]
     kinds = [k for k in SCORE_TYPES if any(k in s.scores for s in rows)]
     columns = ["L", "H", "label", *(SHORT[k] for k in kinds), "δ", "rest"]
@@ -65,7 +68,7 @@ def heads_table(report: Scored, title: str = "") -> Table:
             if k not in s.scores:  # e.g. syntactic, for the averaged heads
                 cells.append(Text("–", style="dim"))
                 continue
-            passed = s.scores[k] >= THRESHOLDS[k]
+            passed = qualifies(k, s.scores)
             cells.append(Text(_short(s.scores[k]), style="bold green" if passed else "dim"))
         head = "avg" if s.head < 0 else str(s.head)
         name = f"{s.label} ({s.relation})" if s.label == "syntactic" else s.label

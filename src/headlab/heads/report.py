@@ -21,11 +21,12 @@ from torch import Tensor
 
 from headlab.heads.labels import (
     BEST_TYPES,
+    NEEDS,
     REST_OF_LABEL,
     SINK_THRESHOLD,
     THRESHOLDS,
     decide,
-    passes,
+    qualifies,
 )
 from headlab.heads.scores import pattern_scores
 from headlab.heads.targets import Targets, build_targets
@@ -133,7 +134,8 @@ class HeadReport:
         """For each type in :data:`BEST_TYPES`, the head with the highest score of that type
         among the heads labelled that type, or among all heads when none is (``labelled``
         false): the best example of the label, not a head that another label describes
-        better."""
+        better. ``passes_threshold``: the score passes its threshold (and, for a type of
+        :data:`headlab.heads.labels.NEEDS`, the plain score its minimum), floors aside."""
         best = {}
         for kind, score in BEST_TYPES.items():
             scored = [s for s in self.heads if score in s.scores]
@@ -145,7 +147,7 @@ class HeadReport:
                     "layer": top.layer,
                     "head": top.head,
                     "score": round(value, 4),
-                    "passes_threshold": passes(score, value),
+                    "passes_threshold": qualifies(score, top.scores),
                     "label": top.label,
                     "labelled": bool(labelled),
                 }
@@ -175,6 +177,7 @@ class HeadReport:
             "averaged": [s.to_dict() for s in self.averaged],
             "best": self.best,
             "thresholds": dict(THRESHOLDS),
+            "needs": {k: {"score": s, "min": m} for k, (s, m) in NEEDS.items()},
             "labels_gated": self.floors is not None,
             "floors": None
             if self.floors is None

@@ -19,6 +19,8 @@ judged where it can act (:func:`mass_where_possible` over the rows that have a t
     offset_mass          attention on i + δ: previous (−1), self (0), next (+1)      Voita 2019
     induction_score      THE induction score: Olsson et al.'s prefix matching over the queries
                          whose token occurred before, keys that are also copies left out
+    induction_active_score  the same rows' attention on the copy's successor as a share of
+                         the attention they do not rest on the first position (the label's)
     duplicate_score      attention on other copies of the query's token              Wang 2022
     positional_score     share of queries whose argmax is at the most common offset  Voita 2019
     content_score        the share of attention the head's own position profile does not explain
@@ -205,6 +207,37 @@ def induction_score(weights: Tensor, tokens: Tensor) -> Tensor:
     return mass_where_possible(A, token_rule_targets(toks, causal=True)[0])
 
 
+def induction_active_score(weights: Tensor, tokens: Tensor) -> Tensor:
+    """The induction target's share of a head's active attention, the attention it does not
+    rest on the first position (key 0), over the rows :func:`induction_score` counts → (h,).
+
+    Per sequence Σᵢ Σⱼ Aᵢⱼ Pᵢⱼ / Σᵢ (Σⱼ Aᵢⱼ − Aᵢ₀) over its rows i that have a target (P: the
+    induction target, which never holds key 0), then the mean over the sequences that have
+    any; 0 for a sequence whose rows rest all their attention on key 0. A head that copies
+    where it can and parks the rest of those rows on the first token (an attention sink, Xiao
+    et al. 2023) scores near 1 however much it parks: the copy is its job, key 0 its rest.
+    TransformerLens's ``detect_head(…, exclude_bos=True)`` takes attention on the first token
+    out of its measure alike. The labels use it only beside a minimum of the plain score
+    (:data:`headlab.heads.labels.NEEDS`): a head that parks nearly all stays a sink.
+    """
+    A, toks = as_batched(weights, tokens)
+    assert toks is not None
+    target = token_rule_targets(toks, causal=True)[0].to(A.dtype)  # (B, n, s)
+    rows = target.sum(-1) > 0  # (B, n)
+    hit = ((A * target[:, None]).sum(-1) * rows[:, None]).sum(-1)  # (B, h)
+    active = ((A.sum(-1) - A[..., 0]) * rows[:, None]).sum(-1)  # (B, h)
+    return _active_mean(hit, active, rows.any(-1))
+
+
+def _active_mean(hit: Tensor, active: Tensor, valid: Tensor) -> Tensor:
+    """hit / active per (B, h), 0 where active is 0 and at most 1 (float rounding), averaged
+    over the sequences ``valid`` (B,) bool marks → (h,); 0 where none is. No branch on the
+    values: the static site exports it (:class:`ScoreGraph`)."""
+    share = torch.where(active > 0, hit / active.clamp_min(1e-30), 0.0).clamp_max(1.0)
+    total = (share.double() * valid[:, None]).sum(0)  # (h,)
+    return (total / valid.sum().clamp_min(1)).float()
+
+
 def rare_word_score(weights: Tensor, rare: Tensor, rows: Tensor) -> Tensor:
     """Voita et al. 2019's rare-word head: the share of queries whose most-attended key is the
     sequence's least frequent word → (h,).
@@ -289,7 +322,8 @@ def stacked_masses(weights: Tensor, stack: TargetStack) -> dict[str, Tensor]:
     over sequences.
 
     Equal (to float rounding) to :func:`mass_where_possible` for the targets averaged over their
-    rows and to :func:`pattern_score` / :func:`key_mass_score` for the others.
+    rows and to :func:`pattern_score` / :func:`key_mass_score` for the others; and
+    "induction_active" to :func:`induction_active_score`.
     """
     B, h, n, _ = weights.shape
     dense = torch.einsum("bhij,kbij->kbhi", weights, stack.dense.to(weights))  # (K, B, h, n)
@@ -304,8 +338,15 @@ def stacked_masses(weights: Tensor, stack: TargetStack) -> dict[str, Tensor]:
     hit = torch.cat([per_row, marked])  # (K + P + C, B, h)
     ratio = stack.ratio.to(weights.device)[:, None, None]
     per_seq = hit * torch.where(ratio, per_total, 1.0)
-    mean = torch.einsum("kbh,kb->kh", per_seq.double(), stack.seq_weight.to(hit.device)).float()
-    return dict(zip(stack.names, mean.unbind(0), strict=True))
+    seq_weight = stack.seq_weight.to(hit.device)
+    mean = torch.einsum("kbh,kb->kh", per_seq.double(), seq_weight).float()
+    out = dict(zip(stack.names, mean.unbind(0), strict=True))
+    # the induction rows' mass over their active attention (induction_active_score): the row
+    # weights are equal within a sequence, so the ratio of the two row means is the ratio of sums
+    k = stack.names.index("induction")
+    active = torch.einsum("bhi,bi->bh", weights.sum(-1) - weights[..., 0], rows[k])  # (B, h)
+    out["induction_active"] = _active_mean(per_seq[k], active, seq_weight[k] > 0)
+    return out
 
 
 def _first_argmax(weights: Tensor) -> Tensor:
@@ -355,6 +396,7 @@ def pattern_scores(
         "positional": positional,
         "duplicate": m["duplicate"],
         "induction": m["induction"],
+        "induction_active": m["induction_active"],
     }
     rests = {"duplicate": m["rest:duplicate"], "induction": m["rest:induction"]}
     if content:

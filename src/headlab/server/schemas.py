@@ -492,6 +492,12 @@ class HeadsResponse(ModelOnText):
     averaged: list[HeadInfo] = Field(description="per layer, the mean of its heads, scored alike")
     best: dict[str, Any] = Field(description="per head type, the model's best head and its score")
     thresholds: dict[str, float] = Field(default_factory=dict)
+    needs: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="score type → the plain score ('score') that must reach 'min' too for the "
+        "type to pass: induction_active, the share of the attention a head does not rest on "
+        "the first token, needs an induction score of at least 0.25",
+    )
     labels_gated: bool = Field(
         False, description="whether each label also needed its random-weights floor"
     )

@@ -11,7 +11,7 @@ export const CIRCUIT_WIDTH = 640;  // the widest the circuit graph is drawn
 
 // the score each label claims (headlab.heads.scores' names)
 const CLAIMS = {
-  "previous-token": "previous", "current-token": "self", positional: "positional", induction: "induction",
+  "previous-token": "previous", "current-token": "self", positional: "positional", induction: "induction_active",
   content: "content", "rare-word": "rare_word", sink: "first_token", "duplicate-token": "duplicate",
 };
 const num = (v, d = 2) => (Number.isFinite(Number(v)) && v !== null ? Number(v).toFixed(d) : "—");

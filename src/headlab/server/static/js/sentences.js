@@ -27,8 +27,21 @@ export function restWords(label, rest, threshold) {
     : `; on the rows where it has nothing to do it rests on the first token (${v} of its weight)`;
 }
 
+// An induction head's two figures (headlab.heads.labels.NEEDS): its label rests on the share of
+// the attention it does not rest on the first token that goes to the token after an earlier
+// copy, beside the share of all its attention there, which must reach a minimum too.
+function inductionWords(scores) {
+  const all = Number(scores?.induction), active = Number(scores?.induction_active);
+  if (!Number.isFinite(all) || !Number.isFinite(active)) return "";
+  return `; where its token occurred before, ${all.toFixed(2)} of its attention goes to the token after the earlier copy: ${active.toFixed(2)} of what it does not rest on the first token`;
+}
+
 // Why the head with the highest score of `type` carries another label.
-function otherLabel(type, best, row) {
+function otherLabel(type, best, row, needs) {
+  const need = needs?.[`${type}_active`];
+  if (best.passes_threshold === false && need && Number(row?.scores?.[need.score]) < need.min) {
+    return `; it gives the copy only ${Number(row.scores[need.score]).toFixed(2)} of its attention where it can act, under the ${need.min} a label needs (it rests on the first token almost always)`;
+  }
   if (best.passes_threshold === false) return "; below the threshold for that label";
   if (type === "positional" && OFFSET_NAMES[row?.offset] === best.label) {
     return `; its fixed offset is ${signed(row.offset)}, and a positional head at offset −1, 0 or +1 is called previous-token, current-token or next-token`;
@@ -41,11 +54,12 @@ export function typeSentence(answer, type, best, row) {
   const score = Number(best.score).toFixed(3);
   const name = `${best.layer}.${best.head}`;
   if (!best.labelled) {
-    return `No head is labelled ${type} on this input; the highest ${type} score is head ${name} (${score}), labelled ${best.label}${otherLabel(type, best, row)}.`;
+    return `No head is labelled ${type} on this input; the highest ${type} score is head ${name} (${score}), labelled ${best.label}${otherLabel(type, best, row, answer.needs)}.`;
   }
   const where = type === "positional" && row ? `, ${offsetWords(row.offset)}` : "";
+  const copies = type === "induction" ? inductionWords(row?.scores) : "";
   const rest = restWords(row?.label, row?.rest, answer.sinks?.threshold ?? 0.3);
-  return `Best ${type} head: ${name} (score ${score})${where}${rest}.`;
+  return `Best ${type} head: ${name} (score ${score})${where}${copies}${rest}.`;
 }
 
 // The status line of a syntactic pick: one relation's best head against the best fixed offset.

@@ -68,6 +68,10 @@ export function floorsOf(randomScored, rules) {
   return floors;
 }
 
+// labels.NEEDS: a type judged on the attention off the first token (induction_active) passes
+// only where the plain score it is a share of reaches its minimum too
+const enough = (k, scores, rules) => !rules.needs?.[k] || (scores[rules.needs[k].score] ?? 0) >= rules.needs[k].min;
+
 // label_head: tier by tier, the passing type by the widest share of the way to 1; floors gate
 export function labelHead(scores, offset, rules, floors) {
   for (const tier of rules.tiers) {
@@ -75,7 +79,7 @@ export function labelHead(scores, offset, rules, floors) {
     for (const k of tier) {
       if (!(k in scores)) continue;
       const need = Math.max(rules.thresholds[k], floors?.[k] ?? 0);
-      if (scores[k] < need) continue;
+      if (scores[k] < need || !enough(k, scores, rules)) continue;
       const m = (scores[k] - rules.thresholds[k]) / (1 - rules.thresholds[k]);
       if (m > margin) { best = k; margin = m; }
     }
@@ -106,14 +110,14 @@ export function report(scored, rules, floors) {
     const labelled = withScore.filter((s) => s.label === kind);
     const top = (labelled.length ? labelled : withScore).reduce((a, b) => (b.scores[score] > a.scores[score] ? b : a));
     const value = top.scores[score];
-    best[kind] = { layer: top.layer, head: top.head, score: round4(value), passes_threshold: value >= rules.thresholds[score], label: top.label, labelled: labelled.length > 0 };
+    best[kind] = { layer: top.layer, head: top.head, score: round4(value), passes_threshold: value >= rules.thresholds[score] && enough(score, top.scores, rules), label: top.label, labelled: labelled.length > 0 };
   }
   const layers = [...new Set(heads.map((s) => s.layer))].sort((a, b) => a - b).map((layer) => {
     const mine = heads.filter((s) => s.layer === layer);
     const sinks = mine.filter((s) => s.scores.first_token > rules.sink_threshold).map((s) => s.head);
     return { layer, share: round4(sinks.length / mine.length), heads: sinks };
   });
-  return { heads, averaged, best, thresholds: rules.thresholds, sinks: { threshold: rules.sink_threshold, layers } };
+  return { heads, averaged, best, thresholds: rules.thresholds, needs: rules.needs, sinks: { threshold: rules.sink_threshold, layers } };
 }
 
 // analyse(model, probe) and analyse(model, probe, floors=…) of one text from the graphs' runs on
