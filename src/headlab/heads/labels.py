@@ -195,9 +195,11 @@ def _rule(
     for tier in _ORDER:
         best, widest = "", 0.0
         for k in tier:
-            if k not in scores or not qualifies(k, scores, gates.get(k)):
+            score = scores.get(k)
+            # below its line a type cannot pass (most do not: skip the full test)
+            if score is None or score < THRESHOLDS[k] or not qualifies(k, scores, gates.get(k)):
                 continue
-            share = _share(k, scores[k])
+            share = _share(k, score)
             if not best or share > widest:
                 best, widest = k, share
         if best:
