@@ -30,6 +30,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -62,11 +63,29 @@ _COMPARE = {
 FORMAT_SPEC = re.compile(r"(,?(\.\d+[f%])?|g)\Z")
 
 
+# CPython 3.11's parser is not safe in two threads at once: the server's first two /api/shapes
+# requests, answered in parallel, raised "SystemError: AST constructor recursion depth mismatch"
+# in one of them (a 500). Every parse here takes this lock.
+_PARSING = threading.Lock()
+
+
+def _statements(source: str) -> list[ast.stmt]:
+    """``ast.parse(source).body``, one thread at a time."""
+    with _PARSING:
+        return ast.parse(source).body
+
+
+def _expression(source: str) -> ast.expr:
+    """``ast.parse(source, mode="eval").body``, one thread at a time."""
+    with _PARSING:
+        return ast.parse(source, mode="eval").body
+
+
 def compile_definitions(source: str) -> dict[str, Tree]:
     """The ``name = expression`` lines of ``source`` as trees, in order; anything else (a
     statement, a construct outside the language, a name defined twice) is refused with its line."""
     trees: dict[str, Tree] = {}
-    for node in ast.parse(source).body:
+    for node in _statements(source):
         target = node.targets[0] if isinstance(node, ast.Assign) else None
         if not isinstance(target, ast.Name) or len(node.targets) != 1:  # type: ignore[attr-defined]
             raise ValueError(f"line {node.lineno}: the statement holds only `name = expression`")
@@ -78,7 +97,7 @@ def compile_definitions(source: str) -> dict[str, Tree]:
 
 def compile_expression(source: str) -> Tree:
     """One expression as a tree."""
-    return compile_node(ast.parse(source.strip(), mode="eval").body)
+    return compile_node(_expression(source.strip()))
 
 
 def literal(value: Any) -> Tree:
