@@ -96,6 +96,10 @@ def read(request, browser, server: str) -> Iterator[tuple[object, dict]]:
     thin = next(r for r in answer["evidence"]["heads"] if r["label"] == "mixed")
     pg.select_option("#heads-which", f"{thin['layer']}.{thin['head']}")
     pg.wait_for_selector("#evidence-thin")
+    # §2's KV cache fold opened, as a reader who meets its words there would: its terms count
+    # where the reader first sees them
+    pg.locator("#shapes-kv-fold > summary").click(position={"x": 4, "y": 4})
+    pg.wait_for_selector("#shapes-kv-fold[open]")
     scroll_through(pg)
     yield pg, answer
     context.close()
