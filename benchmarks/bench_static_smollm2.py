@@ -129,7 +129,7 @@ def main() -> None:
     s, v = runs["static"], runs["served"]
     rows = [
         ["download, SmolLM2 (MB)", f"{total / 1e6:.1f}"],
-        *([f"  {name} (MB)", f"{size / 1e6:.1f}"] for name, size in files.items()),
+        *([f"file {name} (MB)", f"{size / 1e6:.1f}"] for name, size in files.items()),
         ["first head view, static, empty cache (s)", f"{s['first_view']:.1f}"],
         ["first head view, static, from the cache (s)", f"{s['second_view']:.1f}"],
         ["first head view, served, SmolLM2 read from disk (s)", f"{v['first_view']:.1f}"],
