@@ -117,6 +117,25 @@ def _add_counts(sees, sign, key_c, off_c, base, n):
 
 
 @_jit
+def _overlaps(row, n, q_key, q_off, key, off):
+    """A row's 1 − overlap with each profile q (by key, by offset) once q is filled in: key and
+    off hold the row's mass on the kept keys, q's mass there and how many keys were kept. The
+    row and q are renormalised on the kept keys, then Σ_j min (0 for a profile with no kept
+    key: nothing to compare)."""
+    p_key, q_key_mass, has_key = key
+    p_off, q_off_mass, has_off = off
+    f_key = p_key / (q_key_mass if q_key_mass > _TINY else _TINY)
+    f_off = p_off / (q_off_mass if q_off_mass > _TINY else _TINY)
+    o_key, o_off = _f32(0.0), _f32(0.0)
+    for j in range(n):  # q is 0 off the kept keys and A ≥ 0: the row itself can be p
+        o_key += min(row[j], q_key[j] * f_key)
+        o_off += min(row[j], q_off[j] * f_off)
+    u_key = _f32(1.0) - o_key / (p_key if p_key > _TINY else _TINY) if has_key > 0 else _f32(0.0)
+    u_off = _f32(1.0) - o_off / (p_off if p_off > _TINY else _TINY) if has_off > 0 else _f32(0.0)
+    return u_key, u_off
+
+
+@_jit
 def _unexplained_split(row, sees, w, scale, key, off, base, n, q_key, q_off):
     """:func:`_unexplained` from the sums and weights kept as float32 pairs (:func:`_split`):
     key and off hold each profile's (sum, sum's rest, weight, weight's rest, cells). Returns
@@ -147,14 +166,9 @@ def _unexplained_split(row, sees, w, scale, key, off, base, n, q_key, q_off):
         p_off += a * kept_o
         q_key_mass += qk
         q_off_mass += qo
-    f_key = p_key / (q_key_mass if q_key_mass > _TINY else _TINY)
-    f_off = p_off / (q_off_mass if q_off_mass > _TINY else _TINY)
-    o_key, o_off = _f32(0.0), _f32(0.0)
-    for j in range(n):  # q is 0 off the kept keys and A ≥ 0: the row itself can be p
-        o_key += min(row[j], q_key[j] * f_key)
-        o_off += min(row[j], q_off[j] * f_off)
-    u_key = _f32(1.0) - o_key / (p_key if p_key > _TINY else _TINY) if has_key > 0 else _f32(0.0)
-    u_off = _f32(1.0) - o_off / (p_off if p_off > _TINY else _TINY) if has_off > 0 else _f32(0.0)
+    u_key, u_off = _overlaps(
+        row, n, q_key, q_off, (p_key, q_key_mass, has_key), (p_off, q_off_mass, has_off)
+    )
     return u_key, u_off, thin > 0
 
 
@@ -187,15 +201,9 @@ def _unexplained(row, sees, w, scale, key, off, base, n, q_key, q_off):
         p_off += a * kept_o
         q_key_mass += qk
         q_off_mass += qo
-    f_key = p_key / (q_key_mass if q_key_mass > _TINY else _TINY)
-    f_off = p_off / (q_off_mass if q_off_mass > _TINY else _TINY)
-    o_key, o_off = _f32(0.0), _f32(0.0)
-    for j in range(n):  # q is 0 off the kept keys and A ≥ 0: the row itself can be p
-        o_key += min(row[j], q_key[j] * f_key)
-        o_off += min(row[j], q_off[j] * f_off)
-    u_key = _f32(1.0) - o_key / (p_key if p_key > _TINY else _TINY) if has_key > 0 else _f32(0.0)
-    u_off = _f32(1.0) - o_off / (p_off if p_off > _TINY else _TINY) if has_off > 0 else _f32(0.0)
-    return u_key, u_off
+    return _overlaps(
+        row, n, q_key, q_off, (p_key, q_key_mass, has_key), (p_off, q_off_mass, has_off)
+    )
 
 
 @_jit
