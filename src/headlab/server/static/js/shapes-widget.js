@@ -166,7 +166,8 @@ export function initShapes(root, presetsAsked) {
   }));
   const kvOut = h("div", { id: "shapes-kv-output", "aria-live": "polite" });
   const kvFold = h("details", { class: "more", id: "shapes-kv-fold" },
-    h("summary", {}, glossed("The KV cache at these sizes: the keys and values a generating model keeps of past tokens, and the tokens already cached (§9 explains it)")),
+    h("summary", {}, "Memory while generating, at these sizes (§9 explains it)"),
+    h("p", { class: "note" }, glossed("The KV cache: the keys and values a generating model keeps of past tokens, and how many tokens it already holds.")),
     kvSizes, kvOut);
   const sources = new Map();  // the code of each linked function, asked for once
   const fetchCode = (name) => {
