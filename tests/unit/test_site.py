@@ -28,7 +28,12 @@ def exported(tmp_path_factory) -> tuple[object, list[object]]:
     folder = tmp_path_factory.mktemp("onnx")
     paths = site.export_onnx(model, folder / "model.onnx", BASELINE_SEEDS)
     assert [p.name for p in paths] == ["model.onnx", *(f"random-{s}.onnx" for s in BASELINE_SEEDS)]
-    return model, [onnxruntime.InferenceSession(str(p)) for p in paths]
+    # one thread: the same order of every sum on any machine (the content score at a cell one
+    # row nearly holds alone is a ratio of two tiny numbers, and a busy machine's thread split
+    # once moved it 1.3e-4)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    return model, [onnxruntime.InferenceSession(str(p), options) for p in paths]
 
 
 def feeds(probe) -> dict[str, np.ndarray]:
