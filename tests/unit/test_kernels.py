@@ -21,6 +21,7 @@ from headlab.heads import (
     layer_scorer,
     report,
 )
+from headlab.heads.content import _content_masks, content_parts
 from headlab.measure import make_probe, reduce_patterns, repeated_random_tokens
 from headlab.model import ModelConfig, Transformer
 
@@ -62,6 +63,28 @@ def test_content_reads_any_layout_and_dtype() -> None:
     assert not view.is_contiguous()
     want = content_score(A.float().contiguous(), True)
     assert torch.equal(content_score(view, True), want)
+
+
+def test_rows_that_share_their_keys_add_the_by_key_weights_once_a_sequence() -> None:
+    """Bidirectional rows all see their sequence's movable keys, so the loops add the by-key
+    profile's weights once a sequence (kernels._shared_rows names the first row that counts);
+    causal rows see different keys and are added one at a time. Either way the definition's
+    sums (content_parts in PyTorch, float64) to float32 rounding, on sequences whose fixed
+    keys differ, with a row of no weight."""
+    g = torch.Generator().manual_seed(31)
+    B, h, n = 3, 6, 23
+    for causal in (False, True):
+        A = random_patterns(B, h, n, causal, g).float()
+        A[1, 2, 5] = 0.0  # a row of no weight
+        fixed = torch.rand(B, n, generator=g) < 0.3
+        sees, size, _ = _content_masks(B, n, causal, fixed)
+        shared = kernels._shared_rows(sees.numpy(), size.numpy(), n)
+        first = [int((size[b] >= 2).nonzero()[0]) for b in range(B)]
+        assert shared.tolist() == ([-1] * B if causal else first)
+        out = np.zeros((h, 2))
+        kernels.content_parts_parallel(A.numpy(), sees.numpy(), size.numpy(), out)
+        want = content_parts(A.double(), sees, size)
+        assert out.flatten().tolist() == pytest.approx(want.flatten().tolist(), rel=1e-6), causal
 
 
 def test_the_parallel_kernel_refuses_arrays_it_cannot_read(threads) -> None:

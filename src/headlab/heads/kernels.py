@@ -107,6 +107,41 @@ def _add_weights(sees, w, key_w, off_w, base, n):
 
 
 @_jit
+def _add_offset_weights(sees, w, off_w, base, n):
+    """:func:`_add_weights`' offset half, for a row whose sequence adds its key half once
+    (:func:`_shared_rows`)."""
+    off_w = off_w[base : base + n]
+    for j in range(n):
+        off_w[j] += w * sees[j]
+
+
+@_jit
+def _shared_rows(sees, size, n):
+    """The row every row of a sequence that counts (two or more keys) is compared on, or −1
+    where they are not all the same (a causal mask). Where they are, the by-key profile's
+    weight at key j is that row's mark times the sum of the sequence's row weights, added once
+    a sequence instead of once a row."""
+    B = sees.shape[0]
+    shared = np.full(B, -1, np.int64)
+    for b in range(B):
+        first, same = -1, True
+        for i in range(n):
+            if size[b, i] >= 2:
+                if first < 0:
+                    first = i
+                else:
+                    for j in range(n):
+                        if sees[b, i, j] != sees[b, first, j]:
+                            same = False
+                            break
+                if not same:
+                    break
+        if same and first >= 0:
+            shared[b] = first
+    return shared
+
+
+@_jit
 def _add_counts(sees, sign, key_c, off_c, base, n):
     """Add a row (sign 1) to both profiles' row counts at the cells of the keys it sees, or
     take it away (sign −1)."""
@@ -221,6 +256,8 @@ def content_parts(A, sees, size, lo, hi, out):
     compared on; size (B, n) int64 how many; heads lo ≤ h < hi. Writes out[h] (H, 2) float64:
     Σ_i w_i (1 − overlap_i) by key position (0) and by offset (1), the rows with |V_i| ≥ 2
     and w_i > 0 (:func:`headlab.heads.content.content_score` divides by the rows that count).
+    Where a sequence's rows that count all see the same keys (bidirectional), the by-key
+    profile's weights are added once for the sequence, not once a row (:func:`_shared_rows`).
     """
     B, _, n, _ = A.shape
     m = 2 * n - 1  # offset cells: j − i + n − 1
@@ -238,21 +275,31 @@ def content_parts(A, sees, size, lo, hi, out):
         for i in range(n):
             if size[b, i] >= 2:
                 _add_counts(sees[b, i], _f32(1.0), key_rows, off_rows, n - 1 - i, n)
+    shared = _shared_rows(sees, size, n)
     for h in range(lo, hi):
         for buf in (key[0], key[1], off[0], off[1]):
             buf[:] = 0
         key[2][:] = key_rows
         off[2][:] = off_rows
         for b in range(B):
+            total = 0.0  # the sequence's row weights, where its rows share their keys
             for i in range(n):
                 row, s, base = A[b, h, i], sees[b, i], n - 1 - i
                 scale = _f32(size[b, i]) if size[b, i] >= 2 else _f32(0.0)
                 t = _add_sums(row, s, scale, key[0], off[0], base, n)
                 w[b, i] = t if scale > 0 and t > 0 else _f32(0.0)
                 if w[b, i] > 0:
-                    _add_weights(s, t, key[1], off[1], base, n)
+                    if shared[b] >= 0:
+                        total += t
+                        _add_offset_weights(s, t, off[1], base, n)
+                    else:
+                        _add_weights(s, t, key[1], off[1], base, n)
                 elif scale > 0:
                     _add_counts(s, _f32(-1.0), key[2], off[2], base, n)
+            if shared[b] >= 0:
+                marks = sees[b, shared[b]]
+                for j in range(n):
+                    key[1][j] += total * marks[j]
         _profile_cells(key[2])
         _profile_cells(off[2])
         _split(key[0], key2[0], key2[1])
