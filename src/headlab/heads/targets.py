@@ -294,23 +294,27 @@ def stack_targets(t: Targets) -> TargetStack:
     first[:, 0] = True
     names = (*dense, *keys, "first_token", "delimiter", "rest:content")
     ones = torch.ones(B, n, dtype=torch.bool)
-    weights, seqs = [], []
-    for name in names[: len(dense) + len(keys)]:
-        r = rows.get(name, valid[name].expand(B, n) if name in valid else ones)
-        count = r.sum(-1)  # (B,)
-        weights.append(r / count.clamp_min(1)[:, None] if name in rows else r.float())
-        seqs.append((count > 0) / (count > 0).sum().clamp_min(1) if name in rows else None)
-    seqs += [None] * 3
-    uniform = torch.full((B,), 1.0 / B, dtype=torch.float64)
+    scored = names[: len(dense) + len(keys)]  # the targets read a row at a time
+    # each one's rows (K + P, B, n): its own where it is averaged over them, else every row
+    # where its key exists, or every row; all of them at once
+    r = torch.stack([rows.get(k, valid[k].expand(B, n) if k in valid else ones) for k in scored])
+    ratio = torch.tensor([name not in rows for name in names])  # (K + P + C,)
+    averaged = ~ratio[: len(scored)]  # (K + P,): averaged over its rows
+    count = r.sum(-1)  # (K + P, B)
+    weights = torch.where(averaged[:, None, None], r / count.clamp_min(1)[..., None], r.float())
+    has = count > 0  # (K + P, B): the sequences with a row
+    per_seq = (has / has.sum(-1, keepdim=True).clamp_min(1)).double()
+    uniform = torch.full((len(names), B), 1.0 / B, dtype=torch.float64)
+    uniform[: len(scored)] = torch.where(averaged[:, None], per_seq, uniform[: len(scored)])
     return TargetStack(
         names,
         torch.stack([getattr(t, name) for name in dense]).float(),
         torch.stack(list(keys.values())).clamp(0, n - 1),
         # the content score's rest: the fixed keys and the first position, which it leaves out
         torch.stack([first, t.delimiters.bool(), t.fixed.bool() | first]).float(),
-        torch.stack(weights).float(),
-        torch.stack([uniform if w is None else w.double() for w in seqs]),
-        torch.tensor([name not in rows for name in names]),
+        weights,
+        uniform,
+        ratio,
         positional_reach(B, n, n, t.causal, t.token_rules),
     )
 
