@@ -111,8 +111,8 @@ def test_layers_scored_in_groups_equal_one_layer_at_a_time(
     per_group: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Five layers in groups of 1, 2 (2 + 2 + 1), 5 and more than there are: every score,
-    offset, rest and kept pattern as layer_scorer gives one layer at a time, and one scoring
-    pass per group."""
+    offset, rest and kept pattern as layer_scorer gives one layer at a time, one scoring pass
+    per group, and the groups joined (what analyse reads) as the layers one after another."""
     model, probe = _model_and_probe(5)
     targets = build_targets(probe, causal=True)
     single = reduce_patterns(model, probe.tokens, layer_scorer(targets, keep=None))
@@ -140,6 +140,14 @@ def test_layers_scored_in_groups_equal_one_layer_at_a_time(
             assert one.rests[k].tolist() == pytest.approx(other.rests[k].tolist(), abs=1e-6)
         assert one.kept.keys() == other.kept.keys() and len(one.kept) == h + 1
         assert all(torch.equal(one.kept[i], other.kept[i]) for i in one.kept)
+    # what analyse reads: every group's scores joined, layer after layer
+    joined = groups.stacked()
+    for k in joined.scores:
+        assert torch.equal(joined.scores[k], torch.cat([s.scores[k] for s in grouped])), k
+    for k in joined.rests:
+        assert torch.equal(joined.rests[k], torch.cat([s.rests[k] for s in grouped])), k
+    assert torch.equal(joined.offsets, torch.cat([s.offsets for s in grouped]))
+    assert [k.keys() for k in joined.kept] == [s.kept.keys() for s in grouped]
 
 
 def test_analyse_keeps_only_the_patterns_asked_for_in_any_group() -> None:

@@ -264,6 +264,17 @@ class LayerScores:
     rests: dict[str, Tensor] = field(default_factory=dict)  # type → (h + 1,) resting weight
 
 
+@dataclass(frozen=True)
+class Scored:
+    """Consecutive layers reduced to numbers, one after another: layer l's h heads, then its
+    averaged head (what :class:`LayerGroups` keeps of a group, or of every layer)."""
+
+    scores: dict[str, Tensor]  # score type → (layers · (h + 1),)
+    offsets: Tensor  # (layers · (h + 1),) the positional score's offsets
+    rests: dict[str, Tensor]  # type → (layers · (h + 1),) resting weight
+    kept: list[dict[int, Tensor]]  # per layer: head (−1 = averaged) → (n, n) first-sequence pattern
+
+
 def layer_scorer(
     targets: Targets, keep: Keep = None, content: bool = True
 ) -> Callable[[int, Tensor], LayerScores]:
@@ -279,7 +290,9 @@ def layer_scorer(
 
     def score(layer: int, weights: Tensor) -> LayerScores:
         groups(layer, weights)
-        return groups.scored.pop(layer)
+        (scored,) = groups.results()
+        groups.done.clear()
+        return scored
 
     return score
 
@@ -304,14 +317,14 @@ class LayerGroups:
     ) -> None:
         self.targets, self.keep, self.content, self.budget = targets, keep, content, budget
         self.pending: list[tuple[int, dict[int, Tensor]]] = []  # (layer, its kept patterns)
-        self.scored: dict[int, LayerScores] = {}
+        self.done: list[Scored] = []  # each group scored, in order
         self.size = 1  # layers a group holds: set at the first layer, from its shape
         self.flat = torch.empty(0)  # (B, size · (h + 1), n, n): the group's heads
 
     def __call__(self, layer: int, weights: Tensor) -> None:
         w = weights.float()  # (B, h, n, n), scored where the layer ran
         B, h, n, s = w.shape
-        if not self.pending and not self.scored:
+        if not self.pending and not self.done:
             self.size = max(1, self.budget // (B * (h + 1) * n * s * 4))
         shape = (B, self.size * (h + 1), n, s)
         if self.flat.shape != shape:  # the first layer: one buffer, reused by every group
@@ -336,23 +349,47 @@ class LayerGroups:
             self.flat[:, : len(self.pending) * h1], self.targets, self.content
         )
         # a few numbers a head: kept on the CPU, wherever the weights were scored
-        by_type = {t: v.cpu() for t, v in by_type.items()}
-        rests = {t: v.cpu() for t, v in rests.items()}
-        offsets = offsets.cpu()
-        for k, (layer, kept) in enumerate(self.pending):
-            part = slice(k * h1, (k + 1) * h1)
-            self.scored[layer] = LayerScores(
-                {t: v[part] for t, v in by_type.items()},
-                offsets[part],
-                kept,
-                {t: v[part] for t, v in rests.items()},
+        self.done.append(
+            Scored(
+                {t: v.cpu() for t, v in by_type.items()},
+                offsets.cpu(),
+                {t: v.cpu() for t, v in rests.items()},
+                [kept for _, kept in self.pending],
             )
+        )
         self.pending.clear()
 
     def results(self) -> list[LayerScores]:
         """Every layer's scores, in order (the last group scored first if it is not yet)."""
         self.flush()
-        return [self.scored[l] for l in sorted(self.scored)]
+        out = []
+        for group in self.done:
+            h1 = group.offsets.shape[0] // len(group.kept)  # h + 1
+            for k, kept in enumerate(group.kept):
+                part = slice(k * h1, (k + 1) * h1)
+                out.append(
+                    LayerScores(
+                        {t: v[part] for t, v in group.scores.items()},
+                        group.offsets[part],
+                        kept,
+                        {t: v[part] for t, v in group.rests.items()},
+                    )
+                )
+        return out
+
+    def stacked(self) -> Scored:
+        """Every layer's scores as one :class:`Scored` (the groups' joined; one group as it
+        is), the last group scored first if it is not yet."""
+        self.flush()
+        if len(self.done) == 1:
+            return self.done[0]
+        first = self.done[0]
+        return Scored(
+            {t: torch.cat([g.scores[t] for g in self.done]) for t in first.scores},
+            torch.cat([g.offsets for g in self.done]),
+            {t: torch.cat([g.rests[t] for g in self.done]) for t in first.rests},
+            [kept for g in self.done for kept in g.kept],
+        )
 
 
 def unused_seed(seed: int | None, where: str) -> None:
@@ -412,16 +449,23 @@ def analyse(
     targets = build_targets(probe, causal=bool(model.config.causal))
     groups = LayerGroups(targets, keep, content)
     reduce_patterns(model, probe.tokens, groups, progress)
-    layers = groups.results()
     n_kv = getattr(model.config, "n_kv_heads", None)
     return _report(
-        probe, layers, keep, syntactic, n_kv, floors, label_syntactic, averaged_floors, retrieval
+        probe,
+        groups.stacked(),
+        keep,
+        syntactic,
+        n_kv,
+        floors,
+        label_syntactic,
+        averaged_floors,
+        retrieval,
     )
 
 
 def _report(
     probe: Probe,
-    layers: list[LayerScores],
+    layers: Scored,
     keep: Keep,
     syntactic: SyntacticScores | None = None,
     n_kv_heads: int | None = None,
@@ -431,10 +475,11 @@ def _report(
     retrieval: RetrievalScores | None = None,
 ) -> HeadReport:
     """The HeadReport of a probe from its layers' scores (layer-major; averaged heads apart)."""
-    L, h = len(layers), layers[0].offsets.shape[0] - 1
-    scores = {k: torch.cat([s.scores[k] for s in layers]).tolist() for k in layers[0].scores}
-    rests = {k: torch.cat([s.rests[k] for s in layers]).tolist() for k in layers[0].rests}
-    offsets = torch.cat([s.offsets for s in layers]).tolist()
+    L = len(layers.kept)
+    h = layers.offsets.shape[0] // L - 1
+    scores = {k: v.tolist() for k, v in layers.scores.items()}
+    rests = {k: v.tolist() for k, v in layers.rests.items()}
+    offsets = layers.offsets.tolist()
     heads = [
         _scored(
             l,
@@ -467,8 +512,8 @@ def _report(
         floors=floors,
     )
     if keep is None:
-        patterns = torch.stack([torch.stack([s.kept[i] for i in range(h)]) for s in layers])
-        avg = torch.stack([s.kept[-1] for s in layers])
+        patterns = torch.stack([torch.stack([k[i] for i in range(h)]) for k in layers.kept])
+        avg = torch.stack([k[-1] for k in layers.kept])
         return HeadReport(**common, patterns=patterns, averaged_patterns=avg)
-    selected = {(l, i): p for l, s in enumerate(layers) for i, p in s.kept.items()}
+    selected = {(l, i): p for l, k in enumerate(layers.kept) for i, p in k.items()}
     return HeadReport(**common, patterns=None, averaged_patterns=None, selected=selected)
