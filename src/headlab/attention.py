@@ -84,7 +84,14 @@ def attention(
     # 2) mask (in place where no one else holds the scores), then softmax over keys
     if allowed is not None:
         scores = (scores.masked_fill_ if mine else scores.masked_fill)(~allowed, -math.inf)
-    weights = torch.softmax(scores, dim=-1)
+    # into the trace's buffer where it gives one (reduce_patterns' group of layers: no copy)
+    place = None
+    if trace is not None and not scores.requires_grad:
+        place = trace.place("weights", tuple(scores.shape), scores.dtype, scores.device)
+    if place is None:
+        weights = torch.softmax(scores, dim=-1)
+    else:
+        weights = torch.softmax(scores, dim=-1, out=place)
     if allowed is not None:
         # a row with nothing allowed is all -inf, whose softmax is NaN: define it as zeros
         empty = ~allowed.any(dim=-1, keepdim=True)

@@ -388,6 +388,7 @@ def reduce_patterns(
     tokens: Tensor,
     reduce: Callable[[int, Tensor], R],
     progress: Callable[[int, int], None] | None = None,
+    place: Callable[[int, tuple[int, ...], torch.dtype, torch.device], Tensor | None] | None = None,
 ) -> list[R]:
     """Run ``model`` on ``tokens`` (B, n) and reduce each layer's attention weights as it runs.
 
@@ -397,7 +398,9 @@ def reduce_patterns(
     ``reduce`` keeps, not L layers'. ``progress(done, L)`` is called after each layer.
     Returns ``[reduce(0, ·), …, reduce(L − 1, ·)]``. The forward stops at the last layer's
     weights (MiniLM's forward spends 14% after them), but on a model accelerate dispatched,
-    whose hooks must see each block to its end.
+    whose hooks must see each block to its end. ``place(layer, shape, dtype, device)`` may
+    give the tensor layer l's softmax is written into (where ``reduce`` keeps it anyway,
+    saving it a copy; :meth:`headlab.trace.Trace.place`), or None.
     """
     results: dict[int, R] = {}
     L, stop = int(model.config.n_layers), not getattr(model, "hf_device_map", None)
@@ -409,7 +412,11 @@ def reduce_patterns(
         if stop and len(results) == L:
             raise Enough
 
-    trace = Trace(only=("weights",), reduce=hook)
+    def where(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Any:
+        assert place is not None
+        return place(layer_index(name), shape, dtype, device)
+
+    trace = Trace(only=("weights",), reduce=hook, place=None if place is None else where)
     with torch.inference_mode(), contextlib.suppress(Enough):
         model.hidden_states(tokens.to(input_device(model)), trace=trace)
     return [results[l] for l in range(L)]

@@ -21,6 +21,8 @@ from torch import Tensor
 
 # reduce(full_name, tensor) -> what to store under that name, or None to store nothing
 Reducer = Callable[[str, Tensor], Tensor | None]
+# place(full_name, shape, dtype, device) -> the tensor to compute that record into, or None
+Placer = Callable[[str, tuple[int, ...], torch.dtype, torch.device], Tensor | None]
 
 
 class Enough(Exception):
@@ -42,11 +44,13 @@ class Trace:
         only: tuple[str, ...] | None = None,
         detach: bool = True,
         reduce: Reducer | None = None,
+        place: Placer | None = None,
     ) -> None:
         self.enabled = True
         self.only = only
         self.detach = detach
         self.reduce = reduce
+        self.placer = place
         self._store: dict[str, Tensor] = {}
         self._prefix = ""
 
@@ -67,6 +71,19 @@ class Trace:
     def wants(self, name: str) -> bool:
         """Whether :meth:`record` would keep ``name`` (lets callers skip costly extras)."""
         return self.enabled and (self.only is None or name in self.only)
+
+    def place(
+        self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> Tensor | None:
+        """A tensor of this shape, dtype and device to compute the record ``name`` into, where
+        the trace's ``place`` gives one (a reducer's buffer, which it would copy the record
+        into anyway), else None: the computation makes its own. It is recorded all the same."""
+        if self.placer is None or not self.wants(name):
+            return None
+        out = self.placer(self._prefix + name, shape, dtype, device)
+        if out is None or out.shape != shape or out.dtype != dtype or out.device != device:
+            return None
+        return out
 
     def record(self, name: str, tensor: Tensor) -> Trace:
         """Store ``tensor`` under the scoped ``name`` (or what ``reduce`` makes of it); returns

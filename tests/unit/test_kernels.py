@@ -150,6 +150,29 @@ def test_layers_scored_in_groups_equal_one_layer_at_a_time(
     assert [k.keys() for k in joined.kept] == [s.kept.keys() for s in grouped]
 
 
+def test_the_attention_writes_each_layer_into_the_groups_buffer() -> None:
+    """analyse has each layer's softmax written where its group keeps it (LayerGroups.place
+    through Trace.place): the recorded weights are that buffer, not a copy, and the scores,
+    offsets and patterns are bit for bit those of the weights copied in."""
+    model, probe = _model_and_probe(3)
+    targets = build_targets(probe, causal=True)
+    placed, copied = LayerGroups(targets, None, True), LayerGroups(targets, None, True)
+    in_place: list[bool] = []
+
+    def reduce(layer: int, weights: torch.Tensor) -> None:
+        slot = placed.place(layer, tuple(weights.shape), weights.dtype, weights.device)
+        in_place.append(slot is not None and slot.data_ptr() == weights.data_ptr())
+        placed(layer, weights)
+
+    reduce_patterns(model, probe.tokens, reduce, place=placed.place)
+    reduce_patterns(model, probe.tokens, copied)
+    assert in_place == [True, True, True]
+    a, b = placed.stacked(), copied.stacked()
+    assert all(torch.equal(a.scores[k], b.scores[k]) for k in b.scores)
+    assert torch.equal(a.offsets, b.offsets)
+    assert all(torch.equal(x[i], y[i]) for x, y in zip(a.kept, b.kept, strict=True) for i in y)
+
+
 def test_analyse_keeps_only_the_patterns_asked_for_in_any_group() -> None:
     """keep picks patterns from layers that share a group: those and no others, each the
     layer's own weights."""

@@ -321,17 +321,37 @@ class LayerGroups:
         self.size = 1  # layers a group holds: set at the first layer, from its shape
         self.flat = torch.empty(0)  # (B, size · (h + 1), n, n): the group's heads
 
-    def __call__(self, layer: int, weights: Tensor) -> None:
-        w = weights.float()  # (B, h, n, n), scored where the layer ran
-        B, h, n, s = w.shape
+    def _buffer(self, shape: tuple[int, ...], device: torch.device) -> Tensor:
+        """The group's buffer for layers of weights (B, h, n, s): made at the first layer (the
+        layers a group holds set from its shape), then reused by every group."""
+        B, h, n, s = shape
         if not self.pending and not self.done:
             self.size = max(1, self.budget // (B * (h + 1) * n * s * 4))
-        shape = (B, self.size * (h + 1), n, s)
-        if self.flat.shape != shape:  # the first layer: one buffer, reused by every group
-            self.flat = torch.empty(shape, device=w.device)
-        flat = self.flat
+        want = (B, self.size * (h + 1), n, s)
+        if self.flat.shape != want:
+            self.flat = torch.empty(want, device=device)
+        return self.flat
+
+    def place(
+        self, layer: int, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> Tensor | None:
+        """Where the next layer's weights (B, h, n, s) go in the group's buffer, for the
+        attention to write its softmax there (:meth:`headlab.trace.Trace.place`) instead of
+        :meth:`__call__` copying them in: float32 on the buffer's device, else None."""
+        flat = self._buffer(shape, device)
+        if dtype != torch.float32 or flat.device != torch.device(device):
+            return None
+        at = len(self.pending) * (shape[1] + 1)
+        return flat[:, at : at + shape[1]]
+
+    def __call__(self, layer: int, weights: Tensor) -> None:
+        w = weights.float()  # (B, h, n, n), scored where the layer ran
+        h = w.shape[1]
+        flat = self._buffer(w.shape, w.device)
         at = len(self.pending) * (h + 1)  # the heads, then the averaged head
-        flat[:, at : at + h] = w
+        slot = flat[:, at : at + h]
+        if not _same_memory(slot, w):  # unless the attention wrote them there (place)
+            slot.copy_(w)
         # the averaged head (scores.averaged_pattern), written in place from the copy just made
         torch.mean(flat[:, at : at + h], dim=1, out=flat[:, at + h])
         heads = range(-1, h) if self.keep is None else [i for l, i in self.keep if l == layer]
@@ -392,6 +412,16 @@ class LayerGroups:
         )
 
 
+def _same_memory(a: Tensor, b: Tensor) -> bool:
+    """Whether a and b are the same view of the same memory."""
+    return (
+        a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.device == b.device
+    )
+
+
 def unused_seed(seed: int | None, where: str) -> None:
     """A DeprecationWarning where a caller passed ``seed`` to ``where``, which no longer reads
     it: every score is a function of the model's weights on the probe, and a probe's random
@@ -448,7 +478,7 @@ def analyse(
     unused_seed(seed, "analyse")
     targets = build_targets(probe, causal=bool(model.config.causal))
     groups = LayerGroups(targets, keep, content)
-    reduce_patterns(model, probe.tokens, groups, progress)
+    reduce_patterns(model, probe.tokens, groups, progress, place=groups.place)
     n_kv = getattr(model.config, "n_kv_heads", None)
     return _report(
         probe,
