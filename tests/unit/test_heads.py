@@ -350,3 +350,34 @@ def test_analyse_scores_content_from_the_probe_alone():
         want = content_score(w, causal=True, fixed=~probe.movable)
         got = [report.head(layer, h).scores["content"] for h in range(4)]
         assert got == pytest.approx(want.tolist(), abs=1e-6)
+
+
+def test_a_probes_targets_are_built_once_and_let_go_with_it(monkeypatch) -> None:
+    """analyse builds a probe's targets once and reads them again for the same probe (another
+    call, another model); an equal but distinct probe, or the other causal setting, builds its
+    own; a probe that is gone takes its targets with it."""
+    import gc
+
+    from headlab.heads import targets as T
+
+    built: list[bool] = []
+    real = T.build_targets
+    monkeypatch.setattr(T, "build_targets", lambda p, c, r=True: built.append(c) or real(p, c, r))
+    monkeypatch.setattr(T, "_LAST", [])
+    g = torch.Generator().manual_seed(5)
+    tokens, _ = repeated_random_tokens(torch.arange(30), length=6, repeats=3, batch=2, generator=g)
+    probe = make_probe("random-repeat", tokens, None)
+    config = ModelConfig(vocab_size=30, d_model=16, n_layers=2, n_heads=2, max_len=32)
+    first = analyse(Transformer(config).eval(), probe)
+    again = analyse(Transformer(config).eval(), probe)
+    assert built == [True]
+    assert T.probe_targets(probe, True) is T.probe_targets(probe, True)
+    assert [s.scores for s in first.heads] != [s.scores for s in again.heads]  # two models
+    T.probe_targets(probe, False)
+    assert built == [True, False]
+    twin = make_probe("random-repeat", tokens.clone(), None)
+    assert T.probe_targets(twin, True) is not T.probe_targets(probe, True)
+    assert built == [True, False, True, True]
+    del probe, twin, first, again
+    gc.collect()
+    assert T._LAST == []

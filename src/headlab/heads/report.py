@@ -29,7 +29,7 @@ from headlab.heads.labels import (
     qualifies,
 )
 from headlab.heads.scores import pattern_scores
-from headlab.heads.targets import Targets, build_targets
+from headlab.heads.targets import Targets, probe_targets
 from headlab.measure import Probe, reduce_patterns
 from headlab.model import Transformer
 
@@ -453,10 +453,11 @@ def analyse(
     averaged head: the one head analysis the CLI, the server and the experiments call.
 
     The probe's targets are built once, with ``causal`` from ``model.config`` (never guessed
-    from the weights). Every score comes from the one forward on the probe, the content score
-    included; ``content=False`` leaves "content" out. ``seed`` changes nothing and is
-    deprecated (a DeprecationWarning when given; :func:`unused_seed`). The
-    rare-word score needs the ``wordfreq`` package (``headlab[syntax]``) and a text probe;
+    from the weights), and kept for another call on the same probe
+    (:func:`headlab.heads.targets.probe_targets`). Every score comes from the one forward on
+    the probe, the content score included; ``content=False`` leaves "content" out. ``seed``
+    changes nothing and is deprecated (a DeprecationWarning when given; :func:`unused_seed`).
+    The rare-word score needs the ``wordfreq`` package (``headlab[syntax]``) and a text probe;
     ``syntactic`` gives each head's margin over the offset baseline on its best relation
     (:meth:`headlab.heads.syntax.SyntaxReport.margins`), measured on a parsed text, reported
     among each head's scores; it takes part in the labels only with ``label_syntactic`` (by
@@ -476,7 +477,7 @@ def analyse(
     :class:`headlab.measure.Probe` (build it with :func:`headlab.measure.build_probe`).
     """
     unused_seed(seed, "analyse")
-    targets = build_targets(probe, causal=bool(model.config.causal))
+    targets = probe_targets(probe, causal=bool(model.config.causal))
     groups = LayerGroups(targets, keep, content)
     reduce_patterns(model, probe.tokens, groups, progress, place=groups.place)
     n_kv = getattr(model.config, "n_kv_heads", None)

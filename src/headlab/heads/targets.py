@@ -26,8 +26,10 @@ Papers: Olsson et al. 2022; Voita et al. 2019; TransformerLens (Nanda and Bloom 
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -353,3 +355,24 @@ def build_targets(probe: Probe, causal: bool, rare_words: bool = True) -> Target
     the rare-word targets too when ``rare_words`` and the probe is a text (with wordfreq)."""
     rare = rare_targets_of(probe, causal) if rare_words else None
     return targets_of(probe.tokens, causal, probe.delimiters, ~probe.movable, rare)
+
+
+# the last probe's targets: (a weak reference to the probe, (causal, rare_words), its targets)
+_LAST: list[tuple[weakref.ref[Any], tuple[bool, bool], Targets]] = []
+
+
+def probe_targets(probe: Probe, causal: bool, rare_words: bool = True) -> Targets:
+    """:func:`build_targets` with its stack, kept for the next call on the same probe: a probe
+    is frozen, so analysing it again (another model, random-weights copies, the page asking
+    twice) builds nothing. One probe's targets are held, the last one's, and let go with it."""
+    for ref, key, targets in list(_LAST):
+        if ref() is probe and key == (causal, rare_words):
+            return targets
+    targets = build_targets(probe, causal, rare_words)
+    _ = targets.stack  # built here, once, as every layer's scores read it
+
+    def forget(ref: weakref.ref[Any]) -> None:  # the probe is gone: so are its targets
+        _LAST[:] = [held for held in _LAST if held[0] is not ref]
+
+    _LAST[:] = [(weakref.ref(probe, forget), (causal, rare_words), targets)]
+    return targets
