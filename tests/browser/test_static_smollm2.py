@@ -239,7 +239,8 @@ def test_switching_smollm2s_heads_off_equals_the_librarys(page, site: Path) -> N
     headlab.heads.switch.switch_off gives in PyTorch: the same five likeliest next tokens at
     every position, their probabilities and both mean losses within 1e-4, each position's loss
     within 1e-4 of its size, every head's pattern and induction score within 1e-4; the panel
-    shows those losses; no weights are fetched again."""
+    shows those losses; no weights are fetched again. Its picker's folded layers count the
+    heads picked in each, and picking the previous-token heads opens the layers that hold them."""
     from headlab import zoo
     from headlab.heads.switch import switch_off
     from headlab.measure import text_probe
@@ -251,8 +252,12 @@ def test_switching_smollm2s_heads_off_equals_the_librarys(page, site: Path) -> N
     model, tokenizer = zoo.load("smollm2")
     text = " ".join(_texts(2, seed=4648))
     probe = text_probe(tokenizer, text, 128)
-    pick_smollm2(page)
+    if page.input_value("#heads-model") != "smollm2":  # picked by an earlier test, or not
+        pick_smollm2(page)
     run_sentence(page, text)
+    page.wait_for_function(
+        """() => document.querySelectorAll("#switch-heads button[data-off]").length === 270"""
+    )
     page.locator("#switch-box").scroll_into_view_if_needed()
     expect(page.locator("#switch-host-note")).to_have_count(0)
     page.evaluate(RECORD_SWITCH)
@@ -264,6 +269,10 @@ def test_switching_smollm2s_heads_off_equals_the_librarys(page, site: Path) -> N
                 f'#switch-heads button[data-off="{layer}.{head}"]',
                 "b => { b.closest('details').open = true; b.click(); }",
             )
+        for layer in range(30):  # each layer's line counts its heads picked
+            picked = sum(1 for l, _ in heads if l == layer)
+            summary = page.inner_text(f'#switch-heads details[data-layer="{layer}"] summary')
+            assert summary == (f"layer {layer} · {picked} picked" if picked else f"layer {layer}")
         page.check(f"#switch-mode-{mode}")
         page.click("#switch-run")
         names = ", ".join(f"{l}.{i}" for l, i in heads)
@@ -297,6 +306,10 @@ def test_switching_smollm2s_heads_off_equals_the_librarys(page, site: Path) -> N
             assert (off <= 1e-4 * run.losses[0].abs().clamp(min=1)).all(), (mode, name)
             assert _near(got["weights"], run.weights[:, 0]) < 1e-4, (mode, name)
             assert _near(got["induction"], run.induction) < 1e-4, (mode, name)
+    page.click("#switch-previous")  # the layers holding the heads it picks open
+    pressed = page.locator('#switch-heads button[aria-pressed="true"]')
+    assert pressed.count() > 0
+    assert all(b.is_visible() for b in pressed.all())
     fetched = [u.rsplit("/", 1)[1] for u in page.asked[asked:] if "/smollm2/" in u]
     assert fetched.count(config["switch"]["graph"]) <= 1  # once, and no shard again
     assert not set(fetched) & shards, fetched
