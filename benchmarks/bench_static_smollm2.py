@@ -78,9 +78,29 @@ def analysis(page: Any, text: str) -> float:
     return float(ms) / 1000
 
 
+# the heads the switch-off timings switch off (by their mean): SmolLM2's previous-token head
+# 16.0, which feeds its induction heads, and one head of the first and last layers
+SWITCHED = [[0, 3], [16, 0], [29, 8]]
+
+
+def switching(page: Any, text: str) -> float:
+    """Seconds of one POST /api/switch-off on SmolLM2 (the text run intact and with
+    :data:`SWITCHED` off), timed in the page."""
+    body = json.dumps({"model": "smollm2", "text": text, "probe": "text", "off": SWITCHED})
+    ms = page.evaluate(
+        """async (body) => { const t = performance.now();
+            const r = await fetch("/api/switch-off", { method: "POST", body,
+                headers: { "content-type": "application/json" } });
+            if (!r.ok) throw new Error((await r.json()).detail);
+            await r.json(); return performance.now() - t; }""",
+        body,
+    )
+    return float(ms) / 1000
+
+
 def visit(browser: Any, origin: str, texts: dict[int, str], rounds: int) -> dict[str, Any]:
-    """A first visit (fresh context), the per-text analyses, then a second visit (a reload, the
-    same context's cache)."""
+    """A first visit (fresh context), the per-text analyses, the switch-off runs, then a
+    second visit (a reload, the same context's cache)."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     page.goto(origin + "/")
@@ -90,6 +110,13 @@ def visit(browser: Any, origin: str, texts: dict[int, str], rounds: int) -> dict
         analysis(page, text)  # the first run at a length sizes the runtime's buffers
         out["analysis"][n] = statistics.median(analysis(page, text) for _ in range(rounds))
         out["memory_mb"][n] = renderer_mb()
+    # the first switch-off fetches its graph (static) and loads it: timed alone
+    out["first_switch_off"] = switching(page, texts[min(texts)])
+    out["switch_off"] = {}
+    for n, text in texts.items():
+        switching(page, text)
+        out["switch_off"][n] = statistics.median(switching(page, text) for _ in range(rounds))
+    out["memory_mb"]["switch_off"] = renderer_mb()
     page.reload()
     page.wait_for_selector(READY, timeout=120_000)
     out["second_view"] = first_view(page)
@@ -126,10 +153,12 @@ def main() -> None:
             browser.close()
     files = {f["name"]: f["bytes"] for f in config["files"]}
     total = sum(files.values())
+    switch = config["switch"]
     s, v = runs["static"], runs["served"]
     rows = [
         ["download, SmolLM2 (MB)", f"{total / 1e6:.1f}"],
         *([f"file {name} (MB)", f"{size / 1e6:.1f}"] for name, size in files.items()),
+        [f"file {switch['graph']}, on the first switch-off (MB)", f"{switch['bytes'] / 1e6:.1f}"],
         ["first head view, static, empty cache (s)", f"{s['first_view']:.1f}"],
         ["first head view, static, from the cache (s)", f"{s['second_view']:.1f}"],
         ["first head view, served, SmolLM2 read from disk (s)", f"{v['first_view']:.1f}"],
@@ -144,8 +173,17 @@ def main() -> None:
             ]
         )
         rows.append([f"renderer memory after {n} tokens, static (MB)", f"{s['memory_mb'][n]:.0f}"])
+    first = f"{s['first_switch_off']:.2f} / {v['first_switch_off']:.2f}"
+    rows.append(["first switch-off, graph fetched, static / served (s)", first])
+    for n in lengths:
+        a, b = s["switch_off"][n], v["switch_off"][n]
+        said = f"{a:.2f} / {b:.2f} ({a / b:.1f}×)"
+        rows.append([f"switch-off at {n} tokens, static / served (s)", said])
+    memory = s["memory_mb"]["switch_off"]
+    rows.append(["renderer memory after the switch-offs, static (MB)", f"{memory:.0f}"])
     results = {
         "files": files,
+        "switch_graph": switch,
         "total_bytes": total,
         "runs": runs,
         "rounds": args.rounds,

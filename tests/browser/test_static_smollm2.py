@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from playwright.sync_api import expect
 from test_static_site import ROOT, _env, _Quiet, drawn_weights, open_site, run_sentence
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -216,3 +217,100 @@ def test_a_text_past_the_sites_length_says_the_server_takes_more(page) -> None:
     run_sentence(page, "heron " * 200)
     said = page.inner_text("#heads-status")
     assert "at most 128 in this static site (`headlab serve` takes up to 8192)" in said, said
+
+
+# the heads each mode switches off (a previous-token head that feeds an induction head, and
+# heads of the first and last layers); the sentence is drawn from WORDS with a seed of its own
+SWITCH_SETS = {"mean": [(0, 3), (16, 0), (29, 8)], "zero": [(2, 1), (5, 7), (16, 0), (18, 7)]}
+RECORD_SWITCH = """() => { const f = window.fetch; window.switched = [];
+    window.fetch = async (input, init) => { const r = await f(input, init);
+      if (String(input).startsWith("/api/switch-off")) window.switched.push(await r.clone().json());
+      return r; }; }"""
+
+
+def _near(got: object, want: torch.Tensor) -> float:
+    return float((torch.tensor(got, dtype=torch.float64) - want.double()).abs().max())
+
+
+def test_switching_smollm2s_heads_off_equals_the_librarys(page, site: Path) -> None:
+    """The switch-off panel runs SmolLM2 in the browser (it once said SmolLM2's needs the
+    server): its graph (a few MB) reads the 4-bit blocks already downloaded for the head viewer,
+    and for a set of heads switched off by their mean and another zeroed it gives what
+    headlab.heads.switch.switch_off gives in PyTorch: the same five likeliest next tokens at
+    every position, their probabilities and both mean losses within 1e-4, each position's loss
+    within 1e-4 of its size, every head's pattern and induction score within 1e-4; the panel
+    shows those losses; no weights are fetched again. Its picker's folded layers count the
+    heads picked in each, and picking the previous-token heads opens the layers that hold them."""
+    from headlab import zoo
+    from headlab.heads.switch import switch_off
+    from headlab.measure import text_probe
+
+    config = json.loads((site / "static/offline/smollm2/config.json").read_text())
+    shards = {f["name"] for f in config["files"]}
+    assert config["switch"]["external_data"] and set(config["switch"]["external_data"]) <= shards
+    assert config["switch"]["bytes"] < 20_000_000  # the blocks are the head viewer's, not again
+    model, tokenizer = zoo.load("smollm2")
+    text = " ".join(_texts(2, seed=4648))
+    probe = text_probe(tokenizer, text, 128)
+    if page.input_value("#heads-model") != "smollm2":  # picked by an earlier test, or not
+        pick_smollm2(page)
+    run_sentence(page, text)
+    page.wait_for_function(
+        """() => document.querySelectorAll("#switch-heads button[data-off]").length === 270"""
+    )
+    page.locator("#switch-box").scroll_into_view_if_needed()
+    expect(page.locator("#switch-host-note")).to_have_count(0)
+    page.evaluate(RECORD_SWITCH)
+    asked = len(page.asked)
+    for mode, heads in SWITCH_SETS.items():
+        page.click("#switch-clear")
+        for layer, head in heads:
+            page.eval_on_selector(
+                f'#switch-heads button[data-off="{layer}.{head}"]',
+                "b => { b.closest('details').open = true; b.click(); }",
+            )
+        for layer in range(30):  # each layer's line counts its heads picked
+            picked = sum(1 for l, _ in heads if l == layer)
+            summary = page.inner_text(f'#switch-heads details[data-layer="{layer}"] summary')
+            assert summary == (f"layer {layer} · {picked} picked" if picked else f"layer {layer}")
+        page.check(f"#switch-mode-{mode}")
+        page.click("#switch-run")
+        names = ", ".join(f"{l}.{i}" for l, i in heads)
+        expect(page.locator("#switch-summary")).to_contain_text(
+            f"with {names} switched off", timeout=300_000
+        )
+        answer = page.evaluate("() => window.switched.at(-1)")
+        want = switch_off(model, probe, heads, mode)
+        assert answer["model"] == "smollm2" and answer["ids"] == probe.tokens[0].tolist()
+        assert answer["mode"] == mode and answer["off"] == [list(p) for p in heads]
+        for key, loss in want.losses().items():
+            got = answer["loss"][key]
+            if loss is None:
+                assert got is None, key
+                continue
+            assert got["rows"] == loss["rows"], key
+            for part in ("intact", "off", "rise"):
+                assert abs(got[part] - loss[part]) < 1e-4, (mode, key, part)
+            row = page.locator(f'#switch-loss [data-loss="{key}"]')
+            shown = [row.locator(f'[data-run="{r}"]').inner_text() for r in ("intact", "off")]
+            assert shown == [f"{got['intact']:.2f}", f"{got['off']:.2f}"]
+        for name, run in (("intact", want.intact), ("switched_off", want.off)):
+            got = answer[name]
+            ids = [[p["id"] for p in row] for row in got["predictions"]]
+            assert ids == run.top_ids[0].tolist(), (mode, name)
+            probs = [[p["p"] for p in row] for row in got["predictions"]]
+            assert _near(probs, run.top_probs[0]) < 1e-4, (mode, name)
+            # a position's loss within 1e-4 of its size: a loss of 12.8 nats, a guess of
+            # p = 3e-6, was 1.8e-4 (1.4e-5 of it) apart after 30 layers of float32 rounding
+            off = (torch.tensor(got["losses"]) - run.losses[0]).abs()
+            assert (off <= 1e-4 * run.losses[0].abs().clamp(min=1)).all(), (mode, name)
+            assert _near(got["weights"], run.weights[:, 0]) < 1e-4, (mode, name)
+            assert _near(got["induction"], run.induction) < 1e-4, (mode, name)
+    page.click("#switch-previous")  # the layers holding the heads it picks open
+    pressed = page.locator('#switch-heads button[aria-pressed="true"]')
+    assert pressed.count() > 0
+    assert all(b.is_visible() for b in pressed.all())
+    fetched = [u.rsplit("/", 1)[1] for u in page.asked[asked:] if "/smollm2/" in u]
+    assert fetched.count(config["switch"]["graph"]) <= 1  # once, and no shard again
+    assert not set(fetched) & shards, fetched
+    assert page.errors == []

@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headlab.ablation import full_mask
@@ -246,7 +245,11 @@ def _run(
         top = logits.softmax(dim=-1).topk(k, dim=-1)
         top_ids.append(top.indices.cpu())
         top_probs.append(top.values.cpu())
-        losses.append(F.cross_entropy(logits[:-1], tokens[b, 1:], reduction="none").cpu())
+        # cross_entropy's own steps (log_softmax, then the target's entry negated), written
+        # out: the same numbers, and shapes the ONNX exporter declares right ((n − 1), where
+        # it declares F.cross_entropy's unreduced loss a scalar)
+        logp = logits[:-1].log_softmax(dim=-1)  # (n − 1, V)
+        losses.append(-logp.gather(-1, tokens[b, 1:, None])[:, 0].cpu())
     induction = torch.stack([mass_where_possible(w, target) for w in weights])  # (L, h)
     run = Run(
         torch.stack(top_ids),

@@ -62,6 +62,10 @@ export function initSwitchOff(root, viewer) {
     state.picked = new Set(a.heads.filter((r) => r.label === "previous-token").map((r) => `${r.layer}.${r.head}`));
     if (!state.picked.size) el.status.textContent = `No head of ${a.model} is labelled previous-token on this input.`;
     press(el, state);
+    // a folded layer holding a picked head opens, so that every head picked is in view
+    el.picker.querySelectorAll("details.grid-layer").forEach((d) => {
+      if (d.querySelector('button[aria-pressed="true"]')) d.open = true;
+    });
   });
   el.none.addEventListener("click", () => { state.picked.clear(); press(el, state); });
   el.run.addEventListener("click", () => run(el, state, viewer.heads));
@@ -85,7 +89,7 @@ function offer(el, state, a) {
         onclick: () => { state.picked.has(name) ? state.picked.delete(name) : state.picked.add(name); press(el, state); } },
       `${name} ${label(l, k)}`));
     }
-    layers.push(h("details", { class: "grid-layer", open: a.n_layers <= 4 ? "" : null },
+    layers.push(h("details", { class: "grid-layer", "data-layer": String(l), open: a.n_layers <= 4 ? "" : null },
       h("summary", {}, `layer ${l}`), h("div", { class: "chips" }, buttons)));
   }
   clear(el.picker, layers);
@@ -107,8 +111,16 @@ function letGo(el, state) {
   el.status.textContent = "The head viewer has no answer to switch heads off in: run it on an input first.";
 }
 
+// Each head's button pressed or not, and each layer's line says how many of its heads are
+// picked (a folded layer hides its buttons: a model of 30 layers folds all but none).
 function press(el, state) {
   el.picker.querySelectorAll("button[data-off]").forEach((b) => b.setAttribute("aria-pressed", String(state.picked.has(b.dataset.off))));
+  el.picker.querySelectorAll("details.grid-layer").forEach((d) => {
+    const count = d.querySelectorAll('button[aria-pressed="true"]').length;
+    const text = `layer ${d.dataset.layer}${count ? ` · ${count} picked` : ""}`;
+    const summary = d.querySelector("summary");
+    if (summary.textContent !== text) summary.textContent = text;
+  });
 }
 
 async function run(el, state, a) {

@@ -13,8 +13,10 @@
 //                         Python's report is evaluated from (shape-statement.json)
 //   POST /api/switch-off  the text run intact and with a set of heads switched off: the graph of
 //                         headlab.heads.switch.SwitchGraph (switch.onnx, fetched on the first
-//                         request), whose outputs are switch_off's predictions, losses, patterns
-//                         and induction scores; here they are only put in the server's JSON
+//                         request; an added model's, a few MB, reads the weights already
+//                         downloaded for it), whose outputs are switch_off's predictions,
+//                         losses, patterns and induction scores; here they are only put in the
+//                         server's JSON
 //   POST /api/live/…      refused: live training needs `headlab serve`
 // What it runs (the models, probes and POST routes) is the builder's manifest, stored in the GET
 // /api/health answer under "static_site" (headlab.site.site_manifest), which the page's menus
@@ -109,7 +111,7 @@ function loadExtra(name) {
     ]);
     showDownload(name, { done: -1, cached });
     mark(`${name}-ready`);
-    return { ort, session, tokenizer, config };
+    return { ort, session, tokenizer, config, data };
   })().catch((err) => { extras.delete(name); throw err; }));  // a failed download may be retried
   return extras.get(name);
 }
@@ -162,16 +164,28 @@ function loadScoring() {
   return scoring;
 }
 
-// the switch-off graph, fetched and loaded on the first switch-off (most readers never ask)
-let switching = null;
-function loadSwitch() {
-  if (!switching) switching = (async () => {
+// each model's switch-off graph, fetched and loaded on its first switch-off (most readers never
+// ask): the default model's switch.onnx; an added model's, named by its config, reads the 4-bit
+// blocks it shares with the model's graph from the files already downloaded for it
+const switching = new Map();
+function loadSwitch(name) {
+  if (!switching.has(name)) switching.set(name, (async () => {
     const { ort } = await load();
-    const graph = new Uint8Array(await bytes(SWITCH_FILE));
-    return ort.InferenceSession.create(graph, SESSION);
-  })();
-  switching.catch(() => { switching = null; });  // a failed fetch is tried again next time
-  return switching;
+    if (name === "default") return ort.InferenceSession.create(new Uint8Array(await bytes(SWITCH_FILE)), SESSION);
+    const { config, data } = await loadExtra(name);
+    const base = new URL(`${name}/`, HERE);
+    const file = { name: config.switch.graph, bytes: config.switch.bytes };
+    const status = document.getElementById("switch-status");
+    const say = ({ done, total, cached }) => {
+      if (status) status.textContent = `${cached ? "Reading" : "Downloading"} ${name}'s switch-off graph: ${(done / 1e6).toFixed(1)} of ${(total / 1e6).toFixed(1)} MB (once; its weights are the ones already here)…`;
+    };
+    const got = await fetchModelFiles(pageFetch, base, [file], name, config.version, say);
+    if (status) status.textContent = "Running the model twice…";
+    return ort.InferenceSession.create(got.data.get(file.name), {
+      ...SESSION, externalData: config.switch.external_data.map((path) => ({ path, data: data.get(path) })),
+    });
+  })().catch((err) => { switching.delete(name); throw err; }));  // a failed fetch is tried again next time
+  return switching.get(name);
 }
 
 // nested arrays (L, h, n, n) from a flat Float32Array, unrounded: the weights PyTorch's graph gives
@@ -301,14 +315,16 @@ function headsOff(body, L, h) {
 // POST /api/switch-off: the graph's two runs (site.SWITCH_OUTPUTS, each output's first axis the
 // intact run, then the switched-off one) in the JSON of headlab.heads.switch.SwitchedOff.to_dict
 async function switchOff(body) {
-  if (body.model && body.model !== "default") return reply(422, { detail: `model: switching heads off runs the default model in this static site; the '${body.model}' model's needs \`headlab serve\`` });
-  const { ort, tokenizer, config } = await load();
+  const problem = textProblem(body, await manifest);
+  if (problem) return reply(422, { detail: problem });
+  const model = body.model || "default";
+  const { ort, tokenizer, config } = await modelFor(model);
   const L = config.n_layers, h = config.n_heads;
   const off = headsOff(body, L, h);
   if (off.error) return reply(422, { detail: off.error });
   const read = await readText(body);
   if (read.error) return reply(422, { detail: read.error });
-  const session = await loadSwitch();
+  const session = await loadSwitch(model);
   const mode = body.mode ?? "mean";
   const mask = new Float32Array(L * h);
   for (const [l, k] of off.heads) mask[l * h + k] = 1;
@@ -339,7 +355,7 @@ async function switchOff(body) {
     };
   };
   return reply(200, {
-    model: "default", probe: read.probe, text: read.text, tokens: read.tokens, ids: read.ids,
+    model, probe: read.probe, text: read.text, tokens: read.tokens, ids: read.ids,
     causal: config.causal, n_layers: L, n_heads: h, ...config.layout,
     sequences: 1, mode, off: off.heads, loss, repeat_rows: rows,
     intact: run(0), switched_off: run(1), computed: "in your browser (onnxruntime-web)",
