@@ -21,12 +21,7 @@ from test_content_score import loop_content, random_patterns
 from conftest import require
 from headlab import zoo
 from headlab.heads import analyse, fast
-from headlab.heads.content import (
-    _content_masks,
-    content_and_row_stats,
-    content_parts,
-    content_score,
-)
+from headlab.heads.content import _content_masks, content_parts, content_score
 from headlab.heads.scores import _row_stats
 from headlab.measure import build_probe, text_probe
 
@@ -79,66 +74,6 @@ def test_the_compiled_loops_equal_the_definition(causal: bool, definition) -> No
         assert compiled[2].flatten().tolist() == pytest.approx(
             plain[2].flatten().tolist(), abs=1e-5, rel=1e-5
         )
-
-
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("count", [1, 2])
-def test_the_row_statistics_read_beside_the_content_equal_the_definition(
-    causal: bool, count: int, definition
-) -> None:
-    """content_and_row_stats: the content loops work out each row's argmax and Σ A log A while
-    a head's rows are in the cache for its profiles. The same content score as content_score,
-    the definition's argmax exactly and its entropy to float32 rounding, on one thread and
-    two (heads split between them)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        g = torch.Generator().manual_seed(13)
-        for B, h, n in [(1, 5, 9), (2, 12, 64), (1, 3, 130)]:
-            A = random_patterns(B, h, n, causal, g).float()
-            A[0, 1, 3] = 0.0  # exact zeros, and a tie broken by the first maximum
-            A[0, 1, 3, 2] = A[0, 1, 3, 5] = 0.5
-            fixed = torch.rand(B, n, generator=g) < 0.2
-            share, argmax, plogp = content_and_row_stats(A, causal, fixed)
-            assert torch.equal(share, content_score(A, causal, fixed))
-            definition(True)
-            want_argmax, want_plogp = _row_stats(A)
-            definition(False)
-            assert argmax[0, 1, 3] == 2
-            assert torch.equal(argmax, want_argmax)
-            assert plogp.flatten().tolist() == pytest.approx(
-                want_plogp.flatten().tolist(), abs=1e-5, rel=1e-5
-            )
-    finally:
-        torch.set_num_threads(before)
-
-
-def test_pattern_scores_read_the_rows_once_with_the_content(
-    definition, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With the content score, pattern_scores takes the row statistics from the content
-    loops (no separate pass: row_stats_parallel is not called) and gives the definition's
-    scores; without it, the separate pass."""
-    from headlab.heads import kernels, scores
-    from headlab.heads.targets import targets_of
-
-    g = torch.Generator().manual_seed(14)
-    A = random_patterns(2, 6, 40, False, g).float()
-    tokens = torch.randint(0, 12, (2, 40), generator=g)
-    targets = targets_of(tokens, False, fixed=torch.rand(2, 40, generator=g) < 0.2)
-    definition(True)
-    want, want_offsets, _ = scores.pattern_scores(A, targets)
-    definition(False)
-    passes = []
-    real = kernels.row_stats_parallel
-    monkeypatch.setattr(kernels, "row_stats_parallel", lambda x: passes.append(1) or real(x))
-    got, offsets, _ = scores.pattern_scores(A, targets)
-    assert passes == []
-    assert torch.equal(offsets, want_offsets)
-    for kind in want:
-        assert got[kind].tolist() == pytest.approx(want[kind].tolist(), abs=1e-6), kind
-    scores.pattern_scores(A, targets, content=False)
-    assert passes == [1]
 
 
 @pytest.mark.parametrize("causal", [True, False])

@@ -53,51 +53,19 @@ def content_score(weights: Tensor, causal: bool, fixed: Tensor | None = None) ->
     the model's config. Scored on the weights' device, in float64.
     """
     A, _ = as_batched(weights)
-    B, n = A.shape[0], A.shape[2]
-    sees, size, every = content_masks(B, n, causal, fixed, A.device)
-    if fast.usable(A):
-        return _compiled(A, sees, size, every)
-    return _share(content_parts(A, sees, size), every)
-
-
-def content_and_row_stats(
-    weights: Tensor, causal: bool, fixed: Tensor | None = None
-) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`content_score`, and each row's first argmax (B, h, n) long and Σ_j A_ij log A_ij
-    (B, h, n) float32 (:func:`headlab.heads.scores._row_stats`' numbers) from one call of the
-    compiled loops, which work out a head's row statistics while its rows are in the cache
-    for its profiles: only where :func:`headlab.heads.fast.usable` (the caller asks)."""
-    A, _ = as_batched(weights)
-    if not fast.usable(A):
-        raise ValueError("content_and_row_stats runs the compiled loops: CPU float32 only")
     B, h, n, _ = A.shape
     sees, size, every = content_masks(B, n, causal, fixed, A.device)
-    argmax, plogp = torch.empty(B, h, n, dtype=torch.long), torch.empty(B, h, n)
-    return _compiled(A, sees, size, every, (argmax, plogp)), argmax, plogp
+    if fast.usable(A):
+        from headlab.heads.kernels import content_parts_parallel
 
-
-def _compiled(
-    A: Tensor,
-    sees: Tensor,
-    size: Tensor,
-    every: Tensor,
-    stats: tuple[Tensor, Tensor] | None = None,
-) -> Tensor:
-    """:func:`content_score` by the compiled loops (and each row's statistics into ``stats``,
-    argmax and Σ A log A, where given)."""
-    from headlab.heads.kernels import content_parts_parallel
-
-    rows = A.detach().contiguous()
-    out = torch.zeros(A.shape[1], 2, dtype=torch.float64)
-    arrays = None if stats is None else (stats[0].numpy(), stats[1].numpy())
-    content_parts_parallel(rows.numpy(), sees.numpy(), size.numpy(), out.numpy(), arrays)
-    return _share(out, every)
-
-
-def _share(out: Tensor, every: Tensor) -> Tensor:
-    """The content score from :func:`content_parts`' sums: each profile's unexplained share (a
-    rest on fixed keys counts as explained), the better profile winning."""
-    return (out.float() / every).amin(1).clamp(0, 1)  # rounding can step outside [0, 1]
+        rows = A.detach().contiguous()
+        out = torch.zeros(h, 2, dtype=torch.float64)
+        content_parts_parallel(rows.numpy(), sees.numpy(), size.numpy(), out.numpy())
+    else:
+        out = content_parts(A, sees, size)
+    # each profile's unexplained share (a rest on fixed keys: explained); the better one wins
+    share = out.float() / every
+    return share.amin(1).clamp(0, 1)  # rounding can step outside [0, 1]
 
 
 def content_parts(A: Tensor, sees: Tensor, size: Tensor) -> Tensor:

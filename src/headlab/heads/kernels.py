@@ -249,7 +249,7 @@ def _profile_cells(counts):
 
 
 @_jit
-def content_parts(A, sees, size, lo, hi, out, argmax, plogp):
+def content_parts(A, sees, size, lo, hi, out):
     """Each head's unexplained attention under both position profiles, summed over its rows.
 
     A (B, H, n, n) float32 weights; sees (B, n, n) float32 0/1, the keys each query is
@@ -258,8 +258,6 @@ def content_parts(A, sees, size, lo, hi, out, argmax, plogp):
     and w_i > 0 (:func:`headlab.heads.content.content_score` divides by the rows that count).
     Where a sequence's rows that count all see the same keys (bidirectional), the by-key
     profile's weights are added once for the sequence, not once a row (:func:`_shared_rows`).
-    With argmax and plogp (B, H, n) (not empty) each head's rows' :func:`row_stats` are
-    written there too, computed just before its profiles, while its rows are in the cache.
     """
     B, _, n, _ = A.shape
     m = 2 * n - 1  # offset cells: j − i + n − 1
@@ -278,14 +276,7 @@ def content_parts(A, sees, size, lo, hi, out, argmax, plogp):
             if size[b, i] >= 2:
                 _add_counts(sees[b, i], _f32(1.0), key_rows, off_rows, n - 1 - i, n)
     shared = _shared_rows(sees, size, n)
-    # every row as row_stats_parallel hands them over (one compiled signature for both)
-    stats, rows = argmax.size > 0, A.reshape(-1, n)
-    each_argmax, each_plogp = argmax.reshape(-1), plogp.reshape(-1)
     for h in range(lo, hi):
-        if stats:
-            for b in range(B):
-                first = (b * A.shape[1] + h) * n
-                row_stats(rows, first, first + n, each_argmax, each_plogp)
         for buf in (key[0], key[1], off[0], off[1]):
             buf[:] = 0
         key[2][:] = key_rows
@@ -405,11 +396,11 @@ def row_stats(A, lo, hi, argmax, plogp):
 
 
 @_shared
-def _content_shares(A, sees, size, out, argmax, plogp, shares):
+def _content_shares(A, sees, size, out, shares):
     """:func:`content_parts` of every head, split into ``shares`` runs of heads, one a thread."""
     H = A.shape[1]
     for k in prange(shares):
-        content_parts(A, sees, size, H * k // shares, H * (k + 1) // shares, out, argmax, plogp)
+        content_parts(A, sees, size, H * k // shares, H * (k + 1) // shares, out)
 
 
 @_shared
@@ -442,31 +433,17 @@ def _check(arrays: list[tuple[np.ndarray, type]]) -> None:
 
 
 def content_parts_parallel(
-    A: np.ndarray,
-    sees: np.ndarray,
-    size: np.ndarray,
-    out: np.ndarray,
-    stats: tuple[np.ndarray, np.ndarray] | None = None,
+    A: np.ndarray, sees: np.ndarray, size: np.ndarray, out: np.ndarray
 ) -> None:
-    """:func:`content_parts` over every head, on PyTorch's thread count (at most one a head);
-    ``stats`` (argmax (B, H, n) int64, plogp (B, H, n) float32) get every row's
-    :func:`row_stats` too."""
-    argmax, plogp = stats if stats is not None else _NO_STATS
+    """:func:`content_parts` over every head, on PyTorch's thread count (at most one a head)."""
     _check([(A, _f32), (sees, _f32), (size, np.int64), (out, np.float64)])
-    _check([(argmax, np.int64), (plogp, _f32)])
-    if stats is not None and (argmax.shape != A.shape[:-1] or plogp.shape != A.shape[:-1]):
-        raise ValueError(f"row statistics of {A.shape[:-1]} rows, not {argmax.shape}")
     H = A.shape[1]
     threads = _threads(H)
     if threads == 1:
-        content_parts(A, sees, size, 0, H, out, argmax, plogp)
+        content_parts(A, sees, size, 0, H, out)
     else:
-        _content_shares(A, sees, size, out, argmax, plogp, threads)
+        _content_shares(A, sees, size, out, threads)
     kernel_cache.record()  # a first call may compile and save
-
-
-# no row statistics asked for: empty arrays of the types content_parts is compiled for
-_NO_STATS = (np.empty((0, 0, 0), np.int64), np.empty((0, 0, 0), _f32))
 
 
 def row_stats_parallel(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from headlab.heads import fast
-from headlab.heads.content import content_and_row_stats, content_score
+from headlab.heads.content import content_score
 from headlab.heads.targets import (
     Targets,
     TargetStack,
@@ -381,19 +381,12 @@ def pattern_scores(
     ``content`` includes :func:`content_score` (from these weights alone), and the targets'
     rare words :func:`rare_word_score`; without them "content" and "rare_word" are left out.
     Pure in the weights of one layer, so a caller may score layer by layer. The target-mask
-    scores come from :func:`stacked_masses` on the targets' stack (built once per probe). Where
-    the compiled loops run, the content score's loops give each row's argmax and entropy too
-    (:func:`headlab.heads.content.content_and_row_stats`: the rows read once, not twice). Returns
+    scores come from :func:`stacked_masses` on the targets' stack (built once per probe). Returns
     ``({type: (h,)}, offsets (h,), {type: where the head rests off its rows (h,)})``.
     """
     A, _ = as_batched(weights, targets.tokens)
     causal, t = targets.causal, targets
-    shares: Tensor | None = None  # the content score, where asked for
-    if content and fast.usable(A):  # the compiled loops: the row statistics beside the content
-        shares, argmax, plogp = content_and_row_stats(A, causal, t.fixed)
-    else:
-        argmax, plogp = _row_stats(A)  # (B, h, n) each
-        shares = content_score(A, causal, t.fixed) if content else None
+    argmax, plogp = _row_stats(A)  # (B, h, n) each
     positional, offsets = _positional(argmax, t.stack.reach)
     m = stacked_masses(A, t.stack)
     scores = {
@@ -406,8 +399,8 @@ def pattern_scores(
         "induction_active": m["induction_active"],
     }
     rests = {"duplicate": m["rest:duplicate"], "induction": m["rest:induction"]}
-    if shares is not None:
-        scores["content"] = shares
+    if content:
+        scores["content"] = content_score(A, causal, t.fixed)
         rests["content"] = m["rest:content"]
     if t.rare is not None:
         scores["rare_word"] = _rare_word(argmax, *t.rare)
