@@ -305,8 +305,10 @@ GROUP_BYTES = 32 << 20
 
 class LayerGroups:
     """:func:`layer_scorer`'s reduction for a whole forward: ``groups(layer, weights)`` as each
-    layer runs (layers in order, from 0), then :meth:`results`. Consecutive layers' weights
-    are copied into one buffer of at most ``budget`` bytes (never less than one layer) and
+    layer runs (layers in order, from 0), then :meth:`results` (or :meth:`stacked`).
+    Consecutive layers' weights go into one buffer of at most ``budget`` bytes (never less
+    than one layer; the attention writes them there where :meth:`place` is passed on, else
+    they are copied in) and
     scored together as one set of heads: every score is per head, so the numbers are those of
     one layer at a time, and a group costs one pass of each scoring operation, not one a
     layer (on MiniLM's six layers the scoring took a quarter less time at one thread, nearly
@@ -462,7 +464,7 @@ def analyse(
     (:meth:`headlab.heads.syntax.SyntaxReport.margins`), measured on a parsed text, reported
     among each head's scores; it takes part in the labels only with ``label_syntactic`` (by
     default a head's label is the same whether or not the syntactic score was asked for).
-    Each layer's weights are copied out as that layer runs and dropped
+    Each layer's weights are written into a group's buffer as that layer runs
     (:func:`headlab.measure.reduce_patterns`), and scored in groups of consecutive layers
     (:class:`LayerGroups`), so the extra memory is one group's copy, at most
     :data:`GROUP_BYTES` or one layer's (B, h + 1, n, n) if larger, plus the patterns kept:
