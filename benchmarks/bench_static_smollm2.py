@@ -64,18 +64,23 @@ def first_view(page: Any) -> float:
     return time.perf_counter() - start
 
 
-def analysis(page: Any, text: str) -> float:
-    """Seconds of one POST /api/heads on SmolLM2 (thresholds alone), timed in the page."""
-    body = json.dumps({"model": "smollm2", "text": text, "probe": "text", "floors": False})
+def posted(page: Any, route: str, body: dict[str, Any]) -> float:
+    """Seconds of one POST /api/``route`` with ``body``, its answer read, timed in the page."""
     ms = page.evaluate(
-        """async (body) => { const t = performance.now();
-            const r = await fetch("/api/heads", { method: "POST", body,
+        """async ([route, body]) => { const t = performance.now();
+            const r = await fetch(`/api/${route}`, { method: "POST", body,
                 headers: { "content-type": "application/json" } });
             if (!r.ok) throw new Error((await r.json()).detail);
             await r.json(); return performance.now() - t; }""",
-        body,
+        [route, json.dumps(body)],
     )
     return float(ms) / 1000
+
+
+def analysis(page: Any, text: str) -> float:
+    """Seconds of one POST /api/heads on SmolLM2 (thresholds alone), timed in the page."""
+    body = {"model": "smollm2", "text": text, "probe": "text", "floors": False}
+    return posted(page, "heads", body)
 
 
 # the heads the switch-off timings switch off (by their mean): SmolLM2's previous-token head
@@ -86,16 +91,8 @@ SWITCHED = [[0, 3], [16, 0], [29, 8]]
 def switching(page: Any, text: str) -> float:
     """Seconds of one POST /api/switch-off on SmolLM2 (the text run intact and with
     :data:`SWITCHED` off), timed in the page."""
-    body = json.dumps({"model": "smollm2", "text": text, "probe": "text", "off": SWITCHED})
-    ms = page.evaluate(
-        """async (body) => { const t = performance.now();
-            const r = await fetch("/api/switch-off", { method: "POST", body,
-                headers: { "content-type": "application/json" } });
-            if (!r.ok) throw new Error((await r.json()).detail);
-            await r.json(); return performance.now() - t; }""",
-        body,
-    )
-    return float(ms) / 1000
+    body = {"model": "smollm2", "text": text, "probe": "text", "off": SWITCHED}
+    return posted(page, "switch-off", body)
 
 
 def visit(browser: Any, origin: str, texts: dict[int, str], rounds: int) -> dict[str, Any]:

@@ -611,6 +611,43 @@ def _near(got: object, want: torch.Tensor) -> float:
     return float((torch.tensor(got, dtype=torch.float64) - want.double()).abs().max())
 
 
+def check_switched(
+    pg, answer: dict, want, heads, mode: str, tokenizer, loss_scale: bool = False
+) -> None:
+    """The panel's answer (``answer``, recorded by :data:`RECORD_SWITCH`) is ``want``
+    (headlab.heads.switch.switch_off's): the heads and mode, both runs' five likeliest next
+    tokens (the same ids and strings, probabilities within 1e-4), every position's loss, the
+    mean losses on the repeat and on every position (within 1e-4; a loss of no rows is none in
+    both), every pattern and induction score within 1e-4; the panel shows both mean losses.
+    ``loss_scale``: each position's loss within 1e-4 of its size (at least 1 nat) instead."""
+    assert answer["mode"] == mode and answer["off"] == [list(p) for p in heads]
+    for key, loss in want.losses().items():
+        got = answer["loss"][key]
+        if loss is None:
+            assert got is None, key
+            continue
+        assert got["rows"] == loss["rows"], key
+        for part in ("intact", "off", "rise"):
+            assert abs(got[part] - loss[part]) < 1e-4, (mode, key, part)
+        row = pg.locator(f'#switch-loss [data-loss="{key}"]')
+        shown = [row.locator(f'[data-run="{r}"]').inner_text() for r in ("intact", "off")]
+        assert shown == [f"{got['intact']:.2f}", f"{got['off']:.2f}"]
+    for name, run in (("intact", want.intact), ("switched_off", want.off)):
+        got = answer[name]
+        ids = [[p["id"] for p in row] for row in got["predictions"]]
+        assert ids == run.top_ids[0].tolist(), (mode, name)
+        probs = [[p["p"] for p in row] for row in got["predictions"]]
+        assert _near(probs, run.top_probs[0]) < 1e-4, (mode, name)
+        tokens = [[p["token"] for p in row] for row in got["predictions"]]
+        assert tokens == [tokenizer.token_strings(row) for row in ids]
+        losses = run.losses[0]
+        scale = losses.abs().clamp(min=1) if loss_scale else torch.ones_like(losses)
+        off = (torch.tensor(got["losses"]) - losses).abs()
+        assert (off < 1e-4 * scale).all(), (mode, name, float(off.max()))
+        assert _near(got["weights"], run.weights[:, 0]) < 1e-4, (mode, name)
+        assert _near(got["induction"], run.induction) < 1e-4, (mode, name)
+
+
 @pytest.mark.parametrize("width", [1280, 390])
 def test_switching_heads_off_equals_the_librarys(
     browser, origin: str, tmp_path: Path, width: int
@@ -645,28 +682,9 @@ def test_switching_heads_off_equals_the_librarys(
             )
             answer = pg.evaluate("() => window.switched.at(-1)")
             want = switch_off(model, probe, heads, mode)
-            assert answer["mode"] == mode and answer["off"] == [list(p) for p in heads]
             assert answer["tokens"] == tokenizer.token_strings(probe.tokens[0].tolist())
-            for key, loss in want.losses().items():
-                assert loss is not None, key
-                got = answer["loss"][key]
-                assert got["rows"] == loss["rows"], key
-                for part in ("intact", "off", "rise"):
-                    assert abs(got[part] - loss[part]) < 1e-4, (mode, key, part)
-                row = pg.locator(f'#switch-loss [data-loss="{key}"]')
-                shown = [row.locator(f'[data-run="{r}"]').inner_text() for r in ("intact", "off")]
-                assert shown == [f"{got['intact']:.2f}", f"{got['off']:.2f}"]
-            for name, run in (("intact", want.intact), ("switched_off", want.off)):
-                got = answer[name]
-                ids = [[p["id"] for p in row] for row in got["predictions"]]
-                assert ids == run.top_ids[0].tolist(), (mode, name)
-                probs = [[p["p"] for p in row] for row in got["predictions"]]
-                assert _near(probs, run.top_probs[0]) < 1e-4, (mode, name)
-                tokens = [[p["token"] for p in row] for row in got["predictions"]]
-                assert tokens == [tokenizer.token_strings(row) for row in ids]
-                assert _near(got["losses"], run.losses[0]) < 1e-4, (mode, name)
-                assert _near(got["weights"], run.weights[:, 0]) < 1e-4, (mode, name)
-                assert _near(got["induction"], run.induction) < 1e-4, (mode, name)
+            assert all(want.losses().values())  # the sentence repeats: both losses exist
+            check_switched(pg, answer, want, heads, mode, tokenizer)
             rows = pg.locator("#switch-predictions tbody tr")
             assert rows.count() == probe.n
             for i in (0, probe.n // 2, probe.n - 1):
