@@ -35,6 +35,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -97,8 +98,12 @@ def contenders(
         if hasattr(hf, "lm_head"):  # the decoder without its unembedding, as headlab traces it
             fns[BODY] = lambda: _hf_forward(hf.model, x)
     fns[TRACED] = traced
-    fns["analyse, all scores"] = lambda: analyse(model, probe, keep=())
-    fns["analyse, all but content"] = lambda: analyse(model, probe, content=False, keep=())
+    # a new probe object each call (the same tokens): analyse keeps the last probe's targets
+    # (targets.probe_targets), so the same object again would skip building them, which a
+    # request with a new text never does; that case has a row of its own
+    fns["analyse, all scores"] = lambda: analyse(model, replace(probe), keep=())
+    fns["analyse, all but content"] = lambda: analyse(model, replace(probe), content=False, keep=())
+    fns["analyse, all scores, the same probe again"] = lambda: analyse(model, probe, keep=())
     slow: set[str] = set()
     if model.config.causal and ablations:
         rows = loss_rows(probe, True)
