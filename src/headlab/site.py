@@ -134,17 +134,30 @@ def export_program(model: nn.Module, max_len: int) -> Any:
     # one, the rows with a choice) ask n ≥ 3 of the trace; its ONNX operations are the same
     # for n = 2, the shortest text (the start token and one more), which the tests run
     n = torch.export.Dim("n", min=3, max=max_len)
+    shapes = {name: {1: n} for name in GRAPH_INPUTS}
+    return _exported(graph, example_inputs(max_len), GRAPH_INPUTS, GRAPH_OUTPUTS, shapes)
+
+
+def _exported(
+    graph: nn.Module,
+    inputs: tuple[Tensor, ...],
+    names: tuple[str, ...],
+    outputs: tuple[str, ...],
+    shapes: dict[str, Any],
+) -> Any:
+    """``graph`` run on ``inputs`` exported by ``torch.onnx.export(..., dynamo=True)`` with
+    those input and output names and dynamic shapes, unoptimised, so that the weights stay the
+    model's own initializers (which apply_weights replaces, or a rewrite swaps for their 4-bit
+    blocks). Returns the ONNX program."""
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             graph,
-            example_inputs(max_len),
-            input_names=list(GRAPH_INPUTS),
-            output_names=list(GRAPH_OUTPUTS),
-            dynamic_shapes={name: {1: n} for name in GRAPH_INPUTS},
+            inputs,
+            input_names=list(names),
+            output_names=list(outputs),
+            dynamic_shapes=shapes,
             dynamo=True,
-            # unoptimised, so that the weights stay the model's own initializers (which
-            # apply_weights replaces, or a rewrite swaps for their 4-bit blocks)
             optimize=False,
             verbose=False,
         )
@@ -217,21 +230,9 @@ def export_switch_program(model: nn.Module, max_len: int) -> Any:
     tokens = example_inputs(max_len)[0]
     off = torch.zeros(int(config.n_layers), int(config.n_heads))
     off[0, 0] = 1.0
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            graph,
-            (tokens, off, torch.tensor(1.0)),
-            input_names=list(SWITCH_INPUTS),
-            output_names=list(SWITCH_OUTPUTS),
-            dynamic_shapes={"tokens": {1: n}, "off": None, "mean": None},
-            dynamo=True,
-            optimize=False,
-            verbose=False,
-        )
-    if program is None:  # only the TorchScript exporter returns nothing
-        raise RuntimeError("torch.onnx.export(dynamo=True) returned no program")
-    return program
+    shapes = {"tokens": {1: n}, "off": None, "mean": None}
+    inputs = (tokens, off, torch.tensor(1.0))
+    return _exported(graph, inputs, SWITCH_INPUTS, SWITCH_OUTPUTS, shapes)
 
 
 def fold_constants(path: Path) -> Path:
