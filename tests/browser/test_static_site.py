@@ -53,14 +53,19 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="session")
-def origin(site: Path) -> Iterator[str]:
+def served(site: Path) -> Iterator[str]:
+    """The folder ``site`` served over HTTP on a free port of this machine: its origin."""
     handler = functools.partial(_Quiet, directory=str(site))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture(scope="session")
+def origin(site: Path) -> Iterator[str]:
+    yield from served(site)
 
 
 def open_site(browser, origin: str, width: int = 1280) -> object:

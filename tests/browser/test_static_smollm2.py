@@ -7,14 +7,11 @@ headlab's own run of the model."""
 
 from __future__ import annotations
 
-import functools
-import http.server
 import itertools
 import json
 import random
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,11 +22,11 @@ from test_static_site import (
     RECORD_SWITCH,
     ROOT,
     _env,
-    _Quiet,
     check_switched,
     drawn_weights,
     open_site,
     run_sentence,
+    served,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -61,12 +58,7 @@ def site(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def origin(site: Path) -> Iterator[str]:
-    handler = functools.partial(_Quiet, directory=str(site))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    yield from served(site)
 
 
 @pytest.fixture(scope="module")
