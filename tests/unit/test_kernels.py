@@ -150,6 +150,21 @@ def test_layers_scored_in_groups_equal_one_layer_at_a_time(
     assert [k.keys() for k in joined.kept] == [s.kept.keys() for s in grouped]
 
 
+def test_a_group_holds_no_more_layers_than_the_model_has() -> None:
+    """Given the model's layer count (as analyse gives it), the buffer is that many layers,
+    not as many as the budget allows, and the scores are bit for bit the uncapped group's."""
+    model, probe = _model_and_probe(3)
+    targets = build_targets(probe, causal=True)
+    capped, loose = LayerGroups(targets, None, True, layers=3), LayerGroups(targets, None, True)
+    reduce_patterns(model, probe.tokens, capped, place=capped.place)
+    reduce_patterns(model, probe.tokens, loose, place=loose.place)
+    h = 4
+    assert capped.flat.shape[1] == 3 * (h + 1) < loose.flat.shape[1]
+    a, b = capped.stacked(), loose.stacked()
+    assert all(torch.equal(a.scores[k], b.scores[k]) for k in b.scores)
+    assert torch.equal(a.offsets, b.offsets)
+
+
 def test_the_attention_writes_each_layer_into_the_groups_buffer() -> None:
     """analyse has each layer's softmax written where its group keeps it (LayerGroups.place
     through Trace.place): the recorded weights are that buffer, not a copy, and the scores,
