@@ -62,6 +62,8 @@ def test_the_compiled_loops_equal_the_definition(causal: bool, definition) -> No
         A = random_patterns(B, h, n, causal, g).float()
         A[0, 1, 3] = 0.0  # exact zeros: 0 · log 0 = 0 in both
         A[0, 1, 3, 2] = 1.0
+        A[0, 2, 4] = 0.0  # a tie: the first of two equal maxima is the argmax in both
+        A[0, 2, 4, 1] = A[0, 2, 4, 3] = 0.5
         fixed = torch.rand(B, n, generator=g) < 0.2
         assert fast.usable(A)
         compiled = content_score(A, causal, fixed), *_row_stats(A)

@@ -376,23 +376,26 @@ def row_stats(A, lo, hi, argmax, plogp):
     the least normal float taken as it (0 · log of it = 0, as clamp_min(tiny) then log gives).
     Non-negative floats order as their bits do as integers, so the maximum is an integer
     reduction the compiler vectorises (a float one it may not reorder); then the first key
-    that holds it. A NaN's bits decide where it falls: one with the sign bit clear (NumPy's
+    that holds it, as the least such index: a min reduction that vectorises too, where a loop
+    that stops at the first match would go key by key (0.21 of 1.25 ms on MiniLM's 9,828
+    rows of 126 keys at one thread). A NaN's bits decide where it falls: one with the sign bit clear (NumPy's
     and PyTorch's ``nan``) is above every weight, so the first such key is the argmax, as
     torch.argmax gives; the NaN that x86 arithmetic makes (0/0, a softmax of all −inf: the
     sign bit set) is below every weight, where torch.argmax would take its key. Attention
     weights hold no NaN (a row with no key allowed gives zeros, DESIGN.md)."""
     bits = A.view(np.int32)
+    n = A.shape[1]
     for r in range(lo, hi):
         row, b = A[r], bits[r]
         top, total = b[0], _f32(0.0)
-        for j in range(row.shape[0]):
+        for j in range(n):
             top = max(top, b[j])
             total += row[j] * _log(max(b[j], _LEAST_NORMAL))
         plogp[r] = total
-        for j in range(row.shape[0]):
-            if b[j] == top:
-                argmax[r] = j
-                break
+        first = n
+        for j in range(n):
+            first = min(first, j if b[j] == top else n)
+        argmax[r] = first
 
 
 @_shared
