@@ -378,11 +378,11 @@ def row_stats(A, lo, hi, argmax, plogp):
     reduction the compiler vectorises (a float one it may not reorder); then the first key
     that holds it, as the least such index: a min reduction that vectorises too, where a loop
     that stops at the first match would go key by key (0.21 of 1.25 ms on MiniLM's 9,828
-    rows of 126 keys at one thread). A NaN's bits decide where it falls: one with the sign bit clear (NumPy's
-    and PyTorch's ``nan``) is above every weight, so the first such key is the argmax, as
-    torch.argmax gives; the NaN that x86 arithmetic makes (0/0, a softmax of all −inf: the
-    sign bit set) is below every weight, where torch.argmax would take its key. Attention
-    weights hold no NaN (a row with no key allowed gives zeros, DESIGN.md)."""
+    rows of 126 keys at one thread). A NaN's bits decide where it falls: one with the sign
+    bit clear (NumPy's and PyTorch's ``nan``) is above every weight, so the first such key is
+    the argmax, as torch.argmax gives; the NaN that x86 arithmetic makes (0/0, a softmax of
+    all −inf: the sign bit set) is below every weight, where torch.argmax would take its key.
+    Attention weights hold no NaN (a row with no key allowed gives zeros, DESIGN.md)."""
     bits = A.view(np.int32)
     n = A.shape[1]
     for r in range(lo, hi):

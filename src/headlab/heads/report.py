@@ -311,10 +311,10 @@ class LayerGroups:
     they are copied in), and of at most ``layers`` layers where the model's count is given:
     a buffer the forward never fills still costs its allocation each call (MiniLM at 126
     tokens: 33 MB made for the 5 MB it fills, about 1 ms of a 29 ms analysis at one thread).
-    The layers are scored together as one set of heads: every score is per head, so the numbers are those of
-    one layer at a time, and a group costs one pass of each scoring operation, not one a
-    layer (on MiniLM's six layers the scoring took a quarter less time at one thread, nearly
-    half less at two)."""
+    The layers are scored together as one set of heads: every score is per head, so the
+    numbers are those of one layer at a time, and a group costs one pass of each scoring
+    operation, not one a layer (on MiniLM's six layers the scoring took a quarter less time
+    at one thread, nearly half less at two)."""
 
     def __init__(
         self,

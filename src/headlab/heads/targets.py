@@ -32,6 +32,7 @@ from functools import cached_property
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from headlab.measure import Probe, same_token, word_zipf
@@ -100,8 +101,7 @@ def previous_token_pattern(n: int, s: int | None = None) -> Tensor:
 
 def duplicate_token_pattern(tokens: Tensor, same: Tensor | None = None) -> Tensor:
     """(B, n, n) 0/1 target from tokens (B, n): query i → every earlier j with the same token."""
-    same = same_token(tokens) if same is None else same
-    return torch.tril(same.float(), diagonal=-1)
+    return _copies(tokens, same)[1].float()
 
 
 def induction_pattern(tokens: Tensor, same: Tensor | None = None) -> Tensor:
@@ -109,16 +109,25 @@ def induction_pattern(tokens: Tensor, same: Tensor | None = None) -> Tensor:
 
     The duplicate-token pattern shifted one key to the right (Olsson et al. 2022).
     """
-    dup = duplicate_token_pattern(tokens, same)  # (B, n, n)
-    keys = torch.arange(dup.shape[-1], device=dup.device)
-    before = (keys - 1).clamp_min(0).expand_as(dup)  # key j reads key j − 1's (key 0: none)
-    return dup.gather(-1, before) * (keys > 0)
+    return _copies(tokens, same)[2].float()
 
 
 def copies_pattern(tokens: Tensor, same: Tensor | None = None) -> Tensor:
     """(B, n, n) 0/1: query i → every other position j holding the same token, on either side."""
+    return _copies(tokens, same)[3].float()
+
+
+def _copies(tokens: Tensor, same: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Where the query's token occurs, each (B, n, n) bool from tokens (B, n): ``(same`` (the
+    query itself too), ``earlier`` (the copies before it), ``successors`` (the key right after
+    each earlier copy), ``others`` (every copy but itself, either side)``)``: the sets every
+    token rule here is made of, each built once."""
     same = same_token(tokens) if same is None else same
-    return (same & ~torch.eye(tokens.shape[1], dtype=torch.bool)).float()
+    earlier = torch.tril(same, diagonal=-1)
+    # key j follows an earlier copy when key j − 1 is one: the copies moved one key right
+    successors = F.pad(earlier[..., :-1], (1, 0))
+    others = same & ~torch.eye(same.shape[-1], dtype=torch.bool, device=same.device)
+    return same, earlier, successors, others
 
 
 def token_rule_targets(
@@ -133,10 +142,16 @@ def token_rule_targets(
     key tells neither rule from the other (nor from a current-token head), so it counts for
     neither; a query left with no target is a row where the head cannot be judged.
     """
-    same = same_token(tokens) if same is None else same  # (B, n, n), the diagonal included
-    induction = induction_pattern(tokens, same) > 0
-    copies = duplicate_token_pattern(tokens, same) if causal else copies_pattern(tokens, same)
-    return (induction & ~same).float(), ((copies > 0) & ~induction).float()
+    induction, duplicate = _token_rules(_copies(tokens, same), causal)
+    return induction.float(), duplicate.float()
+
+
+def _token_rules(
+    copies: tuple[Tensor, Tensor, Tensor, Tensor], causal: bool
+) -> tuple[Tensor, Tensor]:
+    """:func:`token_rule_targets` as bool, from :func:`_copies`."""
+    same, earlier, successors, others = copies
+    return successors & ~same, (earlier if causal else others) & ~successors
 
 
 def rare_word_targets(
@@ -331,19 +346,17 @@ def targets_of(
     """:class:`Targets` from token ids (B, n): the same-token matrix is built once here."""
     if tokens.dim() == 1:
         tokens = tokens.unsqueeze(0)
-    same = same_token(tokens)
-    induction, duplicate = token_rule_targets(tokens, causal, same)
-    induction_mul = induction_pattern(tokens, same)
-    rules = (copies_pattern(tokens, same) + induction_mul) > 0
+    copies = _copies(tokens)  # the same-token matrix and its sets, built once here
+    _, earlier, successors, others = copies
+    induction, duplicate = _token_rules(copies, causal)
+    # one conversion to 0/1 for the four token targets
+    dense = torch.stack([induction, duplicate, successors, earlier]).float()
     no_keys = torch.zeros_like(tokens, dtype=torch.bool)
     return Targets(
         tokens,
         causal,
-        induction,
-        duplicate,
-        induction_mul,
-        duplicate_token_pattern(tokens, same),
-        rules,
+        *dense.unbind(0),
+        others | successors,
         no_keys if delimiters is None else delimiters,
         no_keys if fixed is None else fixed,
         rare,
