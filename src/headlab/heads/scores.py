@@ -318,8 +318,9 @@ def stacked_masses(weights: Tensor, stack: TargetStack) -> dict[str, Tensor]:
     """Every target-mask score of weights (B, h, n, n) on a probe's :class:`TargetStack`, each
     (h,), in a fixed handful of tensor operations whatever the number of heads or targets: the
     token targets by one batched contraction, the one-key-per-query targets by one gather, the
-    marked keys by one contraction of the column sums, then one weighted sum over rows and one
-    over sequences.
+    marked keys and the induction rows' active attention from the column sums (over every row,
+    and over the induction rows, by one product), then one weighted sum over rows and one over
+    sequences: three passes over the weights.
 
     Equal (to float rounding) to :func:`mass_where_possible` for the targets averaged over their
     rows and to :func:`pattern_score` / :func:`key_mass_score` for the others; and
@@ -331,7 +332,11 @@ def stacked_masses(weights: Tensor, stack: TargetStack) -> dict[str, Tensor]:
     picked = weights.gather(-1, index).permute(3, 0, 1, 2)  # (P, B, h, n)
     rows = stack.row_weight.to(weights)
     per_row = torch.einsum("kbhi,kbi->kbh", torch.cat([dense, picked]), rows)
-    mass = weights.sum(dim=-2)  # (B, h, s): the attention each key receives
+    k = stack.names.index("induction")
+    # the attention each key receives (B, h, s) from every row, and from the induction rows
+    # weighted as that score weighs them: one product, one pass over the weights
+    select = torch.stack([torch.ones_like(rows[k]), rows[k]], 1)[:, None]  # (B, 1, 2, n)
+    mass, induction_mass = torch.matmul(select, weights).unbind(2)  # (B, h, s) each
     marked = torch.einsum("bhs,cbs->cbh", mass, stack.columns.to(weights))  # (C, B, h)
     total = mass.sum(-1)  # (B, h)
     per_total = torch.where(total > 0, 1 / total.clamp_min(1e-30), torch.zeros_like(total))
@@ -343,8 +348,7 @@ def stacked_masses(weights: Tensor, stack: TargetStack) -> dict[str, Tensor]:
     out = dict(zip(stack.names, mean.unbind(0), strict=True))
     # the induction rows' mass over their active attention (induction_active_score): the row
     # weights are equal within a sequence, so the ratio of the two row means is the ratio of sums
-    k = stack.names.index("induction")
-    active = torch.einsum("bhi,bi->bh", weights.sum(-1) - weights[..., 0], rows[k])  # (B, h)
+    active = induction_mass.sum(-1) - induction_mass[..., 0]  # (B, h): all but key 0's
     out["induction_active"] = _active_mean(per_seq[k], active, seq_weight[k] > 0)
     return out
 
