@@ -63,3 +63,26 @@ def test_no_slow_rounds_leaves_the_slow_contenders_out(benchmarks_on_path):
     calls.clear()
     medians = bench.measure(fns, {"slow"}, rounds=3, slow_rounds=1)
     assert set(medians) == {"fast", "slow"} and calls.count("slow") == 1
+
+
+def test_a_prepared_calls_setup_runs_before_each_timing_and_outside_it(
+    benchmarks_on_path, monkeypatch
+):
+    """bench_analysis' "the same probe again" row builds its probe's targets before each timed
+    call (the other rows' probes take their place in between), and that build is not timed: a
+    clock that only the calls move reads the call's cost alone."""
+    bench = importlib.import_module("bench_analysis")
+    now, calls = [0.0], []
+
+    def setup() -> None:
+        calls.append("setup")
+        now[0] += 100.0
+
+    def call() -> None:
+        calls.append("call")
+        now[0] += 1.0
+
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: now[0])
+    medians = bench.measure({"again": bench.Prepared(setup, call)}, set(), rounds=3, slow_rounds=0)
+    assert medians == {"again": 1.0}
+    assert calls == ["setup", "call"] * 4  # the warm-up, then three rounds
