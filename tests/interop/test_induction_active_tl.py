@@ -237,7 +237,11 @@ def test_the_oracle_tells_a_wrong_formula(models, probes, monkeypatch):
         # key 0 kept in the denominator: the plain share of all attention
         "with key 0": [
             ("induction_active_score", "A.sum(-1) - A[..., 0]", "A.sum(-1)"),
-            ("stacked_masses", "weights.sum(-1) - weights[..., 0]", "weights.sum(-1)"),
+            (
+                "stacked_masses",
+                "induction_mass.sum(-1) - induction_mass[..., 0]",
+                "induction_mass.sum(-1)",
+            ),
         ],
         # the rows TransformerLens's induction pattern has, keys in a run counted
         "copies counted": [
