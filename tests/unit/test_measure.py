@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from headlab.measure import (
-    REPEAT_SENTENCE,
     is_punctuation,
     make_probe,
     random_repeat_probe,
@@ -84,9 +83,32 @@ def test_make_probe_accepts_one_sequence():
     assert probe.tokens.shape == (1, 3) and probe.labels == ["3", "4", "5"]
 
 
-def test_builtin_sentence_repeats_itself():
-    first, second = REPEAT_SENTENCE.split(". ", 1)
-    assert second == first + "."
+@pytest.mark.parametrize("name", ["default", "minilm", "smollm2"])
+def test_the_repeat_probe_repeats_its_tokens_for_every_tokenizer(name):
+    """The built-in "repeat" probe is an induction probe in each shipped model's own tokens:
+    past its first token, the second copy of the sentence is the first one's tokens again at a
+    fixed period, so every one of those positions has an induction target (the token after
+    its earlier copy). A sentence edited into two differing halves, or a tokenizer that split
+    the copies apart, fails here."""
+    from conftest import require
+    from headlab import zoo
+    from headlab.heads.targets import build_targets
+    from headlab.measure import build_probe
+
+    known = {info.name: info for info in zoo.list_models()}
+    require(known[name].available, f"{name} is not here: {known[name].reason}")
+    model, tok = zoo.load(name)
+    probe = build_probe("repeat", tok, 128, model.config.vocab_size)
+    words = probe.movable[0].nonzero()[:, 0]  # the sentence's tokens, [CLS], [SEP], BOS left out
+    ids = probe.tokens[0, words]
+    # the period: the shortest shift at which the second copy repeats the first
+    period = next(
+        (m for m in range(2, len(ids)) if torch.equal(ids[-(m - 1) :], ids[-(m - 1) - m : -m])),
+        0,
+    )
+    rows = build_targets(probe, causal=bool(model.config.causal)).induction_rows[0]
+    second = words[len(ids) - period + 1 :]  # the second copy, past its first token
+    assert period > 10 and rows[second].all(), (name, period)
 
 
 def test_random_repeat_probe_prepends_a_bos_when_the_tokenizer_adds_none():
