@@ -119,11 +119,14 @@ def test_trained_labels_stand_above_their_baselines(default, probes, base):
 
 
 @pytest.mark.parametrize("n_kv_heads", [None, 2])
-def test_random_models_are_torchs_seeded_init_whatever_other_threads_draw(n_kv_heads) -> None:
+def test_random_models_are_torchs_seeded_init_whatever_else_draws(n_kv_heads, monkeypatch) -> None:
     """random_model(seed) equals Transformer(config) built after torch.manual_seed(seed), also
-    while another thread keeps drawing from (and reseeding) torch's global generator, as a live
-    run does in the server; the floors cached from it were wrong when it used that generator."""
-    import threading
+    when something else reseeds and draws from torch's global generator between its draws (a
+    live run does so from another thread in the server; the floors cached from it were wrong
+    when random_model used that generator). The meddling runs inside every layer's
+    initialisation, so it lands between random_model's draws on every run, not only when two
+    threads happen to interleave; and random_model leaves the global generator as it found it."""
+    from torch import nn
 
     from headlab.heads.baselines import random_model
     from headlab.model import ModelConfig, Transformer
@@ -135,22 +138,24 @@ def test_random_models_are_torchs_seeded_init_whatever_other_threads_draw(n_kv_h
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(1000)
         want = Transformer(config).state_dict()
-    stop = threading.Event()
+    torch.manual_seed(3)
+    before = torch.random.get_rng_state()
+    assert all(torch.equal(random_model(model, 1000).state_dict()[k], want[k]) for k in want)
+    assert torch.equal(torch.random.get_rng_state(), before)
 
-    def draw() -> None:
-        while not stop.is_set():
-            torch.manual_seed(7)
-            torch.rand(64)
+    meddled = []
+    reset = nn.Linear.reset_parameters
 
-    other = threading.Thread(target=draw)
-    other.start()
-    try:
-        built = [random_model(model, 1000).state_dict() for _ in range(20)]
-    finally:
-        stop.set()
-        other.join()
-    for got in built:
-        assert all(torch.equal(got[k], want[k]) for k in want)
+    def meddling(self: nn.Linear) -> None:
+        torch.manual_seed(7)  # another user of the global generator, mid-build
+        torch.rand(64)
+        meddled.append(1)
+        reset(self)
+
+    monkeypatch.setattr(nn.Linear, "reset_parameters", meddling)
+    got = random_model(model, 1000).state_dict()
+    assert len(meddled) >= 2 * 4  # every projection of both layers
+    assert all(torch.equal(got[k], want[k]) for k in want)
 
 
 def test_floors_that_would_not_fit_in_memory_are_refused_in_one_sentence(
