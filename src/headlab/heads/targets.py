@@ -351,11 +351,15 @@ def targets_of(
     induction, duplicate = _token_rules(copies, causal)
     # one conversion to 0/1 for the four token targets
     dense = torch.stack([induction, duplicate, successors, earlier]).float()
+    induction_f, duplicate_f, induction_mul, duplicate_mul = dense.unbind(0)
     no_keys = torch.zeros_like(tokens, dtype=torch.bool)
     return Targets(
         tokens,
         causal,
-        *dense.unbind(0),
+        induction_f,
+        duplicate_f,
+        induction_mul,
+        duplicate_mul,
         others | successors,
         no_keys if delimiters is None else delimiters,
         no_keys if fixed is None else fixed,
